@@ -1,0 +1,136 @@
+#define _POSIX_C_SOURCE 200809L
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("clla: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+void warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("clla: warning: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) die("out of memory allocating %zu bytes: use a smaller model, batch or sequence", bytes);
+    return p;
+}
+
+void *xcalloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) die("out of memory allocating %zu x %zu bytes: use a smaller model, batch or sequence", count, size);
+    return p;
+}
+
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    if (fseeko(f, 0, SEEK_END) != 0) { fclose(f); return NULL; }
+    off_t size = ftello(f);
+    if (size < 0 || fseeko(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
+    char *buf = xmalloc((size_t)size + 1);
+    size_t got = fread(buf, 1, (size_t)size, f);
+    int err = ferror(f);
+    fclose(f);
+    if (err || got != (size_t)size) { free(buf); errno = EIO; return NULL; }
+    buf[size] = 0;
+    if (len) *len = (size_t)size;
+    return buf;
+}
+
+int atomic_open(AtomicFile *af, const char *path) {
+    af->path = xstrdup(path);
+    size_t n = strlen(path) + 32;
+    af->tmp = xmalloc(n);
+    snprintf(af->tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    af->f = fopen(af->tmp, "wb");
+    if (!af->f) {
+        int e = errno;
+        free(af->path); free(af->tmp);
+        af->path = af->tmp = NULL;
+        errno = e;
+        return -1;
+    }
+    return 0;
+}
+
+static void fsync_parent_dir(const char *path) {
+    char *copy = xstrdup(path);
+    int fd = open(dirname(copy), O_RDONLY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+    free(copy);
+}
+
+int atomic_commit(AtomicFile *af) {
+    int ok = fflush(af->f) == 0 && !ferror(af->f) && fsync(fileno(af->f)) == 0;
+    int e = errno;
+    if (fclose(af->f) != 0 && ok) { ok = 0; e = errno; }
+    af->f = NULL;
+    if (ok && rename(af->tmp, af->path) != 0) { ok = 0; e = errno; }
+    if (!ok) unlink(af->tmp);
+    else fsync_parent_dir(af->path);
+    free(af->path); free(af->tmp);
+    af->path = af->tmp = NULL;
+    errno = e;
+    return ok ? 0 : -1;
+}
+
+void atomic_abort(AtomicFile *af) {
+    if (af->f) fclose(af->f);
+    if (af->tmp) unlink(af->tmp);
+    free(af->path); free(af->tmp);
+    af->f = NULL; af->path = af->tmp = NULL;
+}
+
+int make_dirs(const char *path) {
+    char *p = xstrdup(path);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) { free(p); return -1; }
+        *s = '/';
+    }
+    int rc = (mkdir(p, 0755) != 0 && errno != EEXIST) ? -1 : 0;
+    free(p);
+    return rc;
+}
+
+char *path_join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *s = xmalloc(n);
+    snprintf(s, n, "%s/%s", dir, name);
+    return s;
+}

@@ -1,0 +1,45 @@
+// Small host-side helpers shared by every subcommand: fatal errors that name the
+// problem and the fix, checked allocation, wall-clock time, whole-file reads and
+// atomic (write to temporary, fsync, rename) file output.
+#ifndef CLLA_COMMON_UTIL_H
+#define CLLA_COMMON_UTIL_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+// Prints "clla: error: <message>" on one line to stderr and exits with status 1.
+// Messages say what is wrong and what to do, e.g. "... : set num_key_value_heads to a divisor of 8".
+void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+// Prints "clla: warning: <message>" to stderr.
+void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+void *xmalloc(size_t bytes);
+void *xcalloc(size_t count, size_t size);
+char *xstrdup(const char *s);
+
+// Seconds since an arbitrary fixed point (monotonic clock).
+double now_seconds(void);
+
+// Reads a whole file into a NUL-terminated buffer; *len receives the byte count
+// (excluding the NUL). Returns NULL (errno set) when the file cannot be read.
+char *read_file(const char *path, size_t *len);
+
+// Atomic file output: atomic_open() opens "<path>.tmp.<pid>"; atomic_commit() flushes,
+// fsyncs, closes and renames it over path (and fsyncs the directory); atomic_abort()
+// removes the temporary. A reader therefore never sees a half-written file.
+typedef struct AtomicFile {
+    FILE *f;
+    char *path;
+    char *tmp;
+} AtomicFile;
+int atomic_open(AtomicFile *af, const char *path);     // 0 on success, -1 (errno) on failure
+int atomic_commit(AtomicFile *af);                      // 0 on success, -1 (errno) on failure
+void atomic_abort(AtomicFile *af);
+
+// Creates a directory and its parents (like mkdir -p). 0 on success.
+int make_dirs(const char *path);
+
+// Joins a directory and a file name into a new string.
+char *path_join(const char *dir, const char *name);
+
+#endif

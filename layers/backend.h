@@ -1,0 +1,117 @@
+// The op interface between the model orchestration (model/) and a backend.
+//
+// The model is written once against this table of function pointers; the CPU
+// reference (layers/, fp32) and the CUDA backend (kernels/, bf16 storage) fill it.
+//
+// Pointer conventions (read these before adding an op):
+//  - "act" buffers (activations, activation gradients) and "weight" buffers hold
+//    elements of the backend's storage type: fp32 on the CPU, bf16 on CUDA. They are
+//    typed float* here so that the CPU ops keep natural signatures; the CUDA backend
+//    reinterprets them. The orchestration never dereferences them and never does
+//    pointer arithmetic on them: every sub-buffer it uses is a named entry of a tensor
+//    table whose byte offsets were computed with the backend's element sizes.
+//  - Weight gradients, optimizer state, master weights and per-token losses are fp32
+//    on every backend (fp32 gradient accumulation).
+//  - Token ids are int32 and live in backend memory (uploaded with upload()).
+//  - All shapes are row-major; weights use the PyTorch [out, in] layout.
+//  - Every *_backward ACCUMULATES (+=) into the gradients it produces, so that
+//    gradient accumulation, residual streams and cross-layer sharing (a producer's
+//    cache receives the sum of its consumers' gradients) need no extra adds. The
+//    orchestration zeroes gradient buffers when a new accumulation starts.
+//  - Ops must be deterministic for a fixed thread count: no atomics in reductions.
+#ifndef CLLA_LAYERS_BACKEND_H
+#define CLLA_LAYERS_BACKEND_H
+
+#include <stddef.h>
+
+typedef struct Backend {
+    const char *name;
+    size_t act_bytes;     // bytes per act/weight storage element (4 on CPU, 2 on CUDA)
+
+    // ---- memory ----
+    void *(*alloc)(size_t bytes);                  // zero-initialized; aborts with a message on failure
+    void (*release)(void *p);
+    void (*zero)(void *p, size_t bytes);
+    void (*upload)(void *dst, const void *src, size_t bytes);      // host -> backend, raw bytes
+    void (*download)(void *dst, const void *src, size_t bytes);    // backend -> host, raw bytes
+    // Weights: the optimizer holds fp32 masters; this writes the storage copy.
+    // CPU: memcpy. CUDA: fp32 -> bf16 (stochastic rounding with the given seed).
+    void (*store_weights)(float *dst, const float *master, size_t n, unsigned long long seed);
+    // act buffer <-> fp32 host array of n elements (converts on CUDA).
+    void (*act_to_host)(float *dst_host, const float *src, size_t n);
+    void (*act_from_host)(float *dst, const float *src_host, size_t n);
+
+    // ---- elementwise ----
+    // out[i] = a[i] + b[i], i < n
+    void (*add_forward)(float *out, const float *a, const float *b, size_t n);
+    // dst[i] += src[i] (act buffers)
+    void (*accumulate)(float *dst, const float *src, size_t n);
+
+    // ---- token embedding ----
+    // out (N, C) = wte[tokens[i]] ; wte (V, C)
+    void (*embedding_forward)(float *out, const int *tokens, const float *wte, int N, int C);
+    // dwte (V, C) += scatter of dout (N, C) by tokens; deterministic (fixed order per row)
+    void (*embedding_backward)(float *dwte, const float *dout, const int *tokens, int N, int C);
+
+    // ---- matmul: out (N, OC) = inp (N, C) @ weight (OC, C)^T ----
+    void (*matmul_forward)(float *out, const float *inp, const float *weight, int N, int C, int OC);
+    // dinp (N, C) += dout @ weight ; dweight (OC, C) += dout^T @ inp. Either may be NULL (skipped).
+    void (*matmul_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                            const float *weight, int N, int C, int OC);
+
+    // ---- RMSNorm: out = inp / sqrt(mean(inp^2) + eps) * weight, rows of C ----
+    // rstd (N) is fp32 on every backend, saved for backward.
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
+                            int N, int C, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C);
+
+    // ---- RoPE, rotate-half (HF) form, IN PLACE ----
+    // x is (B, T, H, S): H heads with a per-head stride of S elements; the rotation acts on
+    // the D dims [off, off + D) of each head (D even), at position pos0 + t:
+    //   i < D/2: f = theta^(-2i/D), a = (pos0 + t) * f
+    //   y[i] = x[i] cos a - x[i + D/2] sin a ;  y[i + D/2] = x[i + D/2] cos a + x[i] sin a
+    void (*rope_forward)(float *x, int B, int T, int H, int S, int off, int D, int pos0, float theta);
+    // dx in place: the transpose (inverse) rotation. Not accumulating: it rewrites dx.
+    void (*rope_backward)(float *dx, int B, int T, int H, int S, int off, int D, int pos0, float theta);
+
+    // ---- causal softmax attention with grouped heads ----
+    // q (B, T, NH, DQK), k (B, T, NKV, DQK), v (B, T, NKV, DV); query head h reads kv head
+    // h / (NH / NKV). out (B, T, NH, DV). att (B, NH, T, T) receives the softmax
+    // probabilities (fp32 on every backend; entries above the diagonal are 0).
+    // scores = scale * q.k, positions s > t masked.
+    void (*attention_forward)(float *out, float *att, const float *q, const float *k, const float *v,
+                              int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+    // dq, dk, dv accumulate. scratch: fp32 buffer of B*NH*T*T elements (dscores).
+    void (*attention_backward)(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                               const float *att, const float *q, const float *k, const float *v,
+                               int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+
+    // ---- SwiGLU: out = silu(gate) * up, elementwise over n ----
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
+
+    // ---- softmax cross-entropy over V classes, targets == ignore_index contribute nothing ----
+    // losses (N) fp32: -log softmax(logits)[target], 0 where ignored.
+    void (*xent_forward)(float *losses, const float *logits, const int *targets, int N, int V,
+                         int ignore_index);
+    // dlogits (N, V) += dloss * (softmax(logits) - onehot(target)); rows with ignored target get 0.
+    void (*xent_backward)(float *dlogits, const float *logits, const int *targets, int N, int V,
+                          int ignore_index, float dloss);
+
+    // ---- optimizer (all fp32) ----
+    // sum of squares of g (n), accumulated in double in a fixed order. Returned to the host.
+    double (*sumsq)(const float *g, size_t n);
+    // AdamW step t (1-based) on one tensor:
+    //   g = grad * grad_scale ; m = b1 m + (1-b1) g ; v = b2 v + (1-b2) g^2
+    //   mhat = m / (1 - b1^t) ; vhat = v / (1 - b2^t)
+    //   p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)       (decoupled decay, as torch.optim.AdamW)
+    void (*adamw_update)(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                         float beta1, float beta2, float eps, float wd, float grad_scale, int t);
+} Backend;
+
+// The CPU reference backend (layers/). Always available.
+const Backend *backend_cpu(void);
+
+#endif

@@ -1,0 +1,96 @@
+// Model and run configuration: a JSON file with HF-style model keys at the top level
+// and run settings under "train" (DESIGN section 4). A config names an attention
+// preset ("attention": "gqa", ...) and may override any knob of it.
+#ifndef CLLA_MODEL_CONFIG_H
+#define CLLA_MODEL_CONFIG_H
+
+#include <cjson/cJSON.h>
+
+enum { SHARE_KV = 0, SHARE_LATENT, SHARE_LATENT_KROPE, SHARE_LATENT_KVPROJ };
+
+typedef struct ModelConfig {
+    char attention[32];        // preset name, for logs and info
+    int vocab_size;
+    int hidden_size;           // C
+    int num_hidden_layers;     // L
+    int num_attention_heads;   // NH
+    int num_key_value_heads;   // NKV (no latent)
+    int head_dim;              // per-head q/k dim (the non-RoPE part for latent models)
+    int v_head_dim;            // per-head v dim
+    int intermediate_size;     // dense SwiGLU hidden size
+    int q_lora_rank;           // 0: full q projection
+    int kv_lora_rank;          // 0: plain K/V projections; >0: latent width (MLA)
+    int qk_rope_head_dim;      // latent models: decoupled RoPE width
+    int share_factor;          // F: layer l produces when l % F == 0
+    int share;                 // SHARE_*: what consumers take from their producer
+    int latent_quant_bits;     // 0 = off
+    int latent_quant_group;
+    // mixture of experts (0 routed experts = dense MLP everywhere)
+    int n_routed_experts;
+    int n_shared_experts;
+    int num_experts_per_tok;
+    int moe_intermediate_size;
+    int shared_expert_intermediate_size;   // 0: n_shared_experts * moe_intermediate_size
+    int first_k_dense_layers;
+    float moe_aux_loss_coef;
+    float moe_z_loss_coef;
+    float moe_capacity_factor;
+    int norm_topk_prob;
+    // numerics
+    float rms_norm_eps;
+    float rope_theta;
+    int max_position_embeddings;
+    int tie_word_embeddings;
+    float initializer_range;
+} ModelConfig;
+
+typedef struct TrainConfig {
+    char data[1024];           // training tokens (uint32 file)
+    char val_data[1024];       // optional validation tokens
+    char out_dir[1024];        // where config.json, model.safetensors and metrics go
+    char init_from[1024];      // optional safetensors to start from instead of random init
+    char metrics[1024];        // metrics JSONL path ("" = <out_dir>/metrics.jsonl)
+    int seq_len;               // T
+    int micro_batch;           // B (sequences per micro-step)
+    long long global_batch_tokens;  // tokens per optimizer step (multiple of B*T)
+    int max_steps;
+    int warmup_steps;
+    float lr, min_lr;
+    float beta1, beta2, eps;
+    float weight_decay;
+    float grad_clip;           // 0 = off
+    unsigned long long seed;
+    int log_every;
+    int val_every;             // 0 = only at the end
+    int val_batches;
+    int threads;               // 0 = OpenMP default
+} TrainConfig;
+
+typedef struct Config {
+    ModelConfig model;
+    TrainConfig train;
+} Config;
+
+// Loads path, applies "--set key=value" overrides (dotted keys reach "train.*"),
+// validates. Any problem: one line naming the key and the rule, exit 1.
+void config_load(Config *cfg, const char *path, int n_sets, char **sets);
+// Same, from JSON text (tests). `origin` names the source in error messages.
+void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets);
+// Applies a preset's knobs (mha, gqa, mqa, ...). Returns 0 for an unknown name.
+int config_apply_preset(ModelConfig *m, const char *preset);
+// Checks every shape rule; dies with a message naming the key on failure.
+void config_validate(const Config *cfg, const char *origin);
+// The model config as a JSON object with HF keys (what config.json holds); the caller frees.
+cJSON *config_model_to_json(const ModelConfig *m);
+// The whole config (model keys + "train").
+cJSON *config_to_json(const Config *cfg);
+
+// Derived sizes.
+static inline int config_is_latent(const ModelConfig *m) { return m->kv_lora_rank > 0; }
+// Does layer l produce a cache slot (or only consume one)?
+static inline int config_is_producer(const ModelConfig *m, int l) { return l % m->share_factor == 0; }
+static inline int config_is_moe_layer(const ModelConfig *m, int l) {
+    return m->n_routed_experts > 0 && l >= m->first_k_dense_layers;
+}
+
+#endif

@@ -1,0 +1,12 @@
+// The subcommands of the clla binary. Each parses its own arguments, prints --help,
+// and returns the process exit status.
+#ifndef CLLA_TRAIN_COMMANDS_H
+#define CLLA_TRAIN_COMMANDS_H
+
+int cmd_train(int argc, char **argv);     // train/cmd_train.c
+int cmd_eval(int argc, char **argv);      // eval/cmd_eval.c
+int cmd_info(int argc, char **argv);      // model/cmd_info.c
+int cmd_init(int argc, char **argv);      // model/cmd_init.c
+int cmd_debug_step(int argc, char **argv);  // tests' entry: one forward+backward dumped (train/cmd_debug_step.c)
+
+#endif

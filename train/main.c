@@ -1,0 +1,38 @@
+// clla: one binary, one subcommand per job (DESIGN section 5).
+#include <stdio.h>
+#include <string.h>
+
+#include "train/commands.h"
+
+typedef struct Subcommand {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} Subcommand;
+
+static const Subcommand SUBCOMMANDS[] = {
+    {"train", cmd_train, "train a model from a config on token data"},
+    {"eval", cmd_eval, "loss and perplexity of a saved model on token data"},
+    {"info", cmd_info, "parameter counts, memory and KV-cache bytes of a config"},
+    {"init", cmd_init, "write a freshly initialized model (config.json + model.safetensors)"},
+    {"debug-step", cmd_debug_step, "one forward+backward on a batch, dumped for the PyTorch twin"},
+};
+static const int N_SUBCOMMANDS = (int)(sizeof(SUBCOMMANDS) / sizeof(SUBCOMMANDS[0]));
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: clla <command> [options]   (clla <command> --help for its options)\n\ncommands:\n");
+    for (int i = 0; i < N_SUBCOMMANDS; i++)
+        fprintf(out, "  %-12s %s\n", SUBCOMMANDS[i].name, SUBCOMMANDS[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (int i = 0; i < N_SUBCOMMANDS; i++)
+        if (!strcmp(argv[1], SUBCOMMANDS[i].name)) return SUBCOMMANDS[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "clla: error: unknown command '%s': run 'clla --help' for the list\n", argv[1]);
+    return 2;
+}
