@@ -1,0 +1,47 @@
+// The CPU reference backend: fp32 storage, so act/weight elements are 4 bytes and every
+// buffer is ordinary host memory. See layers/backend.h for the contract.
+#include "layers/backend.h"
+#include "layers/cpu_ops.h"
+
+static const Backend cpu_backend = {
+    .name = "cpu",
+    .act_bytes = 4,
+
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .zero = cpu_zero,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .store_weights = cpu_store_weights,
+    .act_to_host = cpu_act_to_host,
+    .act_from_host = cpu_act_from_host,
+
+    .add_forward = cpu_add_forward,
+    .accumulate = cpu_accumulate,
+
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+
+    .matmul_forward = cpu_matmul_forward,
+    .matmul_backward = cpu_matmul_backward,
+
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+
+    .xent_forward = cpu_xent_forward,
+    .xent_backward = cpu_xent_backward,
+
+    .sumsq = cpu_sumsq,
+    .adamw_update = cpu_adamw_update,
+};
+
+const Backend *backend_cpu(void) { return &cpu_backend; }

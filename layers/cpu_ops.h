@@ -1,0 +1,67 @@
+// The CPU reference backend's ops (fp32, OpenMP, matmuls through OpenBLAS).
+//
+// Every function here has exactly the signature of the matching Backend function pointer
+// (layers/backend.h), whose comments define the semantics; backend_cpu.c puts them in the table.
+// Tests may call them directly. Buffers are plain host memory holding fp32.
+#ifndef CLLA_LAYERS_CPU_OPS_H
+#define CLLA_LAYERS_CPU_OPS_H
+
+#include <stddef.h>
+
+// ---- memory (cpu_memory.c) ----
+void *cpu_alloc(size_t bytes);
+void cpu_release(void *p);
+void cpu_zero(void *p, size_t bytes);
+void cpu_upload(void *dst, const void *src, size_t bytes);
+void cpu_download(void *dst, const void *src, size_t bytes);
+void cpu_store_weights(float *dst, const float *master, size_t n, unsigned long long seed);
+void cpu_act_to_host(float *dst_host, const float *src, size_t n);
+void cpu_act_from_host(float *dst, const float *src_host, size_t n);
+
+// ---- elementwise (cpu_elementwise.c) ----
+void cpu_add_forward(float *out, const float *a, const float *b, size_t n);
+void cpu_accumulate(float *dst, const float *src, size_t n);
+
+// ---- token embedding (cpu_embedding.c) ----
+void cpu_embedding_forward(float *out, const int *tokens, const float *wte, int N, int C);
+void cpu_embedding_backward(float *dwte, const float *dout, const int *tokens, int N, int C);
+
+// ---- matmul (cpu_matmul.c) ----
+void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC);
+void cpu_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                         const float *weight, int N, int C, int OC);
+
+// ---- RMSNorm (cpu_rmsnorm.c) ----
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                         int N, int C, float eps);
+void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                          const float *weight, const float *rstd, int N, int C);
+
+// ---- RoPE (cpu_rope.c) ----
+void cpu_rope_forward(float *x, int B, int T, int H, int S, int off, int D, int pos0, float theta);
+void cpu_rope_backward(float *dx, int B, int T, int H, int S, int off, int D, int pos0, float theta);
+
+// ---- causal grouped-head attention (cpu_attention.c) ----
+void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
+                           int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                            const float *att, const float *q, const float *k, const float *v,
+                            int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+
+// ---- SwiGLU (cpu_swiglu.c) ----
+void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                         const float *up, size_t n);
+
+// ---- softmax cross-entropy (cpu_xent.c) ----
+void cpu_xent_forward(float *losses, const float *logits, const int *targets, int N, int V,
+                      int ignore_index);
+void cpu_xent_backward(float *dlogits, const float *logits, const int *targets, int N, int V,
+                       int ignore_index, float dloss);
+
+// ---- optimizer (cpu_adamw.c) ----
+double cpu_sumsq(const float *g, size_t n);
+void cpu_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                      float beta1, float beta2, float eps, float wd, float grad_scale, int t);
+
+#endif

@@ -1,0 +1,63 @@
+// RMSNorm: out = inp * rstd * weight, rstd = 1 / sqrt(mean(inp^2) + eps), per row of C.
+#include "layers/cpu_ops.h"
+
+#include <math.h>
+
+// Channels per dweight work item in the backward (see there).
+#define RMS_BWD_CBLOCK 64
+
+// out (N, C), rstd (N) saved for the backward; inp (N, C), weight (C).
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                         int N, int C, float eps) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        // The mean square in double: this backend is the numerical reference, and the
+        // row reduction is a negligible cost next to the matmuls.
+        double ss = 0.0;
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        const float r = (float)(1.0 / sqrt(ss / C + (double)eps));
+        for (int c = 0; c < C; c++) y[c] = x[c] * r * weight[c];
+        rstd[n] = r;
+    }
+}
+
+// With xhat = x * r and r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / C, so
+//   dinp_i   += r * (dout_i w_i - xhat_i * mean_j(dout_j w_j xhat_j))
+//   dweight_i += sum over rows of dout_i xhat_i
+void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                          const float *weight, const float *rstd, int N, int C) {
+    // dinp: rows are independent.
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        const float *dy = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        const float r = rstd[n];
+        double dot = 0.0;
+        for (int c = 0; c < C; c++) dot += (double)dy[c] * weight[c] * (x[c] * r);
+        const float mean_dot = (float)(dot / C);
+        for (int c = 0; c < C; c++) {
+            const float xhat = x[c] * r;
+            dx[c] += r * (dy[c] * weight[c] - xhat * mean_dot);
+        }
+    }
+    // dweight: a reduction over rows. Per-thread partials merged at the end would make the
+    // sum order depend on the thread count; instead each thread owns a block of channels
+    // and walks all rows in order (deterministic), summing in double before the single +=.
+    const int nblocks = (C + RMS_BWD_CBLOCK - 1) / RMS_BWD_CBLOCK;
+    #pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblocks; blk++) {
+        const int c0 = blk * RMS_BWD_CBLOCK;
+        const int c1 = c0 + RMS_BWD_CBLOCK < C ? c0 + RMS_BWD_CBLOCK : C;
+        double acc[RMS_BWD_CBLOCK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C;
+            const float *dy = dout + (size_t)n * C;
+            const float r = rstd[n];
+            for (int c = c0; c < c1; c++) acc[c - c0] += (double)(dy[c] * (x[c] * r));
+        }
+        for (int c = c0; c < c1; c++) dweight[c] += (float)acc[c - c0];
+    }
+}

@@ -1,0 +1,684 @@
+// Op tests for the CPU reference backend (layers/), through the Backend table.
+//
+// Every forward is compared with a naive double-precision loop written here, independently
+// of layers/. Every backward is compared with central finite differences of that double
+// forward: for a random linear functional L = sum(w * out), dL/dinput is computed
+// numerically in double and must match the op's backward run with dout = w. The double
+// forwards are evaluated at exactly the fp32 inputs the op saw, so the only differences
+// are the op's fp32 rounding (~1e-6) and the finite-difference error (~1e-9).
+//
+// Sizes are deliberately odd (no multiples of 8 or 32) so that remainder paths run, and
+// larger than the ops' internal blocks (attention rows: 64, dweight channel blocks) where
+// that matters. Backward ops must ACCUMULATE: each is run twice and must give 2x.
+//
+// Output: one line per check, then "N passed, M failed"; exit status 1 if anything failed.
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/backend.h"
+
+static const Backend *be;
+static int n_passed, n_failed;
+
+// Forwards (fp32 op vs double loop): fp32 rounding through short reductions is ~1e-6.
+#define TOL_FWD 1e-4
+// Backwards vs finite differences: fp32 rounding of the op (~1e-6) plus the FD error of a
+// double central difference with h ~ 1e-6 (~1e-9); 1e-3 leaves a wide margin while any
+// wrong or missing term is O(1e-2..1) in this norm.
+#define TOL_BWD 1e-3
+// Second call of a backward vs twice the first: only the fp32 rounding of the add.
+#define TOL_ACC 1e-5
+
+static void check(const char *name, double err, double tol) {
+    const int ok = err <= tol;   // NaN fails
+    if (ok) {
+        n_passed++;
+        printf("ok   %-48s maxrel=%.1e\n", name, err);
+    } else {
+        n_failed++;
+        printf("FAIL %-48s maxrel=%.1e (tolerance %.0e)\n", name, err, tol);
+    }
+}
+
+// ---------------------------------------------------------------- helpers
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+// splitmix64: tiny, good enough for test data, and fixed across platforms.
+static uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// uniform in [lo, hi)
+static double rng_uniform(double lo, double hi) {
+    return lo + (hi - lo) * ((double)(rng_next() >> 11) * (1.0 / 9007199254740992.0));
+}
+
+static int rng_int(int n) { return (int)(rng_next() % (uint64_t)n); }
+
+static void *xalloc(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (!p) { fprintf(stderr, "test_ops: out of memory\n"); exit(1); }
+    return p;
+}
+
+static float *falloc(size_t n) { return xalloc(n * sizeof(float)); }
+static double *dalloc(size_t n) { return xalloc(n * sizeof(double)); }
+
+static float *frand(size_t n, double lo, double hi) {
+    float *a = falloc(n);
+    for (size_t i = 0; i < n; i++) a[i] = (float)rng_uniform(lo, hi);
+    return a;
+}
+
+static double *to_double(const float *a, size_t n) {
+    double *d = dalloc(n);
+    for (size_t i = 0; i < n; i++) d[i] = a[i];
+    return d;
+}
+
+static float *fcopy(const float *a, size_t n) {
+    float *c = falloc(n);
+    memcpy(c, a, n * sizeof(float));
+    return c;
+}
+
+// Relative error in max-norm: max|a - ref| / max|ref| (absolute when ref is all zero).
+static double maxrel(const float *a, const double *ref, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs((double)a[i] - ref[i]);
+        if (!(e <= num)) num = e;   // also propagates NaN
+        if (fabs(ref[i]) > den) den = fabs(ref[i]);
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+// The second backward call must have doubled the first call's gradient.
+static double maxrel_2x(const float *second, const float *first, size_t n) {
+    double *ref = dalloc(n);
+    for (size_t i = 0; i < n; i++) ref[i] = 2.0 * first[i];
+    const double e = maxrel(second, ref, n);
+    free(ref);
+    return e;
+}
+
+static double maxabs(const float *a, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) if (!(fabs(a[i]) <= m)) m = fabs(a[i]);
+    return m;
+}
+
+// ---------------------------------------------------------------- finite differences
+
+// A double-precision forward with its inputs in in[], writing nout outputs to out; the loss
+// is L = sum(w * out). dims/par/ints carry the op's shape and parameters.
+typedef struct FdProblem {
+    void (*forward)(struct FdProblem *pb);
+    double *in[4];
+    double *out;
+    const double *w;
+    size_t nout;
+    const int *ints;
+    int dims[10];
+    double par[2];
+} FdProblem;
+
+static double fd_loss(FdProblem *pb) {
+    pb->forward(pb);
+    double L = 0.0;
+    for (size_t i = 0; i < pb->nout; i++) L += pb->w[i] * pb->out[i];
+    return L;
+}
+
+// grad[i] = dL/d in[which][i] by central differences, h relative to the input's size.
+static double *fd_grad(FdProblem *pb, int which, size_t n) {
+    double *grad = dalloc(n);
+    double *x = pb->in[which];
+    for (size_t i = 0; i < n; i++) {
+        const double x0 = x[i];
+        const double h = 1e-6 * (fabs(x0) > 1.0 ? fabs(x0) : 1.0);
+        const double xp = x0 + h, xm = x0 - h;
+        x[i] = xp;
+        const double lp = fd_loss(pb);
+        x[i] = xm;
+        const double lm = fd_loss(pb);
+        x[i] = x0;
+        grad[i] = (lp - lm) / (xp - xm);
+    }
+    return grad;
+}
+
+// ---------------------------------------------------------------- double references
+
+// out (N, OC) = inp (N, C) @ w (OC, C)^T
+static void ref_matmul(double *out, const double *inp, const double *w, int N, int C, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0.0;
+            for (int c = 0; c < C; c++) s += inp[(size_t)n * C + c] * w[(size_t)o * C + c];
+            out[(size_t)n * OC + o] = s;
+        }
+}
+
+static void ref_embedding(double *out, const int *tok, const double *wte, int N, int C) {
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = wte[(size_t)tok[n] * C + c];
+}
+
+static void ref_rmsnorm(double *out, double *rstd, const double *inp, const double *w, int N, int C,
+                        double eps) {
+    for (int n = 0; n < N; n++) {
+        double ss = 0.0;
+        for (int c = 0; c < C; c++) ss += inp[(size_t)n * C + c] * inp[(size_t)n * C + c];
+        const double r = 1.0 / sqrt(ss / C + eps);
+        if (rstd) rstd[n] = r;
+        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = inp[(size_t)n * C + c] * r * w[c];
+    }
+}
+
+// in place on x (B, T, H, S), dims [off, off + D) of each head, HF rotate-half.
+static void ref_rope(double *x, int B, int T, int H, int S, int off, int D, int pos0, double theta) {
+    const int half = D / 2;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                double *p = x + (((size_t)b * T + t) * H + h) * S + off;
+                for (int i = 0; i < half; i++) {
+                    const double a = (pos0 + t) * pow(theta, -2.0 * i / D);
+                    const double x0 = p[i], x1 = p[i + half];
+                    p[i] = x0 * cos(a) - x1 * sin(a);
+                    p[i + half] = x1 * cos(a) + x0 * sin(a);
+                }
+            }
+}
+
+// Causal grouped attention; att may be NULL.
+static void ref_attention(double *out, double *att, const double *q, const double *k, const double *v,
+                          int B, int T, int NH, int NKV, int DQK, int DV, double scale) {
+    double *sc = dalloc((size_t)T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const int kvh = h / (NH / NKV);
+            for (int t = 0; t < T; t++) {
+                const double *qt = q + (((size_t)b * T + t) * NH + h) * DQK;
+                double m = -INFINITY;
+                for (int s = 0; s <= t; s++) {
+                    const double *ks = k + (((size_t)b * T + s) * NKV + kvh) * DQK;
+                    double d = 0.0;
+                    for (int i = 0; i < DQK; i++) d += qt[i] * ks[i];
+                    sc[s] = scale * d;
+                    if (sc[s] > m) m = sc[s];
+                }
+                double z = 0.0;
+                for (int s = 0; s <= t; s++) { sc[s] = exp(sc[s] - m); z += sc[s]; }
+                for (int s = 0; s <= t; s++) sc[s] /= z;
+                double *ot = out + (((size_t)b * T + t) * NH + h) * DV;
+                for (int i = 0; i < DV; i++) {
+                    double acc = 0.0;
+                    for (int s = 0; s <= t; s++) acc += sc[s] * v[(((size_t)b * T + s) * NKV + kvh) * DV + i];
+                    ot[i] = acc;
+                }
+                if (att) {
+                    double *arow = att + (((size_t)b * NH + h) * T + t) * T;
+                    for (int s = 0; s < T; s++) arow[s] = s <= t ? sc[s] : 0.0;
+                }
+            }
+        }
+    free(sc);
+}
+
+static void ref_swiglu(double *out, const double *g, const double *u, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+}
+
+static void ref_xent(double *loss, const double *logits, const int *tgt, int N, int V, int ignore) {
+    for (int n = 0; n < N; n++) {
+        const double *l = logits + (size_t)n * V;
+        if (tgt[n] == ignore) { loss[n] = 0.0; continue; }
+        double m = -INFINITY;
+        for (int i = 0; i < V; i++) if (l[i] > m) m = l[i];
+        double z = 0.0;
+        for (int i = 0; i < V; i++) z += exp(l[i] - m);
+        loss[n] = log(z) + m - l[tgt[n]];
+    }
+}
+
+// FdProblem adapters
+static void fd_matmul(FdProblem *pb) {
+    ref_matmul(pb->out, pb->in[0], pb->in[1], pb->dims[0], pb->dims[1], pb->dims[2]);
+}
+static void fd_embedding(FdProblem *pb) {
+    ref_embedding(pb->out, pb->ints, pb->in[0], pb->dims[0], pb->dims[1]);
+}
+static void fd_rmsnorm(FdProblem *pb) {
+    ref_rmsnorm(pb->out, NULL, pb->in[0], pb->in[1], pb->dims[0], pb->dims[1], pb->par[0]);
+}
+static void fd_rope(FdProblem *pb) {
+    memcpy(pb->out, pb->in[0], pb->nout * sizeof(double));
+    const int *d = pb->dims;
+    ref_rope(pb->out, d[0], d[1], d[2], d[3], d[4], d[5], d[6], pb->par[0]);
+}
+static void fd_attention(FdProblem *pb) {
+    const int *d = pb->dims;
+    ref_attention(pb->out, NULL, pb->in[0], pb->in[1], pb->in[2], d[0], d[1], d[2], d[3], d[4], d[5],
+                  pb->par[0]);
+}
+static void fd_xent(FdProblem *pb) {
+    ref_xent(pb->out, pb->in[0], pb->ints, pb->dims[0], pb->dims[1], pb->dims[2]);
+}
+
+// ---------------------------------------------------------------- tests
+
+static void test_memory(void) {
+    char name[96];
+    snprintf(name, sizeof name, "backend name=%s act_bytes=%zu", be->name, be->act_bytes);
+    check(name, be->act_bytes == 4 ? 0.0 : 1.0, 0.0);
+
+    const size_t n = 1003;
+    float *dev = be->alloc(n * sizeof(float));
+    check("alloc zeroed", maxabs(dev, n), 0.0);
+    float *host = frand(n, -1, 1), *back = falloc(n);
+    double *host_d = to_double(host, n);
+    be->upload(dev, host, n * sizeof(float));
+    be->download(back, dev, n * sizeof(float));
+    check("upload/download roundtrip", maxrel(back, host_d, n), 0.0);
+    be->zero(dev, n * sizeof(float));
+    check("zero", maxabs(dev, n), 0.0);
+    be->store_weights(dev, host, n, 1234);
+    be->download(back, dev, n * sizeof(float));
+    check("store_weights", maxrel(back, host_d, n), 0.0);
+    be->zero(dev, n * sizeof(float));
+    be->act_from_host(dev, host, n);
+    memset(back, 0, n * sizeof(float));
+    be->act_to_host(back, dev, n);
+    check("act_from_host/act_to_host roundtrip", maxrel(back, host_d, n), 0.0);
+    be->release(dev);
+    free(host); free(back); free(host_d);
+}
+
+static void test_elementwise(size_t n) {
+    char name[96];
+    float *a = frand(n, -1, 1), *b = frand(n, -1, 1), *out = falloc(n);
+    double *ref = dalloc(n);
+    for (size_t i = 0; i < n; i++) ref[i] = (double)a[i] + (double)b[i];
+    be->add_forward(out, a, b, n);
+    snprintf(name, sizeof name, "add_forward n=%zu", n);
+    check(name, maxrel(out, ref, n), TOL_FWD);
+    // in place, as the residual stream uses it
+    float *acopy = fcopy(a, n);
+    be->add_forward(acopy, acopy, b, n);
+    snprintf(name, sizeof name, "add_forward in place n=%zu", n);
+    check(name, maxrel(acopy, ref, n), TOL_FWD);
+    be->accumulate(a, b, n);
+    snprintf(name, sizeof name, "accumulate n=%zu", n);
+    check(name, maxrel(a, ref, n), TOL_FWD);
+    free(a); free(b); free(out); free(ref); free(acopy);
+}
+
+static void test_matmul(int N, int C, int OC, int with_backward) {
+    char name[128];
+    float *inp = frand((size_t)N * C, -1, 1), *w = frand((size_t)OC * C, -1, 1);
+    float *out = falloc((size_t)N * OC);
+    double *inp_d = to_double(inp, (size_t)N * C), *w_d = to_double(w, (size_t)OC * C);
+    double *ref = dalloc((size_t)N * OC);
+    be->matmul_forward(out, inp, w, N, C, OC);
+    ref_matmul(ref, inp_d, w_d, N, C, OC);
+    snprintf(name, sizeof name, "matmul_forward N=%d C=%d OC=%d", N, C, OC);
+    check(name, maxrel(out, ref, (size_t)N * OC), TOL_FWD);
+
+    if (with_backward) {
+        float *dout = frand((size_t)N * OC, -1, 1);
+        double *dout_d = to_double(dout, (size_t)N * OC);
+        FdProblem pb = {.forward = fd_matmul, .in = {inp_d, w_d}, .out = ref, .w = dout_d,
+                        .nout = (size_t)N * OC, .dims = {N, C, OC}};
+        double *g_inp = fd_grad(&pb, 0, (size_t)N * C), *g_w = fd_grad(&pb, 1, (size_t)OC * C);
+        float *dinp = falloc((size_t)N * C), *dw = falloc((size_t)OC * C);
+        be->matmul_backward(dinp, dw, dout, inp, w, N, C, OC);
+        check("matmul_backward dinp", maxrel(dinp, g_inp, (size_t)N * C), TOL_BWD);
+        check("matmul_backward dweight", maxrel(dw, g_w, (size_t)OC * C), TOL_BWD);
+        float *dinp1 = fcopy(dinp, (size_t)N * C), *dw1 = fcopy(dw, (size_t)OC * C);
+        be->matmul_backward(dinp, dw, dout, inp, w, N, C, OC);
+        check("matmul_backward dinp accumulates (2 calls = 2x)", maxrel_2x(dinp, dinp1, (size_t)N * C), TOL_ACC);
+        check("matmul_backward dweight accumulates (2 calls = 2x)", maxrel_2x(dw, dw1, (size_t)OC * C), TOL_ACC);
+        // NULL outputs are skipped; the other one is still right
+        memset(dw, 0, (size_t)OC * C * sizeof(float));
+        be->matmul_backward(NULL, dw, dout, inp, w, N, C, OC);
+        check("matmul_backward dweight with dinp=NULL", maxrel(dw, g_w, (size_t)OC * C), TOL_BWD);
+        memset(dinp, 0, (size_t)N * C * sizeof(float));
+        be->matmul_backward(dinp, NULL, dout, inp, w, N, C, OC);
+        check("matmul_backward dinp with dweight=NULL", maxrel(dinp, g_inp, (size_t)N * C), TOL_BWD);
+        free(dout); free(dout_d); free(g_inp); free(g_w); free(dinp); free(dw); free(dinp1); free(dw1);
+    }
+    free(inp); free(w); free(out); free(inp_d); free(w_d); free(ref);
+}
+
+static void test_embedding(void) {
+    const int V = 11, C = 77, N = 19;   // C = 2 full 32-channel blocks + a remainder
+    int *tok = xalloc(N * sizeof(int));
+    for (int n = 0; n < N; n++) tok[n] = rng_int(V - 1);   // token V-1 unused: its row stays 0
+    tok[4] = tok[9] = tok[17] = 3;                         // repeats must add up
+    float *wte = frand((size_t)V * C, -1, 1), *out = falloc((size_t)N * C);
+    double *wte_d = to_double(wte, (size_t)V * C), *ref = dalloc((size_t)N * C);
+    be->embedding_forward(out, tok, wte, N, C);
+    ref_embedding(ref, tok, wte_d, N, C);
+    check("embedding_forward", maxrel(out, ref, (size_t)N * C), TOL_FWD);
+
+    float *dout = frand((size_t)N * C, -1, 1);
+    double *dout_d = to_double(dout, (size_t)N * C);
+    FdProblem pb = {.forward = fd_embedding, .in = {wte_d}, .out = ref, .w = dout_d,
+                    .nout = (size_t)N * C, .ints = tok, .dims = {N, C}};
+    double *g = fd_grad(&pb, 0, (size_t)V * C);
+    float *dwte = falloc((size_t)V * C);
+    be->embedding_backward(dwte, dout, tok, N, C);
+    check("embedding_backward dwte", maxrel(dwte, g, (size_t)V * C), TOL_BWD);
+    float *first = fcopy(dwte, (size_t)V * C);
+    be->embedding_backward(dwte, dout, tok, N, C);
+    check("embedding_backward accumulates (2 calls = 2x)", maxrel_2x(dwte, first, (size_t)V * C), TOL_ACC);
+
+    // same bits with one thread and with all of them
+    const int nt = omp_get_max_threads();
+    float *d1 = falloc((size_t)V * C), *dn = falloc((size_t)V * C);
+    omp_set_num_threads(1);
+    be->embedding_backward(d1, dout, tok, N, C);
+    omp_set_num_threads(nt);
+    be->embedding_backward(dn, dout, tok, N, C);
+    check("embedding_backward bitwise equal, 1 vs all threads",
+          memcmp(d1, dn, (size_t)V * C * sizeof(float)) == 0 ? 0.0 : 1.0, 0.0);
+    free(tok); free(wte); free(out); free(wte_d); free(ref); free(dout); free(dout_d); free(g);
+    free(dwte); free(first); free(d1); free(dn);
+}
+
+static void test_rmsnorm(int N, int C) {
+    char name[128];
+    const float eps = 1e-5f;
+    float *inp = frand((size_t)N * C, -1, 1), *w = frand((size_t)C, 0.5, 1.5);
+    float *out = falloc((size_t)N * C), *rstd = falloc((size_t)N);
+    double *inp_d = to_double(inp, (size_t)N * C), *w_d = to_double(w, (size_t)C);
+    double *ref = dalloc((size_t)N * C), *ref_rstd = dalloc((size_t)N);
+    be->rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+    ref_rmsnorm(ref, ref_rstd, inp_d, w_d, N, C, (double)eps);
+    snprintf(name, sizeof name, "rmsnorm_forward out N=%d C=%d", N, C);
+    check(name, maxrel(out, ref, (size_t)N * C), TOL_FWD);
+    check("rmsnorm_forward rstd", maxrel(rstd, ref_rstd, (size_t)N), TOL_FWD);
+
+    float *dout = frand((size_t)N * C, -1, 1);
+    double *dout_d = to_double(dout, (size_t)N * C);
+    FdProblem pb = {.forward = fd_rmsnorm, .in = {inp_d, w_d}, .out = ref, .w = dout_d,
+                    .nout = (size_t)N * C, .dims = {N, C}, .par = {(double)eps}};
+    double *g_inp = fd_grad(&pb, 0, (size_t)N * C), *g_w = fd_grad(&pb, 1, (size_t)C);
+    float *dinp = falloc((size_t)N * C), *dw = falloc((size_t)C);
+    be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+    check("rmsnorm_backward dinp", maxrel(dinp, g_inp, (size_t)N * C), TOL_BWD);
+    check("rmsnorm_backward dweight", maxrel(dw, g_w, (size_t)C), TOL_BWD);
+    float *dinp1 = fcopy(dinp, (size_t)N * C), *dw1 = fcopy(dw, (size_t)C);
+    be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+    check("rmsnorm_backward dinp accumulates (2 calls = 2x)", maxrel_2x(dinp, dinp1, (size_t)N * C), TOL_ACC);
+    check("rmsnorm_backward dweight accumulates (2 calls = 2x)", maxrel_2x(dw, dw1, (size_t)C), TOL_ACC);
+
+    const int nt = omp_get_max_threads();
+    memset(dinp, 0, (size_t)N * C * sizeof(float)); memset(dw, 0, (size_t)C * sizeof(float));
+    memset(dinp1, 0, (size_t)N * C * sizeof(float)); memset(dw1, 0, (size_t)C * sizeof(float));
+    omp_set_num_threads(1);
+    be->rmsnorm_backward(dinp1, dw1, dout, inp, w, rstd, N, C);
+    omp_set_num_threads(nt);
+    be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+    check("rmsnorm_backward bitwise equal, 1 vs all threads",
+          memcmp(dinp, dinp1, (size_t)N * C * sizeof(float)) == 0 &&
+          memcmp(dw, dw1, (size_t)C * sizeof(float)) == 0 ? 0.0 : 1.0, 0.0);
+    free(inp); free(w); free(out); free(rstd); free(inp_d); free(w_d); free(ref); free(ref_rstd);
+    free(dout); free(dout_d); free(g_inp); free(g_w); free(dinp); free(dw); free(dinp1); free(dw1);
+}
+
+static void test_rope(int B, int T, int H, int S, int off, int D, int pos0, float theta) {
+    char name[160];
+    const size_t n = (size_t)B * T * H * S;
+    float *x = frand(n, -1, 1);
+    double *x_d = to_double(x, n), *ref = dalloc(n);
+    memcpy(ref, x_d, n * sizeof(double));
+    be->rope_forward(x, B, T, H, S, off, D, pos0, theta);
+    ref_rope(ref, B, T, H, S, off, D, pos0, (double)theta);
+    snprintf(name, sizeof name, "rope_forward B=%d T=%d H=%d S=%d off=%d D=%d pos0=%d", B, T, H, S, off, D, pos0);
+    check(name, maxrel(x, ref, n), TOL_FWD);
+
+    // rope_backward rewrites dx with the transposed rotation: start it from dout = w.
+    float *dx = frand(n, -1, 1);
+    double *w_d = to_double(dx, n);
+    FdProblem pb = {.forward = fd_rope, .in = {x_d}, .out = ref, .w = w_d, .nout = n,
+                    .dims = {B, T, H, S, off, D, pos0}, .par = {(double)theta}};
+    double *g = fd_grad(&pb, 0, n);
+    be->rope_backward(dx, B, T, H, S, off, D, pos0, theta);
+    snprintf(name, sizeof name, "rope_backward dx (off=%d S=%d pos0=%d)", off, S, pos0);
+    check(name, maxrel(dx, g, n), TOL_BWD);
+    free(x); free(x_d); free(ref); free(dx); free(w_d); free(g);
+}
+
+static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV, int with_backward) {
+    char name[160];
+    const float scale = (float)(1.0 / sqrt((double)DQK)) * 1.3f;
+    const size_t nq = (size_t)B * T * NH * DQK, nk = (size_t)B * T * NKV * DQK;
+    const size_t nv = (size_t)B * T * NKV * DV, no = (size_t)B * T * NH * DV;
+    const size_t na = (size_t)B * NH * T * T;
+    float *q = frand(nq, -1.5, 1.5), *k = frand(nk, -1.5, 1.5), *v = frand(nv, -1, 1);
+    float *out = falloc(no), *att = frand(na, -1, 1);   // garbage: the op must overwrite all of it
+    double *q_d = to_double(q, nq), *k_d = to_double(k, nk), *v_d = to_double(v, nv);
+    double *ref = dalloc(no), *ref_att = dalloc(na);
+    be->attention_forward(out, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+    ref_attention(ref, ref_att, q_d, k_d, v_d, B, T, NH, NKV, DQK, DV, (double)scale);
+    snprintf(name, sizeof name, "attention_forward out B=%d T=%d NH=%d NKV=%d DQK=%d DV=%d",
+             B, T, NH, NKV, DQK, DV);
+    check(name, maxrel(out, ref, no), TOL_FWD);
+    check("attention_forward att (probabilities, 0 above diagonal)", maxrel(att, ref_att, na), TOL_FWD);
+
+    if (with_backward) {
+        float *dout = frand(no, -1, 1);
+        double *dout_d = to_double(dout, no);
+        FdProblem pb = {.forward = fd_attention, .in = {q_d, k_d, v_d}, .out = ref, .w = dout_d,
+                        .nout = no, .dims = {B, T, NH, NKV, DQK, DV}, .par = {(double)scale}};
+        double *gq = fd_grad(&pb, 0, nq), *gk = fd_grad(&pb, 1, nk), *gv = fd_grad(&pb, 2, nv);
+        float *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nv);
+        float *scratch = frand(na, -1, 1);   // garbage too
+        be->attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+        snprintf(name, sizeof name, "attention_backward dq (NH=%d NKV=%d T=%d)", NH, NKV, T);
+        check(name, maxrel(dq, gq, nq), TOL_BWD);
+        snprintf(name, sizeof name, "attention_backward dk (NH=%d NKV=%d T=%d)", NH, NKV, T);
+        check(name, maxrel(dk, gk, nk), TOL_BWD);
+        snprintf(name, sizeof name, "attention_backward dv (NH=%d NKV=%d T=%d)", NH, NKV, T);
+        check(name, maxrel(dv, gv, nv), TOL_BWD);
+        float *dq1 = fcopy(dq, nq), *dk1 = fcopy(dk, nk), *dv1 = fcopy(dv, nv);
+        be->attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+        const double e2 = fmax(maxrel_2x(dq, dq1, nq), fmax(maxrel_2x(dk, dk1, nk), maxrel_2x(dv, dv1, nv)));
+        check("attention_backward dq,dk,dv accumulate (2 calls = 2x)", e2, TOL_ACC);
+
+        const int nt = omp_get_max_threads();
+        memset(dq, 0, nq * sizeof(float)); memset(dk, 0, nk * sizeof(float)); memset(dv, 0, nv * sizeof(float));
+        memset(dq1, 0, nq * sizeof(float)); memset(dk1, 0, nk * sizeof(float)); memset(dv1, 0, nv * sizeof(float));
+        omp_set_num_threads(1);
+        be->attention_backward(dq1, dk1, dv1, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+        omp_set_num_threads(nt);
+        be->attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+        check("attention_backward bitwise equal, 1 vs all threads",
+              memcmp(dq, dq1, nq * sizeof(float)) == 0 && memcmp(dk, dk1, nk * sizeof(float)) == 0 &&
+              memcmp(dv, dv1, nv * sizeof(float)) == 0 ? 0.0 : 1.0, 0.0);
+        free(dout); free(dout_d); free(gq); free(gk); free(gv); free(dq); free(dk); free(dv);
+        free(scratch); free(dq1); free(dk1); free(dv1);
+    }
+    free(q); free(k); free(v); free(out); free(att); free(q_d); free(k_d); free(v_d);
+    free(ref); free(ref_att);
+}
+
+static void test_swiglu(size_t n) {
+    char name[96];
+    float *g = frand(n, -6, 6), *u = frand(n, -2, 2), *out = falloc(n);
+    double *g_d = to_double(g, n), *u_d = to_double(u, n), *ref = dalloc(n);
+    be->swiglu_forward(out, g, u, n);
+    ref_swiglu(ref, g_d, u_d, n);
+    snprintf(name, sizeof name, "swiglu_forward n=%zu", n);
+    check(name, maxrel(out, ref, n), TOL_FWD);
+
+    float *dout = frand(n, -1, 1);
+    double *dout_d = to_double(dout, n);
+    // out[i] depends only on gate[i] and up[i], so the finite differences of L = sum(w * out)
+    // are taken one element at a time (the generic fd_grad would cost O(n^2) here).
+    double *gg = dalloc(n), *gu = dalloc(n);
+    for (size_t i = 0; i < n; i++) {
+        double o[2];
+        const double h = 1e-6 * (fabs(g_d[i]) > 1.0 ? fabs(g_d[i]) : 1.0);
+        double gp = g_d[i] + h, gm = g_d[i] - h;
+        ref_swiglu(&o[0], &gp, &u_d[i], 1);
+        ref_swiglu(&o[1], &gm, &u_d[i], 1);
+        gg[i] = dout_d[i] * (o[0] - o[1]) / (gp - gm);
+        double up = u_d[i] + 1e-6, um = u_d[i] - 1e-6;
+        ref_swiglu(&o[0], &g_d[i], &up, 1);
+        ref_swiglu(&o[1], &g_d[i], &um, 1);
+        gu[i] = dout_d[i] * (o[0] - o[1]) / (up - um);
+    }
+    float *dg = falloc(n), *du = falloc(n);
+    be->swiglu_backward(dg, du, dout, g, u, n);
+    check("swiglu_backward dgate", maxrel(dg, gg, n), TOL_BWD);
+    check("swiglu_backward dup", maxrel(du, gu, n), TOL_BWD);
+    float *dg1 = fcopy(dg, n), *du1 = fcopy(du, n);
+    be->swiglu_backward(dg, du, dout, g, u, n);
+    check("swiglu_backward accumulates (2 calls = 2x)", fmax(maxrel_2x(dg, dg1, n), maxrel_2x(du, du1, n)), TOL_ACC);
+    free(g); free(u); free(out); free(g_d); free(u_d); free(ref); free(dout); free(dout_d);
+    free(gg); free(gu); free(dg); free(du); free(dg1); free(du1);
+}
+
+static void test_xent(void) {
+    const int N = 7, V = 53, ignore = -100, ign_row = 3;
+    int *tgt = xalloc(N * sizeof(int));
+    for (int n = 0; n < N; n++) tgt[n] = rng_int(V);
+    tgt[ign_row] = ignore;
+    float *logits = frand((size_t)N * V, -3, 3), *loss = frand((size_t)N, 5, 6);
+    double *logits_d = to_double(logits, (size_t)N * V), *ref = dalloc((size_t)N);
+    be->xent_forward(loss, logits, tgt, N, V, ignore);
+    ref_xent(ref, logits_d, tgt, N, V, ignore);
+    check("xent_forward losses (one ignored target)", maxrel(loss, ref, (size_t)N), TOL_FWD);
+    check("xent_forward ignored target gives loss 0", fabs(loss[ign_row]), 0.0);
+
+    // max subtraction: logits around 1e3 overflow a naive exp
+    float *big = fcopy(logits, (size_t)N * V);
+    for (size_t i = 0; i < (size_t)N * V; i++) big[i] = big[i] * 10.0f + 1000.0f;
+    double *big_d = to_double(big, (size_t)N * V);
+    be->xent_forward(loss, big, tgt, N, V, ignore);
+    ref_xent(ref, big_d, tgt, N, V, ignore);
+    check("xent_forward logits ~1e3 (stable)", maxrel(loss, ref, (size_t)N), TOL_FWD);
+
+    const float dloss = 0.7f;
+    double *w_d = dalloc((size_t)N);
+    for (int n = 0; n < N; n++) w_d[n] = (double)dloss;
+    double *loss_d = dalloc((size_t)N);
+    FdProblem pb = {.forward = fd_xent, .in = {logits_d}, .out = loss_d, .w = w_d, .nout = (size_t)N,
+                    .ints = tgt, .dims = {N, V, ignore}};
+    double *g = fd_grad(&pb, 0, (size_t)N * V);
+    float *dl = falloc((size_t)N * V);
+    be->xent_backward(dl, logits, tgt, N, V, ignore, dloss);
+    check("xent_backward dlogits", maxrel(dl, g, (size_t)N * V), TOL_BWD);
+    check("xent_backward ignored row is zero", maxabs(dl + (size_t)ign_row * V, (size_t)V), 0.0);
+    float *first = fcopy(dl, (size_t)N * V);
+    be->xent_backward(dl, logits, tgt, N, V, ignore, dloss);
+    check("xent_backward accumulates (2 calls = 2x)", maxrel_2x(dl, first, (size_t)N * V), TOL_ACC);
+    free(tgt); free(logits); free(loss); free(logits_d); free(ref); free(big); free(big_d);
+    free(w_d); free(loss_d); free(g); free(dl); free(first);
+}
+
+static void test_sumsq(size_t n) {
+    char name[96];
+    float *g = frand(n, -1, 1);
+    double ref = 0.0;
+    for (size_t i = 0; i < n; i++) ref += (double)g[i] * g[i];
+    const double got = be->sumsq(g, n);
+    snprintf(name, sizeof name, "sumsq n=%zu", n);
+    // both sums are in double: only the summation order differs
+    check(name, ref > 0 ? fabs(got - ref) / ref : fabs(got), 1e-12);
+    const int nt = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const double one = be->sumsq(g, n);
+    omp_set_num_threads(nt);
+    snprintf(name, sizeof name, "sumsq n=%zu bitwise equal, 1 vs all threads", n);
+    check(name, memcmp(&one, &got, sizeof one) == 0 ? 0.0 : 1.0, 0.0);
+    free(g);
+}
+
+// Three AdamW steps against torch.optim.AdamW's formula evaluated in double.
+static void test_adamw(size_t n) {
+    char name[96];
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    float *p = frand(n, -1, 1), *m = falloc(n), *v = falloc(n);
+    double *p0 = to_double(p, n), *pd = to_double(p, n), *md = dalloc(n), *vd = dalloc(n);
+    for (int t = 1; t <= 3; t++) {
+        float *grad = frand(n, -2, 2);
+        grad[0] = 0.0f;   // eps alone keeps 0/0 away
+        be->adamw_update(p, m, v, grad, n, lr, b1, b2, eps, wd, gs, t);
+        const double bc1 = 1.0 - pow((double)b1, t), bc2 = 1.0 - pow((double)b2, t);
+        for (size_t i = 0; i < n; i++) {
+            const double gi = (double)grad[i] * gs;
+            md[i] = b1 * md[i] + (1.0 - b1) * gi;
+            vd[i] = b2 * vd[i] + (1.0 - b2) * gi * gi;
+            const double mhat = md[i] / bc1;
+            const double denom = sqrt(vd[i]) / sqrt(bc2) + eps;   // = sqrt(vhat) + eps
+            pd[i] = pd[i] - (double)lr * (double)wd * pd[i] - (double)lr * mhat / denom;
+        }
+        free(grad);
+    }
+    // compare the parameter change, not the parameter: a small error in an update of size
+    // ~lr would hide behind |p| ~ 1 in a relative max-norm.
+    float *dp = falloc(n);
+    double *dpd = dalloc(n);
+    for (size_t i = 0; i < n; i++) { dp[i] = (float)((double)p[i] - p0[i]); dpd[i] = pd[i] - p0[i]; }
+    snprintf(name, sizeof name, "adamw 3 steps n=%zu param change", n);
+    check(name, maxrel(dp, dpd, n), TOL_FWD);
+    snprintf(name, sizeof name, "adamw 3 steps n=%zu m", n);
+    check(name, maxrel(m, md, n), TOL_FWD);
+    snprintf(name, sizeof name, "adamw 3 steps n=%zu v", n);
+    check(name, maxrel(v, vd, n), TOL_FWD);
+    free(p); free(m); free(v); free(p0); free(pd); free(md); free(vd); free(dp); free(dpd);
+}
+
+int main(void) {
+    be = backend_cpu();
+    test_memory();
+    test_elementwise(37);
+    test_elementwise(100003);   // above the parallel threshold
+
+    test_matmul(13, 17, 11, 1);
+    test_matmul(37, 71, 19, 1);
+    test_matmul(301, 257, 133, 0);   // big enough for OpenBLAS's blocked, threaded path
+
+    test_embedding();
+
+    test_rmsnorm(7, 45);
+    test_rmsnorm(5, 131);   // dweight: two 64-channel blocks and a remainder
+
+    test_rope(2, 5, 3, 10, 2, 6, 7, 10000.0f);    // off > 0, S > D, pos0 > 0
+    test_rope(1, 9, 2, 8, 0, 8, 0, 500.0f);       // whole head, pos0 = 0
+    test_rope(1, 3, 3, 71, 5, 64, 4093, 10000.0f); // long positions: angles need double
+
+    test_attention(2, 13, 6, 2, 7, 5, 1);     // GQA, DQK != DV
+    test_attention(2, 11, 3, 3, 5, 7, 1);     // MHA
+    test_attention(1, 11, 4, 1, 6, 9, 1);     // MQA
+    test_attention(1, 70, 2, 1, 3, 2, 1);     // two row blocks (64 + 6)
+    test_attention(2, 133, 4, 2, 17, 9, 0);   // three row blocks, forward only
+
+    test_swiglu(101);
+    test_swiglu(40009);   // parallel path
+
+    test_xent();
+
+    test_sumsq(0);
+    test_sumsq(1000);
+    test_sumsq(100003);
+
+    test_adamw(37);
+    test_adamw(20011);
+
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed ? 1 : 0;
+}
