@@ -1,0 +1,64 @@
+#include "common/args.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+static void print_usage(const char *usage, const ArgSpec *specs, int n) {
+    printf("%s\n\noptions:\n", usage);
+    for (int i = 0; i < n; i++) {
+        char left[64];
+        snprintf(left, sizeof(left), "--%s%s", specs[i].name, specs[i].takes_value ? " VALUE" : "");
+        printf("  %-26s %s\n", left, specs[i].help);
+    }
+    printf("  %-26s %s\n", "--help", "show this help");
+}
+
+void args_parse(Args *a, int argc, char **argv, const ArgSpec *specs, int n_specs, const char *usage,
+                char **positional, int *n_positional, int max_positional) {
+    memset(a, 0, sizeof(*a));
+    if (n_positional) *n_positional = 0;
+    if (n_specs > 32) die("internal: too many options");
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            print_usage(usage, specs, n_specs);
+            exit(0);
+        }
+        if (strncmp(arg, "--", 2) != 0) {
+            if (!positional || *n_positional >= max_positional)
+                die("unexpected argument '%s': run with --help for the usage", arg);
+            positional[(*n_positional)++] = argv[i];
+            continue;
+        }
+        const char *name = arg + 2;
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        int found = -1;
+        for (int s = 0; s < n_specs; s++)
+            if (strlen(specs[s].name) == len && !strncmp(specs[s].name, name, len)) found = s;
+        if (found < 0) die("unknown option '%s': run with --help for the options", arg);
+        const char *value = "1";
+        if (specs[found].takes_value) {
+            if (eq) value = eq + 1;
+            else if (i + 1 < argc) value = argv[++i];
+            else die("option --%s needs a value", specs[found].name);
+        } else if (eq) {
+            die("option --%s takes no value", specs[found].name);
+        }
+        if (!strcmp(specs[found].name, "set")) {
+            if (a->n_sets >= 64) die("too many --set options (64 at most)");
+            a->sets[a->n_sets++] = (char *)value;
+        } else {
+            a->values[found] = value;
+        }
+    }
+}
+
+const char *args_get(const Args *a, const ArgSpec *specs, int n_specs, const char *name) {
+    for (int s = 0; s < n_specs; s++)
+        if (!strcmp(specs[s].name, name)) return a->values[s];
+    die("internal: no option named %s", name);
+}

@@ -1,0 +1,24 @@
+// Minimal long-option parsing shared by the subcommands: "--name value" and
+// "--name=value", repeated "--set k=v", and "--help". Unknown options are errors.
+#ifndef CLLA_COMMON_ARGS_H
+#define CLLA_COMMON_ARGS_H
+
+typedef struct ArgSpec {
+    const char *name;      // without the leading dashes
+    int takes_value;       // 0: a flag
+    const char *help;      // one line for --help
+} ArgSpec;
+
+typedef struct Args {
+    const char *values[32];   // per spec: the value ("1" for a set flag), or NULL
+    char *sets[64];           // every --set value, in order
+    int n_sets;
+} Args;
+
+// Parses argv[1..] (argv[0] is the subcommand name). Prints usage and exits 0 on --help;
+// dies on an unknown option or a missing value. positional/n_positional may be NULL.
+void args_parse(Args *a, int argc, char **argv, const ArgSpec *specs, int n_specs, const char *usage,
+                char **positional, int *n_positional, int max_positional);
+const char *args_get(const Args *a, const ArgSpec *specs, int n_specs, const char *name);
+
+#endif

@@ -1,0 +1,42 @@
+// Deterministic host random numbers (splitmix64 seeding a xoshiro256** stream):
+// weight initialization and anything else that must repeat exactly from a seed.
+#ifndef CLLA_COMMON_RNG_H
+#define CLLA_COMMON_RNG_H
+
+#include <math.h>
+#include <stdint.h>
+
+typedef struct Rng { uint64_t s[4]; } Rng;
+
+static inline uint64_t rng_splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline void rng_seed(Rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = rng_splitmix64(&seed);
+}
+
+static inline uint64_t rng_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static inline uint64_t rng_next(Rng *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rng_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rng_rotl(s[3], 45);
+    return result;
+}
+
+// Uniform in (0, 1), never 0 (safe for log).
+static inline double rng_uniform(Rng *r) { return ((double)(rng_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+// Standard normal (Box-Muller; one value per call, so the stream position is simple).
+static inline double rng_normal(Rng *r) {
+    double u1 = rng_uniform(r), u2 = rng_uniform(r);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+#endif

@@ -1,0 +1,108 @@
+// clla info: parameter counts, training memory by category and KV-cache bytes per
+// token for any config, without allocating the model.
+#include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/args.h"
+#include "common/util.h"
+#include "model/cache_bytes.h"
+#include "model/model.h"
+#include "train/commands.h"
+
+static const ArgSpec SPECS[] = {
+    {"config", 1, "config JSON (required)"},
+    {"set", 1, "override a key (repeatable)"},
+    {"json", 0, "print one JSON object instead of text"},
+    {"device", 1, "storage precision to plan memory for: cpu (fp32, default) or cuda (bf16 + fp32 masters)"},
+};
+#define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
+
+typedef struct Counts {
+    long long total, embedding, activated;
+    double mem_params, mem_master, mem_grads, mem_adam, mem_acts, mem_act_grads;
+} Counts;
+
+static void count(const Config *cfg, size_t store_bytes, Counts *c) {
+    Model m;
+    model_build_table(&m, &cfg->model, store_bytes);
+    memset(c, 0, sizeof(*c));
+    for (int i = 0; i < m.params.n; i++) {
+        const TensorInfo *ti = &m.params.t[i];
+        c->total += (long long)ti->numel;
+        if (!strcmp(ti->name, "model.embed_tokens.weight") || !strcmp(ti->name, "lm_head.weight"))
+            c->embedding += (long long)ti->numel;
+    }
+    // activated = every non-embedding parameter a token passes through (dense: all of them)
+    c->activated = c->total - c->embedding;
+    c->mem_params = (double)m.params.bytes_store;
+    c->mem_master = store_bytes == 4 ? 0.0 : (double)m.params.bytes_f32;
+    c->mem_grads = (double)m.params.bytes_f32;
+    c->mem_adam = 2.0 * (double)m.params.bytes_f32;
+    model_layout_acts(&m, cfg->train.micro_batch, cfg->train.seq_len, store_bytes);
+    c->mem_acts = (double)m.acts.bytes_store;
+    c->mem_act_grads = (double)m.gacts.bytes_store;
+    model_free(&m);
+}
+
+static double mib(double b) { return b / (1024.0 * 1024.0); }
+
+int cmd_info(int argc, char **argv) {
+    Args a;
+    args_parse(&a, argc, argv, SPECS, N_SPECS,
+               "usage: clla info --config FILE [--set key=value ...] [--json] [--device cpu|cuda]\n"
+               "Prints parameter counts (total, activated non-embedding, embedding), training memory\n"
+               "by category for train.micro_batch x train.seq_len, and KV-cache bytes per token.",
+               NULL, NULL, 0);
+    const char *path = args_get(&a, SPECS, N_SPECS, "config");
+    if (!path) die("clla info needs --config FILE: see clla info --help");
+    const char *dev = args_get(&a, SPECS, N_SPECS, "device");
+    size_t store = dev && !strcmp(dev, "cuda") ? 2 : 4;
+    if (dev && strcmp(dev, "cuda") && strcmp(dev, "cpu")) die("unknown --device '%s': use cpu or cuda", dev);
+    Config cfg;
+    config_load(&cfg, path, a.n_sets, a.sets);
+    Counts c;
+    count(&cfg, store, &c);
+    CacheBytes kv;
+    cache_bytes_per_token(&cfg.model, &kv);
+    double mem_total = c.mem_params + c.mem_master + c.mem_grads + c.mem_adam + c.mem_acts + c.mem_act_grads;
+    if (args_get(&a, SPECS, N_SPECS, "json")) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "attention", cfg.model.attention);
+        cJSON_AddNumberToObject(o, "params_total", (double)c.total);
+        cJSON_AddNumberToObject(o, "params_activated", (double)c.activated);
+        cJSON_AddNumberToObject(o, "params_embedding", (double)c.embedding);
+        cJSON *mem = cJSON_AddObjectToObject(o, "train_memory_bytes");
+        cJSON_AddNumberToObject(mem, "params", c.mem_params);
+        cJSON_AddNumberToObject(mem, "master_weights", c.mem_master);
+        cJSON_AddNumberToObject(mem, "grads", c.mem_grads);
+        cJSON_AddNumberToObject(mem, "adamw_m_v", c.mem_adam);
+        cJSON_AddNumberToObject(mem, "activations", c.mem_acts);
+        cJSON_AddNumberToObject(mem, "activation_grads", c.mem_act_grads);
+        cJSON_AddNumberToObject(mem, "total", mem_total);
+        cJSON *k = cJSON_AddObjectToObject(o, "kv_cache_bytes_per_token");
+        cJSON_AddNumberToObject(k, "model", kv.total);
+        cJSON_AddNumberToObject(k, "per_layer", kv.per_layer);
+        cJSON_AddNumberToObject(k, "mha_equivalent", kv.mha_total);
+        cJSON_AddNumberToObject(k, "fraction_of_mha", kv.total / kv.mha_total);
+        char *s = cJSON_PrintUnformatted(o);
+        printf("%s\n", s);
+        cJSON_free(s);
+        cJSON_Delete(o);
+        return 0;
+    }
+    printf("config            %s (attention %s)\n", path, cfg.model.attention);
+    printf("parameters        %lld total | %lld activated (non-embedding) | %lld embedding\n", c.total, c.activated, c.embedding);
+    printf("training memory   (B=%d, T=%d, %s storage)\n", cfg.train.micro_batch, cfg.train.seq_len, store == 2 ? "bf16" : "fp32");
+    printf("  params          %10.1f MiB\n", mib(c.mem_params));
+    if (c.mem_master > 0) printf("  fp32 masters    %10.1f MiB\n", mib(c.mem_master));
+    printf("  grads (fp32)    %10.1f MiB\n", mib(c.mem_grads));
+    printf("  AdamW m, v      %10.1f MiB\n", mib(c.mem_adam));
+    printf("  activations     %10.1f MiB\n", mib(c.mem_acts));
+    printf("  act. gradients  %10.1f MiB\n", mib(c.mem_act_grads));
+    printf("  total           %10.1f MiB\n", mib(mem_total));
+    printf("KV cache          %.1f bytes/token for the model | %.1f per layer on average | %.2f%% of MHA (%.0f bytes/token, bf16)\n",
+           kv.total, kv.per_layer, 100.0 * kv.total / kv.mha_total, kv.mha_total);
+    return 0;
+}

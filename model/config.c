@@ -1,0 +1,431 @@
+// Config parsing: a key table drives reading, --set overrides, writing and the
+// "unknown key" error, so a knob is declared once.
+#include "model/config.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+typedef enum { K_INT, K_LLONG, K_ULLONG, K_FLOAT, K_BOOL, K_STR, K_SHARE } KeyType;
+
+typedef struct KeyDef {
+    const char *name;
+    const char *alias;      // HF name of the same knob in another model family (or NULL)
+    KeyType type;
+    size_t offset;
+    size_t size;            // for strings
+} KeyDef;
+
+#define M_(field) offsetof(ModelConfig, field)
+#define T_(field) offsetof(TrainConfig, field)
+
+static const KeyDef MODEL_KEYS[] = {
+    {"attention", NULL, K_STR, M_(attention), sizeof(((ModelConfig *)0)->attention)},
+    {"vocab_size", NULL, K_INT, M_(vocab_size), 0},
+    {"hidden_size", NULL, K_INT, M_(hidden_size), 0},
+    {"num_hidden_layers", NULL, K_INT, M_(num_hidden_layers), 0},
+    {"num_attention_heads", NULL, K_INT, M_(num_attention_heads), 0},
+    {"num_key_value_heads", NULL, K_INT, M_(num_key_value_heads), 0},
+    {"head_dim", "qk_nope_head_dim", K_INT, M_(head_dim), 0},
+    {"v_head_dim", NULL, K_INT, M_(v_head_dim), 0},
+    {"intermediate_size", NULL, K_INT, M_(intermediate_size), 0},
+    {"q_lora_rank", NULL, K_INT, M_(q_lora_rank), 0},
+    {"kv_lora_rank", NULL, K_INT, M_(kv_lora_rank), 0},
+    {"qk_rope_head_dim", NULL, K_INT, M_(qk_rope_head_dim), 0},
+    {"share_factor", "cla_share_factor", K_INT, M_(share_factor), 0},
+    {"share", NULL, K_SHARE, M_(share), 0},
+    {"latent_quant_bits", NULL, K_INT, M_(latent_quant_bits), 0},
+    {"latent_quant_group", NULL, K_INT, M_(latent_quant_group), 0},
+    {"n_routed_experts", NULL, K_INT, M_(n_routed_experts), 0},
+    {"n_shared_experts", NULL, K_INT, M_(n_shared_experts), 0},
+    {"num_experts_per_tok", NULL, K_INT, M_(num_experts_per_tok), 0},
+    {"moe_intermediate_size", NULL, K_INT, M_(moe_intermediate_size), 0},
+    {"shared_expert_intermediate_size", NULL, K_INT, M_(shared_expert_intermediate_size), 0},
+    {"first_k_dense_layers", "first_k_dense_replace", K_INT, M_(first_k_dense_layers), 0},
+    {"moe_aux_loss_coef", "aux_loss_alpha", K_FLOAT, M_(moe_aux_loss_coef), 0},
+    {"moe_z_loss_coef", NULL, K_FLOAT, M_(moe_z_loss_coef), 0},
+    {"moe_capacity_factor", NULL, K_FLOAT, M_(moe_capacity_factor), 0},
+    {"norm_topk_prob", NULL, K_BOOL, M_(norm_topk_prob), 0},
+    {"rms_norm_eps", NULL, K_FLOAT, M_(rms_norm_eps), 0},
+    {"rope_theta", NULL, K_FLOAT, M_(rope_theta), 0},
+    {"max_position_embeddings", NULL, K_INT, M_(max_position_embeddings), 0},
+    {"tie_word_embeddings", NULL, K_BOOL, M_(tie_word_embeddings), 0},
+    {"initializer_range", NULL, K_FLOAT, M_(initializer_range), 0},
+};
+
+static const KeyDef TRAIN_KEYS[] = {
+    {"data", NULL, K_STR, T_(data), sizeof(((TrainConfig *)0)->data)},
+    {"val_data", NULL, K_STR, T_(val_data), sizeof(((TrainConfig *)0)->val_data)},
+    {"out_dir", NULL, K_STR, T_(out_dir), sizeof(((TrainConfig *)0)->out_dir)},
+    {"init_from", NULL, K_STR, T_(init_from), sizeof(((TrainConfig *)0)->init_from)},
+    {"metrics", NULL, K_STR, T_(metrics), sizeof(((TrainConfig *)0)->metrics)},
+    {"seq_len", NULL, K_INT, T_(seq_len), 0},
+    {"micro_batch", NULL, K_INT, T_(micro_batch), 0},
+    {"global_batch_tokens", NULL, K_LLONG, T_(global_batch_tokens), 0},
+    {"max_steps", NULL, K_INT, T_(max_steps), 0},
+    {"warmup_steps", NULL, K_INT, T_(warmup_steps), 0},
+    {"lr", NULL, K_FLOAT, T_(lr), 0},
+    {"min_lr", NULL, K_FLOAT, T_(min_lr), 0},
+    {"beta1", NULL, K_FLOAT, T_(beta1), 0},
+    {"beta2", NULL, K_FLOAT, T_(beta2), 0},
+    {"eps", NULL, K_FLOAT, T_(eps), 0},
+    {"weight_decay", NULL, K_FLOAT, T_(weight_decay), 0},
+    {"grad_clip", NULL, K_FLOAT, T_(grad_clip), 0},
+    {"seed", NULL, K_ULLONG, T_(seed), 0},
+    {"log_every", NULL, K_INT, T_(log_every), 0},
+    {"val_every", NULL, K_INT, T_(val_every), 0},
+    {"val_batches", NULL, K_INT, T_(val_batches), 0},
+    {"threads", NULL, K_INT, T_(threads), 0},
+};
+#define N_MODEL_KEYS (sizeof(MODEL_KEYS) / sizeof(MODEL_KEYS[0]))
+#define N_TRAIN_KEYS (sizeof(TRAIN_KEYS) / sizeof(TRAIN_KEYS[0]))
+
+// HF config.json keys that do not shape the model: accepted and ignored, so a Llama or
+// DeepSeek-V2 config.json is read as it is.
+static const char *IGNORED_KEYS[] = {
+    "architectures", "auto_map", "bos_token_id", "eos_token_id", "pad_token_id", "model_type",
+    "torch_dtype", "transformers_version", "use_cache", "pretraining_tp", "attention_dropout",
+    "hidden_act", "attention_bias", "mlp_bias", "rope_scaling", "_name_or_path", "topk_method",
+    "scoring_func", "seq_aux", "n_group", "topk_group", "ep_size", "moe_layer_freq",
+    "routed_scaling_factor", "num_nextn_predict_layers", "use_cla", "comment",
+};
+
+static const char *SHARE_NAMES[] = {"kv", "latent", "latent_krope", "latent_kvproj"};
+
+static const KeyDef *find_key(const KeyDef *keys, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(keys[i].name, name) || (keys[i].alias && !strcmp(keys[i].alias, name))) return &keys[i];
+    return NULL;
+}
+
+static int is_ignored(const char *name) {
+    for (size_t i = 0; i < sizeof(IGNORED_KEYS) / sizeof(IGNORED_KEYS[0]); i++)
+        if (!strcmp(IGNORED_KEYS[i], name)) return 1;
+    return 0;
+}
+
+static void set_value(void *base, const KeyDef *k, const cJSON *v, const char *origin, const char *prefix) {
+    char *dst = (char *)base + k->offset;
+    const char *name = k->name;
+    switch (k->type) {
+    case K_INT: case K_LLONG: case K_ULLONG: {
+        if (!cJSON_IsNumber(v))
+            die("%s: key '%s%s' must be a number", origin, prefix, name);
+        double d = v->valuedouble;
+        if (d != (double)(long long)d) die("%s: key '%s%s' must be a whole number, got %g", origin, prefix, name, d);
+        if (k->type == K_INT) {
+            if (d < -2147483648.0 || d > 2147483647.0) die("%s: key '%s%s' = %g is out of range", origin, prefix, name, d);
+            *(int *)dst = (int)d;
+        } else if (k->type == K_LLONG) {
+            *(long long *)dst = (long long)d;
+        } else {
+            if (d < 0) die("%s: key '%s%s' must not be negative", origin, prefix, name);
+            *(unsigned long long *)dst = (unsigned long long)d;
+        }
+        break;
+    }
+    case K_FLOAT:
+        if (!cJSON_IsNumber(v)) die("%s: key '%s%s' must be a number", origin, prefix, name);
+        *(float *)dst = (float)v->valuedouble;
+        break;
+    case K_BOOL:
+        if (cJSON_IsBool(v)) *(int *)dst = cJSON_IsTrue(v);
+        else if (cJSON_IsNumber(v) && (v->valuedouble == 0 || v->valuedouble == 1)) *(int *)dst = (int)v->valuedouble;
+        else die("%s: key '%s%s' must be true or false", origin, prefix, name);
+        break;
+    case K_STR:
+        if (!cJSON_IsString(v)) die("%s: key '%s%s' must be a string", origin, prefix, name);
+        if (strlen(v->valuestring) >= k->size) die("%s: key '%s%s' is longer than %zu characters", origin, prefix, name, k->size - 1);
+        strcpy(dst, v->valuestring);
+        break;
+    case K_SHARE: {
+        if (!cJSON_IsString(v)) die("%s: key '%s%s' must be one of kv, latent, latent_krope, latent_kvproj", origin, prefix, name);
+        int found = -1;
+        for (int i = 0; i < 4; i++) if (!strcmp(v->valuestring, SHARE_NAMES[i])) found = i;
+        if (found < 0) die("%s: key '%s%s' = '%s': use one of kv, latent, latent_krope, latent_kvproj", origin, prefix, name, v->valuestring);
+        *(int *)dst = found;
+        break;
+    }
+    }
+}
+
+static cJSON *value_to_json(const void *base, const KeyDef *k) {
+    const char *src = (const char *)base + k->offset;
+    switch (k->type) {
+    case K_INT: return cJSON_CreateNumber(*(const int *)src);
+    case K_LLONG: return cJSON_CreateNumber((double)*(const long long *)src);
+    case K_ULLONG: return cJSON_CreateNumber((double)*(const unsigned long long *)src);
+    case K_FLOAT: {
+        // print the float's shortest exact decimal so a round trip keeps the value
+        char buf[32];
+        snprintf(buf, sizeof(buf), "%.9g", (double)*(const float *)src);
+        return cJSON_CreateNumber(strtod(buf, NULL));
+    }
+    case K_BOOL: return cJSON_CreateBool(*(const int *)src);
+    case K_STR: return cJSON_CreateString(src);
+    case K_SHARE: return cJSON_CreateString(SHARE_NAMES[*(const int *)src]);
+    }
+    return NULL;
+}
+
+static void defaults(Config *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    ModelConfig *m = &cfg->model;
+    strcpy(m->attention, "mha");
+    m->share_factor = 1;
+    m->share = SHARE_KV;
+    m->latent_quant_group = 32;
+    m->num_experts_per_tok = 1;
+    m->moe_capacity_factor = 0.0f;
+    m->rms_norm_eps = 1e-6f;
+    m->rope_theta = 10000.0f;
+    m->max_position_embeddings = 4096;
+    m->initializer_range = 0.02f;
+    TrainConfig *t = &cfg->train;
+    strcpy(t->out_dir, "runs/default");
+    t->seq_len = 256;
+    t->micro_batch = 4;
+    t->max_steps = 100;
+    t->warmup_steps = 10;
+    t->lr = 3e-4f;
+    t->min_lr = 3e-5f;
+    t->beta1 = 0.9f;
+    t->beta2 = 0.95f;
+    t->eps = 1e-8f;
+    t->weight_decay = 0.1f;
+    t->grad_clip = 1.0f;
+    t->seed = 1234;
+    t->log_every = 1;
+    t->val_batches = 8;
+}
+
+// Preset knobs (DESIGN section 1). -1 for n_kv_heads_rule means "as configured".
+typedef struct Preset {
+    const char *name;
+    int latent;        // needs kv_lora_rank > 0
+    int kv_rule;       // 0: = heads (MHA), 1: must be configured (GQA), 2: one (MQA)
+    int share_factor;
+    int share;
+    int quant_bits;
+} Preset;
+
+static const Preset PRESETS[] = {
+    {"mha", 0, 0, 1, SHARE_KV, 0},
+    {"gqa", 0, 1, 1, SHARE_KV, 0},
+    {"mqa", 0, 2, 1, SHARE_KV, 0},
+    {"mla", 1, 0, 1, SHARE_LATENT, 0},
+    {"cla", 0, 0, 2, SHARE_KV, 0},
+    {"gqa_cla", 0, 1, 2, SHARE_KV, 0},
+    {"clla", 1, 0, 2, SHARE_LATENT, 0},
+    {"clla_share_krope", 1, 0, 2, SHARE_LATENT_KROPE, 0},
+    {"clla_share_kvproj", 1, 0, 2, SHARE_LATENT_KVPROJ, 0},
+    {"clla_quant", 1, 0, 2, SHARE_LATENT, 4},
+    {"clla_quant_share_kvproj", 1, 0, 2, SHARE_LATENT_KVPROJ, 4},
+};
+#define N_PRESETS (sizeof(PRESETS) / sizeof(PRESETS[0]))
+
+static const Preset *find_preset(const char *name) {
+    for (size_t i = 0; i < N_PRESETS; i++) if (!strcmp(PRESETS[i].name, name)) return &PRESETS[i];
+    return NULL;
+}
+
+int config_apply_preset(ModelConfig *m, const char *name) {
+    const Preset *p = find_preset(name);
+    if (!p) return 0;
+    snprintf(m->attention, sizeof(m->attention), "%s", name);
+    m->share_factor = p->share_factor;
+    m->share = p->share;
+    m->latent_quant_bits = p->quant_bits;
+    if (p->quant_bits) m->latent_quant_group = 32;
+    return 1;
+}
+
+// --set key=value: the value is JSON when it parses as JSON, otherwise a string.
+static void apply_set(cJSON *root, const char *assignment, const char *origin) {
+    const char *eq = strchr(assignment, '=');
+    if (!eq || eq == assignment) die("--set '%s': expected key=value (for example --set train.lr=1e-3)", assignment);
+    char *key = xstrdup(assignment);
+    key[eq - assignment] = 0;
+    const char *text = eq + 1;
+    cJSON *val = cJSON_Parse(text);
+    if (!val) val = cJSON_CreateString(text);
+    cJSON *obj = root;
+    char *leaf = key;
+    char *dot = strchr(key, '.');
+    if (dot) {
+        *dot = 0;
+        if (strcmp(key, "train") != 0)
+            die("--set '%s': only train.<key> may be dotted; model keys are top-level (e.g. --set hidden_size=256)", assignment);
+        obj = cJSON_GetObjectItemCaseSensitive(root, "train");
+        if (!obj) { obj = cJSON_CreateObject(); cJSON_AddItemToObject(root, "train", obj); }
+        leaf = dot + 1;
+    }
+    (void)origin;
+    if (cJSON_GetObjectItemCaseSensitive(obj, leaf)) cJSON_ReplaceItemInObjectCaseSensitive(obj, leaf, val);
+    else cJSON_AddItemToObject(obj, leaf, val);
+    free(key);
+}
+
+void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets) {
+    cJSON *root = cJSON_Parse(json);
+    if (!root) {
+        const char *where = cJSON_GetErrorPtr();
+        die("%s: not valid JSON near offset %ld: fix the syntax", origin, where ? (long)(where - json) : -1L);
+    }
+    if (!cJSON_IsObject(root)) die("%s: the top level must be a JSON object", origin);
+    for (int i = 0; i < n_sets; i++) apply_set(root, sets[i], origin);
+
+    defaults(cfg);
+    ModelConfig *m = &cfg->model;
+    // 1. preset first, so explicit keys override its knobs
+    const cJSON *att = cJSON_GetObjectItemCaseSensitive(root, "attention");
+    const char *preset = NULL;
+    if (att) {
+        if (!cJSON_IsString(att)) die("%s: key 'attention' must be a preset name string", origin);
+        preset = att->valuestring;
+    } else {
+        // an HF config without our key: infer the preset from its knobs
+        const cJSON *lora = cJSON_GetObjectItemCaseSensitive(root, "kv_lora_rank");
+        const cJSON *nkv = cJSON_GetObjectItemCaseSensitive(root, "num_key_value_heads");
+        const cJSON *nh = cJSON_GetObjectItemCaseSensitive(root, "num_attention_heads");
+        if (cJSON_IsNumber(lora) && lora->valuedouble > 0) preset = "mla";
+        else if (cJSON_IsNumber(nkv) && cJSON_IsNumber(nh) && nkv->valuedouble == 1 && nh->valuedouble > 1) preset = "mqa";
+        else if (cJSON_IsNumber(nkv) && cJSON_IsNumber(nh) && nkv->valuedouble < nh->valuedouble) preset = "gqa";
+        else preset = "mha";
+    }
+    if (!config_apply_preset(m, preset)) {
+        char list[512] = "";
+        for (size_t i = 0; i < N_PRESETS; i++) {
+            strcat(list, PRESETS[i].name);
+            if (i + 1 < N_PRESETS) strcat(list, ", ");
+        }
+        die("%s: unknown attention preset '%s': use one of %s", origin, preset, list);
+    }
+    // 2. every key
+    int seen_nkv = 0, seen_head_dim = 0, seen_v_head_dim = 0;
+    for (const cJSON *it = root->child; it; it = it->next) {
+        if (!strcmp(it->string, "attention")) continue;
+        if (!strcmp(it->string, "train")) {
+            if (!cJSON_IsObject(it)) die("%s: key 'train' must be an object of run settings", origin);
+            for (const cJSON *t = it->child; t; t = t->next) {
+                const KeyDef *k = find_key(TRAIN_KEYS, N_TRAIN_KEYS, t->string);
+                if (!k) die("%s: unknown key 'train.%s': see docs/CONFIG.md for the run settings", origin, t->string);
+                set_value(&cfg->train, k, t, origin, "train.");
+            }
+            continue;
+        }
+        const KeyDef *k = find_key(MODEL_KEYS, N_MODEL_KEYS, it->string);
+        if (!k) {
+            if (is_ignored(it->string)) continue;
+            die("%s: unknown key '%s': see docs/CONFIG.md for the model keys (run settings go under \"train\")", origin, it->string);
+        }
+        if (!strcmp(k->name, "num_key_value_heads")) seen_nkv = 1;
+        if (!strcmp(k->name, "head_dim")) seen_head_dim = 1;
+        if (!strcmp(k->name, "v_head_dim")) seen_v_head_dim = 1;
+        set_value(m, k, it, origin, "");
+    }
+    // 3. knobs derived from the preset when the config leaves them out
+    const Preset *p = find_preset(m->attention);
+    if (m->num_attention_heads > 0) {
+        if (!seen_head_dim && m->hidden_size > 0) m->head_dim = m->hidden_size / m->num_attention_heads;
+        if (p->kv_rule == 0 && !seen_nkv) m->num_key_value_heads = m->num_attention_heads;
+        if (p->kv_rule == 2 && !seen_nkv) m->num_key_value_heads = 1;
+        if (p->kv_rule == 1 && !seen_nkv)
+            die("%s: preset '%s' needs num_key_value_heads (a divisor of num_attention_heads = %d)", origin, p->name, m->num_attention_heads);
+    }
+    if (!seen_v_head_dim) m->v_head_dim = m->head_dim;
+    cJSON_Delete(root);
+    config_validate(cfg, origin);
+}
+
+void config_load(Config *cfg, const char *path, int n_sets, char **sets) {
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) die("cannot read config '%s': check the path", path);
+    config_from_json(cfg, text, path, n_sets, sets);
+    free(text);
+}
+
+#define NEED(cond, ...) do { if (!(cond)) die(__VA_ARGS__); } while (0)
+
+void config_validate(const Config *cfg, const char *origin) {
+    const ModelConfig *m = &cfg->model;
+    const TrainConfig *t = &cfg->train;
+    const Preset *p = find_preset(m->attention);
+    NEED(m->vocab_size > 0, "%s: vocab_size must be set (> 0)", origin);
+    NEED(m->hidden_size > 0, "%s: hidden_size must be set (> 0)", origin);
+    NEED(m->num_hidden_layers > 0, "%s: num_hidden_layers must be set (> 0)", origin);
+    NEED(m->num_attention_heads > 0, "%s: num_attention_heads must be set (> 0)", origin);
+    NEED(m->head_dim > 0, "%s: head_dim must be > 0 (it defaults to hidden_size / num_attention_heads)", origin);
+    NEED(m->v_head_dim > 0, "%s: v_head_dim must be > 0", origin);
+    NEED(m->intermediate_size > 0 || m->n_routed_experts > 0, "%s: intermediate_size must be set (> 0)", origin);
+    NEED(m->share_factor >= 1, "%s: share_factor must be >= 1", origin);
+    if (!config_is_latent(m)) {
+        NEED(m->num_key_value_heads > 0 && m->num_attention_heads % m->num_key_value_heads == 0,
+             "%s: num_key_value_heads = %d does not divide num_attention_heads = %d: choose a divisor", origin,
+             m->num_key_value_heads, m->num_attention_heads);
+        NEED(m->head_dim % 2 == 0, "%s: head_dim = %d must be even for RoPE", origin, m->head_dim);
+        NEED(m->share == SHARE_KV, "%s: share = latent* needs a latent model (kv_lora_rank > 0, preset mla/clla*)", origin);
+        NEED(m->latent_quant_bits == 0, "%s: latent_quant_bits needs a latent model (kv_lora_rank > 0)", origin);
+        if (p->kv_rule == 0)
+            NEED(m->num_key_value_heads == m->num_attention_heads, "%s: preset '%s' has num_key_value_heads = num_attention_heads; use preset gqa for fewer", origin, p->name);
+        if (p->kv_rule == 2)
+            NEED(m->num_key_value_heads == 1, "%s: preset mqa has num_key_value_heads = 1; use preset gqa for more", origin);
+        NEED(!p->latent, "%s: preset '%s' needs kv_lora_rank > 0 (the latent width)", origin, p->name);
+    } else {
+        NEED(p->latent, "%s: kv_lora_rank > 0 makes a latent model: use preset mla or clla*", origin);
+        NEED(m->qk_rope_head_dim > 0 && m->qk_rope_head_dim % 2 == 0, "%s: latent models need an even qk_rope_head_dim > 0", origin);
+        NEED(m->q_lora_rank >= 0, "%s: q_lora_rank must be >= 0", origin);
+        if (m->latent_quant_bits) {
+            NEED(m->latent_quant_bits >= 2 && m->latent_quant_bits <= 8, "%s: latent_quant_bits must be 0 (off) or 2..8", origin);
+            NEED(m->latent_quant_group > 0 && m->kv_lora_rank % m->latent_quant_group == 0,
+                 "%s: latent_quant_group = %d must divide kv_lora_rank = %d", origin, m->latent_quant_group, m->kv_lora_rank);
+        }
+    }
+    if (m->n_routed_experts > 0) {
+        NEED(m->num_experts_per_tok >= 1 && m->num_experts_per_tok <= m->n_routed_experts,
+             "%s: num_experts_per_tok must be in 1..n_routed_experts (%d)", origin, m->n_routed_experts);
+        NEED(m->moe_intermediate_size > 0, "%s: moe_intermediate_size must be > 0 with n_routed_experts > 0", origin);
+        NEED(m->first_k_dense_layers >= 0, "%s: first_k_dense_layers must be >= 0", origin);
+        NEED(m->first_k_dense_layers == 0 || m->intermediate_size > 0, "%s: first_k_dense_layers > 0 needs intermediate_size for the dense MLP", origin);
+        NEED(m->moe_capacity_factor >= 0, "%s: moe_capacity_factor must be >= 0 (0 = no dropping)", origin);
+    }
+    NEED(m->rms_norm_eps > 0, "%s: rms_norm_eps must be > 0", origin);
+    NEED(m->rope_theta > 0, "%s: rope_theta must be > 0", origin);
+    NEED(m->initializer_range > 0, "%s: initializer_range must be > 0", origin);
+
+    NEED(t->seq_len > 0, "%s: train.seq_len must be > 0", origin);
+    NEED(t->seq_len <= m->max_position_embeddings, "%s: train.seq_len = %d exceeds max_position_embeddings = %d", origin, t->seq_len, m->max_position_embeddings);
+    NEED(t->micro_batch > 0, "%s: train.micro_batch must be > 0", origin);
+    long long bt = (long long)t->micro_batch * t->seq_len;
+    if (t->global_batch_tokens)
+        NEED(t->global_batch_tokens > 0 && t->global_batch_tokens % bt == 0,
+             "%s: train.global_batch_tokens = %lld must be a multiple of micro_batch * seq_len = %lld", origin, t->global_batch_tokens, bt);
+    NEED(t->max_steps >= 0, "%s: train.max_steps must be >= 0", origin);
+    NEED(t->warmup_steps >= 0, "%s: train.warmup_steps must be >= 0", origin);
+    NEED(t->lr >= 0 && t->min_lr >= 0 && t->min_lr <= t->lr, "%s: need 0 <= train.min_lr <= train.lr", origin);
+    NEED(t->beta1 >= 0 && t->beta1 < 1 && t->beta2 >= 0 && t->beta2 < 1, "%s: train.beta1 and train.beta2 must be in [0, 1)", origin);
+    NEED(t->eps > 0, "%s: train.eps must be > 0", origin);
+    NEED(t->weight_decay >= 0, "%s: train.weight_decay must be >= 0", origin);
+    NEED(t->grad_clip >= 0, "%s: train.grad_clip must be >= 0 (0 = off)", origin);
+    NEED(t->log_every >= 1, "%s: train.log_every must be >= 1", origin);
+    NEED(t->val_every >= 0 && t->val_batches >= 0, "%s: train.val_every and train.val_batches must be >= 0", origin);
+    NEED(t->threads >= 0, "%s: train.threads must be >= 0 (0 = OpenMP default)", origin);
+}
+
+cJSON *config_model_to_json(const ModelConfig *m) {
+    cJSON *o = cJSON_CreateObject();
+    for (size_t i = 0; i < N_MODEL_KEYS; i++) cJSON_AddItemToObject(o, MODEL_KEYS[i].name, value_to_json(m, &MODEL_KEYS[i]));
+    return o;
+}
+
+cJSON *config_to_json(const Config *cfg) {
+    cJSON *o = config_model_to_json(&cfg->model);
+    cJSON *t = cJSON_CreateObject();
+    for (size_t i = 0; i < N_TRAIN_KEYS; i++) cJSON_AddItemToObject(t, TRAIN_KEYS[i].name, value_to_json(&cfg->train, &TRAIN_KEYS[i]));
+    cJSON_AddItemToObject(o, "train", t);
+    return o;
+}

@@ -1,0 +1,125 @@
+// Forward and backward of the whole model, as a sequence of backend ops.
+#include <math.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "model/model.h"
+
+// Typed views of table entries: P = parameter storage, G = parameter gradient (fp32),
+// A = activation, DA = activation gradient.
+#define P(i) ((float *)table_ptr_store(&m->params, m->w, (i)))
+#define G(i) (table_ptr_f32(&m->params, m->grad, (i)))
+#define A(i) ((float *)table_ptr_store(&m->acts, m->act, (i)))
+#define DA(i) ((float *)table_ptr_store(&m->gacts, m->gact, (i)))
+
+static int slot_of(const Model *m, int l) { return l / m->cfg.share_factor; }
+
+static float attn_scale(const ModelConfig *c) { return 1.0f / sqrtf((float)c->head_dim); }
+
+static int count_targets(const int32_t *targets, int n) {
+    int cnt = 0;
+    for (int i = 0; i < n; i++) cnt += targets[i] != IGNORE_INDEX;
+    return cnt;
+}
+
+int model_last_count(const Model *m) { return count_targets(m->h_targets, m->B * m->T); }
+
+float model_forward(Model *m, const int32_t *inputs, const int32_t *targets) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, L = c->num_hidden_layers, C = c->hidden_size;
+    int NH = c->num_attention_heads, NKV = c->num_key_value_heads, D = c->head_dim, DV = c->v_head_dim;
+    int I = c->intermediate_size, V = c->vocab_size;
+
+    be->upload(m->d_inputs, inputs, (size_t)N * sizeof(int));
+    be->embedding_forward(A(m->la[0].res_in), m->d_inputs, P(m->embed), N, C);
+    for (int l = 0; l < L; l++) {
+        const LayerParams *p = &m->lp[l];
+        const LayerActs *x = &m->la[l];
+        const SlotActs *s = &m->sa[slot_of(m, l)];
+        // attention block
+        be->rmsnorm_forward(A(x->h_attn), A(x->rstd_attn), A(x->res_in), P(p->input_norm), N, C, c->rms_norm_eps);
+        be->matmul_forward(A(x->q), A(x->h_attn), P(p->q_proj), N, C, NH * D);
+        be->rope_forward(A(x->q), B, T, NH, D, 0, D, 0, c->rope_theta);
+        if (config_is_producer(c, l)) {
+            be->matmul_forward(A(s->k), A(x->h_attn), P(p->k_proj), N, C, NKV * D);
+            be->matmul_forward(A(s->v), A(x->h_attn), P(p->v_proj), N, C, NKV * DV);
+            be->rope_forward(A(s->k), B, T, NKV, D, 0, D, 0, c->rope_theta);
+        }
+        be->attention_forward(A(x->att_out), A(x->att), A(x->q), A(s->k), A(s->v), B, T, NH, NKV, D, DV, attn_scale(c));
+        be->matmul_forward(A(m->tmp_c), A(x->att_out), P(p->o_proj), N, NH * DV, C);
+        be->add_forward(A(x->res_mid), A(x->res_in), A(m->tmp_c), (size_t)N * C);
+        // MLP block
+        be->rmsnorm_forward(A(x->h_mlp), A(x->rstd_mlp), A(x->res_mid), P(p->post_norm), N, C, c->rms_norm_eps);
+        be->matmul_forward(A(x->gate), A(x->h_mlp), P(p->gate_proj), N, C, I);
+        be->matmul_forward(A(x->up), A(x->h_mlp), P(p->up_proj), N, C, I);
+        be->swiglu_forward(A(x->act), A(x->gate), A(x->up), (size_t)N * I);
+        be->matmul_forward(A(m->tmp_c), A(x->act), P(p->down_proj), N, I, C);
+        float *res_out = l + 1 < L ? A(m->la[l + 1].res_in) : A(m->res_final);
+        be->add_forward(res_out, A(x->res_mid), A(m->tmp_c), (size_t)N * C);
+    }
+    be->rmsnorm_forward(A(m->h_final), A(m->rstd_final), A(m->res_final), P(m->final_norm), N, C, c->rms_norm_eps);
+    be->matmul_forward(A(m->logits), A(m->h_final), P(m->lm_head), N, C, V);
+    if (!targets) return 0.0f;
+
+    memcpy(m->h_targets, targets, (size_t)N * sizeof(int32_t));
+    be->upload(m->d_targets, targets, (size_t)N * sizeof(int));
+    be->xent_forward(A(m->losses), A(m->logits), m->d_targets, N, V, IGNORE_INDEX);
+    be->download(m->h_losses, A(m->losses), (size_t)N * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += m->h_losses[i];
+    int cnt = count_targets(targets, N);
+    return cnt ? (float)(sum / cnt) : 0.0f;
+}
+
+void model_zero_grad(Model *m) { m->be->zero(m->grad, m->params.bytes_f32); }
+
+void model_backward(Model *m, float loss_scale) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, L = c->num_hidden_layers, C = c->hidden_size;
+    int NH = c->num_attention_heads, NKV = c->num_key_value_heads, D = c->head_dim, DV = c->v_head_dim;
+    int I = c->intermediate_size, V = c->vocab_size;
+    const GradActs *ga = &m->ga;
+    size_t sb = be->act_bytes;
+    int cnt = count_targets(m->h_targets, N);
+    if (cnt == 0) return;   // nothing counted: the loss is constant 0
+
+    be->zero(m->gact, m->gacts.bytes_store);   // every activation gradient starts at 0
+    be->xent_backward(DA(ga->dlogits), A(m->logits), m->d_targets, N, V, IGNORE_INDEX, loss_scale / (float)cnt);
+    be->matmul_backward(DA(ga->dh), G(m->lm_head), DA(ga->dlogits), A(m->h_final), P(m->lm_head), N, C, V);
+    be->rmsnorm_backward(DA(ga->dres), G(m->final_norm), DA(ga->dh), A(m->res_final), P(m->final_norm), A(m->rstd_final), N, C);
+    for (int l = L - 1; l >= 0; l--) {
+        const LayerParams *p = &m->lp[l];
+        const LayerActs *x = &m->la[l];
+        const SlotActs *s = &m->sa[slot_of(m, l)];
+        const SlotActs *gs = &m->gsa[slot_of(m, l)];
+        // MLP block: dres holds d(res_out); the residual path passes it through unchanged
+        be->zero(DA(ga->dact), (size_t)N * I * sb);
+        be->matmul_backward(DA(ga->dact), G(p->down_proj), DA(ga->dres), A(x->act), P(p->down_proj), N, I, C);
+        be->zero(DA(ga->dgate), (size_t)N * I * sb);
+        be->zero(DA(ga->dup), (size_t)N * I * sb);
+        be->swiglu_backward(DA(ga->dgate), DA(ga->dup), DA(ga->dact), A(x->gate), A(x->up), (size_t)N * I);
+        be->zero(DA(ga->dh), (size_t)N * C * sb);
+        be->matmul_backward(DA(ga->dh), G(p->gate_proj), DA(ga->dgate), A(x->h_mlp), P(p->gate_proj), N, C, I);
+        be->matmul_backward(DA(ga->dh), G(p->up_proj), DA(ga->dup), A(x->h_mlp), P(p->up_proj), N, C, I);
+        be->rmsnorm_backward(DA(ga->dres), G(p->post_norm), DA(ga->dh), A(x->res_mid), P(p->post_norm), A(x->rstd_mlp), N, C);
+        // attention block: dres now holds d(res_mid)
+        be->zero(DA(ga->datt_out), (size_t)N * NH * DV * sb);
+        be->matmul_backward(DA(ga->datt_out), G(p->o_proj), DA(ga->dres), A(x->att_out), P(p->o_proj), N, NH * DV, C);
+        be->zero(DA(ga->dq), (size_t)N * NH * D * sb);
+        be->attention_backward(DA(ga->dq), DA(gs->k), DA(gs->v), DA(ga->dscores), DA(ga->datt_out), A(x->att),
+                               A(x->q), A(s->k), A(s->v), B, T, NH, NKV, D, DV, attn_scale(c));
+        be->zero(DA(ga->dh), (size_t)N * C * sb);
+        be->rope_backward(DA(ga->dq), B, T, NH, D, 0, D, 0, c->rope_theta);
+        be->matmul_backward(DA(ga->dh), G(p->q_proj), DA(ga->dq), A(x->h_attn), P(p->q_proj), N, C, NH * D);
+        if (config_is_producer(c, l)) {
+            // every consumer of this slot (later layers) has added its share already
+            be->rope_backward(DA(gs->k), B, T, NKV, D, 0, D, 0, c->rope_theta);
+            be->matmul_backward(DA(ga->dh), G(p->k_proj), DA(gs->k), A(x->h_attn), P(p->k_proj), N, C, NKV * D);
+            be->matmul_backward(DA(ga->dh), G(p->v_proj), DA(gs->v), A(x->h_attn), P(p->v_proj), N, C, NKV * DV);
+        }
+        be->rmsnorm_backward(DA(ga->dres), G(p->input_norm), DA(ga->dh), A(x->res_in), P(p->input_norm), A(x->rstd_attn), N, C);
+    }
+    be->embedding_backward(G(m->embed), DA(ga->dres), m->d_inputs, N, C);
+}

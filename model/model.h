@@ -1,0 +1,116 @@
+// The model orchestration: which op runs on which buffer, in which order, forward and
+// backward. Written once against the Backend op table (layers/backend.h); the CPU and
+// CUDA backends supply the ops. All buffers are entries of tensor tables.
+#ifndef CLLA_MODEL_MODEL_H
+#define CLLA_MODEL_MODEL_H
+
+#include <stdint.h>
+
+#include "layers/backend.h"
+#include "model/config.h"
+#include "model/tensor_table.h"
+
+// Indices into Model.params (-1 where the layer has no such tensor).
+typedef struct LayerParams {
+    int input_norm, post_norm;
+    int q_proj, k_proj, v_proj, o_proj;
+    int gate_proj, up_proj, down_proj;
+} LayerParams;
+
+// Indices into Model.acts, per layer.
+typedef struct LayerActs {
+    int res_in;          // (B,T,C) residual stream entering the layer
+    int h_attn;          // (B,T,C) input_layernorm output
+    int rstd_attn;       // (B*T) f32
+    int q;               // (B,T,NH,D) after RoPE
+    int att;             // (B,NH,T,T) f32 softmax probabilities
+    int att_out;         // (B,T,NH,DV)
+    int res_mid;         // (B,T,C) residual after attention
+    int h_mlp;           // (B,T,C) post_attention_layernorm output
+    int rstd_mlp;        // (B*T) f32
+    int gate, up, act;   // (B,T,I) gate_proj, up_proj outputs and silu(gate)*up
+} LayerActs;
+
+// Indices into Model.acts, per cache slot (the cache layer's payload in training).
+typedef struct SlotActs {
+    int k;               // (B,T,NKV,D) after RoPE
+    int v;               // (B,T,NKV,DV)
+} SlotActs;
+
+// Indices into Model.grads_act: activation gradients. One layer's worth is reused by
+// every layer; slot gradients live per slot because consumers (later layers) add into
+// them before their producer's backward runs.
+typedef struct GradActs {
+    int dres;            // (B,T,C) gradient of the residual stream (accumulates through layers)
+    int dh;              // (B,T,C) gradient of a norm's output
+    int dq;              // (B,T,NH,D)
+    int datt_out;        // (B,T,NH,DV)
+    int dgate, dup, dact;  // (B,T,I)
+    int dlogits;         // (B,T,V)
+    int dscores;         // (B,NH,T,T) f32 scratch for attention backward
+} GradActs;
+
+typedef struct Model {
+    ModelConfig cfg;
+    const Backend *be;
+    int n_slots;             // cache slots: ceil(L / share_factor)
+
+    // parameters
+    TensorTable params;
+    LayerParams *lp;         // [L]
+    int embed, final_norm, lm_head;   // lm_head == embed when tied
+    void *w;                 // storage copy used by the ops
+    float *master;           // fp32 masters (== w when the storage is fp32)
+    float *grad;             // fp32 gradients, same table
+
+    // activations for a fixed (B, T), allocated by model_set_batch
+    int B, T;
+    TensorTable acts;
+    LayerActs *la;           // [L]
+    SlotActs *sa;            // [n_slots]
+    int res_final, h_final, rstd_final, logits, losses, tmp_c;
+    void *act;
+    TensorTable gacts;
+    GradActs ga;
+    SlotActs *gsa;           // [n_slots] gradients of slot payloads
+    void *gact;
+    int *d_inputs, *d_targets;   // backend copies of the current batch
+    int32_t *h_targets;          // host copy (counts, ignore index)
+    float *h_losses;             // host copy of per-token losses
+} Model;
+
+#define IGNORE_INDEX (-100)
+
+// Builds the parameter table for cfg and allocates parameters and gradients on be.
+// Dies with a clear message when cfg asks for something this build does not implement.
+void model_build(Model *m, const ModelConfig *cfg, const Backend *be);
+// Only the parameter table (no backend, nothing allocated): for counting and planning.
+void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes);
+// Only the activation tables for (B, T) (nothing allocated).
+void model_layout_acts(Model *m, int B, int T, size_t store_bytes);
+void model_free(Model *m);
+// Seeded initialization: norms 1, matrices N(0, initializer_range), residual output
+// projections (o_proj, down_proj) N(0, initializer_range / sqrt(2 L)) (GPT-2 scheme).
+void model_init_weights(Model *m, unsigned long long seed);
+// Loads every parameter from a safetensors file, validating names, shapes and dtypes.
+void model_load(Model *m, const char *path);
+// Writes the fp32 masters to a safetensors file (atomically).
+void model_save(Model *m, const char *path);
+// After changing master weights on the host side: refresh the storage copy.
+void model_sync_weights(Model *m, unsigned long long seed);
+
+// Allocates activations for micro-batches of B sequences of T tokens.
+void model_set_batch(Model *m, int B, int T);
+// Forward on inputs (B*T host ints). With targets (B*T, IGNORE_INDEX allowed) it computes
+// per-token losses and returns the mean over counted targets; without, returns 0.
+float model_forward(Model *m, const int32_t *inputs, const int32_t *targets);
+// Number of counted targets of the last forward.
+int model_last_count(const Model *m);
+void model_zero_grad(Model *m);
+// Backward of (loss_scale * mean loss of the last forward); ACCUMULATES into m->grad.
+void model_backward(Model *m, float loss_scale);
+
+// Parameter counts (elements).
+long long model_num_params(const Model *m);
+
+#endif

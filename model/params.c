@@ -1,0 +1,176 @@
+// Parameter table (names follow HF Llama / DeepSeek-V2), allocation, initialization,
+// and safetensors load/save of the fp32 masters.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "common/util.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+static int add_matrix(TensorTable *tt, int layer, int64_t out, int64_t in, const char *fmt, int l) {
+    int64_t shape[2] = {out, in};
+    return table_addf(tt, layer, 1, DT_STORE, 2, shape, fmt, l);
+}
+
+static int add_norm(TensorTable *tt, int layer, int64_t c, const char *fmt, int l) {
+    int64_t shape[1] = {c};
+    return table_addf(tt, layer, 0, DT_STORE, 1, shape, fmt, l);
+}
+
+static void check_supported(const ModelConfig *c) {
+    if (config_is_latent(c))
+        die("attention preset '%s' (latent attention) is not implemented in this build yet: use mha, gqa or mqa", c->attention);
+    if (c->share_factor != 1)
+        die("cross-layer sharing (share_factor = %d) is not implemented in this build yet: set share_factor to 1", c->share_factor);
+    if (c->n_routed_experts > 0)
+        die("the mixture-of-experts FFN (n_routed_experts = %d) is not implemented in this build yet: set n_routed_experts to 0", c->n_routed_experts);
+}
+
+void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) {
+    check_supported(cfg);
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg;
+    const ModelConfig *c = &m->cfg;
+    int L = c->num_hidden_layers, C = c->hidden_size, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
+    int D = c->head_dim, DV = c->v_head_dim, I = c->intermediate_size;
+    m->n_slots = (L + c->share_factor - 1) / c->share_factor;
+    TensorTable *tt = &m->params;
+    m->embed = add_matrix(tt, -1, c->vocab_size, C, "model.embed_tokens.weight", 0);
+    m->lp = xcalloc((size_t)L, sizeof(LayerParams));
+    for (int l = 0; l < L; l++) {
+        LayerParams *p = &m->lp[l];
+        p->input_norm = add_norm(tt, l, C, "model.layers.%d.input_layernorm.weight", l);
+        p->q_proj = add_matrix(tt, l, (int64_t)NH * D, C, "model.layers.%d.self_attn.q_proj.weight", l);
+        p->k_proj = add_matrix(tt, l, (int64_t)NKV * D, C, "model.layers.%d.self_attn.k_proj.weight", l);
+        p->v_proj = add_matrix(tt, l, (int64_t)NKV * DV, C, "model.layers.%d.self_attn.v_proj.weight", l);
+        p->o_proj = add_matrix(tt, l, C, (int64_t)NH * DV, "model.layers.%d.self_attn.o_proj.weight", l);
+        p->post_norm = add_norm(tt, l, C, "model.layers.%d.post_attention_layernorm.weight", l);
+        p->gate_proj = add_matrix(tt, l, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
+        p->up_proj = add_matrix(tt, l, I, C, "model.layers.%d.mlp.up_proj.weight", l);
+        p->down_proj = add_matrix(tt, l, C, I, "model.layers.%d.mlp.down_proj.weight", l);
+    }
+    m->final_norm = add_norm(tt, -1, C, "model.norm.weight", 0);
+    m->lm_head = c->tie_word_embeddings ? m->embed : add_matrix(tt, -1, c->vocab_size, C, "lm_head.weight", 0);
+    table_layout(tt, store_bytes);
+}
+
+void model_build(Model *m, const ModelConfig *cfg, const Backend *be) {
+    model_build_table(m, cfg, be->act_bytes);
+    m->be = be;
+    const TensorTable *tt = &m->params;
+    m->w = be->alloc(tt->bytes_store);
+    m->master = be->act_bytes == 4 ? (float *)m->w : be->alloc(tt->bytes_f32);
+    m->grad = be->alloc(tt->bytes_f32);
+}
+
+void model_free(Model *m) {
+    const Backend *be = m->be;
+    if (!be) {   // table only (model_build_table)
+        free(m->lp); free(m->la); free(m->sa); free(m->gsa);
+        table_free(&m->params); table_free(&m->acts); table_free(&m->gacts);
+        memset(m, 0, sizeof(*m));
+        return;
+    }
+    if (m->master && (void *)m->master != m->w) be->release(m->master);
+    be->release(m->w);
+    be->release(m->grad);
+    if (m->act) be->release(m->act);
+    if (m->gact) be->release(m->gact);
+    if (m->d_inputs) be->release(m->d_inputs);
+    if (m->d_targets) be->release(m->d_targets);
+    free(m->h_targets);
+    free(m->h_losses);
+    free(m->lp);
+    free(m->la);
+    free(m->sa);
+    free(m->gsa);
+    table_free(&m->params);
+    table_free(&m->acts);
+    table_free(&m->gacts);
+    memset(m, 0, sizeof(*m));
+}
+
+long long model_num_params(const Model *m) { return (long long)m->params.numel; }
+
+static int is_residual_output(const char *name) {
+    return strstr(name, ".o_proj.") || strstr(name, ".down_proj.");
+}
+
+void model_sync_weights(Model *m, unsigned long long seed) {
+    if ((void *)m->master != m->w) m->be->store_weights(m->w, m->master, m->params.bytes_f32 / 4, seed);
+}
+
+void model_init_weights(Model *m, unsigned long long seed) {
+    const TensorTable *tt = &m->params;
+    float *host = xcalloc(tt->bytes_f32 / 4, sizeof(float));
+    Rng rng;
+    rng_seed(&rng, seed);
+    double std0 = m->cfg.initializer_range;
+    double std_res = std0 / sqrt(2.0 * m->cfg.num_hidden_layers);
+    for (int i = 0; i < tt->n; i++) {
+        const TensorInfo *ti = &tt->t[i];
+        float *p = (float *)((char *)host + ti->off_f32);
+        if (ti->ndim == 1) {
+            for (size_t k = 0; k < ti->numel; k++) p[k] = 1.0f;
+        } else {
+            double std = is_residual_output(ti->name) ? std_res : std0;
+            for (size_t k = 0; k < ti->numel; k++) p[k] = (float)(std * rng_normal(&rng));
+        }
+    }
+    m->be->upload(m->master, host, tt->bytes_f32);
+    free(host);
+    model_sync_weights(m, seed);
+}
+
+void model_load(Model *m, const char *path) {
+    const TensorTable *tt = &m->params;
+    StFile sf;
+    char err[512];
+    if (st_open(&sf, path, err, sizeof(err)) != 0) die("cannot load weights '%s': %s", path, err);
+    for (int j = 0; j < sf.n; j++)
+        if (table_find(tt, sf.e[j].name) < 0)
+            die("weights '%s': tensor '%s' does not belong to this config (attention '%s', tie_word_embeddings %d): use the config.json saved with the weights",
+                path, sf.e[j].name, m->cfg.attention, m->cfg.tie_word_embeddings);
+    float *host = xcalloc(tt->bytes_f32 / 4, sizeof(float));
+    for (int i = 0; i < tt->n; i++) {
+        const TensorInfo *ti = &tt->t[i];
+        int j = st_find(&sf, ti->name);
+        if (j < 0) die("weights '%s': tensor '%s' is missing: use the config.json saved with the weights", path, ti->name);
+        const StEntry *e = &sf.e[j];
+        int same = e->ndim == ti->ndim;
+        for (int d = 0; same && d < ti->ndim; d++) same = e->shape[d] == ti->shape[d];
+        if (!same) {
+            char want[64] = "", got[64] = "";
+            for (int d = 0; d < ti->ndim; d++) snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%lld", d ? "," : "", (long long)ti->shape[d]);
+            for (int d = 0; d < e->ndim; d++) snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%lld", d ? "," : "", (long long)e->shape[d]);
+            die("weights '%s': tensor '%s' has shape [%s], the config needs [%s]: use the config.json saved with the weights", path, ti->name, got, want);
+        }
+        if (st_read_f32(&sf, j, (float *)((char *)host + ti->off_f32), err, sizeof(err)) != 0)
+            die("weights '%s': %s", path, err);
+    }
+    st_close(&sf);
+    m->be->upload(m->master, host, tt->bytes_f32);
+    free(host);
+    model_sync_weights(m, 0);
+}
+
+void model_save(Model *m, const char *path) {
+    const TensorTable *tt = &m->params;
+    float *host = xmalloc(tt->bytes_f32);
+    m->be->download(host, m->master, tt->bytes_f32);
+    StTensor *st = xcalloc((size_t)tt->n, sizeof(StTensor));
+    for (int i = 0; i < tt->n; i++) {
+        st[i].name = tt->t[i].name;
+        st[i].ndim = tt->t[i].ndim;
+        for (int d = 0; d < tt->t[i].ndim; d++) st[i].shape[d] = tt->t[i].shape[d];
+        st[i].data = (const float *)((const char *)host + tt->t[i].off_f32);
+    }
+    char err[512];
+    int rc = st_save(path, st, tt->n, ST_F32, "{\"format\":\"pt\",\"producer\":\"clla\"}", err, sizeof(err));
+    free(st);
+    free(host);
+    if (rc != 0) die("%s", err);
+}

@@ -1,0 +1,55 @@
+// A tensor table: named tensors with shapes, owner layer, weight-decay flag and dtype.
+// It drives allocation (one buffer per category, tensors at table offsets), checkpoint
+// I/O (names and shapes), the optimizer's decay mask and tests. No magic indices: code
+// keeps the index that table_add returned in a named field, or looks a name up.
+#ifndef CLLA_MODEL_TENSOR_TABLE_H
+#define CLLA_MODEL_TENSOR_TABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { DT_STORE = 0, DT_F32 = 1 };   // backend storage dtype (fp32 CPU, bf16 CUDA) or always fp32
+
+#define TENSOR_NAME_MAX 96
+#define TENSOR_MAX_DIMS 4
+
+typedef struct TensorInfo {
+    char name[TENSOR_NAME_MAX];
+    int ndim;
+    int64_t shape[TENSOR_MAX_DIMS];
+    size_t numel;
+    int layer;         // owner layer, -1 for model-level tensors
+    int decay;         // weight decay applies (weight matrices, not norms)
+    int dtype;         // DT_STORE or DT_F32
+    size_t off_store;  // byte offset in a buffer laid out with the backend's storage size
+    size_t off_f32;    // byte offset in an fp32 buffer of the same table (grads, masters, m, v)
+} TensorInfo;
+
+typedef struct TensorTable {
+    TensorInfo *t;
+    int n, cap;
+    size_t bytes_store;   // total of the storage layout (after table_layout)
+    size_t bytes_f32;     // total of the fp32 layout
+    size_t numel;         // total elements
+} TensorTable;
+
+// Adds a tensor; returns its index. Dies on a duplicate name.
+int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype, int ndim, const int64_t *shape);
+// printf-style name helpers: table_addf(tt, layer, decay, dtype, ndim, shape, "model.layers.%d.x", l)
+int table_addf(TensorTable *tt, int layer, int decay, int dtype, int ndim, const int64_t *shape, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+int table_find(const TensorTable *tt, const char *name);   // -1 when absent
+// Computes byte offsets: storage elements of store_bytes (DT_F32 tensors always 4), each
+// tensor aligned to 256 bytes (GPU-friendly, and harmless on the CPU).
+void table_layout(TensorTable *tt, size_t store_bytes);
+void table_free(TensorTable *tt);
+
+// Pointers into category buffers.
+static inline void *table_ptr_store(const TensorTable *tt, void *base, int i) {
+    return (char *)base + tt->t[i].off_store;
+}
+static inline float *table_ptr_f32(const TensorTable *tt, float *base, int i) {
+    return (float *)((char *)base + tt->t[i].off_f32);
+}
+
+#endif

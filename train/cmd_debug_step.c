@@ -1,0 +1,77 @@
+// clla debug-step: one forward and backward on a batch, with logits, loss and every
+// parameter gradient written to a safetensors file. The PyTorch twin
+// (tests/reference/twin.py) recomputes the same in float64 and compares.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/args.h"
+#include "common/util.h"
+#include "data/loader.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "train/commands.h"
+#include "train/device.h"
+#include "train/run_files.h"
+
+static const ArgSpec SPECS[] = {
+    {"model", 1, "model directory with config.json and model.safetensors (required)"},
+    {"tokens", 1, "token file (required); rows are consecutive windows of seq+1 tokens"},
+    {"batch", 1, "sequences B (default 2)"},
+    {"seq", 1, "tokens per sequence T (default 16)"},
+    {"out", 1, "output safetensors (required)"},
+    {"device", 1, "cpu (default) or cuda"},
+};
+#define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
+
+int cmd_debug_step(int argc, char **argv) {
+    Args a;
+    args_parse(&a, argc, argv, SPECS, N_SPECS,
+               "usage: clla debug-step --model DIR --tokens FILE --out FILE [--batch B] [--seq T]\n"
+               "Writes logits [B,T,V], loss [1] and grad.<name> for every parameter (F32).",
+               NULL, NULL, 0);
+    const char *dir = args_get(&a, SPECS, N_SPECS, "model"), *tok = args_get(&a, SPECS, N_SPECS, "tokens");
+    const char *out = args_get(&a, SPECS, N_SPECS, "out");
+    if (!dir || !tok || !out) die("clla debug-step needs --model, --tokens and --out: see --help");
+    const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
+    int B = bs ? atoi(bs) : 2, T = ts ? atoi(ts) : 16;
+    if (B <= 0 || T <= 0) die("--batch and --seq must be positive integers");
+    Config cfg;
+    Model model;
+    load_model_dir(&model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
+    LoaderOptions lo = {.B = B, .T = T, .seed = 0, .rank = 0, .world = 1, .vocab_size = cfg.model.vocab_size};
+    DataLoader *dl = loader_open(tok, &lo);
+    int32_t *in = xmalloc((size_t)B * T * sizeof(int32_t)), *tg = xmalloc((size_t)B * T * sizeof(int32_t));
+    loader_next(dl, in, tg);
+    model_set_batch(&model, B, T);
+    model_zero_grad(&model);
+    float loss = model_forward(&model, in, tg);
+    model_backward(&model, 1.0f);
+
+    const TensorTable *tt = &model.params;
+    size_t nlog = (size_t)B * T * cfg.model.vocab_size;
+    float *logits = xmalloc(nlog * sizeof(float));
+    model.be->act_to_host(logits, table_ptr_store(&model.acts, model.act, model.logits), nlog);
+    float *grads = xmalloc(tt->bytes_f32);
+    model.be->download(grads, model.grad, tt->bytes_f32);
+    StTensor *st = xcalloc((size_t)tt->n + 2, sizeof(StTensor));
+    char **names = xcalloc((size_t)tt->n, sizeof(char *));
+    st[0] = (StTensor){.name = "logits", .ndim = 3, .shape = {B, T, cfg.model.vocab_size}, .data = logits};
+    st[1] = (StTensor){.name = "loss", .ndim = 1, .shape = {1}, .data = &loss};
+    for (int i = 0; i < tt->n; i++) {
+        names[i] = xmalloc(strlen(tt->t[i].name) + 6);
+        sprintf(names[i], "grad.%s", tt->t[i].name);
+        st[i + 2].name = names[i];
+        st[i + 2].ndim = tt->t[i].ndim;
+        for (int d = 0; d < tt->t[i].ndim; d++) st[i + 2].shape[d] = tt->t[i].shape[d];
+        st[i + 2].data = (const float *)((const char *)grads + tt->t[i].off_f32);
+    }
+    char err[512];
+    if (st_save(out, st, tt->n + 2, ST_F32, NULL, err, sizeof(err)) != 0) die("%s", err);
+    printf("loss %.6f\n", loss);
+    for (int i = 0; i < tt->n; i++) free(names[i]);
+    free(names); free(st); free(grads); free(logits); free(in); free(tg);
+    loader_close(dl);
+    model_free(&model);
+    return 0;
+}

@@ -1,0 +1,10 @@
+// Backend selection by name: "cpu" always; "cuda" when built with the CUDA backend.
+#ifndef CLLA_TRAIN_DEVICE_H
+#define CLLA_TRAIN_DEVICE_H
+
+#include "layers/backend.h"
+
+// Dies with a message naming the available devices when name is unknown or not built.
+const Backend *device_backend(const char *name);
+
+#endif

@@ -1,0 +1,48 @@
+#include "train/optimizer.h"
+
+#include <math.h>
+
+void adamw_init(AdamW *opt, const Model *model) {
+    opt->m = model->be->alloc(model->params.bytes_f32);
+    opt->v = model->be->alloc(model->params.bytes_f32);
+    opt->t = 0;
+}
+
+void adamw_free(AdamW *opt, const Model *model) {
+    model->be->release(opt->m);
+    model->be->release(opt->v);
+    opt->m = opt->v = 0;
+}
+
+double grad_global_norm(const Model *model) {
+    // padding between tensors is never written and stays 0, so one pass over the buffer is exact
+    return sqrt(model->be->sumsq(model->grad, model->params.bytes_f32 / 4));
+}
+
+float clip_scale(double norm, float clip) {
+    if (clip <= 0) return 1.0f;
+    double s = clip / (norm + 1e-6);
+    return s < 1.0 ? (float)s : 1.0f;
+}
+
+void adamw_step(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale) {
+    const TensorTable *tt = &model->params;
+    opt->t++;
+    for (int i = 0; i < tt->n; i++) {
+        const TensorInfo *ti = &tt->t[i];
+        float wd = ti->decay ? tc->weight_decay : 0.0f;
+        model->be->adamw_update(table_ptr_f32(tt, model->master, i), table_ptr_f32(tt, opt->m, i),
+                                table_ptr_f32(tt, opt->v, i), table_ptr_f32(tt, model->grad, i), ti->numel, lr,
+                                tc->beta1, tc->beta2, tc->eps, wd, grad_scale, opt->t);
+    }
+    // bf16 storage backends re-round the weights from the masters; the seed makes it repeatable
+    model_sync_weights(model, tc->seed * 1000003ull + (unsigned long long)opt->t);
+}
+
+float lr_at(const TrainConfig *tc, int step) {
+    if (tc->warmup_steps > 0 && step < tc->warmup_steps) return tc->lr * (float)(step + 1) / (float)tc->warmup_steps;
+    int decay = tc->max_steps - tc->warmup_steps;
+    double progress = (double)(step - tc->warmup_steps) / (double)(decay > 1 ? decay : 1);
+    if (progress > 1.0) progress = 1.0;
+    return (float)(tc->min_lr + 0.5 * (tc->lr - tc->min_lr) * (1.0 + cos(M_PI * progress)));
+}

@@ -1,0 +1,26 @@
+// The files of a run directory: metrics.jsonl (appended per step), config.json and
+// model.safetensors (written atomically at the end).
+#ifndef CLLA_TRAIN_RUN_FILES_H
+#define CLLA_TRAIN_RUN_FILES_H
+
+#include <stdio.h>
+
+#include "model/config.h"
+#include "model/model.h"
+
+typedef struct RunFiles {
+    char *dir;
+    FILE *metrics;
+} RunFiles;
+
+// Creates dir; opens metrics_path (or dir/metrics.jsonl when empty) for writing.
+void run_files_open(RunFiles *rf, const char *dir, const char *metrics_path);
+// Writes dir/config.json and dir/model.safetensors.
+void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model);
+// Writes a config.json (model keys + train) atomically; dies on failure.
+void write_config_json(const char *path, const Config *cfg);
+void run_files_close(RunFiles *rf);
+// Opens a saved model directory (config.json + model.safetensors) on a backend.
+void load_model_dir(Model *model, Config *cfg, const char *dir, const Backend *be, int n_sets, char **sets);
+
+#endif
