@@ -37,10 +37,10 @@ static void check(const char *name, double err, double tol) {
     const int ok = err <= tol;   // NaN fails
     if (ok) {
         n_passed++;
-        printf("ok   %-48s maxrel=%.1e\n", name, err);
+        printf("ok   %-52s maxrel=%.1e\n", name, err);
     } else {
         n_failed++;
-        printf("FAIL %-48s maxrel=%.1e (tolerance %.0e)\n", name, err, tol);
+        printf("FAIL %-52s maxrel=%.1e (tolerance %.0e)\n", name, err, tol);
     }
 }
 
@@ -342,8 +342,10 @@ static void test_matmul(int N, int C, int OC, int with_backward) {
         double *g_inp = fd_grad(&pb, 0, (size_t)N * C), *g_w = fd_grad(&pb, 1, (size_t)OC * C);
         float *dinp = falloc((size_t)N * C), *dw = falloc((size_t)OC * C);
         be->matmul_backward(dinp, dw, dout, inp, w, N, C, OC);
-        check("matmul_backward dinp", maxrel(dinp, g_inp, (size_t)N * C), TOL_BWD);
-        check("matmul_backward dweight", maxrel(dw, g_w, (size_t)OC * C), TOL_BWD);
+        snprintf(name, sizeof name, "matmul_backward dinp N=%d C=%d OC=%d", N, C, OC);
+        check(name, maxrel(dinp, g_inp, (size_t)N * C), TOL_BWD);
+        snprintf(name, sizeof name, "matmul_backward dweight N=%d C=%d OC=%d", N, C, OC);
+        check(name, maxrel(dw, g_w, (size_t)OC * C), TOL_BWD);
         float *dinp1 = fcopy(dinp, (size_t)N * C), *dw1 = fcopy(dw, (size_t)OC * C);
         be->matmul_backward(dinp, dw, dout, inp, w, N, C, OC);
         check("matmul_backward dinp accumulates (2 calls = 2x)", maxrel_2x(dinp, dinp1, (size_t)N * C), TOL_ACC);
@@ -416,8 +418,10 @@ static void test_rmsnorm(int N, int C) {
     double *g_inp = fd_grad(&pb, 0, (size_t)N * C), *g_w = fd_grad(&pb, 1, (size_t)C);
     float *dinp = falloc((size_t)N * C), *dw = falloc((size_t)C);
     be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
-    check("rmsnorm_backward dinp", maxrel(dinp, g_inp, (size_t)N * C), TOL_BWD);
-    check("rmsnorm_backward dweight", maxrel(dw, g_w, (size_t)C), TOL_BWD);
+    snprintf(name, sizeof name, "rmsnorm_backward dinp N=%d C=%d", N, C);
+    check(name, maxrel(dinp, g_inp, (size_t)N * C), TOL_BWD);
+    snprintf(name, sizeof name, "rmsnorm_backward dweight N=%d C=%d", N, C);
+    check(name, maxrel(dw, g_w, (size_t)C), TOL_BWD);
     float *dinp1 = fcopy(dinp, (size_t)N * C), *dw1 = fcopy(dw, (size_t)C);
     be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
     check("rmsnorm_backward dinp accumulates (2 calls = 2x)", maxrel_2x(dinp, dinp1, (size_t)N * C), TOL_ACC);
@@ -542,8 +546,10 @@ static void test_swiglu(size_t n) {
     }
     float *dg = falloc(n), *du = falloc(n);
     be->swiglu_backward(dg, du, dout, g, u, n);
-    check("swiglu_backward dgate", maxrel(dg, gg, n), TOL_BWD);
-    check("swiglu_backward dup", maxrel(du, gu, n), TOL_BWD);
+    snprintf(name, sizeof name, "swiglu_backward dgate n=%zu", n);
+    check(name, maxrel(dg, gg, n), TOL_BWD);
+    snprintf(name, sizeof name, "swiglu_backward dup n=%zu", n);
+    check(name, maxrel(du, gu, n), TOL_BWD);
     float *dg1 = fcopy(dg, n), *du1 = fcopy(du, n);
     be->swiglu_backward(dg, du, dout, g, u, n);
     check("swiglu_backward accumulates (2 calls = 2x)", fmax(maxrel_2x(dg, dg1, n), maxrel_2x(du, du1, n)), TOL_ACC);
