@@ -16,6 +16,41 @@ static int slot_of(const Model *m, int l) { return l / m->cfg.share_factor; }
 
 static float attn_scale(const ModelConfig *c) { return 1.0f / sqrtf((float)c->head_dim); }
 
+// Dense SwiGLU MLP of layer l: tmp_c (N, C) = down(silu(gate(h_mlp)) * up(h_mlp)).
+static void mlp_forward(Model *m, int l) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, C = c->hidden_size, I = c->intermediate_size;
+    const LayerParams *p = &m->lp[l];
+    const LayerActs *x = &m->la[l];
+    be->matmul_forward(A(x->gate), A(x->h_mlp), P(p->gate_proj), N, C, I);
+    be->matmul_forward(A(x->up), A(x->h_mlp), P(p->up_proj), N, C, I);
+    be->swiglu_forward(A(x->act), A(x->gate), A(x->up), (size_t)N * I);
+    be->matmul_forward(A(m->tmp_c), A(x->act), P(p->down_proj), N, I, C);
+}
+
+// Backward of mlp_forward given d(tmp_c) in dres; adds d(h_mlp) into dh.
+static void mlp_backward(Model *m, int l) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, C = c->hidden_size, I = c->intermediate_size;
+    const LayerParams *p = &m->lp[l];
+    const LayerActs *x = &m->la[l];
+    const GradActs *ga = &m->ga;
+    size_t sb = be->act_bytes;
+    be->zero(DA(ga->dact), (size_t)N * I * sb);
+    be->matmul_backward(DA(ga->dact), G(p->down_proj), DA(ga->dres), A(x->act), P(p->down_proj), N, I, C);
+    be->zero(DA(ga->dgate), (size_t)N * I * sb);
+    be->zero(DA(ga->dup), (size_t)N * I * sb);
+    be->swiglu_backward(DA(ga->dgate), DA(ga->dup), DA(ga->dact), A(x->gate), A(x->up), (size_t)N * I);
+    be->matmul_backward(DA(ga->dh), G(p->gate_proj), DA(ga->dgate), A(x->h_mlp), P(p->gate_proj), N, C, I);
+    be->matmul_backward(DA(ga->dh), G(p->up_proj), DA(ga->dup), A(x->h_mlp), P(p->up_proj), N, C, I);
+}
+
+// The FFN of layer l: the dense MLP, or (MoE layers) the mixture of experts.
+static void ffn_forward(Model *m, int l) { mlp_forward(m, l); }
+static void ffn_backward(Model *m, int l) { mlp_backward(m, l); }
+
 static int count_targets(const int32_t *targets, int n) {
     int cnt = 0;
     for (int i = 0; i < n; i++) cnt += targets[i] != IGNORE_INDEX;
@@ -29,7 +64,7 @@ float model_forward(Model *m, const int32_t *inputs, const int32_t *targets) {
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, L = c->num_hidden_layers, C = c->hidden_size;
     int NH = c->num_attention_heads, NKV = c->num_key_value_heads, D = c->head_dim, DV = c->v_head_dim;
-    int I = c->intermediate_size, V = c->vocab_size;
+    int V = c->vocab_size;
 
     be->upload(m->d_inputs, inputs, (size_t)N * sizeof(int));
     be->embedding_forward(A(m->la[0].res_in), m->d_inputs, P(m->embed), N, C);
@@ -49,12 +84,9 @@ float model_forward(Model *m, const int32_t *inputs, const int32_t *targets) {
         be->attention_forward(A(x->att_out), A(x->att), A(x->q), A(s->k), A(s->v), B, T, NH, NKV, D, DV, attn_scale(c));
         be->matmul_forward(A(m->tmp_c), A(x->att_out), P(p->o_proj), N, NH * DV, C);
         be->add_forward(A(x->res_mid), A(x->res_in), A(m->tmp_c), (size_t)N * C);
-        // MLP block
+        // FFN block: out = FFN(RMSNorm(res_mid)) written to tmp_c
         be->rmsnorm_forward(A(x->h_mlp), A(x->rstd_mlp), A(x->res_mid), P(p->post_norm), N, C, c->rms_norm_eps);
-        be->matmul_forward(A(x->gate), A(x->h_mlp), P(p->gate_proj), N, C, I);
-        be->matmul_forward(A(x->up), A(x->h_mlp), P(p->up_proj), N, C, I);
-        be->swiglu_forward(A(x->act), A(x->gate), A(x->up), (size_t)N * I);
-        be->matmul_forward(A(m->tmp_c), A(x->act), P(p->down_proj), N, I, C);
+        ffn_forward(m, l);
         float *res_out = l + 1 < L ? A(m->la[l + 1].res_in) : A(m->res_final);
         be->add_forward(res_out, A(x->res_mid), A(m->tmp_c), (size_t)N * C);
     }
@@ -79,7 +111,7 @@ void model_backward(Model *m, float loss_scale) {
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, L = c->num_hidden_layers, C = c->hidden_size;
     int NH = c->num_attention_heads, NKV = c->num_key_value_heads, D = c->head_dim, DV = c->v_head_dim;
-    int I = c->intermediate_size, V = c->vocab_size;
+    int V = c->vocab_size;
     const GradActs *ga = &m->ga;
     size_t sb = be->act_bytes;
     int cnt = count_targets(m->h_targets, N);
@@ -94,15 +126,9 @@ void model_backward(Model *m, float loss_scale) {
         const LayerActs *x = &m->la[l];
         const SlotActs *s = &m->sa[slot_of(m, l)];
         const SlotActs *gs = &m->gsa[slot_of(m, l)];
-        // MLP block: dres holds d(res_out); the residual path passes it through unchanged
-        be->zero(DA(ga->dact), (size_t)N * I * sb);
-        be->matmul_backward(DA(ga->dact), G(p->down_proj), DA(ga->dres), A(x->act), P(p->down_proj), N, I, C);
-        be->zero(DA(ga->dgate), (size_t)N * I * sb);
-        be->zero(DA(ga->dup), (size_t)N * I * sb);
-        be->swiglu_backward(DA(ga->dgate), DA(ga->dup), DA(ga->dact), A(x->gate), A(x->up), (size_t)N * I);
+        // FFN block: dres holds d(res_out); the residual path passes it through unchanged
         be->zero(DA(ga->dh), (size_t)N * C * sb);
-        be->matmul_backward(DA(ga->dh), G(p->gate_proj), DA(ga->dgate), A(x->h_mlp), P(p->gate_proj), N, C, I);
-        be->matmul_backward(DA(ga->dh), G(p->up_proj), DA(ga->dup), A(x->h_mlp), P(p->up_proj), N, C, I);
+        ffn_backward(m, l);   // dh += d(h_mlp)
         be->rmsnorm_backward(DA(ga->dres), G(p->post_norm), DA(ga->dh), A(x->res_mid), P(p->post_norm), A(x->rstd_mlp), N, C);
         // attention block: dres now holds d(res_mid)
         be->zero(DA(ga->datt_out), (size_t)N * NH * DV * sb);
