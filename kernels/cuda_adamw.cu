@@ -1,0 +1,80 @@
+// Optimizer ops, all fp32: the global-norm sum of squares (double, fixed order) and AdamW.
+#include "kernels/cuda_common.cuh"
+
+#include <math.h>
+
+// Fixed grid: the partition of g into per-thread strides, and so the summation order, is
+// the same on every GPU and every call of the same n.
+#define SUMSQ_BLOCKS 1024
+#define SUMSQ_THREADS 256
+
+__global__ void sumsq_partial_kernel(double *partial, const float *g, size_t n) {
+    __shared__ double sh[SUMSQ_THREADS / 32];
+    double acc = 0.0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const double x = (double)g[i];
+        acc += x * x;
+    }
+    acc = warp_sum_d(acc);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int w = 0; w < SUMSQ_THREADS / 32; w++) s += sh[w];
+        partial[blockIdx.x] = s;
+    }
+}
+
+// One block sums the SUMSQ_BLOCKS partials: thread t adds partials t, t + 256, ...; then the
+// warp and block trees as above.
+__global__ void sumsq_final_kernel(double *out, const double *partial, int np) {
+    __shared__ double sh[SUMSQ_THREADS / 32];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < np; i += blockDim.x) acc += partial[i];
+    acc = warp_sum_d(acc);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int w = 0; w < SUMSQ_THREADS / 32; w++) s += sh[w];
+        *out = s;
+    }
+}
+
+extern "C" double cuda_sumsq(const float *g, size_t n) {
+    if (!n) return 0.0;
+    double *partial = (double *)cuda_scratch(SCRATCH_PARTIAL, (SUMSQ_BLOCKS + 1) * sizeof(double));
+    sumsq_partial_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS>>>(partial, g, n);
+    CUDA_LAUNCHED();
+    sumsq_final_kernel<<<1, SUMSQ_THREADS>>>(partial + SUMSQ_BLOCKS, partial, SUMSQ_BLOCKS);
+    CUDA_LAUNCHED();
+    double result = 0.0;
+    CUDA_CHECK(cudaMemcpy(&result, partial + SUMSQ_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost));
+    return result;
+}
+
+// bc1 = 1 - beta1^t, bc2 = 1 - beta2^t (from the host, in double then rounded).
+__global__ void adamw_kernel(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                             float beta1, float beta2, float eps, float wd, float grad_scale, float bc1,
+                             float bc2) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float g = grad[i] * grad_scale;
+        const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        const float mhat = mi / bc1, vhat = vi / bc2;
+        const float p = param[i];
+        param[i] = p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+    }
+}
+
+extern "C" void cuda_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                                  float beta1, float beta2, float eps, float wd, float grad_scale, int t) {
+    if (!n) return;
+    if (t < 1) die("adamw: step t = %d; steps count from 1", t);
+    const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    const float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    adamw_kernel<<<ew_blocks(n, 256), 256>>>(param, m, v, grad, n, lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2);
+    CUDA_LAUNCHED();
+}

@@ -1,0 +1,109 @@
+// Shared by the CUDA backend's translation units: error checks, bf16 helpers, block
+// reductions with a fixed order, the cuBLAS handles and grow-only scratch buffers.
+#ifndef CLLA_KERNELS_CUDA_COMMON_CUH
+#define CLLA_KERNELS_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+#include <cublasLt.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cuda_ops.h"
+
+typedef __nv_bfloat16 bf16;
+
+extern "C" void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+#define CUDA_CHECK(call)                                                                  \
+    do {                                                                                  \
+        cudaError_t err_ = (call);                                                        \
+        if (err_ != cudaSuccess)                                                          \
+            die("CUDA error in %s (%s:%d): %s: check that a CUDA GPU is visible "         \
+                "(nvidia-smi, CUDA_VISIBLE_DEVICES) and has enough free memory",          \
+                #call, __FILE__, __LINE__, cudaGetErrorString(err_));                     \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                                \
+    do {                                                                                  \
+        cublasStatus_t st_ = (call);                                                      \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                 \
+            die("cuBLAS error in %s (%s:%d): %s (status %d)", #call, __FILE__, __LINE__,  \
+                cublasGetStatusString(st_), (int)st_);                                    \
+    } while (0)
+
+// After a kernel launch: launch-configuration errors surface here, at their launch site.
+#define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+
+// Grid size for a grid-stride elementwise loop: enough blocks to fill any current GPU,
+// capped so that the grid never depends on the device (results never depend on it anyway).
+static inline unsigned int ew_blocks(size_t n, unsigned int threads) {
+    size_t b = (n + threads - 1) / threads;
+    const size_t cap = 65536;
+    return (unsigned int)(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+// ---- bf16 <-> fp32 on the device ----
+static __device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
+static __device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+
+// ---- deterministic reductions ----
+// Warp sum with a fixed butterfly: every lane gets the same, order-fixed result.
+static __device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
+    return x;
+}
+static __device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
+    return x;
+}
+static __device__ __forceinline__ double warp_sum_d(double x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
+    return x;
+}
+
+// Block-wide sum/max (blockDim.x a multiple of 32, at most 1024); every thread gets the
+// result. `sh` is __shared__ float[32]. Warp partials are combined in warp order.
+static __device__ __forceinline__ float block_sum(float x, float *sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_sum(x);
+    __syncthreads();                       // sh may still be read by a previous call
+    if (lane == 0) sh[warp] = x;
+    __syncthreads();
+    x = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(x);
+}
+static __device__ __forceinline__ float block_max(float x, float *sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_max(x);
+    __syncthreads();
+    if (lane == 0) sh[warp] = x;
+    __syncthreads();
+    x = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(x);
+}
+
+// ---- context (cuda_context.cu) ----
+cublasHandle_t cuda_cublas(void);
+cublasLtHandle_t cuda_cublaslt(void);
+// cuBLASLt workspace (device memory) and its size.
+void *cuda_lt_workspace(size_t *bytes);
+
+// Grow-only device scratch, one buffer per slot so that one op can hold several at once.
+// The contents are undefined on return; a grow frees the old buffer (cudaFree synchronizes,
+// so no kernel still uses it).
+enum CudaScratchSlot {
+    SCRATCH_ATT_P = 0,    // attention: bf16 probabilities (B, NH, T, T)
+    SCRATCH_ATT_DS,       // attention backward: bf16 dscores (B, NH, T, T)
+    SCRATCH_ATT_DK,       // attention backward: fp32 dk accumulator (B, T, NKV, DQK)
+    SCRATCH_ATT_DV,       // attention backward: fp32 dv accumulator (B, T, NKV, DV)
+    SCRATCH_EMB,          // embedding backward: sort keys, values and CUB temporaries
+    SCRATCH_PARTIAL,      // row-chunk partial sums (rmsnorm dweight, sumsq)
+    SCRATCH_ROPE,         // rope cos/sin table
+    SCRATCH_NSLOTS
+};
+void *cuda_scratch(enum CudaScratchSlot slot, size_t bytes);
+
+#endif

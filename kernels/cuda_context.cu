@@ -1,0 +1,83 @@
+// Process-wide CUDA state: cuBLAS handles, the cuBLASLt workspace and scratch buffers.
+// Created on first use on the current device; never freed (they live as long as the process).
+#include "kernels/cuda_common.cuh"
+#include "kernels/backend_cuda.h"
+
+#include <stdio.h>
+
+// 32 MiB: what cuBLASLt's Hopper kernels ask for at most; Ampere needs less.
+#define LT_WORKSPACE_BYTES ((size_t)32 << 20)
+
+static cublasHandle_t g_cublas;
+static cublasLtHandle_t g_cublaslt;
+static void *g_lt_workspace;
+static void *g_scratch[SCRATCH_NSLOTS];
+static size_t g_scratch_bytes[SCRATCH_NSLOTS];
+
+cublasHandle_t cuda_cublas(void) {
+    if (!g_cublas) {
+        CUBLAS_CHECK(cublasCreate(&g_cublas));
+        // Tensor-core math with fp32 accumulation for bf16 inputs is chosen per call through
+        // CUBLAS_COMPUTE_32F; pedantic mode would forbid it, default mode allows it.
+        CUBLAS_CHECK(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH));
+    }
+    return g_cublas;
+}
+
+cublasLtHandle_t cuda_cublaslt(void) {
+    if (!g_cublaslt) CUBLAS_CHECK(cublasLtCreate(&g_cublaslt));
+    return g_cublaslt;
+}
+
+void *cuda_lt_workspace(size_t *bytes) {
+    if (!g_lt_workspace) CUDA_CHECK(cudaMalloc(&g_lt_workspace, LT_WORKSPACE_BYTES));
+    *bytes = LT_WORKSPACE_BYTES;
+    return g_lt_workspace;
+}
+
+void *cuda_scratch(enum CudaScratchSlot slot, size_t bytes) {
+    if (bytes > g_scratch_bytes[slot] || !g_scratch[slot]) {
+        if (g_scratch[slot]) CUDA_CHECK(cudaFree(g_scratch[slot]));
+        // Grow by a quarter beyond the request so that slowly growing shapes do not
+        // reallocate every call.
+        size_t want = bytes + bytes / 4;
+        if (want < 256) want = 256;
+        cudaError_t err = cudaMalloc(&g_scratch[slot], want);
+        if (err != cudaSuccess)
+            die("CUDA backend: cannot allocate %zu bytes of scratch memory (%s): use a smaller "
+                "batch or sequence length", want, cudaGetErrorString(err));
+        g_scratch_bytes[slot] = want;
+    }
+    return g_scratch[slot];
+}
+
+extern "C" int cuda_device_available(char *reason, size_t reason_len) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        if (reason && reason_len) snprintf(reason, reason_len, "cudaGetDeviceCount: %s", cudaGetErrorString(err));
+        cudaGetLastError();   // reset the last-error state so later calls start clean
+        return 0;
+    }
+    if (count == 0) {
+        if (reason && reason_len) snprintf(reason, reason_len, "cudaGetDeviceCount returned 0 devices");
+        return 0;
+    }
+    int dev = 0;
+    cudaDeviceProp prop;
+    err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaGetDeviceProperties(&prop, dev);
+    if (err != cudaSuccess) {
+        if (reason && reason_len) snprintf(reason, reason_len, "cudaGetDeviceProperties: %s", cudaGetErrorString(err));
+        cudaGetLastError();
+        return 0;
+    }
+    if (prop.major < 8) {
+        if (reason && reason_len)
+            snprintf(reason, reason_len, "device %d (%s) has compute capability %d.%d; the CUDA backend needs 8.0 or newer (bf16)",
+                     dev, prop.name, prop.major, prop.minor);
+        return 0;
+    }
+    if (reason && reason_len) snprintf(reason, reason_len, "device %d: %s (sm_%d%d)", dev, prop.name, prop.major, prop.minor);
+    return 1;
+}

@@ -1,0 +1,71 @@
+// The CUDA backend's ops, one per Backend function pointer (layers/backend.h defines the
+// semantics; backend_cuda.cu puts them in the table). C linkage, callable from C tests.
+// "act"/weight pointers point to bf16 device memory although typed float*.
+#ifndef CLLA_KERNELS_CUDA_OPS_H
+#define CLLA_KERNELS_CUDA_OPS_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- memory (cuda_memory.cu) ----
+void *cuda_alloc(size_t bytes);
+void cuda_release(void *p);
+void cuda_zero(void *p, size_t bytes);
+void cuda_upload(void *dst, const void *src, size_t bytes);
+void cuda_download(void *dst, const void *src, size_t bytes);
+void cuda_store_weights(float *dst, const float *master, size_t n, unsigned long long seed);
+void cuda_act_to_host(float *dst_host, const float *src, size_t n);
+void cuda_act_from_host(float *dst, const float *src_host, size_t n);
+
+// ---- elementwise (cuda_elementwise.cu) and SwiGLU (cuda_swiglu.cu) ----
+void cuda_add_forward(float *out, const float *a, const float *b, size_t n);
+void cuda_accumulate(float *dst, const float *src, size_t n);
+void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                          const float *up, size_t n);
+
+// ---- token embedding (cuda_embedding.cu) ----
+void cuda_embedding_forward(float *out, const int *tokens, const float *wte, int N, int C);
+void cuda_embedding_backward(float *dwte, const float *dout, const int *tokens, int N, int C);
+
+// ---- matmul (cuda_matmul.cu) ----
+void cuda_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC);
+void cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                          const float *weight, int N, int C, int OC);
+
+// ---- RMSNorm (cuda_rmsnorm.cu) ----
+void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                          int N, int C, float eps);
+void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C);
+
+// ---- RoPE (cuda_rope.cu) ----
+void cuda_rope_forward(float *x, int B, int T, int H, int S, int off, int D, int pos0, float theta);
+void cuda_rope_backward(float *dx, int B, int T, int H, int S, int off, int D, int pos0, float theta);
+
+// ---- causal grouped-head attention (cuda_attention.cu) ----
+void cuda_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
+                            int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+void cuda_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                             const float *att, const float *q, const float *k, const float *v,
+                             int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+
+// ---- softmax cross-entropy (cuda_xent.cu) ----
+void cuda_xent_forward(float *losses, const float *logits, const int *targets, int N, int V,
+                       int ignore_index);
+void cuda_xent_backward(float *dlogits, const float *logits, const int *targets, int N, int V,
+                        int ignore_index, float dloss);
+
+// ---- optimizer (cuda_adamw.cu) ----
+double cuda_sumsq(const float *g, size_t n);
+void cuda_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                       float beta1, float beta2, float eps, float wd, float grad_scale, int t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
