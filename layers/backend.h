@@ -109,6 +109,21 @@ typedef struct Backend {
     //   p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)       (decoupled decay, as torch.optim.AdamW)
     void (*adamw_update)(float *param, float *m, float *v, const float *grad, size_t n, float lr,
                          float beta1, float beta2, float eps, float wd, float grad_scale, int t);
+
+    // ---- column copies (splitting and concatenating per-token vectors) ----
+    // For n < N, j < width: dst[n*dst_ld + dst_off + j] (= or +=) src[n*src_ld + src_off + j].
+    // accumulate = 0 overwrites, 1 adds (the backward of a copy is an accumulating copy back).
+    void (*copy_cols)(float *dst, int dst_ld, int dst_off, const float *src, int src_ld, int src_off,
+                      int N, int width, int accumulate);
+
+    // ---- the int_group codec's round trip (cache layer, CLLA-quant) ----
+    // Symmetric b-bit quantization of each row of width W in groups of g contiguous values:
+    //   Imax = 2^(b-1) - 1, scale = max|x| / Imax per group, code = clamp(round_half_even(x / scale),
+    //   -Imax, Imax), out = code * scale; an all-zero group gives zeros (no division).
+    // The scale is rounded UP to bf16 before use, because the cache stores it as bf16: training
+    // sees exactly what the inference cache decodes, and rounding up keeps |x / scale| <= Imax
+    // (the clamp never changes a code). out may equal in.
+    void (*int_group_roundtrip)(float *out, const float *in, int N, int W, int bits, int group);
 } Backend;
 
 // The CPU reference backend (layers/). Always available.

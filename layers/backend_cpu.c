@@ -42,6 +42,9 @@ static const Backend cpu_backend = {
 
     .sumsq = cpu_sumsq,
     .adamw_update = cpu_adamw_update,
+
+    .copy_cols = cpu_copy_cols,
+    .int_group_roundtrip = cpu_int_group_roundtrip,
 };
 
 const Backend *backend_cpu(void) { return &cpu_backend; }

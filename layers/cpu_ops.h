@@ -64,4 +64,11 @@ double cpu_sumsq(const float *g, size_t n);
 void cpu_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
                       float beta1, float beta2, float eps, float wd, float grad_scale, int t);
 
+// ---- column copies (cpu_copy.c) ----
+void cpu_copy_cols(float *dst, int dst_ld, int dst_off, const float *src, int src_ld, int src_off,
+                   int N, int width, int accumulate);
+
+// ---- int_group codec round trip (cpu_int_group.c) ----
+void cpu_int_group_roundtrip(float *out, const float *in, int N, int W, int bits, int group);
+
 #endif

@@ -1,0 +1,48 @@
+// The int_group quantizer's arithmetic, shared by the CPU op, the cache codec's
+// encode/decode and (through CLLA_HD) CUDA kernels, so every path gives the same bits.
+//
+// Symmetric b-bit codes in [-Imax, Imax], Imax = 2^(b-1) - 1. The CLLA paper prints the
+// range as [-(2^(b-1)-1), 2^b-1]; that upper bound is a typo for a symmetric quantizer
+// (2^b - 1 codes above zero would need b+1 bits), so we use the symmetric range.
+// Rounding: to nearest, ties to even (rintf in the default rounding mode).
+#ifndef CLLA_LAYERS_INT_GROUP_MATH_H
+#define CLLA_LAYERS_INT_GROUP_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define CLLA_HD __host__ __device__
+#else
+#define CLLA_HD
+#endif
+
+static inline CLLA_HD int int_group_imax(int bits) { return (1 << (bits - 1)) - 1; }
+
+// Smallest bf16 value >= x (x >= 0, finite): the stored scale. Returned as fp32 bits.
+static inline CLLA_HD float bf16_round_up(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if (u & 0xffffu) u = (u & 0xffff0000u) + 0x10000u;
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
+// Scale of a group from its max |x|: bf16 rounded up, so |x / scale| <= Imax. 0 for a zero group.
+static inline CLLA_HD float int_group_scale(float absmax, int bits) {
+    return absmax > 0.0f ? bf16_round_up(absmax / (float)int_group_imax(bits)) : 0.0f;
+}
+
+// Code of one value given its group's scale (0 when the group is all zeros).
+static inline CLLA_HD int int_group_code(float x, float scale, int bits) {
+    if (scale == 0.0f) return 0;
+    int imax = int_group_imax(bits);
+    float q = rintf(x / scale);
+    if (q > (float)imax) q = (float)imax;
+    if (q < (float)-imax) q = (float)-imax;
+    return (int)q;
+}
+
+#endif
