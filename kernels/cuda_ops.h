@@ -64,6 +64,13 @@ double cuda_sumsq(const float *g, size_t n);
 void cuda_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, float grad_scale, int t);
 
+// ---- column copies (cuda_copy.cu) ----
+void cuda_copy_cols(float *dst, int dst_ld, int dst_off, const float *src, int src_ld, int src_off,
+                    int N, int width, int accumulate);
+
+// ---- the int_group codec's round trip (cuda_int_group.cu) ----
+void cuda_int_group_roundtrip(float *out, const float *in, int N, int W, int bits, int group);
+
 #ifdef __cplusplus
 }
 #endif
