@@ -49,7 +49,7 @@ TOKENS="$TMP/tokens.u32"
 # 200 tokens: the training run (10 micro-batches of B*T+1) wraps around the file once
 "$PY" -c "import numpy as np; np.random.default_rng(20240).integers(0, $V, 200).astype('<u4').tofile('$TOKENS')"
 
-write_config() {  # write_config FILE PRESET NKV TIED
+write_config() {  # write_config FILE PRESET NKV TIED INITIALIZER_RANGE
     cat >"$1" <<EOF
 {
   "attention": "$2",
@@ -64,6 +64,7 @@ write_config() {  # write_config FILE PRESET NKV TIED
   "rms_norm_eps": 1e-5,
   "rope_theta": 10000.0,
   "tie_word_embeddings": $4,
+  "initializer_range": $5,
   "train": {
     "seq_len": $T,
     "micro_batch": $B,
@@ -84,17 +85,17 @@ write_config() {  # write_config FILE PRESET NKV TIED
 EOF
 }
 
-step_case() {  # step_case PRESET NKV TIED
-    local dir="$TMP/$1_$3"
+step_case() {  # step_case PRESET NKV TIED INITIALIZER_RANGE
+    local dir="$TMP/$1_$3_$4"
     mkdir -p "$dir"
-    write_config "$dir/cfg.json" "$1" "$2" "$3"
+    write_config "$dir/cfg.json" "$1" "$2" "$3" "$4"
     "$CLLA" init --config "$dir/cfg.json" --out "$dir/model" &&
         "$CLLA" debug-step --model "$dir/model" --tokens "$TOKENS" --batch $B --seq $T --out "$dir/dump.safetensors" &&
         "$PY" "$TWIN" check-step --model "$dir/model" --tokens "$TOKENS" --batch $B --seq $T --dump "$dir/dump.safetensors"
 }
 
-train_case() {  # train_case PRESET TIED: the model of the step case, trained 5 steps
-    local dir="$TMP/$1_$2"
+train_case() {  # train_case PRESET TIED INITIALIZER_RANGE: the model of the step case, trained 5 steps
+    local dir="$TMP/$1_$2_$3"
     [ -f "$dir/model/model.safetensors" ] || { echo "no model from the step case in $dir"; return 1; }
     # grad_clip = 0.99 x the median gradient norm of the unclipped run (twin), so clipping triggers on
     # some steps; check-train --require-clip fails if it never does
@@ -109,12 +110,16 @@ train_case() {  # train_case PRESET TIED: the model of the step case, trained 5 
 }
 
 run_case twin_selftest "$PY" "$SRC/tests/reference/selftest.py"
-for tied in false true; do
-    run_case "step_mha_tied=$tied" step_case mha $NH $tied
-    run_case "step_gqa_tied=$tied" step_case gqa 2 $tied
-    run_case "step_mqa_tied=$tied" step_case mqa 1 $tied
+# initializer_range 0.02 (the usual init: attention nearly uniform, so RoPE and head-mapping
+# errors show mostly in the gradients) and 0.3 (sharp attention: they show in the logits too)
+for std in 0.02 0.3; do
+    for tied in false true; do
+        run_case "step_mha_tied=${tied}_std=$std" step_case mha $NH $tied $std
+        run_case "step_gqa_tied=${tied}_std=$std" step_case gqa 2 $tied $std
+        run_case "step_mqa_tied=${tied}_std=$std" step_case mqa 1 $tied $std
+    done
 done
-run_case train_gqa_tied=true train_case gqa true
+run_case train_gqa_tied=true_std=0.02 train_case gqa true 0.02
 
 echo "test_twin: $pass passed, $fail failed${failed_names:+ (failed:$failed_names)}"
 [ "$fail" -eq 0 ] || exit 1
