@@ -53,19 +53,22 @@ extern "C" double cuda_sumsq(const float *g, size_t n) {
     return result;
 }
 
-// bc1 = 1 - beta1^t, bc2 = 1 - beta2^t (from the host, in double then rounded).
-__global__ void adamw_kernel(float *param, float *m, float *v, const float *grad, size_t n, float lr,
-                             float beta1, float beta2, float eps, float wd, float grad_scale, float bc1,
-                             float bc2) {
+// AdamW in the evaluation order of torch.optim.AdamW (and of the CPU reference), so the
+// backends agree to fp32 rounding (nvcc may contract a * b + c into an fma; the CPU does not):
+//   p *= 1 - lr wd ; m = b1 m + (1 - b1) g ; v = b2 v + (1 - b2) g^2
+//   p -= step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps),  step_size = lr / (1 - b1^t)
+// The scalar factors are formed in double on the host and rounded once to fp32.
+__global__ void adamw_kernel(float *param, float *m, float *v, const float *grad, size_t n, float beta1,
+                             float beta2, float omb1, float omb2, float eps, float grad_scale,
+                             float step_size, float bc2_sqrt, float decay) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float g = grad[i] * grad_scale;
-        const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        const float mi = beta1 * m[i] + omb1 * g;
+        const float vi = beta2 * v[i] + omb2 * g * g;
         m[i] = mi;
         v[i] = vi;
-        const float mhat = mi / bc1, vhat = vi / bc2;
-        const float p = param[i];
-        param[i] = p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+        const float denom = sqrtf(vi) / bc2_sqrt + eps;
+        param[i] = param[i] * decay - step_size * (mi / denom);
     }
 }
 
@@ -73,8 +76,12 @@ extern "C" void cuda_adamw_update(float *param, float *m, float *v, const float 
                                   float beta1, float beta2, float eps, float wd, float grad_scale, int t) {
     if (!n) return;
     if (t < 1) die("adamw: step t = %d; steps count from 1", t);
-    const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
-    const float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
-    adamw_kernel<<<ew_blocks(n, 256), 256>>>(param, m, v, grad, n, lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2);
+    const double bc1 = 1.0 - pow((double)beta1, (double)t);
+    const double bc2 = 1.0 - pow((double)beta2, (double)t);
+    const float step_size = (float)((double)lr / bc1);
+    const float bc2_sqrt = (float)sqrt(bc2);
+    const float decay = (float)(1.0 - (double)lr * (double)wd);
+    adamw_kernel<<<ew_blocks(n, 256), 256>>>(param, m, v, grad, n, beta1, beta2, 1.0f - beta1, 1.0f - beta2, eps,
+                                             grad_scale, step_size, bc2_sqrt, decay);
     CUDA_LAUNCHED();
 }

@@ -1,0 +1,617 @@
+// Every op of the CUDA backend against the CPU reference backend, through the Backend tables.
+//
+// Both backends get the same inputs, every act/weight input rounded to bf16 first, so the
+// comparison measures the CUDA op's own error (bf16 outputs, fp32 accumulation in another
+// order), not the rounding of its inputs. The CPU computes in fp32 from those values.
+//
+// Tolerance (per element, ref = CPU value, M = max |ref| over the tensor):
+//     |gpu - ref| <= atol * M + rtol * |ref|
+//  TOL_ROUND  atol 1e-3, rtol 2^-7: one bf16 rounding of an fp32 result (half an ulp is at
+//             most 2^-8 relative), elementwise ops, norms, rope, copies, one-term += updates.
+//  TOL_SUM    atol 1e-2, rtol 2^-7: bf16 outputs of fp32-accumulated sums (matmul, attention
+//             forward, backward += into bf16), where cancellation makes small entries carry
+//             errors of the order of the large ones' rounding.
+//  TOL_ATTBWD atol 3e-2, rtol 2^-6: attention backward, whose dS and P enter the gradient
+//             GEMMs as bf16 (an extra rounding inside a cancelling sum).
+//  TOL_F32    atol 1e-5, rtol 1e-4: fp32 outputs computed from the same bf16 inputs (rstd,
+//             attention probabilities, losses, weight gradients): summation order only.
+//  TOL_OPT    atol 1e-6, rtol 1e-6: the fp32 optimizer (same formula, fma contraction only).
+// These are first estimates from the error analysis above; a run on a GPU prints each
+// check's err/tol ratio, so the margins can be read off and the constants tightened.
+// Exact checks: store_weights against the host's prediction (kernels/sr_hash.h), bf16
+// conversions, embedding forward, zeroing; determinism: ops with reductions run twice and
+// must agree bit for bit.
+//
+// Shapes are odd on purpose: sizes not multiples of 32, one token, one head, MQA and GQA,
+// DQK != DV, rope on a sub-range of the head. Every backward starts from non-zero gradients,
+// so "+=" is checked, not "=".
+//
+// No usable GPU: prints "skipped: no CUDA device (<reason>)" and exits 77. Otherwise one
+// line per check, then "N passed, M failed"; exit status 1 on any failure.
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend_cuda.h"
+#include "kernels/sr_hash.h"
+#include "layers/backend.h"
+
+static const Backend *cpu, *gpu;
+static int n_passed, n_failed;
+
+typedef struct Tol { double atol, rtol; } Tol;
+static const Tol TOL_ROUND = {1e-3, 0x1p-7};
+static const Tol TOL_SUM = {1e-2, 0x1p-7};
+static const Tol TOL_ATTBWD = {3e-2, 0x1p-6};
+static const Tol TOL_F32 = {1e-5, 1e-4};
+static const Tol TOL_OPT = {1e-6, 1e-6};
+
+static void result(const char *name, int ok, const char *detail) {
+    if (ok) n_passed++;
+    else n_failed++;
+    printf("%s %-60s %s\n", ok ? "ok  " : "FAIL", name, detail);
+}
+
+// ---------------------------------------------------------------- random data
+
+static uint64_t rng_state = 0x243F6A8885A308D3ull;
+
+static uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(double lo, double hi) {
+    return lo + (hi - lo) * ((double)(rng_next() >> 11) * (1.0 / 9007199254740992.0));
+}
+
+static void *xalloc(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (!p) { fprintf(stderr, "test_gpu_ops: out of memory\n"); exit(1); }
+    return p;
+}
+
+static float bf16r(float x) { return sr_bf16_to_f32(sr_f32_to_bf16_rne(x)); }
+
+// n values uniform in [lo, hi), rounded to bf16.
+static float *rnd(size_t n, double lo, double hi) {
+    float *a = xalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) a[i] = bf16r((float)rng_uniform(lo, hi));
+    return a;
+}
+
+// ---------------------------------------------------------------- paired buffers
+
+// The same tensor on both backends. act: backend storage type (fp32 / bf16); otherwise fp32
+// (or int32) on both.
+typedef struct Buf { float *c, *g; size_t n; int act; } Buf;
+
+static Buf buf_act(const float *host, size_t n) {
+    Buf b = {cpu->alloc(n * cpu->act_bytes), gpu->alloc(n * gpu->act_bytes), n, 1};
+    cpu->act_from_host(b.c, host, n);
+    gpu->act_from_host(b.g, host, n);
+    return b;
+}
+
+static Buf buf_raw(const void *host, size_t n) {   // fp32 or int32, 4 bytes per element
+    Buf b = {cpu->alloc(n * 4), gpu->alloc(n * 4), n, 0};
+    cpu->upload(b.c, host, n * 4);
+    gpu->upload(b.g, host, n * 4);
+    return b;
+}
+
+static void buf_free(Buf *b) {
+    cpu->release(b->c);
+    gpu->release(b->g);
+}
+
+// Host fp32 copies of both sides (caller frees).
+static void buf_get(const Buf *b, float **c, float **g) {
+    *c = xalloc(b->n * sizeof(float));
+    *g = xalloc(b->n * sizeof(float));
+    if (b->act) {
+        cpu->act_to_host(*c, b->c, b->n);
+        gpu->act_to_host(*g, b->g, b->n);
+    } else {
+        cpu->download(*c, b->c, b->n * 4);
+        gpu->download(*g, b->g, b->n * 4);
+    }
+}
+
+static void compare_arrays(const char *name, const float *ref, const float *got, size_t n, Tol tol) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) if (fabs(ref[i]) > m) m = fabs(ref[i]);
+    double worst = 0.0, maxdiff = 0.0;
+    size_t worst_i = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(ref[i]) || isnan(got[i]) || isinf(got[i]) != isinf(ref[i])) { bad = 1; worst_i = i; break; }
+        const double d = fabs((double)got[i] - (double)ref[i]);
+        const double lim = tol.atol * m + tol.rtol * fabs(ref[i]);
+        const double r = lim > 0.0 ? d / lim : (d > 0.0 ? INFINITY : 0.0);
+        if (d > maxdiff) maxdiff = d;
+        if (r > worst) { worst = r; worst_i = i; }
+    }
+    char detail[200];
+    if (bad)
+        snprintf(detail, sizeof detail, "NaN/inf mismatch at %zu: ref %g, gpu %g", worst_i, ref[worst_i], got[worst_i]);
+    else
+        snprintf(detail, sizeof detail, "err/tol %.3f  max|diff| %.2e  max|ref| %.2e", worst, maxdiff, m);
+    result(name, !bad && worst <= 1.0, detail);
+    if (bad || worst > 1.0)
+        printf("     worst element %zu: ref %.8g, gpu %.8g\n", worst_i, ref[worst_i], got[worst_i]);
+}
+
+static void compare(const char *name, const Buf *b, Tol tol) {
+    float *c, *g;
+    buf_get(b, &c, &g);
+    compare_arrays(name, c, g, b->n, tol);
+    free(c);
+    free(g);
+}
+
+// GPU bytes of b now equal `snapshot` (bytes saved earlier): determinism checks.
+static void *gpu_snapshot(const Buf *b) {
+    const size_t bytes = b->n * (b->act ? gpu->act_bytes : 4);
+    void *s = xalloc(bytes);
+    gpu->download(s, b->g, bytes);
+    return s;
+}
+
+static void same_bits(const char *name, const Buf *b, const void *snapshot) {
+    void *now = gpu_snapshot(b);
+    const size_t bytes = b->n * (b->act ? gpu->act_bytes : 4);
+    result(name, memcmp(now, snapshot, bytes) == 0, "bitwise");
+    free(now);
+}
+
+// Restores the GPU side of b from a snapshot (to rerun an accumulating op from the same state).
+static void gpu_restore(const Buf *b, const void *snapshot) {
+    gpu->upload(b->g, snapshot, b->n * (b->act ? gpu->act_bytes : 4));
+}
+
+// ---------------------------------------------------------------- table and memory
+
+static void test_table(void) {
+    // Every op slot the CPU table fills must be filled in the CUDA table too. The struct is
+    // name, act_bytes, then function pointers only; walk the pointer slots as raw bytes so
+    // that ops added to backend.h later are covered without editing this test.
+    const size_t first = offsetof(Backend, alloc);
+    int ok = 1;
+    for (size_t off = first; off + sizeof(void (*)(void)) <= sizeof(Backend); off += sizeof(void (*)(void))) {
+        uintptr_t pc = 0, pg = 0;
+        memcpy(&pc, (const char *)cpu + off, sizeof pc);
+        memcpy(&pg, (const char *)gpu + off, sizeof pg);
+        if (pc && !pg) {
+            ok = 0;
+            printf("     the CUDA table has no op at byte offset %zu (slot %zu after alloc)\n", off,
+                   (off - first) / sizeof(void (*)(void)));
+        }
+    }
+    char d[64];
+    snprintf(d, sizeof d, "act_bytes %zu", gpu->act_bytes);
+    result("table: every CPU op present, act_bytes = 2", ok && gpu->act_bytes == 2, d);
+}
+
+static void test_memory(void) {
+    // alloc returns zeroed memory
+    const size_t n = 12345;
+    unsigned char *h = xalloc(n);
+    void *p = gpu->alloc(n);
+    memset(h, 0xAB, n);
+    gpu->download(h, p, n);
+    int zero = 1;
+    for (size_t i = 0; i < n; i++) if (h[i]) zero = 0;
+    result("alloc is zero-initialized", zero, "");
+    // upload / download round trip, zero of a sub-range
+    for (size_t i = 0; i < n; i++) h[i] = (unsigned char)(i * 7 + 1);
+    gpu->upload(p, h, n);
+    gpu->zero((char *)p + 100, 1000);
+    unsigned char *back = xalloc(n);
+    gpu->download(back, p, n);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char want = (i >= 100 && i < 1100) ? 0 : (unsigned char)(i * 7 + 1);
+        if (back[i] != want) ok = 0;
+    }
+    result("upload, download, zero of a sub-range", ok, "");
+    gpu->release(p);
+    free(h);
+    free(back);
+
+    // act_from_host rounds to nearest even, act_to_host is exact: compare with the host functions.
+    const size_t m = 1001;
+    float *x = xalloc(m * sizeof(float)), *y = xalloc(m * sizeof(float));
+    for (size_t i = 0; i < m; i++) x[i] = (float)rng_uniform(-100.0, 100.0) * (float)(i % 7 == 0 ? 1e-30 : 1.0);
+    x[0] = 1.0f + 0x1p-8f;   // a tie
+    float *a = gpu->alloc(m * gpu->act_bytes);
+    gpu->act_from_host(a, x, m);
+    gpu->act_to_host(y, a, m);
+    ok = 1;
+    for (size_t i = 0; i < m; i++) if (y[i] != bf16r(x[i])) ok = 0;
+    result("act_from_host / act_to_host = host bf16 rounding (RNE)", ok, "");
+    gpu->release(a);
+    free(x);
+    free(y);
+}
+
+static void test_store_weights(size_t n, unsigned long long seed) {
+    float *master = xalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) master[i] = (float)rng_uniform(-3.0, 3.0);
+    if (n > 3) { master[1] = 0.0f; master[2] = -1.5f; master[3] = 1e-40f; }
+    float *dm = gpu->alloc(n * 4), *dw = gpu->alloc(n * 2);
+    gpu->upload(dm, master, n * 4);
+    gpu->store_weights(dw, dm, n, seed);
+    uint16_t *bits = xalloc(n * 2);
+    gpu->download(bits, dw, n * 2);
+    size_t mismatches = 0;
+    for (size_t i = 0; i < n; i++) mismatches += bits[i] != sr_round_weight(master[i], seed, i);
+    char name[96], d[64];
+    snprintf(name, sizeof name, "store_weights n=%zu seed=%llu = host prediction", n, seed);
+    snprintf(d, sizeof d, "%zu of %zu differ", mismatches, n);
+    result(name, mismatches == 0, d);
+    gpu->release(dm);
+    gpu->release(dw);
+    free(master);
+    free(bits);
+}
+
+// ---------------------------------------------------------------- elementwise
+
+static void test_add(size_t n) {
+    float *ha = rnd(n, -2, 2), *hb = rnd(n, -2, 2);
+    Buf a = buf_act(ha, n), b = buf_act(hb, n), o = buf_act(ha, n);
+    cpu->add_forward(o.c, a.c, b.c, n);
+    gpu->add_forward(o.g, a.g, b.g, n);
+    char name[96];
+    snprintf(name, sizeof name, "add_forward n=%zu", n);
+    compare(name, &o, TOL_ROUND);
+    // in place: a = a + b, then accumulate: b += a
+    cpu->add_forward(a.c, a.c, b.c, n);
+    gpu->add_forward(a.g, a.g, b.g, n);
+    snprintf(name, sizeof name, "add_forward in place n=%zu", n);
+    compare(name, &a, TOL_ROUND);
+    cpu->accumulate(b.c, a.c, n);
+    gpu->accumulate(b.g, a.g, n);
+    snprintf(name, sizeof name, "accumulate n=%zu", n);
+    compare(name, &b, TOL_SUM);   // inputs already differ by one rounding
+    buf_free(&a); buf_free(&b); buf_free(&o);
+    free(ha); free(hb);
+}
+
+static void test_swiglu(size_t n) {
+    float *hg = rnd(n, -6, 6), *hu = rnd(n, -2, 2), *hd = rnd(n, -1, 1);
+    float *hdg = rnd(n, -1, 1), *hdu = rnd(n, -1, 1);
+    Buf g = buf_act(hg, n), u = buf_act(hu, n), o = buf_act(hu, n), d = buf_act(hd, n);
+    Buf dg = buf_act(hdg, n), du = buf_act(hdu, n);
+    cpu->swiglu_forward(o.c, g.c, u.c, n);
+    gpu->swiglu_forward(o.g, g.g, u.g, n);
+    cpu->swiglu_backward(dg.c, du.c, d.c, g.c, u.c, n);
+    gpu->swiglu_backward(dg.g, du.g, d.g, g.g, u.g, n);
+    char name[96];
+    snprintf(name, sizeof name, "swiglu_forward n=%zu", n);
+    compare(name, &o, TOL_ROUND);
+    snprintf(name, sizeof name, "swiglu_backward dgate n=%zu", n);
+    compare(name, &dg, TOL_ROUND);
+    snprintf(name, sizeof name, "swiglu_backward dup n=%zu", n);
+    compare(name, &du, TOL_ROUND);
+    buf_free(&g); buf_free(&u); buf_free(&o); buf_free(&d); buf_free(&dg); buf_free(&du);
+    free(hg); free(hu); free(hd); free(hdg); free(hdu);
+}
+
+static void test_copy_cols(int N, int src_ld, int src_off, int dst_ld, int dst_off, int width) {
+    float *hs = rnd((size_t)N * src_ld, -2, 2), *hd = rnd((size_t)N * dst_ld, -2, 2);
+    Buf s = buf_act(hs, (size_t)N * src_ld), d = buf_act(hd, (size_t)N * dst_ld);
+    char name[96];
+    cpu->copy_cols(d.c, dst_ld, dst_off, s.c, src_ld, src_off, N, width, 0);
+    gpu->copy_cols(d.g, dst_ld, dst_off, s.g, src_ld, src_off, N, width, 0);
+    snprintf(name, sizeof name, "copy_cols N=%d width=%d (%d+%d <- %d+%d)", N, width, dst_ld, dst_off, src_ld, src_off);
+    compare(name, &d, (Tol){0.0, 0.0});
+    cpu->copy_cols(d.c, dst_ld, dst_off, s.c, src_ld, src_off, N, width, 1);
+    gpu->copy_cols(d.g, dst_ld, dst_off, s.g, src_ld, src_off, N, width, 1);
+    snprintf(name, sizeof name, "copy_cols accumulate N=%d width=%d", N, width);
+    compare(name, &d, TOL_ROUND);
+    buf_free(&s); buf_free(&d);
+    free(hs); free(hd);
+}
+
+static void test_int_group(int N, int W, int bits, int group) {
+    const size_t n = (size_t)N * W;
+    float *hx = rnd(n, -3, 3);
+    for (int k = 0; k < group && k < W; k++) hx[k] = 0.0f;   // an all-zero group
+    Buf x = buf_act(hx, n), o = buf_act(hx, n);
+    cpu->int_group_roundtrip(o.c, x.c, N, W, bits, group);
+    gpu->int_group_roundtrip(o.g, x.g, N, W, bits, group);
+    char name[96];
+    snprintf(name, sizeof name, "int_group_roundtrip N=%d W=%d bits=%d group=%d", N, W, bits, group);
+    compare(name, &o, TOL_ROUND);   // same codes; the GPU rounds code * scale to bf16
+    cpu->int_group_roundtrip(x.c, x.c, N, W, bits, group);
+    gpu->int_group_roundtrip(x.g, x.g, N, W, bits, group);
+    snprintf(name, sizeof name, "int_group_roundtrip in place N=%d W=%d", N, W);
+    compare(name, &x, TOL_ROUND);
+    buf_free(&x); buf_free(&o);
+    free(hx);
+}
+
+// ---------------------------------------------------------------- embedding, matmul, norm, rope
+
+static void test_embedding(int N, int C, int V) {
+    int *tok = xalloc((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) tok[i] = (int)(rng_next() % (uint64_t)V);
+    float *hw = rnd((size_t)V * C, -1, 1), *hd = rnd((size_t)N * C, -1, 1), *hdw = rnd((size_t)V * C, -1, 1);
+    for (size_t i = 0; i < (size_t)V * C; i++) hdw[i] = (float)rng_uniform(-1, 1);   // fp32 gradient
+    Buf t = buf_raw(tok, (size_t)N), w = buf_act(hw, (size_t)V * C), o = buf_act(hd, (size_t)N * C);
+    Buf d = buf_act(hd, (size_t)N * C), dw = buf_raw(hdw, (size_t)V * C);
+    char name[96];
+    cpu->embedding_forward(o.c, (const int *)t.c, w.c, N, C);
+    gpu->embedding_forward(o.g, (const int *)t.g, w.g, N, C);
+    snprintf(name, sizeof name, "embedding_forward N=%d C=%d V=%d (exact)", N, C, V);
+    compare(name, &o, (Tol){0.0, 0.0});
+    void *before = gpu_snapshot(&dw);
+    cpu->embedding_backward(dw.c, d.c, (const int *)t.c, N, C);
+    gpu->embedding_backward(dw.g, d.g, (const int *)t.g, N, C);
+    snprintf(name, sizeof name, "embedding_backward N=%d C=%d V=%d", N, C, V);
+    compare(name, &dw, TOL_F32);
+    void *after = gpu_snapshot(&dw);
+    gpu_restore(&dw, before);
+    gpu->embedding_backward(dw.g, d.g, (const int *)t.g, N, C);
+    snprintf(name, sizeof name, "embedding_backward N=%d deterministic", N);
+    same_bits(name, &dw, after);
+    free(before); free(after);
+    buf_free(&t); buf_free(&w); buf_free(&o); buf_free(&d); buf_free(&dw);
+    free(tok); free(hw); free(hd); free(hdw);
+}
+
+static void test_matmul(int N, int C, int OC) {
+    const size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *hi = rnd(ni, -1, 1), *hw = rnd(nw, -1, 1), *hd = rnd(no, -1, 1), *hdi = rnd(ni, -1, 1);
+    float *hdw = xalloc(nw * sizeof(float));
+    for (size_t i = 0; i < nw; i++) hdw[i] = (float)rng_uniform(-1, 1);
+    Buf in = buf_act(hi, ni), w = buf_act(hw, nw), o = buf_act(hd, no), d = buf_act(hd, no);
+    Buf di = buf_act(hdi, ni), dw = buf_raw(hdw, nw);
+    char name[96];
+    cpu->matmul_forward(o.c, in.c, w.c, N, C, OC);
+    gpu->matmul_forward(o.g, in.g, w.g, N, C, OC);
+    snprintf(name, sizeof name, "matmul_forward N=%d C=%d OC=%d", N, C, OC);
+    compare(name, &o, TOL_SUM);
+    cpu->matmul_backward(di.c, dw.c, d.c, in.c, w.c, N, C, OC);
+    gpu->matmul_backward(di.g, dw.g, d.g, in.g, w.g, N, C, OC);
+    snprintf(name, sizeof name, "matmul_backward dinp N=%d C=%d OC=%d", N, C, OC);
+    compare(name, &di, TOL_SUM);
+    snprintf(name, sizeof name, "matmul_backward dweight N=%d C=%d OC=%d", N, C, OC);
+    compare(name, &dw, TOL_F32);
+    // NULL outputs are skipped
+    cpu->matmul_backward(NULL, dw.c, d.c, in.c, w.c, N, C, OC);
+    gpu->matmul_backward(NULL, dw.g, d.g, in.g, w.g, N, C, OC);
+    cpu->matmul_backward(di.c, NULL, d.c, in.c, w.c, N, C, OC);
+    gpu->matmul_backward(di.g, NULL, d.g, in.g, w.g, N, C, OC);
+    snprintf(name, sizeof name, "matmul_backward (NULL dinp, then NULL dweight) N=%d", N);
+    compare(name, &dw, TOL_F32);
+    buf_free(&in); buf_free(&w); buf_free(&o); buf_free(&d); buf_free(&di); buf_free(&dw);
+    free(hi); free(hw); free(hd); free(hdi); free(hdw);
+}
+
+static void test_rmsnorm(int N, int C) {
+    const size_t n = (size_t)N * C;
+    float *hx = rnd(n, -2, 2), *hw = rnd((size_t)C, 0.5, 1.5), *hd = rnd(n, -1, 1), *hdx = rnd(n, -1, 1);
+    float *hdw = xalloc((size_t)C * sizeof(float)), *hr = xalloc((size_t)N * sizeof(float));
+    for (int i = 0; i < C; i++) hdw[i] = (float)rng_uniform(-1, 1);
+    Buf x = buf_act(hx, n), w = buf_act(hw, (size_t)C), o = buf_act(hx, n), r = buf_raw(hr, (size_t)N);
+    Buf d = buf_act(hd, n), dx = buf_act(hdx, n), dw = buf_raw(hdw, (size_t)C);
+    char name[96];
+    cpu->rmsnorm_forward(o.c, r.c, x.c, w.c, N, C, 1e-5f);
+    gpu->rmsnorm_forward(o.g, r.g, x.g, w.g, N, C, 1e-5f);
+    snprintf(name, sizeof name, "rmsnorm_forward out N=%d C=%d", N, C);
+    compare(name, &o, TOL_ROUND);
+    snprintf(name, sizeof name, "rmsnorm_forward rstd N=%d C=%d", N, C);
+    compare(name, &r, TOL_F32);
+    void *dw0 = gpu_snapshot(&dw), *dx0 = gpu_snapshot(&dx);
+    cpu->rmsnorm_backward(dx.c, dw.c, d.c, x.c, w.c, r.c, N, C);
+    gpu->rmsnorm_backward(dx.g, dw.g, d.g, x.g, w.g, r.g, N, C);
+    snprintf(name, sizeof name, "rmsnorm_backward dinp N=%d C=%d", N, C);
+    compare(name, &dx, TOL_SUM);
+    snprintf(name, sizeof name, "rmsnorm_backward dweight N=%d C=%d", N, C);
+    compare(name, &dw, TOL_F32);
+    void *dw1 = gpu_snapshot(&dw);
+    gpu_restore(&dw, dw0);
+    gpu_restore(&dx, dx0);
+    gpu->rmsnorm_backward(dx.g, dw.g, d.g, x.g, w.g, r.g, N, C);
+    snprintf(name, sizeof name, "rmsnorm_backward dweight N=%d deterministic", N);
+    same_bits(name, &dw, dw1);
+    free(dw0); free(dx0); free(dw1);
+    buf_free(&x); buf_free(&w); buf_free(&o); buf_free(&r); buf_free(&d); buf_free(&dx); buf_free(&dw);
+    free(hx); free(hw); free(hd); free(hdx); free(hdw); free(hr);
+}
+
+static void test_rope(int B, int T, int H, int S, int off, int D, int pos0) {
+    const size_t n = (size_t)B * T * H * S;
+    float *hx = rnd(n, -2, 2);
+    Buf x = buf_act(hx, n);
+    char name[120];
+    cpu->rope_forward(x.c, B, T, H, S, off, D, pos0, 10000.0f);
+    gpu->rope_forward(x.g, B, T, H, S, off, D, pos0, 10000.0f);
+    snprintf(name, sizeof name, "rope_forward B=%d T=%d H=%d S=%d off=%d D=%d pos0=%d", B, T, H, S, off, D, pos0);
+    compare(name, &x, TOL_ROUND);
+    Buf dx = buf_act(hx, n);
+    cpu->rope_backward(dx.c, B, T, H, S, off, D, pos0, 10000.0f);
+    gpu->rope_backward(dx.g, B, T, H, S, off, D, pos0, 10000.0f);
+    snprintf(name, sizeof name, "rope_backward B=%d T=%d H=%d S=%d off=%d D=%d", B, T, H, S, off, D);
+    compare(name, &dx, TOL_ROUND);
+    buf_free(&x); buf_free(&dx);
+    free(hx);
+}
+
+// ---------------------------------------------------------------- attention
+
+static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV) {
+    const size_t nq = (size_t)B * T * NH * DQK, nk = (size_t)B * T * NKV * DQK, nv = (size_t)B * T * NKV * DV;
+    const size_t no = (size_t)B * T * NH * DV, na = (size_t)B * NH * T * T;
+    const float scale = 1.0f / sqrtf((float)DQK);
+    float *hq = rnd(nq, -1.5, 1.5), *hk = rnd(nk, -1.5, 1.5), *hv = rnd(nv, -1, 1), *hd = rnd(no, -1, 1);
+    float *hdq = rnd(nq, -0.1, 0.1), *hdk = rnd(nk, -0.1, 0.1), *hdv = rnd(nv, -0.1, 0.1);
+    float *hz = xalloc(na * sizeof(float));
+    Buf q = buf_act(hq, nq), k = buf_act(hk, nk), v = buf_act(hv, nv), o = buf_act(hd, no), d = buf_act(hd, no);
+    Buf att = buf_raw(hz, na), scr = buf_raw(hz, na);
+    Buf dq = buf_act(hdq, nq), dk = buf_act(hdk, nk), dv = buf_act(hdv, nv);
+    char name[120], shape[64];
+    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d DQK=%d DV=%d", B, T, NH, NKV, DQK, DV);
+    cpu->attention_forward(o.c, att.c, q.c, k.c, v.c, B, T, NH, NKV, DQK, DV, scale);
+    gpu->attention_forward(o.g, att.g, q.g, k.g, v.g, B, T, NH, NKV, DQK, DV, scale);
+    snprintf(name, sizeof name, "attention_forward out %s", shape);
+    compare(name, &o, TOL_SUM);
+    snprintf(name, sizeof name, "attention_forward att %s", shape);
+    compare(name, &att, TOL_F32);
+    void *q0 = gpu_snapshot(&dq), *k0 = gpu_snapshot(&dk), *v0 = gpu_snapshot(&dv);
+    cpu->attention_backward(dq.c, dk.c, dv.c, scr.c, d.c, att.c, q.c, k.c, v.c, B, T, NH, NKV, DQK, DV, scale);
+    gpu->attention_backward(dq.g, dk.g, dv.g, scr.g, d.g, att.g, q.g, k.g, v.g, B, T, NH, NKV, DQK, DV, scale);
+    snprintf(name, sizeof name, "attention_backward dq %s", shape);
+    compare(name, &dq, TOL_ATTBWD);
+    snprintf(name, sizeof name, "attention_backward dk %s", shape);
+    compare(name, &dk, TOL_ATTBWD);
+    snprintf(name, sizeof name, "attention_backward dv %s", shape);
+    compare(name, &dv, TOL_SUM);
+    void *q1 = gpu_snapshot(&dq), *k1 = gpu_snapshot(&dk), *v1 = gpu_snapshot(&dv);
+    gpu_restore(&dq, q0); gpu_restore(&dk, k0); gpu_restore(&dv, v0);
+    gpu->attention_backward(dq.g, dk.g, dv.g, scr.g, d.g, att.g, q.g, k.g, v.g, B, T, NH, NKV, DQK, DV, scale);
+    void *q2 = gpu_snapshot(&dq), *k2 = gpu_snapshot(&dk), *v2 = gpu_snapshot(&dv);
+    snprintf(name, sizeof name, "attention_backward deterministic %s", shape);
+    result(name, !memcmp(q1, q2, nq * 2) && !memcmp(k1, k2, nk * 2) && !memcmp(v1, v2, nv * 2), "bitwise");
+    free(q2); free(k2); free(v2);
+    free(q0); free(k0); free(v0); free(q1); free(k1); free(v1);
+    buf_free(&q); buf_free(&k); buf_free(&v); buf_free(&o); buf_free(&d); buf_free(&att); buf_free(&scr);
+    buf_free(&dq); buf_free(&dk); buf_free(&dv);
+    free(hq); free(hk); free(hv); free(hd); free(hdq); free(hdk); free(hdv); free(hz);
+}
+
+// ---------------------------------------------------------------- cross-entropy, optimizer
+
+static void test_xent(int N, int V) {
+    const size_t n = (size_t)N * V;
+    const int ignore = -100;
+    int *tgt = xalloc((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) tgt[i] = (int)(rng_next() % (uint64_t)V);
+    if (N > 2) tgt[N / 2] = ignore;
+    float *hl = rnd(n, -4, 4), *hdl = rnd(n, -0.01, 0.01), *hz = xalloc((size_t)N * sizeof(float));
+    Buf l = buf_act(hl, n), t = buf_raw(tgt, (size_t)N), loss = buf_raw(hz, (size_t)N), dl = buf_act(hdl, n);
+    char name[96];
+    cpu->xent_forward(loss.c, l.c, (const int *)t.c, N, V, ignore);
+    gpu->xent_forward(loss.g, l.g, (const int *)t.g, N, V, ignore);
+    snprintf(name, sizeof name, "xent_forward N=%d V=%d", N, V);
+    compare(name, &loss, TOL_F32);
+    const float dloss = 1.0f / (float)N;
+    cpu->xent_backward(dl.c, l.c, (const int *)t.c, N, V, ignore, dloss);
+    gpu->xent_backward(dl.g, l.g, (const int *)t.g, N, V, ignore, dloss);
+    snprintf(name, sizeof name, "xent_backward N=%d V=%d", N, V);
+    compare(name, &dl, TOL_SUM);
+    buf_free(&l); buf_free(&t); buf_free(&loss); buf_free(&dl);
+    free(tgt); free(hl); free(hdl); free(hz);
+}
+
+static void test_sumsq(size_t n) {
+    float *h = xalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = (float)rng_uniform(-1, 1) * (i % 1000 == 0 ? 1000.0f : 1.0f);
+    Buf g = buf_raw(h, n);
+    const double c = cpu->sumsq(g.c, n), r1 = gpu->sumsq(g.g, n), r2 = gpu->sumsq(g.g, n);
+    char name[96], d[96];
+    snprintf(name, sizeof name, "sumsq n=%zu", n);
+    snprintf(d, sizeof d, "cpu %.17g gpu %.17g rel %.1e", c, r1, fabs(r1 - c) / (c > 0 ? c : 1));
+    result(name, fabs(r1 - c) <= 1e-12 * c, d);
+    snprintf(name, sizeof name, "sumsq n=%zu deterministic", n);
+    result(name, r1 == r2, "bitwise");
+    buf_free(&g);
+    free(h);
+}
+
+static void test_adamw(size_t n, int t) {
+    float *hp = xalloc(n * 4), *hm = xalloc(n * 4), *hv = xalloc(n * 4), *hg = xalloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        hp[i] = (float)rng_uniform(-1, 1);
+        hm[i] = t > 1 ? (float)rng_uniform(-0.01, 0.01) : 0.0f;
+        hv[i] = t > 1 ? (float)rng_uniform(0, 1e-4) : 0.0f;
+        hg[i] = (float)rng_uniform(-0.05, 0.05);
+    }
+    Buf p = buf_raw(hp, n), m = buf_raw(hm, n), v = buf_raw(hv, n), g = buf_raw(hg, n);
+    cpu->adamw_update(p.c, m.c, v.c, g.c, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+    gpu->adamw_update(p.g, m.g, v.g, g.g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+    char name[96];
+    snprintf(name, sizeof name, "adamw_update param n=%zu t=%d", n, t);
+    compare(name, &p, TOL_OPT);
+    snprintf(name, sizeof name, "adamw_update m n=%zu t=%d", n, t);
+    compare(name, &m, TOL_OPT);
+    snprintf(name, sizeof name, "adamw_update v n=%zu t=%d", n, t);
+    compare(name, &v, TOL_OPT);
+    buf_free(&p); buf_free(&m); buf_free(&v); buf_free(&g);
+    free(hp); free(hm); free(hv); free(hg);
+}
+
+int main(void) {
+    char reason[256];
+    if (!cuda_device_available(reason, sizeof reason)) {
+        printf("skipped: no CUDA device (%s)\n", reason);
+        return 77;
+    }
+    printf("test_gpu_ops on %s\n", reason);
+    cpu = backend_cpu();
+    gpu = backend_cuda();
+
+    test_table();
+    test_memory();
+    test_store_weights(1, 1);
+    test_store_weights(100003, 0xDEADBEEFull);
+
+    test_add(1);
+    test_add(1001);
+    test_swiglu(1);
+    test_swiglu(4099);
+    test_copy_cols(1, 5, 1, 7, 2, 3);
+    test_copy_cols(37, 96, 64, 160, 0, 32);
+    test_int_group(1, 32, 4, 32);
+    test_int_group(7, 96, 4, 32);
+    test_int_group(5, 72, 8, 24);
+    test_int_group(3, 40, 2, 40);
+
+    test_embedding(1, 1, 3);
+    test_embedding(50, 33, 7);        // many repeats per token
+    test_embedding(301, 130, 1000);
+
+    test_matmul(1, 1, 1);
+    test_matmul(7, 33, 65);
+    test_matmul(129, 200, 77);
+    test_matmul(64, 256, 384);
+
+    test_rmsnorm(1, 1);
+    test_rmsnorm(5, 33);
+    test_rmsnorm(67, 1000);
+    test_rmsnorm(3, 4097);
+    test_rmsnorm(300, 64);            // several dweight row chunks
+
+    test_rope(1, 1, 1, 8, 0, 8, 0);
+    test_rope(2, 7, 3, 20, 4, 12, 5);
+    test_rope(1, 33, 2, 70, 6, 64, 1000);
+    test_rope(2, 5, 1, 64, 0, 64, 100000);
+
+    test_attention(1, 1, 1, 1, 8, 8);
+    test_attention(2, 7, 4, 2, 20, 12);     // GQA, DQK != DV
+    test_attention(1, 65, 6, 1, 33, 17);    // MQA, odd dims
+    test_attention(1, 33, 4, 1, 16, 24);
+    test_attention(2, 40, 8, 8, 64, 64);    // MHA
+
+    test_xent(1, 5);
+    test_xent(7, 1001);
+    test_xent(33, 32003);
+
+    test_sumsq(1);
+    test_sumsq(1000);
+    test_sumsq(((size_t)1 << 20) + 3);
+    test_adamw(1, 1);
+    test_adamw(1001, 1);
+    test_adamw(1001, 10);
+
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed ? 1 : 0;
+}
