@@ -124,6 +124,59 @@ typedef struct Backend {
     // sees exactly what the inference cache decodes, and rounding up keeps |x / scale| <= Imax
     // (the clamp never changes a code). out may equal in.
     void (*int_group_roundtrip)(float *out, const float *in, int N, int W, int bits, int group);
+    // ---- mixture of experts (model/moe.c) ----
+    // N tokens, E routed experts, top-K per token. Router buffers are fp32 on every backend
+    // (the routing decisions must not depend on bf16 rounding); index buffers are int32; the
+    // expert-sorted row buffers (R = N*K rows at most) are act buffers. Routing is deterministic
+    // (DESIGN section 6): top-k ties go to the lower expert index; capacity drops the lowest
+    // probabilities first and, among equal ones, the later token.
+    //
+    // Router logits in fp32: logits (N, E) f32 = inp (N, C) @ weight (E, C)^T.
+    void (*moe_router_forward)(float *logits, const float *inp, const float *weight, int N, int C, int E);
+    // dinp (N, C) += dlogits @ weight ; dweight (E, C) f32 += dlogits^T @ inp. dlogits is f32.
+    void (*moe_router_backward)(float *dinp, float *dweight, const float *dlogits, const float *inp,
+                                const float *weight, int N, int C, int E);
+    // Softmax over all E, then top-K:
+    //   probs (N, E) = softmax(logits) ; lse (N) = logsumexp(logits) (for the z-loss)
+    //   topk_idx (N, K) int32: the K most probable experts, descending, ties to the lower index
+    //   topk_w (N, K): their probabilities, divided by the sum of the K when norm_topk
+    void (*moe_topk_forward)(float *probs, float *lse, int *topk_idx, float *topk_w, const float *logits,
+                             int N, int E, int K, int norm_topk);
+    // Dispatch plan. Assignment a = t*K + k sends token t to expert topk_idx[a].
+    //   counts (E): assignments per expert BEFORE dropping (the f_e of the aux loss)
+    //   capacity > 0: an expert keeps at most `capacity` assignments, those with the highest
+    //   probs[t, e] (ties: the earlier token wins); capacity <= 0 keeps everything.
+    //   expert_off (E+1): the kept assignments of expert e are rows [expert_off[e], expert_off[e+1])
+    //   of the expert-sorted buffers, in token order; R = expert_off[E] rows are used.
+    //   row_token (N*K): token of each row (-1 past R) ; assign_row (N*K): row of a, -1 if dropped.
+    void (*moe_dispatch)(int *counts, int *expert_off, int *row_token, int *assign_row, const float *probs,
+                         const int *topk_idx, int N, int E, int K, int capacity);
+    // The layer's auxiliary losses into out[2] (f32, backend memory; the host downloads them):
+    //   out[0] = aux_coef * E * sum_e f_e P_e,  f_e = counts[e] / (N K),  P_e = mean_t probs[t, e]
+    //   out[1] = z_coef * mean_t lse[t]^2
+    void (*moe_aux_forward)(float *out, const float *probs, const float *lse, const int *counts, int N,
+                            int E, int K, float aux_coef, float z_coef);
+    // Router backward (all f32): dlogits (N, E) += the softmax backward of
+    //   dprobs = [dtopk_w at the selected experts, through the renormalization when norm_topk]
+    //          + aux_scale * E * f_e / N      (f_e are counts: constants)
+    // plus the z-loss gradient z_scale * 2 lse[t] / N * probs[t, e].
+    // aux_scale, z_scale = loss scale times the coefficients. dtopk_w is 0 for dropped assignments.
+    void (*moe_router_softmax_backward)(float *dlogits, const float *dtopk_w, const float *probs,
+                                        const float *lse, const int *topk_idx, const float *topk_w,
+                                        const int *counts, int N, int E, int K, int norm_topk,
+                                        float aux_scale, float z_scale);
+    // Gather token rows into expert order: out (R, C) row r = inp (N, C) row row_token[r].
+    void (*moe_gather_forward)(float *out, const float *inp, const int *row_token, int R, int C);
+    // dinp (N, C) row t += sum over k (in k order, skipping -1) of dout row assign_row[t, k].
+    void (*moe_gather_backward)(float *dinp, const float *dout, const int *assign_row, int N, int K, int C);
+    // Weighted scatter back: out (N, C) row t += sum over k (in k order, skipping -1) of
+    // topk_w[t, k] * expert_out row assign_row[t, k]. A dropped assignment adds nothing.
+    void (*moe_combine_forward)(float *out, const float *expert_out, const float *topk_w,
+                                const int *assign_row, int N, int K, int C);
+    // dexpert_out row assign_row[t, k] += topk_w[t, k] * dout row t ;
+    // dtopk_w[t, k] (f32) += dot(dout row t, expert_out row assign_row[t, k]) (kept assignments only).
+    void (*moe_combine_backward)(float *dexpert_out, float *dtopk_w, const float *dout, const float *expert_out,
+                                 const float *topk_w, const int *assign_row, int N, int K, int C);
 } Backend;
 
 // The CPU reference backend (layers/). Always available.

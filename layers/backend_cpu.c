@@ -45,6 +45,17 @@ static const Backend cpu_backend = {
 
     .copy_cols = cpu_copy_cols,
     .int_group_roundtrip = cpu_int_group_roundtrip,
+
+    .moe_router_forward = cpu_moe_router_forward,
+    .moe_router_backward = cpu_moe_router_backward,
+    .moe_topk_forward = cpu_moe_topk_forward,
+    .moe_dispatch = cpu_moe_dispatch,
+    .moe_aux_forward = cpu_moe_aux_forward,
+    .moe_router_softmax_backward = cpu_moe_router_softmax_backward,
+    .moe_gather_forward = cpu_moe_gather_forward,
+    .moe_gather_backward = cpu_moe_gather_backward,
+    .moe_combine_forward = cpu_moe_combine_forward,
+    .moe_combine_backward = cpu_moe_combine_backward,
 };
 
 const Backend *backend_cpu(void) { return &cpu_backend; }
