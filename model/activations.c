@@ -20,17 +20,37 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
     const ModelConfig *c = &m->cfg;
     int L = c->num_hidden_layers, C = c->hidden_size, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
     int D = c->head_dim, DV = c->v_head_dim, I = c->intermediate_size, V = c->vocab_size;
-    int64_t N = (int64_t)B * T, att = (int64_t)B * NH * T;
+    int latent = config_is_latent(c), R = c->kv_lora_rank, DR = latent ? c->qk_rope_head_dim : 0, Rq = c->q_lora_rank;
+    int64_t N = (int64_t)B * T, att = (int64_t)B * NH * T, DQK = D + DR;
 
     TensorTable *a = &m->acts;
     m->la = xcalloc((size_t)L, sizeof(LayerActs));
     m->sa = xcalloc((size_t)m->n_slots, sizeof(SlotActs));
     for (int l = 0; l < L; l++) {
         LayerActs *x = &m->la[l];
+        memset(x, 0xff, sizeof(*x));   // every index -1 until added
+        int producer = config_is_producer(c, l);
         x->res_in = act(a, DT_STORE, N, C, "layers.%d.res_in", l);
         x->h_attn = act(a, DT_STORE, N, C, "layers.%d.h_attn", l);
         x->rstd_attn = act(a, DT_F32, N, 1, "layers.%d.rstd_attn", l);
-        x->q = act(a, DT_STORE, N, (int64_t)NH * D, "layers.%d.q", l);
+        x->q = act(a, DT_STORE, N, NH * DQK, "layers.%d.q", l);
+        if (latent) {
+            if (Rq > 0) {
+                x->cq = act(a, DT_STORE, N, Rq, "layers.%d.cq", l);
+                x->cq_norm = act(a, DT_STORE, N, Rq, "layers.%d.cq_norm", l);
+                x->rstd_q = act(a, DT_F32, N, 1, "layers.%d.rstd_q", l);
+            }
+            if (producer) {
+                x->kv_a = act(a, DT_STORE, N, R + DR, "layers.%d.kv_a", l);
+                x->c_raw = act(a, DT_STORE, N, R, "layers.%d.c_raw", l);
+                x->rstd_c = act(a, DT_F32, N, 1, "layers.%d.rstd_c", l);
+            } else if (cache_consumer_owns_krope(c)) {
+                x->k_rope = act(a, DT_STORE, N, DR, "layers.%d.k_rope", l);
+            }
+            x->kv = act(a, DT_STORE, N, (int64_t)NH * (D + DV), "layers.%d.kv", l);
+            x->k = act(a, DT_STORE, N, NH * DQK, "layers.%d.k", l);
+            x->v = act(a, DT_STORE, N, (int64_t)NH * DV, "layers.%d.v", l);
+        }
         x->att = act(a, DT_F32, att, T, "layers.%d.att", l);
         x->att_out = act(a, DT_STORE, N, (int64_t)NH * DV, "layers.%d.att_out", l);
         x->res_mid = act(a, DT_STORE, N, C, "layers.%d.res_mid", l);
@@ -41,8 +61,15 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
         x->act = act(a, DT_STORE, N, I, "layers.%d.act", l);
     }
     for (int s = 0; s < m->n_slots; s++) {
-        m->sa[s].k = act(a, DT_STORE, N, (int64_t)NKV * D, "slots.%d.k", s);
-        m->sa[s].v = act(a, DT_STORE, N, (int64_t)NKV * DV, "slots.%d.v", s);
+        SlotActs *sl = &m->sa[s];
+        memset(sl, 0xff, sizeof(*sl));
+        if (latent) {
+            sl->c = act(a, DT_STORE, N, R, "slots.%d.c", s);
+            sl->k_rope = act(a, DT_STORE, N, DR, "slots.%d.k_rope", s);
+        } else {
+            sl->k = act(a, DT_STORE, N, (int64_t)NKV * D, "slots.%d.k", s);
+            sl->v = act(a, DT_STORE, N, (int64_t)NKV * DV, "slots.%d.v", s);
+        }
     }
     m->res_final = act(a, DT_STORE, N, C, "res_final", 0);
     m->h_final = act(a, DT_STORE, N, C, "h_final", 0);
@@ -54,9 +81,22 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
 
     TensorTable *g = &m->gacts;
     GradActs *ga = &m->ga;
+    memset(ga, 0xff, sizeof(*ga));
     ga->dres = act(g, DT_STORE, N, C, "dres", 0);
     ga->dh = act(g, DT_STORE, N, C, "dh", 0);
-    ga->dq = act(g, DT_STORE, N, (int64_t)NH * D, "dq", 0);
+    ga->dq = act(g, DT_STORE, N, NH * DQK, "dq", 0);
+    if (latent) {
+        if (Rq > 0) {
+            ga->dcq = act(g, DT_STORE, N, Rq, "dcq", 0);
+            ga->dcq_norm = act(g, DT_STORE, N, Rq, "dcq_norm", 0);
+        }
+        ga->dk = act(g, DT_STORE, N, NH * DQK, "dk", 0);
+        ga->dv = act(g, DT_STORE, N, (int64_t)NH * DV, "dv", 0);
+        ga->dkv = act(g, DT_STORE, N, (int64_t)NH * (D + DV), "dkv", 0);
+        ga->dkv_a = act(g, DT_STORE, N, R + DR, "dkv_a", 0);
+        ga->dc_raw = act(g, DT_STORE, N, R, "dc_raw", 0);
+        ga->dk_rope = act(g, DT_STORE, N, DR, "dk_rope", 0);
+    }
     ga->datt_out = act(g, DT_STORE, N, (int64_t)NH * DV, "datt_out", 0);
     ga->dgate = act(g, DT_STORE, N, I, "dgate", 0);
     ga->dup = act(g, DT_STORE, N, I, "dup", 0);
@@ -65,8 +105,15 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
     ga->dscores = act(g, DT_F32, att, T, "dscores", 0);
     m->gsa = xcalloc((size_t)m->n_slots, sizeof(SlotActs));
     for (int s = 0; s < m->n_slots; s++) {
-        m->gsa[s].k = act(g, DT_STORE, N, (int64_t)NKV * D, "slots.%d.dk", s);
-        m->gsa[s].v = act(g, DT_STORE, N, (int64_t)NKV * DV, "slots.%d.dv", s);
+        SlotActs *sl = &m->gsa[s];
+        memset(sl, 0xff, sizeof(*sl));
+        if (latent) {
+            sl->c = act(g, DT_STORE, N, R, "slots.%d.dc", s);
+            sl->k_rope = act(g, DT_STORE, N, DR, "slots.%d.dk_rope", s);
+        } else {
+            sl->k = act(g, DT_STORE, N, (int64_t)NKV * D, "slots.%d.dk", s);
+            sl->v = act(g, DT_STORE, N, (int64_t)NKV * DV, "slots.%d.dv", s);
+        }
     }
     table_layout(g, store_bytes);
 }

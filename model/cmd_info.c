@@ -7,7 +7,7 @@
 
 #include "common/args.h"
 #include "common/util.h"
-#include "model/cache_bytes.h"
+#include "model/cache.h"
 #include "model/model.h"
 #include "train/commands.h"
 
@@ -86,6 +86,7 @@ int cmd_info(int argc, char **argv) {
         cJSON_AddNumberToObject(k, "per_layer", kv.per_layer);
         cJSON_AddNumberToObject(k, "mha_equivalent", kv.mha_total);
         cJSON_AddNumberToObject(k, "fraction_of_mha", kv.total / kv.mha_total);
+        cJSON_AddNumberToObject(k, "paper_table4_per_layer", kv.paper);
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         cJSON_free(s);
@@ -104,5 +105,6 @@ int cmd_info(int argc, char **argv) {
     printf("  total           %10.1f MiB\n", mib(mem_total));
     printf("KV cache          %.1f bytes/token for the model | %.1f per layer on average | %.2f%% of MHA (%.0f bytes/token, bf16)\n",
            kv.total, kv.per_layer, 100.0 * kv.total / kv.mha_total, kv.mha_total);
+    printf("                  paper's Table 4 convention: %.0f per layer (see docs/CACHE.md for what it leaves out)\n", kv.paper);
     return 0;
 }

@@ -159,9 +159,13 @@ static cJSON *value_to_json(const void *base, const KeyDef *k) {
     case K_LLONG: return cJSON_CreateNumber((double)*(const long long *)src);
     case K_ULLONG: return cJSON_CreateNumber((double)*(const unsigned long long *)src);
     case K_FLOAT: {
-        // print the float's shortest exact decimal so a round trip keeps the value
+        // the shortest decimal that reads back as the same float (1e-05, not 9.99999975e-06)
+        float f = *(const float *)src;
         char buf[32];
-        snprintf(buf, sizeof(buf), "%.9g", (double)*(const float *)src);
+        for (int prec = 6; prec <= 9; prec++) {
+            snprintf(buf, sizeof(buf), "%.*g", prec, (double)f);
+            if ((float)strtod(buf, NULL) == f) break;
+        }
         return cJSON_CreateNumber(strtod(buf, NULL));
     }
     case K_BOOL: return cJSON_CreateBool(*(const int *)src);
@@ -377,6 +381,7 @@ void config_validate(const Config *cfg, const char *origin) {
         NEED(!p->latent, "%s: preset '%s' needs kv_lora_rank > 0 (the latent width)", origin, p->name);
     } else {
         NEED(p->latent, "%s: kv_lora_rank > 0 makes a latent model: use preset mla or clla*", origin);
+        NEED(m->share != SHARE_KV, "%s: share = kv is for plain K/V (cla presets); latent models share latent, latent_krope or latent_kvproj", origin);
         NEED(m->qk_rope_head_dim > 0 && m->qk_rope_head_dim % 2 == 0, "%s: latent models need an even qk_rope_head_dim > 0", origin);
         NEED(m->q_lora_rank >= 0, "%s: q_lora_rank must be >= 0", origin);
         if (m->latent_quant_bits) {

@@ -3,18 +3,8 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "model/model.h"
+#include "model/model_internal.h"
 
-// Typed views of table entries: P = parameter storage, G = parameter gradient (fp32),
-// A = activation, DA = activation gradient.
-#define P(i) ((float *)table_ptr_store(&m->params, m->w, (i)))
-#define G(i) (table_ptr_f32(&m->params, m->grad, (i)))
-#define A(i) ((float *)table_ptr_store(&m->acts, m->act, (i)))
-#define DA(i) ((float *)table_ptr_store(&m->gacts, m->gact, (i)))
-
-static int slot_of(const Model *m, int l) { return l / m->cfg.share_factor; }
-
-static float attn_scale(const ModelConfig *c) { return 1.0f / sqrtf((float)c->head_dim); }
 
 // Dense SwiGLU MLP of layer l: tmp_c (N, C) = down(silu(gate(h_mlp)) * up(h_mlp)).
 static void mlp_forward(Model *m, int l) {
@@ -63,7 +53,7 @@ float model_forward(Model *m, const int32_t *inputs, const int32_t *targets) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, L = c->num_hidden_layers, C = c->hidden_size;
-    int NH = c->num_attention_heads, NKV = c->num_key_value_heads, D = c->head_dim, DV = c->v_head_dim;
+    int NH = c->num_attention_heads, DV = c->v_head_dim;
     int V = c->vocab_size;
 
     be->upload(m->d_inputs, inputs, (size_t)N * sizeof(int));
@@ -71,17 +61,9 @@ float model_forward(Model *m, const int32_t *inputs, const int32_t *targets) {
     for (int l = 0; l < L; l++) {
         const LayerParams *p = &m->lp[l];
         const LayerActs *x = &m->la[l];
-        const SlotActs *s = &m->sa[slot_of(m, l)];
         // attention block
         be->rmsnorm_forward(A(x->h_attn), A(x->rstd_attn), A(x->res_in), P(p->input_norm), N, C, c->rms_norm_eps);
-        be->matmul_forward(A(x->q), A(x->h_attn), P(p->q_proj), N, C, NH * D);
-        be->rope_forward(A(x->q), B, T, NH, D, 0, D, 0, c->rope_theta);
-        if (config_is_producer(c, l)) {
-            be->matmul_forward(A(s->k), A(x->h_attn), P(p->k_proj), N, C, NKV * D);
-            be->matmul_forward(A(s->v), A(x->h_attn), P(p->v_proj), N, C, NKV * DV);
-            be->rope_forward(A(s->k), B, T, NKV, D, 0, D, 0, c->rope_theta);
-        }
-        be->attention_forward(A(x->att_out), A(x->att), A(x->q), A(s->k), A(s->v), B, T, NH, NKV, D, DV, attn_scale(c));
+        attention_block_forward(m, l);
         be->matmul_forward(A(m->tmp_c), A(x->att_out), P(p->o_proj), N, NH * DV, C);
         be->add_forward(A(x->res_mid), A(x->res_in), A(m->tmp_c), (size_t)N * C);
         // FFN block: out = FFN(RMSNorm(res_mid)) written to tmp_c
@@ -110,7 +92,7 @@ void model_backward(Model *m, float loss_scale) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, L = c->num_hidden_layers, C = c->hidden_size;
-    int NH = c->num_attention_heads, NKV = c->num_key_value_heads, D = c->head_dim, DV = c->v_head_dim;
+    int NH = c->num_attention_heads, DV = c->v_head_dim;
     int V = c->vocab_size;
     const GradActs *ga = &m->ga;
     size_t sb = be->act_bytes;
@@ -124,8 +106,6 @@ void model_backward(Model *m, float loss_scale) {
     for (int l = L - 1; l >= 0; l--) {
         const LayerParams *p = &m->lp[l];
         const LayerActs *x = &m->la[l];
-        const SlotActs *s = &m->sa[slot_of(m, l)];
-        const SlotActs *gs = &m->gsa[slot_of(m, l)];
         // FFN block: dres holds d(res_out); the residual path passes it through unchanged
         be->zero(DA(ga->dh), (size_t)N * C * sb);
         ffn_backward(m, l);   // dh += d(h_mlp)
@@ -133,18 +113,8 @@ void model_backward(Model *m, float loss_scale) {
         // attention block: dres now holds d(res_mid)
         be->zero(DA(ga->datt_out), (size_t)N * NH * DV * sb);
         be->matmul_backward(DA(ga->datt_out), G(p->o_proj), DA(ga->dres), A(x->att_out), P(p->o_proj), N, NH * DV, C);
-        be->zero(DA(ga->dq), (size_t)N * NH * D * sb);
-        be->attention_backward(DA(ga->dq), DA(gs->k), DA(gs->v), DA(ga->dscores), DA(ga->datt_out), A(x->att),
-                               A(x->q), A(s->k), A(s->v), B, T, NH, NKV, D, DV, attn_scale(c));
         be->zero(DA(ga->dh), (size_t)N * C * sb);
-        be->rope_backward(DA(ga->dq), B, T, NH, D, 0, D, 0, c->rope_theta);
-        be->matmul_backward(DA(ga->dh), G(p->q_proj), DA(ga->dq), A(x->h_attn), P(p->q_proj), N, C, NH * D);
-        if (config_is_producer(c, l)) {
-            // every consumer of this slot (later layers) has added its share already
-            be->rope_backward(DA(gs->k), B, T, NKV, D, 0, D, 0, c->rope_theta);
-            be->matmul_backward(DA(ga->dh), G(p->k_proj), DA(gs->k), A(x->h_attn), P(p->k_proj), N, C, NKV * D);
-            be->matmul_backward(DA(ga->dh), G(p->v_proj), DA(gs->v), A(x->h_attn), P(p->v_proj), N, C, NKV * DV);
-        }
+        attention_block_backward(m, l);   // dh += d(h_attn)
         be->rmsnorm_backward(DA(ga->dres), G(p->input_norm), DA(ga->dh), A(x->res_in), P(p->input_norm), A(x->rstd_attn), N, C);
     }
     be->embedding_backward(G(m->embed), DA(ga->dres), m->d_inputs, N, C);

@@ -7,22 +7,36 @@
 #include <stdint.h>
 
 #include "layers/backend.h"
+#include "model/cache.h"
 #include "model/config.h"
 #include "model/tensor_table.h"
 
 // Indices into Model.params (-1 where the layer has no such tensor).
 typedef struct LayerParams {
     int input_norm, post_norm;
-    int q_proj, k_proj, v_proj, o_proj;
+    int q_proj, o_proj;                 // q_proj absent with query LoRA
+    int k_proj, v_proj;                 // plain K/V (producers of MHA/GQA/CLA)
+    int q_a_proj, q_a_norm, q_b_proj;   // query LoRA (q_lora_rank > 0)
+    int kv_a_proj;                      // latent producers: [kv_lora_rank + rope, C] (latent | k_rope)
+    int kv_a_norm;                      // latent producers: RMSNorm of the latent
+    int k_rope_proj;                    // latent consumers that project their own k_rope: [rope, C]
+    int kv_b_proj;                      // latent: [NH * (D + DV), kv_lora_rank] (absent: latent_kvproj consumers)
     int gate_proj, up_proj, down_proj;
 } LayerParams;
 
-// Indices into Model.acts, per layer.
+// Indices into Model.acts, per layer (-1 where the layer's attention kind has none).
 typedef struct LayerActs {
     int res_in;          // (B,T,C) residual stream entering the layer
     int h_attn;          // (B,T,C) input_layernorm output
     int rstd_attn;       // (B*T) f32
-    int q;               // (B,T,NH,D) after RoPE
+    int q;               // (B,T,NH,DQK) after RoPE; DQK = D (+ rope dims for latent models)
+    int cq, cq_norm, rstd_q;   // query LoRA: (B,T,Rq) down-projection, its RMSNorm, (B*T) f32
+    int kv_a;            // latent producer: (B,T,r+DR) kv_a_proj output
+    int c_raw;           // latent producer: (B,T,r) latent before its RMSNorm
+    int rstd_c;          // latent producer: (B*T) f32
+    int k_rope;          // latent consumer with its own rope key: (B,T,DR) after RoPE
+    int kv;              // latent: (B,T,NH,D+DV) kv_b_proj output, per head [k_nope | v]
+    int k, v;            // latent: (B,T,NH,D+DR) keys [k_nope | k_rope], (B,T,NH,DV) values
     int att;             // (B,NH,T,T) f32 softmax probabilities
     int att_out;         // (B,T,NH,DV)
     int res_mid;         // (B,T,C) residual after attention
@@ -33,8 +47,10 @@ typedef struct LayerActs {
 
 // Indices into Model.acts, per cache slot (the cache layer's payload in training).
 typedef struct SlotActs {
-    int k;               // (B,T,NKV,D) after RoPE
-    int v;               // (B,T,NKV,DV)
+    int k;               // plain: (B,T,NKV,D) after RoPE
+    int v;               // plain: (B,T,NKV,DV)
+    int c;               // latent: (B,T,r) normalized (and codec round-tripped) latent
+    int k_rope;          // latent: (B,T,DR) the producer's rope key after RoPE
 } SlotActs;
 
 // Indices into Model.grads_act: activation gradients. One layer's worth is reused by
@@ -43,7 +59,13 @@ typedef struct SlotActs {
 typedef struct GradActs {
     int dres;            // (B,T,C) gradient of the residual stream (accumulates through layers)
     int dh;              // (B,T,C) gradient of a norm's output
-    int dq;              // (B,T,NH,D)
+    int dq;              // (B,T,NH,DQK)
+    int dcq, dcq_norm;   // query LoRA (B,T,Rq)
+    int dk, dv;          // latent: (B,T,NH,D+DR), (B,T,NH,DV)
+    int dkv;             // latent: (B,T,NH,D+DV)
+    int dkv_a;           // latent producer: (B,T,r+DR)
+    int dc_raw;          // latent producer: (B,T,r)
+    int dk_rope;         // latent consumer's own rope key (B,T,DR)
     int datt_out;        // (B,T,NH,DV)
     int dgate, dup, dact;  // (B,T,I)
     int dlogits;         // (B,T,V)
@@ -54,6 +76,7 @@ typedef struct Model {
     ModelConfig cfg;
     const Backend *be;
     int n_slots;             // cache slots: ceil(L / share_factor)
+    CacheLayout cache;       // slot map and codecs (training: int_group latent when quantized)
 
     // parameters
     TensorTable params;

@@ -21,12 +21,48 @@ static int add_norm(TensorTable *tt, int layer, int64_t c, const char *fmt, int 
 }
 
 static void check_supported(const ModelConfig *c) {
-    if (config_is_latent(c))
-        die("attention preset '%s' (latent attention) is not implemented in this build yet: use mha, gqa or mqa", c->attention);
-    if (c->share_factor != 1)
-        die("cross-layer sharing (share_factor = %d) is not implemented in this build yet: set share_factor to 1", c->share_factor);
     if (c->n_routed_experts > 0)
         die("the mixture-of-experts FFN (n_routed_experts = %d) is not implemented in this build yet: set n_routed_experts to 0", c->n_routed_experts);
+}
+
+static void layer_params_none(LayerParams *p) {
+    memset(p, 0xff, sizeof(*p));   // every index -1
+}
+
+// Attention tensors of layer l (DESIGN section 1): plain (MHA/GQA/MQA/CLA) or latent (MLA/CLLA);
+// producers own what they share, consumers only what they keep.
+static void add_attention_params(Model *m, int l) {
+    const ModelConfig *c = &m->cfg;
+    TensorTable *tt = &m->params;
+    LayerParams *p = &m->lp[l];
+    int C = c->hidden_size, NH = c->num_attention_heads, D = c->head_dim, DV = c->v_head_dim;
+    int producer = config_is_producer(c, l);
+    if (!config_is_latent(c)) {
+        p->q_proj = add_matrix(tt, l, (int64_t)NH * D, C, "model.layers.%d.self_attn.q_proj.weight", l);
+        if (producer) {
+            p->k_proj = add_matrix(tt, l, (int64_t)c->num_key_value_heads * D, C, "model.layers.%d.self_attn.k_proj.weight", l);
+            p->v_proj = add_matrix(tt, l, (int64_t)c->num_key_value_heads * DV, C, "model.layers.%d.self_attn.v_proj.weight", l);
+        }
+    } else {
+        int R = c->kv_lora_rank, DR = c->qk_rope_head_dim, Rq = c->q_lora_rank;
+        int64_t qw = (int64_t)NH * (D + DR);
+        if (Rq > 0) {
+            p->q_a_proj = add_matrix(tt, l, Rq, C, "model.layers.%d.self_attn.q_a_proj.weight", l);
+            p->q_a_norm = add_norm(tt, l, Rq, "model.layers.%d.self_attn.q_a_layernorm.weight", l);
+            p->q_b_proj = add_matrix(tt, l, qw, Rq, "model.layers.%d.self_attn.q_b_proj.weight", l);
+        } else {
+            p->q_proj = add_matrix(tt, l, qw, C, "model.layers.%d.self_attn.q_proj.weight", l);
+        }
+        if (producer) {
+            p->kv_a_proj = add_matrix(tt, l, (int64_t)R + DR, C, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
+            p->kv_a_norm = add_norm(tt, l, R, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
+        } else if (cache_consumer_owns_krope(c)) {
+            p->k_rope_proj = add_matrix(tt, l, DR, C, "model.layers.%d.self_attn.k_rope_proj.weight", l);
+        }
+        if (producer || c->share != SHARE_LATENT_KVPROJ)
+            p->kv_b_proj = add_matrix(tt, l, (int64_t)NH * (D + DV), R, "model.layers.%d.self_attn.kv_b_proj.weight", l);
+    }
+    p->o_proj = add_matrix(tt, l, C, (int64_t)NH * DV, "model.layers.%d.self_attn.o_proj.weight", l);
 }
 
 void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) {
@@ -34,19 +70,17 @@ void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     const ModelConfig *c = &m->cfg;
-    int L = c->num_hidden_layers, C = c->hidden_size, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
-    int D = c->head_dim, DV = c->v_head_dim, I = c->intermediate_size;
+    int L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size;
     m->n_slots = (L + c->share_factor - 1) / c->share_factor;
+    cache_layout(&m->cache, c);
     TensorTable *tt = &m->params;
     m->embed = add_matrix(tt, -1, c->vocab_size, C, "model.embed_tokens.weight", 0);
     m->lp = xcalloc((size_t)L, sizeof(LayerParams));
     for (int l = 0; l < L; l++) {
         LayerParams *p = &m->lp[l];
+        layer_params_none(p);
         p->input_norm = add_norm(tt, l, C, "model.layers.%d.input_layernorm.weight", l);
-        p->q_proj = add_matrix(tt, l, (int64_t)NH * D, C, "model.layers.%d.self_attn.q_proj.weight", l);
-        p->k_proj = add_matrix(tt, l, (int64_t)NKV * D, C, "model.layers.%d.self_attn.k_proj.weight", l);
-        p->v_proj = add_matrix(tt, l, (int64_t)NKV * DV, C, "model.layers.%d.self_attn.v_proj.weight", l);
-        p->o_proj = add_matrix(tt, l, C, (int64_t)NH * DV, "model.layers.%d.self_attn.o_proj.weight", l);
+        add_attention_params(m, l);
         p->post_norm = add_norm(tt, l, C, "model.layers.%d.post_attention_layernorm.weight", l);
         p->gate_proj = add_matrix(tt, l, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
         p->up_proj = add_matrix(tt, l, I, C, "model.layers.%d.mlp.up_proj.weight", l);
