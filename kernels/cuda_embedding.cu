@@ -48,8 +48,10 @@ extern "C" void cuda_embedding_backward(float *dwte, const float *dout, const in
     if (N <= 0 || C <= 0) return;
     // Scratch: positions in, sorted tokens, sorted positions, CUB temporaries.
     size_t cub_bytes = 0;
+    // Token ids are non-negative int32 (the loader checks them against V): sorting the
+    // 31 low bits is enough. The size query uses the same bit range as the sort.
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, cub_bytes, (const int *)NULL, (int *)NULL,
-                                               (const int *)NULL, (int *)NULL, N));
+                                               (const int *)NULL, (int *)NULL, N, 0, 31, (cudaStream_t)0));
     const size_t arr = align_up((size_t)N * sizeof(int));
     char *ws = (char *)cuda_scratch(SCRATCH_EMB, 3 * arr + align_up(cub_bytes));
     int *pos_in = (int *)ws, *tok_sorted = (int *)(ws + arr), *pos_sorted = (int *)(ws + 2 * arr);
@@ -57,8 +59,7 @@ extern "C" void cuda_embedding_backward(float *dwte, const float *dout, const in
 
     iota_kernel<<<ew_blocks((size_t)N, 256), 256>>>(pos_in, N);
     CUDA_LAUNCHED();
-    // Token ids are non-negative int32 (the loader checks them against V): sorting the
-    // 31 low bits is enough. Stable: equal tokens keep ascending positions.
+    // Stable: equal tokens keep ascending positions.
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_bytes, tokens, tok_sorted, pos_in, pos_sorted,
                                                N, 0, 31, (cudaStream_t)0));
     const int threads = C < 256 ? ((C + 31) / 32) * 32 : 256;

@@ -8,6 +8,16 @@
 // the transposes: out^T = W * inp^T, dinp^T = W^T * dout^T, dW^T = inp^T * dout.
 #include "kernels/cuda_common.cuh"
 
+// The largest power of two (at most 256) dividing the address. cuBLASLt's heuristic assumes
+// 256-byte aligned operands unless told otherwise, and sub-buffers of a tensor table can
+// start anywhere: tell it the truth so it never picks a kernel that needs more.
+static uint32_t alignment_of(const void *p) {
+    const uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 2 && (a % al) != 0) al >>= 1;
+    return al;
+}
+
 // D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * C, column-major, C == D.
 // A and B are bf16; D is bf16 or fp32 (dtype). lda/ldb/ldd are the stored leading dims.
 static void lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, const void *B,
@@ -31,6 +41,11 @@ static void lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, 
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &ws_bytes, sizeof ws_bytes));
+    const uint32_t al_a = alignment_of(A), al_b = alignment_of(B), al_d = alignment_of(D);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld_, ld_, pref, 1, &heur, &found));
