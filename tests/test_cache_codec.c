@@ -1,0 +1,126 @@
+// The cache layer's codecs: int_group codes stay in [-Imax, Imax], the per-element error is
+// at most scale/2, a zero group decodes to zeros, decode(encode(x)) equals the backend's
+// round trip bit for bit (so the inference cache serves exactly the training-time values),
+// and bytes_per_token counts the scales. Also the CLLA-quant forward: the latent a model
+// attends with is exactly the codec's round trip of its normalized latent.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "layers/int_group_math.h"
+#include "model/cache.h"
+#include "model/model.h"
+
+static int passed, failed;
+static void check(int ok, const char *what) {
+    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+    ok ? passed++ : failed++;
+}
+
+static void test_int_group(int bits, int group, int W, int N) {
+    char name[128];
+    Codec c = {CODEC_INT_GROUP, bits, group};
+    Rng r;
+    rng_seed(&r, (uint64_t)bits * 1000 + group);
+    float *x = malloc(sizeof(float) * N * W), *rt = malloc(sizeof(float) * N * W), *dec = malloc(sizeof(float) * N * W);
+    for (int i = 0; i < N * W; i++) x[i] = (float)(rng_normal(&r) * (1 + i % 7));
+    for (int j = 0; j < group; j++) x[j] = 0.0f;   // row 0, group 0: all zeros
+    x[group] = 1e-30f;                               // a tiny group must not blow up
+    for (int j = 1; j < group; j++) x[group + j] = 0.0f;
+    const Backend *be = backend_cpu();
+    codec_roundtrip(&c, be, rt, x, N, W);
+    size_t tok = codec_bytes_per_token(&c, W);
+    unsigned char *bytes = malloc(tok * N);
+    codec_encode(&c, bytes, x, N, W);
+    codec_decode(&c, dec, bytes, N, W);
+    int imax = int_group_imax(bits), in_range = 1, err_ok = 1, zero_ok = 1, finite = 1;
+    for (int n = 0; n < N; n++)
+        for (int g = 0; g < W / group; g++) {
+            const float *xg = x + n * W + g * group;
+            float absmax = 0;
+            for (int j = 0; j < group; j++) absmax = fmaxf(absmax, fabsf(xg[j]));
+            float scale = int_group_scale(absmax, bits);
+            for (int j = 0; j < group; j++) {
+                int code = int_group_code(xg[j], scale, bits);
+                if (code < -imax || code > imax) in_range = 0;
+                float y = rt[n * W + g * group + j];
+                if (!isfinite(y)) finite = 0;
+                if (fabsf(y - xg[j]) > scale / 2 * (1 + 1e-6f)) err_ok = 0;
+                if (absmax == 0 && y != 0) zero_ok = 0;
+            }
+        }
+    snprintf(name, sizeof(name), "int_group b=%d g=%d: codes in [-%d, %d]", bits, group, imax, imax);
+    check(in_range, name);
+    snprintf(name, sizeof(name), "int_group b=%d g=%d: |error| <= scale/2, finite, zero group -> 0", bits, group);
+    check(err_ok && finite && zero_ok, name);
+    snprintf(name, sizeof(name), "int_group b=%d g=%d: decode(encode(x)) == roundtrip(x) bitwise", bits, group);
+    check(memcmp(rt, dec, sizeof(float) * N * W) == 0, name);
+    snprintf(name, sizeof(name), "int_group b=%d g=%d W=%d: %zu bytes/token = codes + bf16 scales", bits, group, W, tok);
+    check(tok == (size_t)(W * bits + 7) / 8 + (size_t)(W / group) * 2, name);
+    free(x); free(rt); free(dec); free(bytes);
+}
+
+static void test_bf16_fp32(void) {
+    float x[5] = {1.0f, -3.14159f, 1e-20f, 65504.0f, 0.0f}, y[5];
+    unsigned char b[20];
+    Codec f = {CODEC_FP32, 0, 0}, h = {CODEC_BF16, 0, 0};
+    codec_encode(&f, b, x, 1, 5);
+    codec_decode(&f, y, b, 1, 5);
+    check(memcmp(x, y, sizeof(x)) == 0 && codec_bytes_per_token(&f, 5) == 20, "fp32 codec is exact, 4 bytes/value");
+    codec_encode(&h, b, x, 1, 5);
+    codec_decode(&h, y, b, 1, 5);
+    int ok = codec_bytes_per_token(&h, 5) == 10;
+    for (int i = 0; i < 5; i++) ok &= fabsf(y[i] - x[i]) <= fabsf(x[i]) * (1.0f / 256);
+    check(ok, "bf16 codec: relative error <= 2^-8, 2 bytes/value");
+}
+
+// The latent a CLLA-quant model stores in its cache slot is the codec round trip of the
+// normalized latent: recompute it from the model's own activations.
+static void test_model_latent_is_codec_output(void) {
+    Config cfg;
+    config_from_json(&cfg, "{\"attention\":\"clla_quant\",\"vocab_size\":31,\"hidden_size\":32,\"num_attention_heads\":2,"
+                           "\"head_dim\":8,\"intermediate_size\":24,\"num_hidden_layers\":3,\"kv_lora_rank\":64,"
+                           "\"qk_rope_head_dim\":4,\"initializer_range\":0.2}", "test", 0, NULL);
+    Model m;
+    model_build(&m, &cfg.model, backend_cpu());
+    model_init_weights(&m, 5);
+    model_set_batch(&m, 1, 6);
+    int32_t in[6] = {1, 5, 9, 30, 2, 2}, tg[6] = {5, 9, 30, 2, 2, 7};
+    model_forward(&m, in, tg);
+    int R = cfg.model.kv_lora_rank, N = 6;
+    const float *c_raw = table_ptr_store(&m.acts, m.act, m.la[0].c_raw);
+    const float *slot_c = table_ptr_store(&m.acts, m.act, m.sa[0].c);
+    const float *nw = table_ptr_store(&m.params, m.w, m.lp[0].kv_a_norm);
+    float *want = malloc(sizeof(float) * N * R), rstd[6];
+    backend_cpu()->rmsnorm_forward(want, rstd, c_raw, nw, N, R, cfg.model.rms_norm_eps);
+    Codec c = {CODEC_INT_GROUP, 4, 32};
+    unsigned char *bytes = malloc(codec_bytes_per_token(&c, R) * N);
+    codec_encode(&c, bytes, want, N, R);
+    codec_decode(&c, want, bytes, N, R);
+    check(memcmp(want, slot_c, sizeof(float) * N * R) == 0, "clla_quant: the slot latent equals decode(encode(RMSNorm(latent))) bitwise");
+    // the group's largest code is +-Imax (|x|max / scale >= Imax (1 - 2^-8) rounds to Imax), so
+    // max|value| / Imax recovers the stored scale and every value must be a multiple of it
+    int distinct_ok = 1;
+    float s = 0;
+    for (int j = 0; j < 32; j++) s = fmaxf(s, fabsf(slot_c[j]));
+    for (int j = 0; j < 32; j++) {
+        float q = slot_c[j] / (s / 7.0f);
+        if (s > 0 && fabsf(q - rintf(q)) > 1e-3f) distinct_ok = 0;
+    }
+    check(distinct_ok, "clla_quant: slot latent values are integer multiples of the group scale");
+    free(want); free(bytes);
+    model_free(&m);
+}
+
+int main(void) {
+    test_int_group(4, 32, 64, 9);
+    test_int_group(4, 16, 48, 5);
+    test_int_group(2, 8, 24, 3);
+    test_int_group(8, 32, 64, 4);
+    test_bf16_fp32();
+    test_model_latent_is_codec_output();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
