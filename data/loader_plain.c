@@ -2,13 +2,15 @@
 // Batches are consecutive: a micro-batch reads B*T+1 tokens at the cursor, row b being
 // tokens[pos + b*T, pos + b*T + T], then the cursor advances by B*T and wraps to 0 when
 // fewer than B*T+1 tokens remain. The PyTorch twin reproduces exactly this order.
+// (rank/world and seed do not apply: every rank reads the same batches.)
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
-#include "data/loader.h"
+#include "data/bytes.h"
+#include "data/loader_internal.h"
 
-struct DataLoader {
+struct PlainLoader {
     char *path;
     uint32_t *tokens;
     long long n;
@@ -16,7 +18,7 @@ struct DataLoader {
     int B, T;
 };
 
-DataLoader *loader_open(const char *path, const LoaderOptions *opt) {
+PlainLoader *plain_open(const char *path, const LoaderOptions *opt) {
     size_t bytes = 0;
     char *buf = read_file(path, &bytes);
     if (!buf) die("cannot read token file '%s': check the path (train.data / --data)", path);
@@ -30,34 +32,50 @@ DataLoader *loader_open(const char *path, const LoaderOptions *opt) {
     for (long long i = 0; i < n; i++)
         if (tok[i] >= (uint32_t)opt->vocab_size)
             die("token file '%s': token %u at offset %lld is >= vocab_size %d: raise vocab_size or re-tokenize", path, tok[i], i * 4, opt->vocab_size);
-    DataLoader *dl = xcalloc(1, sizeof(*dl));
-    dl->path = xstrdup(path);
-    dl->tokens = tok;
-    dl->n = n;
-    dl->B = opt->B;
-    dl->T = opt->T;
-    return dl;
+    PlainLoader *pl = xcalloc(1, sizeof(*pl));
+    pl->path = xstrdup(path);
+    pl->tokens = tok;
+    pl->n = n;
+    pl->B = opt->B;
+    pl->T = opt->T;
+    return pl;
 }
 
-void loader_next(DataLoader *dl, int32_t *inputs, int32_t *targets) {
-    long long bt = (long long)dl->B * dl->T;
-    if (dl->pos + bt + 1 > dl->n) dl->pos = 0;
-    for (int b = 0; b < dl->B; b++)
-        for (int t = 0; t < dl->T; t++) {
-            long long i = dl->pos + (long long)b * dl->T + t;
-            inputs[b * dl->T + t] = (int32_t)dl->tokens[i];
-            targets[b * dl->T + t] = (int32_t)dl->tokens[i + 1];
+void plain_next(PlainLoader *pl, int32_t *inputs, int32_t *targets) {
+    long long bt = (long long)pl->B * pl->T;
+    if (pl->pos + bt + 1 > pl->n) pl->pos = 0;
+    for (int b = 0; b < pl->B; b++)
+        for (int t = 0; t < pl->T; t++) {
+            long long i = pl->pos + (long long)b * pl->T + t;
+            inputs[b * pl->T + t] = (int32_t)pl->tokens[i];
+            targets[b * pl->T + t] = (int32_t)pl->tokens[i + 1];
         }
-    dl->pos += bt;
+    pl->pos += bt;
 }
 
-long long loader_num_batches(const DataLoader *dl) { return (dl->n - 1) / ((long long)dl->B * dl->T); }
+long long plain_num_batches(const PlainLoader *pl) { return (pl->n - 1) / ((long long)pl->B * pl->T); }
 
-void loader_reset(DataLoader *dl) { dl->pos = 0; }
+static unsigned long long plain_fingerprint(const PlainLoader *pl) {
+    unsigned long long f[3] = {(unsigned long long)pl->n, (unsigned long long)pl->B, (unsigned long long)pl->T};
+    return fnv1a64(f, sizeof(f));
+}
 
-void loader_close(DataLoader *dl) {
-    if (!dl) return;
-    free(dl->tokens);
-    free(dl->path);
-    free(dl);
+void plain_get_state(const PlainLoader *pl, LoaderState *st) {
+    st->epoch = 0;
+    st->position = (unsigned long long)pl->pos;
+    st->fingerprint = plain_fingerprint(pl);
+}
+
+void plain_set_state(PlainLoader *pl, const LoaderState *st) {
+    if (st->fingerprint != plain_fingerprint(pl) || st->position > (unsigned long long)pl->n)
+        die("token file '%s': the saved data position does not belong to this file and batch shape (B=%d, T=%d): resume with the same data and batch size",
+            pl->path, pl->B, pl->T);
+    pl->pos = (long long)st->position;
+}
+
+void plain_close(PlainLoader *pl) {
+    if (!pl) return;
+    free(pl->tokens);
+    free(pl->path);
+    free(pl);
 }

@@ -8,5 +8,7 @@ int cmd_eval(int argc, char **argv);      // eval/cmd_eval.c
 int cmd_info(int argc, char **argv);      // model/cmd_info.c
 int cmd_init(int argc, char **argv);      // model/cmd_init.c
 int cmd_debug_step(int argc, char **argv);  // tests' entry: one forward+backward dumped (train/cmd_debug_step.c)
+int cmd_prep(int argc, char **argv);      // data/cmd_prep.c
+int cmd_tokenizer(int argc, char **argv); // data/cmd_tokenizer.c
 
 #endif

@@ -11,6 +11,8 @@ typedef struct Subcommand {
 } Subcommand;
 
 static const Subcommand SUBCOMMANDS[] = {
+    {"prep", cmd_prep, "tokenize corpus files into train/validation token shards"},
+    {"tokenizer", cmd_tokenizer, "train a BPE vocabulary, encode/decode text, import GPT-2's"},
     {"train", cmd_train, "train a model from a config on token data"},
     {"eval", cmd_eval, "loss and perplexity of a saved model on token data"},
     {"info", cmd_info, "parameter counts, memory and KV-cache bytes of a config"},

