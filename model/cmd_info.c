@@ -16,6 +16,7 @@ static const ArgSpec SPECS[] = {
     {"set", 1, "override a key (repeatable)"},
     {"json", 0, "print one JSON object instead of text"},
     {"device", 1, "storage precision to plan memory for: cpu (fp32, default) or cuda (bf16 + fp32 masters)"},
+    {"cache-table", 0, "KV-cache bytes/token of every attention preset at this config's shape"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -46,6 +47,31 @@ static void count(const Config *cfg, size_t store_bytes, Counts *c) {
     model_free(&m);
 }
 
+// Every preset at the config's shape: gqa rows use its num_key_value_heads (or half the heads
+// when the config is MHA); latent rows need kv_lora_rank and qk_rope_head_dim in the config.
+static void print_cache_table(const ModelConfig *base) {
+    static const char *presets[] = {"mha", "gqa", "mqa", "cla", "gqa_cla", "mla", "clla", "clla_share_krope",
+                                     "clla_share_kvproj", "clla_quant", "clla_quant_share_kvproj"};
+    printf("%-24s %14s %12s %10s %18s\n", "preset", "bytes/token", "per layer", "% of MHA", "paper Table 4 way");
+    for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
+        ModelConfig m = *base;
+        config_apply_preset(&m, presets[i]);
+        int latent = !strncmp(presets[i], "mla", 3) || !strncmp(presets[i], "clla", 4);
+        if (latent && (m.kv_lora_rank <= 0 || m.qk_rope_head_dim <= 0)) {
+            printf("%-24s %14s   (set kv_lora_rank and qk_rope_head_dim to see latent rows)\n", presets[i], "n/a");
+            continue;
+        }
+        if (!latent) m.kv_lora_rank = 0, m.latent_quant_bits = 0;
+        if (!strcmp(presets[i], "mha") || !strcmp(presets[i], "cla")) m.num_key_value_heads = m.num_attention_heads;
+        if (!strcmp(presets[i], "mqa")) m.num_key_value_heads = 1;
+        if (!strncmp(presets[i], "gqa", 3) && m.num_key_value_heads >= m.num_attention_heads)
+            m.num_key_value_heads = m.num_attention_heads / 2 > 0 ? m.num_attention_heads / 2 : 1;
+        CacheBytes kv;
+        cache_bytes_per_token(&m, &kv);
+        printf("%-24s %14.0f %12.1f %9.2f%% %18.0f\n", presets[i], kv.total, kv.per_layer, 100.0 * kv.total / kv.mha_total, kv.paper);
+    }
+}
+
 static double mib(double b) { return b / (1024.0 * 1024.0); }
 
 int cmd_info(int argc, char **argv) {
@@ -62,6 +88,10 @@ int cmd_info(int argc, char **argv) {
     if (dev && strcmp(dev, "cuda") && strcmp(dev, "cpu")) die("unknown --device '%s': use cpu or cuda", dev);
     Config cfg;
     config_load(&cfg, path, a.n_sets, a.sets);
+    if (args_get(&a, SPECS, N_SPECS, "cache-table")) {
+        print_cache_table(&cfg.model);
+        return 0;
+    }
     Counts c;
     count(&cfg, store, &c);
     CacheBytes kv;
