@@ -5,6 +5,7 @@
 
 #include "common/util.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 static int act(TensorTable *tt, int dtype, int64_t a, int64_t b, const char *fmt, int l) {
     int64_t shape[2] = {a, b};
@@ -56,9 +57,11 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
         x->res_mid = act(a, DT_STORE, N, C, "layers.%d.res_mid", l);
         x->h_mlp = act(a, DT_STORE, N, C, "layers.%d.h_mlp", l);
         x->rstd_mlp = act(a, DT_F32, N, 1, "layers.%d.rstd_mlp", l);
-        x->gate = act(a, DT_STORE, N, I, "layers.%d.gate", l);
-        x->up = act(a, DT_STORE, N, I, "layers.%d.up", l);
-        x->act = act(a, DT_STORE, N, I, "layers.%d.act", l);
+        if (!config_is_moe_layer(c, l)) {   // MoE layers: model/moe.c lays out their buffers
+            x->gate = act(a, DT_STORE, N, I, "layers.%d.gate", l);
+            x->up = act(a, DT_STORE, N, I, "layers.%d.up", l);
+            x->act = act(a, DT_STORE, N, I, "layers.%d.act", l);
+        }
     }
     for (int s = 0; s < m->n_slots; s++) {
         SlotActs *sl = &m->sa[s];
@@ -77,6 +80,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
     m->logits = act(a, DT_STORE, N, V, "logits", 0);
     m->losses = act(a, DT_F32, N, 1, "losses", 0);
     m->tmp_c = act(a, DT_STORE, N, C, "tmp_c", 0);
+    moe_layout_acts(m, a, &m->gacts);
     table_layout(a, store_bytes);
 
     TensorTable *g = &m->gacts;
@@ -98,9 +102,11 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
         ga->dk_rope = act(g, DT_STORE, N, DR, "dk_rope", 0);
     }
     ga->datt_out = act(g, DT_STORE, N, (int64_t)NH * DV, "datt_out", 0);
-    ga->dgate = act(g, DT_STORE, N, I, "dgate", 0);
-    ga->dup = act(g, DT_STORE, N, I, "dup", 0);
-    ga->dact = act(g, DT_STORE, N, I, "dact", 0);
+    if (!config_is_moe_layer(c, 0)) {   // layer 0 is dense exactly when some layer has a dense MLP
+        ga->dgate = act(g, DT_STORE, N, I, "dgate", 0);
+        ga->dup = act(g, DT_STORE, N, I, "dup", 0);
+        ga->dact = act(g, DT_STORE, N, I, "dact", 0);
+    }
     ga->dlogits = act(g, DT_STORE, N, V, "dlogits", 0);
     ga->dscores = act(g, DT_F32, att, T, "dscores", 0);
     m->gsa = xcalloc((size_t)m->n_slots, sizeof(SlotActs));

@@ -4,6 +4,7 @@
 
 #include "common/util.h"
 #include "model/model_internal.h"
+#include "model/moe.h"
 
 
 // Dense SwiGLU MLP of layer l: tmp_c (N, C) = down(silu(gate(h_mlp)) * up(h_mlp)).
@@ -37,9 +38,16 @@ static void mlp_backward(Model *m, int l) {
     be->matmul_backward(DA(ga->dh), G(p->up_proj), DA(ga->dup), A(x->h_mlp), P(p->up_proj), N, C, I);
 }
 
-// The FFN of layer l: the dense MLP, or (MoE layers) the mixture of experts.
-static void ffn_forward(Model *m, int l) { mlp_forward(m, l); }
-static void ffn_backward(Model *m, int l) { mlp_backward(m, l); }
+// The FFN of layer l: the dense MLP, or (MoE layers) the mixture of experts (model/moe.c),
+// whose auxiliary losses take loss_scale like the LM loss.
+static void ffn_forward(Model *m, int l) {
+    if (config_is_moe_layer(&m->cfg, l)) moe_forward(m, l);
+    else mlp_forward(m, l);
+}
+static void ffn_backward(Model *m, int l, float loss_scale) {
+    if (config_is_moe_layer(&m->cfg, l)) moe_backward(m, l, loss_scale);
+    else mlp_backward(m, l);
+}
 
 static int count_targets(const int32_t *targets, int n) {
     int cnt = 0;
@@ -108,7 +116,7 @@ void model_backward(Model *m, float loss_scale) {
         const LayerActs *x = &m->la[l];
         // FFN block: dres holds d(res_out); the residual path passes it through unchanged
         be->zero(DA(ga->dh), (size_t)N * C * sb);
-        ffn_backward(m, l);   // dh += d(h_mlp)
+        ffn_backward(m, l, loss_scale);   // dh += d(h_mlp)
         be->rmsnorm_backward(DA(ga->dres), G(p->post_norm), DA(ga->dh), A(x->res_mid), P(p->post_norm), A(x->rstd_mlp), N, C);
         // attention block: dres now holds d(res_mid)
         be->zero(DA(ga->datt_out), (size_t)N * NH * DV * sb);

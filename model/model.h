@@ -85,6 +85,7 @@ typedef struct Model {
     void *w;                 // storage copy used by the ops
     float *master;           // fp32 masters (== w when the storage is fp32)
     float *grad;             // fp32 gradients, same table
+    struct MoeModel *moe;    // mixture-of-experts layers (model/moe.h); NULL for a dense model
 
     // activations for a fixed (B, T), allocated by model_set_batch
     int B, T;

@@ -8,6 +8,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "model/safetensors.h"
 
 static int add_matrix(TensorTable *tt, int layer, int64_t out, int64_t in, const char *fmt, int l) {
@@ -20,10 +21,7 @@ static int add_norm(TensorTable *tt, int layer, int64_t c, const char *fmt, int 
     return table_addf(tt, layer, 0, DT_STORE, 1, shape, fmt, l);
 }
 
-static void check_supported(const ModelConfig *c) {
-    if (c->n_routed_experts > 0)
-        die("the mixture-of-experts FFN (n_routed_experts = %d) is not implemented in this build yet: set n_routed_experts to 0", c->n_routed_experts);
-}
+static void check_supported(const ModelConfig *c) { (void)c; }
 
 static void layer_params_none(LayerParams *p) {
     memset(p, 0xff, sizeof(*p));   // every index -1
@@ -82,9 +80,13 @@ void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) {
         p->input_norm = add_norm(tt, l, C, "model.layers.%d.input_layernorm.weight", l);
         add_attention_params(m, l);
         p->post_norm = add_norm(tt, l, C, "model.layers.%d.post_attention_layernorm.weight", l);
-        p->gate_proj = add_matrix(tt, l, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
-        p->up_proj = add_matrix(tt, l, I, C, "model.layers.%d.mlp.up_proj.weight", l);
-        p->down_proj = add_matrix(tt, l, C, I, "model.layers.%d.mlp.down_proj.weight", l);
+        if (config_is_moe_layer(c, l)) {
+            moe_add_layer_params(m, l);
+        } else {
+            p->gate_proj = add_matrix(tt, l, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
+            p->up_proj = add_matrix(tt, l, I, C, "model.layers.%d.mlp.up_proj.weight", l);
+            p->down_proj = add_matrix(tt, l, C, I, "model.layers.%d.mlp.down_proj.weight", l);
+        }
     }
     m->final_norm = add_norm(tt, -1, C, "model.norm.weight", 0);
     m->lm_head = c->tie_word_embeddings ? m->embed : add_matrix(tt, -1, c->vocab_size, C, "lm_head.weight", 0);
@@ -104,6 +106,7 @@ void model_free(Model *m) {
     const Backend *be = m->be;
     if (!be) {   // table only (model_build_table)
         free(m->lp); free(m->la); free(m->sa); free(m->gsa);
+        moe_free(m);
         table_free(&m->params); table_free(&m->acts); table_free(&m->gacts);
         memset(m, 0, sizeof(*m));
         return;
@@ -121,6 +124,7 @@ void model_free(Model *m) {
     free(m->la);
     free(m->sa);
     free(m->gsa);
+    moe_free(m);
     table_free(&m->params);
     table_free(&m->acts);
     table_free(&m->gacts);

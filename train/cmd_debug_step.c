@@ -9,6 +9,7 @@
 #include "common/util.h"
 #include "data/loader.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "model/safetensors.h"
 #include "train/commands.h"
 #include "train/device.h"
@@ -45,7 +46,10 @@ int cmd_debug_step(int argc, char **argv) {
     loader_next(dl, in, tg);
     model_set_batch(&model, B, T);
     model_zero_grad(&model);
-    float loss = model_forward(&model, in, tg);
+    // "loss" is what the backward differentiates: the LM loss plus the MoE layers' aux and z losses
+    float lm_loss = model_forward(&model, in, tg);
+    double aux_loss = moe_aux_total(&model);
+    float loss = (float)(lm_loss + aux_loss);
     model_backward(&model, 1.0f);
 
     const TensorTable *tt = &model.params;
@@ -68,7 +72,8 @@ int cmd_debug_step(int argc, char **argv) {
     }
     char err[512];
     if (st_save(out, st, tt->n + 2, ST_F32, NULL, err, sizeof(err)) != 0) die("%s", err);
-    printf("loss %.6f\n", loss);
+    if (model.moe) printf("loss %.6f (lm %.6f + moe aux %.6f)\n", loss, lm_loss, aux_loss);
+    else printf("loss %.6f\n", loss);
     for (int i = 0; i < tt->n; i++) free(names[i]);
     free(names); free(st); free(grads); free(logits); free(in); free(tg);
     loader_close(dl);

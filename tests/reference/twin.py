@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io as st  # noqa: E402
+import twin_moe  # noqa: E402  (the MoE FFN)
 
 DTYPE = torch.float64
 
@@ -103,8 +104,7 @@ class ModelConfig:
         todo = []
         if self.attention not in DENSE_PRESETS:
             todo.append(f"attention={self.attention}")
-        for key in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "latent_quant_bits",
-                    "n_routed_experts", "n_shared_experts"):
+        for key in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "latent_quant_bits"):
             if getattr(self, key) > 0:
                 todo.append(f"{key}={getattr(self, key)}")
         if self.share_factor > 1:
@@ -339,6 +339,8 @@ def make_ffn(cfg, layer):
     kind = cfg.ffn_kind(layer)
     if kind == "dense":
         return DenseMLP(cfg.hidden_size, cfg.intermediate_size)
+    if kind == "moe":
+        return twin_moe.MoEFFN(cfg, layer)
     raise Unsupported(f"FFN kind '{kind}' (layer {layer}) is not implemented in the twin")
 
 

@@ -1,0 +1,340 @@
+// The mixture-of-experts FFN of one layer, forward and backward, as a sequence of backend
+// ops (model/moe.h describes the layer, layers/backend.h the ops).
+//
+// Data flow of a MoE layer (N tokens, C channels, E experts, top-K, R <= N*K kept rows):
+//   h (N, C) --router matmul (fp32)--> logits (N, E) --softmax, top-K--> probs, topk_idx, topk_w
+//   dispatch: counts (before dropping), capacity drops, rows grouped by expert in token order
+//   xs (R, C) = h[row_token]                    gather
+//   per expert e, on its rows only:  gate, up = xs_e Wg_e^T, xs_e Wu_e^T ; act = silu(gate) up ;
+//                                     expert_out_e = act_e Wd_e^T
+//   out (N, C) = shared(h) + sum_k topk_w[t, k] expert_out[assign_row[t, k]]    weighted scatter
+// The host needs only the E+1 row offsets (to size the per-expert matmuls), the counts and the
+// two loss values; everything else stays in backend memory.
+#include "model/moe.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "model/model_internal.h"
+
+// P, G, A, DA as in every orchestration file (model_internal.h); AI: an int32 buffer, stored in
+// a 4-byte DT_F32 slot of the activation table.
+#define AI(i) ((int *)table_ptr_store(&m->acts, m->act, (i)))
+
+// Row r of an act buffer whose rows hold `width` elements. The expert row ranges are known only
+// after routing, so they cannot be table entries; this is the one place the orchestration
+// offsets an act pointer, and it uses the backend's element size (right for bf16 storage too).
+static float *rows(const Model *m, float *base, int r, int width) {
+    return (float *)((char *)base + (size_t)r * (size_t)width * m->be->act_bytes);
+}
+
+static int shared_size(const ModelConfig *c) {
+    if (c->n_shared_experts <= 0) return 0;
+    return c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size
+                                                   : c->n_shared_experts * c->moe_intermediate_size;
+}
+
+static MoeModel *moe_state(Model *m) {
+    if (!m->moe) {
+        const ModelConfig *c = &m->cfg;
+        int L = c->num_hidden_layers, E = c->n_routed_experts;
+        MoeModel *s = xcalloc(1, sizeof(MoeModel));
+        s->E = E;
+        s->K = c->num_experts_per_tok;
+        s->Ie = c->moe_intermediate_size;
+        s->Is = shared_size(c);
+        s->lp = xcalloc((size_t)L, sizeof(MoeLayerParams));
+        for (int l = 0; l < L; l++) memset(&s->lp[l], 0xff, sizeof(MoeLayerParams));
+        for (int l = 0; l < L; l++) s->lp[l].gate_proj = s->lp[l].up_proj = s->lp[l].down_proj = NULL;
+        s->h_off = xcalloc((size_t)L * (E + 1), sizeof(int));
+        s->h_counts = xcalloc((size_t)L * E, sizeof(int));
+        s->h_aux = xcalloc((size_t)L * 2, sizeof(float));
+        m->moe = s;
+    }
+    return m->moe;
+}
+
+// A weight matrix [out, in] of layer l (decayed, storage dtype).
+static int add_matrix(TensorTable *tt, int l, int64_t out, int64_t in, const char *name) {
+    int64_t shape[2] = {out, in};
+    return table_add(tt, name, l, 1, DT_STORE, 2, shape);
+}
+
+void moe_add_layer_params(Model *m, int l) {
+    MoeModel *s = moe_state(m);
+    TensorTable *tt = &m->params;
+    int C = m->cfg.hidden_size, E = s->E, Ie = s->Ie, Is = s->Is;
+    MoeLayerParams *p = &s->lp[l];
+    // HF DeepSeek-V2 names; the shared expert comes first in the table (it is what every token
+    // passes through), then the router, then the routed experts
+    char name[TENSOR_NAME_MAX];
+    if (Is > 0) {
+        snprintf(name, sizeof(name), "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
+        p->shared_gate = add_matrix(tt, l, Is, C, name);
+        snprintf(name, sizeof(name), "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
+        p->shared_up = add_matrix(tt, l, Is, C, name);
+        snprintf(name, sizeof(name), "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
+        p->shared_down = add_matrix(tt, l, C, Is, name);
+    }
+    snprintf(name, sizeof(name), "model.layers.%d.mlp.gate.weight", l);
+    p->router = add_matrix(tt, l, E, C, name);
+    p->gate_proj = xcalloc((size_t)E, sizeof(int));
+    p->up_proj = xcalloc((size_t)E, sizeof(int));
+    p->down_proj = xcalloc((size_t)E, sizeof(int));
+    for (int e = 0; e < E; e++) {
+        snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+        p->gate_proj[e] = add_matrix(tt, l, Ie, C, name);
+        snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+        p->up_proj[e] = add_matrix(tt, l, Ie, C, name);
+        snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+        p->down_proj[e] = add_matrix(tt, l, C, Ie, name);
+    }
+}
+
+static int act(TensorTable *tt, int dtype, int64_t a, int64_t b, const char *fmt, int l) {
+    int64_t shape[2] = {a, b};
+    return table_addf(tt, -1, 0, dtype, 2, shape, fmt, l);
+}
+
+void moe_layout_acts(Model *m, TensorTable *a, TensorTable *g) {
+    if (!m->moe) return;
+    MoeModel *s = m->moe;
+    const ModelConfig *c = &m->cfg;
+    int L = c->num_hidden_layers, C = c->hidden_size, E = s->E, K = s->K, Ie = s->Ie, Is = s->Is;
+    int64_t N = (int64_t)m->B * m->T, R = N * K;
+    free(s->la);
+    s->la = xcalloc((size_t)L, sizeof(MoeLayerActs));
+    for (int l = 0; l < L; l++) {
+        MoeLayerActs *x = &s->la[l];
+        memset(x, 0xff, sizeof(*x));
+        if (!config_is_moe_layer(c, l)) continue;
+        // int32 buffers take DT_F32 slots: 4 bytes on every backend
+        x->probs = act(a, DT_F32, N, E, "layers.%d.moe.probs", l);
+        x->lse = act(a, DT_F32, N, 1, "layers.%d.moe.lse", l);
+        x->topk_idx = act(a, DT_F32, N, K, "layers.%d.moe.topk_idx", l);
+        x->topk_w = act(a, DT_F32, N, K, "layers.%d.moe.topk_w", l);
+        x->counts = act(a, DT_F32, E, 1, "layers.%d.moe.counts", l);
+        x->expert_off = act(a, DT_F32, E + 1, 1, "layers.%d.moe.expert_off", l);
+        x->row_token = act(a, DT_F32, R, 1, "layers.%d.moe.row_token", l);
+        x->assign_row = act(a, DT_F32, N, K, "layers.%d.moe.assign_row", l);
+        x->gate = act(a, DT_STORE, R, Ie, "layers.%d.moe.gate", l);
+        x->up = act(a, DT_STORE, R, Ie, "layers.%d.moe.up", l);
+        x->act = act(a, DT_STORE, R, Ie, "layers.%d.moe.act", l);
+        x->expert_out = act(a, DT_STORE, R, C, "layers.%d.moe.expert_out", l);
+        if (Is > 0) {
+            x->s_gate = act(a, DT_STORE, N, Is, "layers.%d.moe.shared_gate", l);
+            x->s_up = act(a, DT_STORE, N, Is, "layers.%d.moe.shared_up", l);
+            x->s_act = act(a, DT_STORE, N, Is, "layers.%d.moe.shared_act", l);
+        }
+    }
+    s->logits = act(a, DT_F32, N, E, "moe.logits", 0);
+    s->xs = act(a, DT_STORE, R, C, "moe.xs", 0);
+    s->aux = act(a, DT_F32, 2, 1, "moe.aux", 0);
+
+    s->dxs = act(g, DT_STORE, R, C, "moe.dxs", 0);
+    s->dexpert_out = act(g, DT_STORE, R, C, "moe.dexpert_out", 0);
+    s->dgate = act(g, DT_STORE, R, Ie, "moe.dgate", 0);
+    s->dup = act(g, DT_STORE, R, Ie, "moe.dup", 0);
+    s->dact = act(g, DT_STORE, R, Ie, "moe.dact", 0);
+    s->ds_gate = s->ds_up = s->ds_act = -1;
+    if (Is > 0) {
+        s->ds_gate = act(g, DT_STORE, N, Is, "moe.dshared_gate", 0);
+        s->ds_up = act(g, DT_STORE, N, Is, "moe.dshared_up", 0);
+        s->ds_act = act(g, DT_STORE, N, Is, "moe.dshared_act", 0);
+    }
+    s->dtopk_w = act(g, DT_F32, N, K, "moe.dtopk_w", 0);
+    s->dlogits = act(g, DT_F32, N, E, "moe.dlogits", 0);
+}
+
+void moe_free(Model *m) {
+    MoeModel *s = m->moe;
+    if (!s) return;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        free(s->lp[l].gate_proj);
+        free(s->lp[l].up_proj);
+        free(s->lp[l].down_proj);
+    }
+    free(s->lp);
+    free(s->la);
+    free(s->h_off);
+    free(s->h_counts);
+    free(s->h_aux);
+    free(s);
+    m->moe = NULL;
+}
+
+int moe_capacity(const ModelConfig *c, int N) {
+    if (c->n_routed_experts <= 0 || c->moe_capacity_factor <= 0.0f) return 0;
+    // in double from the float knob: the PyTorch twin computes the same expression
+    double cap = ceil((double)N * c->num_experts_per_tok / c->n_routed_experts * (double)c->moe_capacity_factor);
+    return cap < 1.0 ? 1 : (int)cap;
+}
+
+long long moe_inactive_params(const Model *m) {
+    const ModelConfig *c = &m->cfg;
+    if (c->n_routed_experts <= 0) return 0;
+    long long per_expert = 3LL * c->hidden_size * c->moe_intermediate_size;
+    long long n = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (config_is_moe_layer(c, l)) n += (long long)(c->n_routed_experts - c->num_experts_per_tok) * per_expert;
+    return n;
+}
+
+// SwiGLU shared expert: out (N, C) = down(silu(gate(h)) * up(h)), overwriting out.
+static void shared_forward(Model *m, int l, float *out, const float *h) {
+    const Backend *be = m->be;
+    MoeModel *s = m->moe;
+    const MoeLayerParams *p = &s->lp[l];
+    const MoeLayerActs *x = &s->la[l];
+    int N = m->B * m->T, C = m->cfg.hidden_size, Is = s->Is;
+    be->matmul_forward(A(x->s_gate), h, P(p->shared_gate), N, C, Is);
+    be->matmul_forward(A(x->s_up), h, P(p->shared_up), N, C, Is);
+    be->swiglu_forward(A(x->s_act), A(x->s_gate), A(x->s_up), (size_t)N * Is);
+    be->matmul_forward(out, A(x->s_act), P(p->shared_down), N, Is, C);
+}
+
+void moe_forward(Model *m, int l) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    MoeModel *s = m->moe;
+    const MoeLayerParams *p = &s->lp[l];
+    const MoeLayerActs *x = &s->la[l];
+    int N = m->B * m->T, C = c->hidden_size, E = s->E, K = s->K, Ie = s->Ie;
+    const float *h = A(m->la[l].h_mlp);
+    float *out = A(m->tmp_c);
+    int *off = s->h_off + (size_t)l * (E + 1);
+
+    // shared expert (or zeros): the routed experts add onto it
+    if (s->Is > 0) shared_forward(m, l, out, h);
+    else be->zero(out, (size_t)N * C * be->act_bytes);
+
+    // router, in fp32 from logits to the dispatch plan
+    be->moe_router_forward(A(s->logits), h, P(p->router), N, C, E);
+    be->moe_topk_forward(A(x->probs), A(x->lse), AI(x->topk_idx), A(x->topk_w), A(s->logits), N, E, K, c->norm_topk_prob);
+    be->moe_dispatch(AI(x->counts), AI(x->expert_off), AI(x->row_token), AI(x->assign_row), A(x->probs),
+                     AI(x->topk_idx), N, E, K, moe_capacity(c, N));
+    be->moe_aux_forward(A(s->aux), A(x->probs), A(x->lse), AI(x->counts), N, E, K, c->moe_aux_loss_coef, c->moe_z_loss_coef);
+    be->download(off, AI(x->expert_off), (size_t)(E + 1) * sizeof(int));
+    be->download(s->h_counts + (size_t)l * E, AI(x->counts), (size_t)E * sizeof(int));
+    be->download(s->h_aux + (size_t)l * 2, A(s->aux), 2 * sizeof(float));
+    int R = off[E];
+    if (R == 0) return;   // everything dropped: the layer is the shared expert alone
+
+    // routed experts, each on its own rows
+    be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        be->matmul_forward(rows(m, A(x->gate), r0, Ie), rows(m, A(s->xs), r0, C), P(p->gate_proj[e]), n, C, Ie);
+        be->matmul_forward(rows(m, A(x->up), r0, Ie), rows(m, A(s->xs), r0, C), P(p->up_proj[e]), n, C, Ie);
+    }
+    be->swiglu_forward(A(x->act), A(x->gate), A(x->up), (size_t)R * Ie);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        be->matmul_forward(rows(m, A(x->expert_out), r0, C), rows(m, A(x->act), r0, Ie), P(p->down_proj[e]), n, Ie, C);
+    }
+    be->moe_combine_forward(out, A(x->expert_out), A(x->topk_w), AI(x->assign_row), N, K, C);
+}
+
+void moe_backward(Model *m, int l, float loss_scale) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    MoeModel *s = m->moe;
+    const MoeLayerParams *p = &s->lp[l];
+    const MoeLayerActs *x = &s->la[l];
+    const GradActs *ga = &m->ga;
+    int N = m->B * m->T, C = c->hidden_size, E = s->E, K = s->K, Ie = s->Ie, Is = s->Is;
+    size_t sb = be->act_bytes;
+    const float *h = A(m->la[l].h_mlp);
+    const float *dout = DA(ga->dres);
+    float *dh = DA(ga->dh);
+    const int *off = s->h_off + (size_t)l * (E + 1);
+    int R = off[E];
+
+    // shared expert
+    if (Is > 0) {
+        be->zero(DA(s->ds_act), (size_t)N * Is * sb);
+        be->matmul_backward(DA(s->ds_act), G(p->shared_down), dout, A(x->s_act), P(p->shared_down), N, Is, C);
+        be->zero(DA(s->ds_gate), (size_t)N * Is * sb);
+        be->zero(DA(s->ds_up), (size_t)N * Is * sb);
+        be->swiglu_backward(DA(s->ds_gate), DA(s->ds_up), DA(s->ds_act), A(x->s_gate), A(x->s_up), (size_t)N * Is);
+        be->matmul_backward(dh, G(p->shared_gate), DA(s->ds_gate), h, P(p->shared_gate), N, C, Is);
+        be->matmul_backward(dh, G(p->shared_up), DA(s->ds_up), h, P(p->shared_up), N, C, Is);
+    }
+
+    // weighted scatter: gradients of the expert outputs and of the combine weights
+    be->zero(DA(s->dtopk_w), (size_t)N * K * sizeof(float));
+    if (R > 0) {
+        be->zero(DA(s->dexpert_out), (size_t)R * C * sb);
+        be->moe_combine_backward(DA(s->dexpert_out), DA(s->dtopk_w), dout, A(x->expert_out), A(x->topk_w),
+                                 AI(x->assign_row), N, K, C);
+        // experts, each on its own rows
+        be->zero(DA(s->dact), (size_t)R * Ie * sb);
+        for (int e = 0; e < E; e++) {
+            int r0 = off[e], n = off[e + 1] - off[e];
+            if (n == 0) continue;
+            be->matmul_backward(rows(m, DA(s->dact), r0, Ie), G(p->down_proj[e]), rows(m, DA(s->dexpert_out), r0, C),
+                                rows(m, A(x->act), r0, Ie), P(p->down_proj[e]), n, Ie, C);
+        }
+        be->zero(DA(s->dgate), (size_t)R * Ie * sb);
+        be->zero(DA(s->dup), (size_t)R * Ie * sb);
+        be->swiglu_backward(DA(s->dgate), DA(s->dup), DA(s->dact), A(x->gate), A(x->up), (size_t)R * Ie);
+        // the gathered input is not kept per layer: gather it again (cheap next to the matmuls)
+        be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
+        be->zero(DA(s->dxs), (size_t)R * C * sb);
+        for (int e = 0; e < E; e++) {
+            int r0 = off[e], n = off[e + 1] - off[e];
+            if (n == 0) continue;
+            float *xs_e = rows(m, A(s->xs), r0, C), *dxs_e = rows(m, DA(s->dxs), r0, C);
+            be->matmul_backward(dxs_e, G(p->gate_proj[e]), rows(m, DA(s->dgate), r0, Ie), xs_e, P(p->gate_proj[e]), n, C, Ie);
+            be->matmul_backward(dxs_e, G(p->up_proj[e]), rows(m, DA(s->dup), r0, Ie), xs_e, P(p->up_proj[e]), n, C, Ie);
+        }
+        be->moe_gather_backward(dh, DA(s->dxs), AI(x->assign_row), N, K, C);
+    }
+
+    // router: combine weights, load-balancing and z losses, all through the softmax
+    be->zero(DA(s->dlogits), (size_t)N * E * sizeof(float));
+    be->moe_router_softmax_backward(DA(s->dlogits), DA(s->dtopk_w), A(x->probs), A(x->lse), AI(x->topk_idx),
+                                    A(x->topk_w), AI(x->counts), N, E, K, c->norm_topk_prob,
+                                    loss_scale * c->moe_aux_loss_coef, loss_scale * c->moe_z_loss_coef);
+    be->moe_router_backward(dh, G(p->router), DA(s->dlogits), h, P(p->router), N, C, E);
+}
+
+double moe_aux_total(const Model *m) {
+    MoeStats st;
+    moe_last_stats(m, &st);
+    return st.aux_loss + st.z_loss;
+}
+
+void moe_last_stats(const Model *m, MoeStats *st) {
+    memset(st, 0, sizeof(*st));
+    const MoeModel *s = m->moe;
+    if (!s || !m->B) return;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, E = s->E;
+    long long NK = (long long)N * s->K;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (!config_is_moe_layer(c, l)) continue;
+        const int *cnt = s->h_counts + (size_t)l * E;
+        int mx = cnt[0], mn = cnt[0];
+        for (int e = 1; e < E; e++) {
+            mx = cnt[e] > mx ? cnt[e] : mx;
+            mn = cnt[e] < mn ? cnt[e] : mn;
+        }
+        st->layers++;
+        st->aux_loss += s->h_aux[2 * l];
+        st->z_loss += s->h_aux[2 * l + 1];
+        st->max_share += (double)mx / (double)NK;
+        st->min_share += (double)mn / (double)NK;
+        st->assignments += NK;
+        st->dropped += NK - s->h_off[(size_t)l * (E + 1) + E];
+    }
+    if (st->layers) {
+        st->max_share /= st->layers;
+        st->min_share /= st->layers;
+    }
+}
