@@ -10,6 +10,7 @@
 #include "common/util.h"
 #include "data/loader.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "train/commands.h"
 #include "train/device.h"
 #include "train/optimizer.h"
@@ -101,10 +102,21 @@ int cmd_train(int argc, char **argv) {
     for (int step = 0; step < tc->max_steps; step++) {
         double t0 = now_seconds();
         model_zero_grad(&model);
-        double loss = 0;
+        // loss = LM loss + the MoE layers' aux (+ z) losses: what the backward differentiates
+        double loss = 0, lm_loss = 0, aux_loss = 0, max_share = 0, min_share = 0;
+        long long assigned = 0, dropped = 0;
         for (int k = 0; k < n_micro; k++) {
             loader_next(train_dl, in, tg);
-            loss += model_forward(&model, in, tg) / n_micro;
+            double lm = model_forward(&model, in, tg);
+            MoeStats ms;
+            moe_last_stats(&model, &ms);
+            lm_loss += lm / n_micro;
+            aux_loss += (ms.aux_loss + ms.z_loss) / n_micro;
+            loss += (lm + ms.aux_loss + ms.z_loss) / n_micro;
+            max_share += ms.max_share / n_micro;
+            min_share += ms.min_share / n_micro;
+            assigned += ms.assignments;
+            dropped += ms.dropped;
             model_backward(&model, 1.0f / (float)n_micro);
         }
         double norm = grad_global_norm(&model);
@@ -119,6 +131,13 @@ int cmd_train(int argc, char **argv) {
         cJSON *rec = cJSON_CreateObject();
         cJSON_AddNumberToObject(rec, "step", step + 1);
         cJSON_AddNumberToObject(rec, "loss", loss);
+        if (model.moe) {   // expert shares: mean over MoE layers and micro-batches; drops: over all of them
+            cJSON_AddNumberToObject(rec, "lm_loss", lm_loss);
+            cJSON_AddNumberToObject(rec, "aux_loss", aux_loss);
+            cJSON_AddNumberToObject(rec, "expert_share_max", max_share);
+            cJSON_AddNumberToObject(rec, "expert_share_min", min_share);
+            cJSON_AddNumberToObject(rec, "dropped_frac", assigned ? (double)dropped / (double)assigned : 0.0);
+        }
         cJSON_AddNumberToObject(rec, "grad_norm", norm);
         cJSON_AddNumberToObject(rec, "lr", lr);
         cJSON_AddNumberToObject(rec, "ms", dt * 1e3);
@@ -137,8 +156,12 @@ int cmd_train(int argc, char **argv) {
             char eta[32];
             double elapsed = now_seconds() - t_start;
             format_duration(eta, sizeof(eta), elapsed / (step + 1) * (tc->max_steps - step - 1));
-            fprintf(stderr, "step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.0f ms | %.0f tok/s | ETA %s\n",
-                    step + 1, tc->max_steps, loss, norm, lr, dt * 1e3, tok_per_s, eta);
+            char moe[128] = "";
+            if (model.moe)
+                snprintf(moe, sizeof(moe), " | aux %.4f | experts max %.3f min %.3f | dropped %.1f%%", aux_loss,
+                         max_share, min_share, assigned ? 100.0 * (double)dropped / (double)assigned : 0.0);
+            fprintf(stderr, "step %5d/%d | loss %.4f%s | norm %.3f | lr %.2e | %.0f ms | %.0f tok/s | ETA %s\n",
+                    step + 1, tc->max_steps, loss, moe, norm, lr, dt * 1e3, tok_per_s, eta);
         }
     }
     print_curve_summary(curve, tc->max_steps);
