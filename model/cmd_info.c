@@ -9,6 +9,7 @@
 #include "common/util.h"
 #include "model/cache.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "train/commands.h"
 
 static const ArgSpec SPECS[] = {
@@ -35,8 +36,9 @@ static void count(const Config *cfg, size_t store_bytes, Counts *c) {
         if (!strcmp(ti->name, "model.embed_tokens.weight") || !strcmp(ti->name, "lm_head.weight"))
             c->embedding += (long long)ti->numel;
     }
-    // activated = every non-embedding parameter a token passes through (dense: all of them)
-    c->activated = c->total - c->embedding;
+    // activated = every non-embedding parameter a token passes through: all of them in a dense
+    // model; with MoE, the shared experts, the router and K of the E routed experts per layer
+    c->activated = c->total - c->embedding - moe_inactive_params(&m);
     c->mem_params = (double)m.params.bytes_store;
     c->mem_master = store_bytes == 4 ? 0.0 : (double)m.params.bytes_f32;
     c->mem_grads = (double)m.params.bytes_f32;
@@ -125,6 +127,12 @@ int cmd_info(int argc, char **argv) {
     }
     printf("config            %s (attention %s)\n", path, cfg.model.attention);
     printf("parameters        %lld total | %lld activated (non-embedding) | %lld embedding\n", c.total, c.activated, c.embedding);
+    const ModelConfig *mc = &cfg.model;
+    if (mc->n_routed_experts > 0)
+        printf("experts           %d routed (top-%d, %d wide) + %d shared, in layers %d..%d; capacity factor %g (%s)\n",
+               mc->n_routed_experts, mc->num_experts_per_tok, mc->moe_intermediate_size, mc->n_shared_experts,
+               mc->first_k_dense_layers, mc->num_hidden_layers - 1, (double)mc->moe_capacity_factor,
+               mc->moe_capacity_factor > 0 ? "drops over capacity" : "no dropping");
     printf("training memory   (B=%d, T=%d, %s storage)\n", cfg.train.micro_batch, cfg.train.seq_len, store == 2 ? "bf16" : "fp32");
     printf("  params          %10.1f MiB\n", mib(c.mem_params));
     if (c.mem_master > 0) printf("  fp32 masters    %10.1f MiB\n", mib(c.mem_master));
