@@ -61,12 +61,13 @@ static int read_at(const Shard *s, uint64_t off, void *dst, size_t n) {
 static int parse(Shard *s, char *err, size_t errlen) {
     const char *p = s->path;
     uint8_t h[SHARD_HEADER_BYTES];
-    if (s->file_bytes < SHARD_HEADER_BYTES)
+    size_t head = s->file_bytes < SHARD_HEADER_BYTES ? (size_t)s->file_bytes : SHARD_HEADER_BYTES;
+    if (read_at(s, 0, h, head)) FAIL("shard '%s': read error at offset 0", p);
+    if (head < 8 || memcmp(h, SHARD_MAGIC, 8))
+        FAIL("'%s' is not a token shard: wrong magic at offset 0 (expected \"%s\"; make shards with clla prep)", p, SHARD_MAGIC);
+    if (head < SHARD_HEADER_BYTES)
         FAIL("shard '%s' is truncated: %llu bytes, the header alone needs %d (re-run clla prep)", p,
              (unsigned long long)s->file_bytes, SHARD_HEADER_BYTES);
-    if (read_at(s, 0, h, sizeof(h))) FAIL("shard '%s': read error at offset 0", p);
-    if (memcmp(h, SHARD_MAGIC, 8))
-        FAIL("'%s' is not a token shard: wrong magic at offset 0 (expected \"%s\"; make shards with clla prep)", p, SHARD_MAGIC);
     if (get_le64(h + 56) != fnv1a64(h, 56))
         FAIL("shard '%s': header checksum mismatch at offset 56: the file is damaged, re-run clla prep", p);
     s->version = get_le32(h + 8);

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# clla prep and clla tokenizer from the command line, on the committed fixtures: training
+# a small vocabulary, shards identical for 1 and 2 threads, verification, encode/decode of
+# bytes that are not UTF-8, and one-line errors with a non-zero exit for bad input.
+set -u
+CLLA=${CLLA:?set CLLA to the clla binary}
+SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
+BUILD=${BUILD:-/tmp}
+FIX=$SRC/tests/fixtures
+W=$(mktemp -d "$BUILD/test_prep.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+passed=0 failed=0
+check() { if [ "$1" = 0 ]; then passed=$((passed + 1)); echo "ok   $2"; else failed=$((failed + 1)); echo "FAIL $2"; fi; }
+# expect_error "what" "needle" cmd...: non-zero exit, one "clla: error:" line containing needle.
+expect_error() {
+  local what=$1 needle=$2; shift 2
+  "$@" > "$W/out" 2> "$W/err"; local rc=$?
+  if [ $rc -ne 0 ] && grep -q "clla: error:" "$W/err" && grep -qF -- "$needle" "$W/err"; then
+    check 0 "$what"; echo "     $(head -c 300 "$W/err")"
+  else
+    check 1 "$what (exit $rc)"; cat "$W/err"
+  fi
+}
+
+for c in "prep --help" "tokenizer --help"; do
+  $CLLA $c > "$W/help" 2>&1 && grep -q usage "$W/help"; check $? "clla $c"
+done
+
+$CLLA tokenizer train --vocab-size 1024 --pattern cl100k --out "$W/tok.tok" "$FIX/english.jsonl" "$FIX/chinese.jsonl" > "$W/train.log" 2>&1
+check $? "tokenizer train on the fixtures"
+$CLLA tokenizer info --tokenizer "$W/tok.tok" | grep -q "vocab size: 1024"; check $? "trained tokenizer has 1024 ids"
+
+for t in 1 2; do
+  $CLLA prep --tokenizer "$W/tok.tok" --out "$W/p$t" --threads $t --chunk-tokens 2048 --shard-tokens 9000 \
+    --val-fraction 0.1 "$FIX/english.jsonl" "$FIX/chinese.jsonl" > "$W/prep$t.log" 2> "$W/prep$t.err"
+  check $? "prep with $t thread(s)"
+done
+grep "MB/s" "$W/prep2.log" | sed 's/^/     /'
+n_train=$(ls "$W/p1/train" | wc -l)
+[ "$n_train" -ge 3 ]; check $? "prep rolls shards at --shard-tokens ($n_train train shards)"
+ok=0; for f in "$W"/p1/train/*.bin "$W"/p1/val/*.bin; do cmp -s "$f" "${f/p1/p2}" || ok=1; done
+check $ok "shards are identical for 1 and 2 threads (split by content, order kept)"
+$CLLA prep --verify "$W/p1/train" --tokenizer "$W/tok.tok" > "$W/v.log" 2>&1; check $? "prep --verify accepts its shards"
+cmp -s "$W/p1/tokenizer.tok" "$W/tok.tok"; check $? "prep stores the tokenizer beside the shards"
+
+# A second run with bigger shards leaves no stale shard behind.
+$CLLA prep --tokenizer "$W/tok.tok" --out "$W/p1" --val-fraction 0.1 "$FIX/english.jsonl" "$FIX/chinese.jsonl" > /dev/null 2>&1
+[ "$(ls "$W/p1/train" | wc -l)" = 1 ]; check $? "re-running prep removes shards of the earlier run"
+
+# encode/decode: any bytes come back, invalid UTF-8 included.
+{ head -c 3000 "$FIX/chinese.jsonl"; printf '\xff\xfe\xc0\xaf\xed\xa0\x80 \x80abc\x00z<|endoftext|>'; } > "$W/bytes.bin"
+$CLLA tokenizer encode --tokenizer "$W/tok.tok" --file "$W/bytes.bin" > "$W/ids" &&
+  $CLLA tokenizer decode --tokenizer "$W/tok.tok" --file "$W/ids" > "$W/back.bin" && cmp -s "$W/bytes.bin" "$W/back.bin"
+check $? "tokenizer encode | decode round-trips bytes that are not UTF-8"
+[ "$($CLLA tokenizer encode --tokenizer "$W/tok.tok" --allow-special --text '<|endoftext|>')" = 1023 ]
+check $? "encode --allow-special maps <|endoftext|> to its id"
+
+# Bad input.
+: > "$W/empty.txt"
+expect_error "empty corpus" "empty.txt" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/empty.txt"
+printf '{"text": "fine"}\n{"text": broken\n' > "$W/bad.jsonl"
+expect_error "malformed JSONL names file, line and offset" "bad.jsonl:2 (byte offset 17)" \
+  $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/bad.jsonl"
+printf '{"body": "x"}\n' > "$W/nokey.jsonl"
+expect_error "JSONL without the text field" "--text-key" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/nokey.jsonl"
+$CLLA tokenizer train --vocab-size 300 --pattern gpt2 --out "$W/other.tok" "$FIX/english.jsonl" > /dev/null 2>&1
+expect_error "shards of another tokenizer (hash)" "another tokenizer (hash" \
+  $CLLA prep --verify "$W/p1/train" --tokenizer "$W/other.tok"
+f=$(ls "$W"/p2/train/*.bin | head -1)
+head -c 5000 "$f" > "$W/trunc.bin"
+expect_error "truncated shard names file and offset" "trunc.bin' is truncated" $CLLA prep --verify "$W/trunc.bin"
+cp "$f" "$W/flip.bin"; printf '\x55' | dd of="$W/flip.bin" bs=1 seek=100 conv=notrunc 2>/dev/null
+expect_error "damaged chunk names file and offset" "checksum mismatch in chunk 0 at offset 64" $CLLA prep --verify "$W/flip.bin"
+printf 'not a shard at all' > "$W/junk.bin"
+expect_error "wrong magic names file and offset" "wrong magic at offset 0" $CLLA prep --verify "$W/junk.bin"
+expect_error "missing tokenizer file" "nope.tok" $CLLA tokenizer encode --tokenizer "$W/nope.tok" --text hi
+expect_error "unknown pattern" "unknown pre-tokenization pattern" \
+  $CLLA tokenizer train --vocab-size 300 --pattern gpt5 --out "$W/x.tok" "$FIX/english.jsonl"
+expect_error "decode of an id beyond the vocabulary" "not in the vocabulary" \
+  $CLLA tokenizer decode --tokenizer "$W/tok.tok" 5 99999
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
