@@ -13,7 +13,7 @@
 #define SHARD_VERSION 1
 #define SHARD_HEADER_BYTES 64
 #define SHARD_INDEX_ENTRY_BYTES 32
-#define SHARD_MAX_CHUNK_TOKENS (1u << 26)
+#define SHARD_MAX_CHUNK_TOKENS (1u << 24)
 #define SHARD_DEFAULT_CHUNK_TOKENS (1u << 17)
 
 typedef struct ShardChunk {

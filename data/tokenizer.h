@@ -13,7 +13,7 @@
 
 #include "data/bytes.h"
 
-#define TOK_MAX_ID (1u << 24)       // ids (ranks) above this are rejected as implausible
+#define TOK_MAX_ID (1u << 22)       // ids (ranks) at or above this are rejected as implausible
 #define TOK_MAX_TOKEN_BYTES 4096    // longest token byte string accepted
 #define TOK_NONE UINT32_MAX
 
