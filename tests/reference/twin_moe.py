@@ -128,6 +128,9 @@ class MoEFFN(nn.Module):
         for e in range(E):
             sel = np.nonzero((idx == e) & keep)
             if len(sel[0]) == 0:
+                # an idle expert stays in the graph with an exact zero gradient, as the C side
+                # writes it, so that the AdamW replay still updates (decays) it like clla train
+                y = y + 0.0 * sum(prm.sum() for prm in self.experts[e].parameters())
                 continue
             tok = torch.from_numpy(sel[0])
             wk = w[tok, torch.from_numpy(sel[1])].unsqueeze(1)
@@ -260,6 +263,50 @@ def selftest():
     return 1 if failed else 0
 
 
+def cmd_routing(argv):
+    """routing --model DIR --tokens FILE --batch B --seq T [--expect drop|nodrop|collapse]:
+    the twin's routing of the check-step batch, one line per MoE layer; with --expect, fails
+    unless some layer drops (drop), no layer drops (nodrop), or every token of every layer went
+    to experts 0..K-1 with the others empty (collapse: a zero router, all probabilities tied)."""
+    import argparse
+    import twin
+    p = argparse.ArgumentParser(prog="twin_moe.py routing")
+    p.add_argument("--model", required=True)
+    p.add_argument("--tokens", required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--expect", choices=["drop", "nodrop", "collapse"])
+    a = p.parse_args(argv)
+    model, _ = twin.load_model_dir(a.model)
+    x, y = twin.batch_at(twin.read_tokens(a.tokens, model.cfg.vocab_size), 0, a.batch, a.seq)
+    with torch.no_grad():
+        model(x, y)
+    total_drop, collapsed, layers = 0, True, 0
+    for l, layer in enumerate(model.model.layers):
+        if type(layer.mlp).__name__ != "MoEFFN":   # (this file may run as __main__)
+            continue
+        r = layer.mlp.last
+        K = layer.mlp.s["K"]
+        nd = int((~r["keep"]).sum())
+        total_drop += nd
+        layers += 1
+        counts = r["counts"].tolist()
+        collapsed = collapsed and all(c == a.batch * a.seq for c in counts[:K]) and not any(counts[K:])
+        print(f"  layer {l}: counts {counts} capacity {r['cap'] or 'none'} dropped {nd} aux {r['aux']:.6f} z {r['z']:.6f}")
+    ok = layers > 0
+    if a.expect == "drop":
+        ok = ok and total_drop > 0
+    elif a.expect == "nodrop":
+        ok = ok and total_drop == 0
+    elif a.expect == "collapse":
+        ok = ok and collapsed
+    print(f"routing: {layers} MoE layers, {total_drop} dropped" + (f", expect {a.expect}: {'ok' if ok else 'FAIL'}" if a.expect else ""))
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
     torch.set_default_dtype(DTYPE)
+    sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+    if len(sys.argv) > 1 and sys.argv[1] == "routing":
+        sys.exit(cmd_routing(sys.argv[2:]))
     sys.exit(selftest())
