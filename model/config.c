@@ -79,6 +79,9 @@ static const KeyDef TRAIN_KEYS[] = {
     {"val_every", NULL, K_INT, T_(val_every), 0},
     {"val_batches", NULL, K_INT, T_(val_batches), 0},
     {"threads", NULL, K_INT, T_(threads), 0},
+    {"save_every", NULL, K_INT, T_(save_every), 0},
+    {"keep_checkpoints", NULL, K_INT, T_(keep_checkpoints), 0},
+    {"max_consecutive_skips", NULL, K_INT, T_(max_consecutive_skips), 0},
 };
 #define N_MODEL_KEYS (sizeof(MODEL_KEYS) / sizeof(MODEL_KEYS[0]))
 #define N_TRAIN_KEYS (sizeof(TRAIN_KEYS) / sizeof(TRAIN_KEYS[0]))
@@ -204,6 +207,7 @@ static void defaults(Config *cfg) {
     t->seed = 1234;
     t->log_every = 1;
     t->val_batches = 8;
+    t->max_consecutive_skips = 5;
 }
 
 // Preset knobs (DESIGN section 1). -1 for n_kv_heads_rule means "as configured".
@@ -419,6 +423,8 @@ void config_validate(const Config *cfg, const char *origin) {
     NEED(t->log_every >= 1, "%s: train.log_every must be >= 1", origin);
     NEED(t->val_every >= 0 && t->val_batches >= 0, "%s: train.val_every and train.val_batches must be >= 0", origin);
     NEED(t->threads >= 0, "%s: train.threads must be >= 0 (0 = OpenMP default)", origin);
+    NEED(t->save_every >= 0 && t->keep_checkpoints >= 0, "%s: train.save_every and train.keep_checkpoints must be >= 0 (0 = off / keep all)", origin);
+    NEED(t->max_consecutive_skips >= 1, "%s: train.max_consecutive_skips must be >= 1", origin);
 }
 
 cJSON *config_model_to_json(const ModelConfig *m) {

@@ -64,6 +64,9 @@ typedef struct TrainConfig {
     int val_every;             // 0 = only at the end
     int val_batches;
     int threads;               // 0 = OpenMP default
+    int save_every;            // checkpoint every N steps (0 = only on a stop request; docs/CHECKPOINTS.md)
+    int keep_checkpoints;      // keep the newest K checkpoints (0 = all)
+    int max_consecutive_skips; // stop after this many non-finite steps in a row
 } TrainConfig;
 
 typedef struct Config {

@@ -11,11 +11,13 @@
 #include "data/loader.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "train/checkpoint.h"
 #include "train/commands.h"
 #include "train/device.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/run_files.h"
+#include "train/signals.h"
 
 static const ArgSpec SPECS[] = {
     {"config", 1, "config JSON (required)"},
@@ -23,6 +25,10 @@ static const ArgSpec SPECS[] = {
     {"device", 1, "cpu (default) or cuda"},
     {"out", 1, "run directory (overrides train.out_dir)"},
     {"quiet", 0, "no per-step lines on stderr (metrics are still written)"},
+    {"save-every", 1, "write a checkpoint every N steps to DIR/checkpoints (overrides train.save_every)"},
+    {"keep", 1, "keep the newest K checkpoints, 0 = all (overrides train.keep_checkpoints)"},
+    {"resume", 1, "auto (newest complete checkpoint of the run directory, if any) or a checkpoint directory"},
+    {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -37,17 +43,41 @@ static double evaluate(Model *model, DataLoader *dl, int n, int32_t *in, int32_t
     return n ? sum / n : 0.0;
 }
 
-static void print_curve_summary(const float *losses, int n) {
-    if (n == 0) return;
+// losses[0] is step first + 1 (a resumed run prints the steps it ran).
+static void print_curve_summary(const float *losses, int first, int n) {
+    if (n <= 0) return;
     fprintf(stderr, "loss curve:");
     int points = n < 10 ? n : 10;
     for (int k = 0; k < points; k++) {
         int i = (int)((long long)k * (n - 1) / (points > 1 ? points - 1 : 1));
-        fprintf(stderr, " %d:%.4f", i + 1, losses[i]);
+        fprintf(stderr, " %d:%.4f", first + i + 1, losses[i]);
     }
     float best = losses[0];
     for (int i = 1; i < n; i++) if (losses[i] < best) best = losses[i];
     fprintf(stderr, "\nfirst %.4f  last %.4f  best %.4f  (%d steps)\n", losses[0], losses[n - 1], best, n);
+}
+
+static int int_option(const Args *a, const char *name, int fallback) {
+    const char *v = args_get(a, SPECS, N_SPECS, name);
+    if (!v) return fallback;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || x < 0 || x > 2147483647L) die("--%s %s: expected a whole number >= 0", name, v);
+    return (int)x;
+}
+
+// Writes a checkpoint of the state after st->step steps, prunes old ones, and remembers it
+// as the last good one when no skip streak is running. A failed save ends the run.
+static void save_checkpoint(const Config *cfg, Model *model, const AdamW *opt, TrainState *st, const DataLoader *dl,
+                            char *last_good, size_t last_good_len) {
+    char path[2048], err[1024];
+    loader_get_state(dl, &st->data);
+    if (ckpt_save(cfg->train.out_dir, cfg, model, opt, st, path, sizeof(path), err, sizeof(err)) != 0)
+        die("saving the checkpoint of step %d failed: %s; the last good checkpoint is %s", st->step, err,
+            last_good[0] ? last_good : "(none)");
+    if (ckpt_prune(cfg->train.out_dir, cfg->train.keep_checkpoints, err, sizeof(err)) < 0) warn("%s", err);
+    if (st->consecutive_skips == 0) snprintf(last_good, last_good_len, "%s", path);
+    fprintf(stderr, "saved checkpoint %s\n", path);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -55,7 +85,9 @@ int cmd_train(int argc, char **argv) {
     args_parse(&a, argc, argv, SPECS, N_SPECS,
                "usage: clla train --config FILE [--set key=value ...] [--device cpu|cuda] [--out DIR]\n"
                "Trains the model the config describes on train.data and writes DIR/config.json,\n"
-               "DIR/model.safetensors and DIR/metrics.jsonl (one JSON object per step).",
+               "DIR/model.safetensors and DIR/metrics.jsonl (one JSON object per step).\n"
+               "Checkpoints: DIR/checkpoints/step_N (--save-every, --keep, --resume; docs/CHECKPOINTS.md).\n"
+               "SIGINT/SIGTERM: the current step finishes, a checkpoint is saved, exit 0.",
                NULL, NULL, 0);
     const char *cfg_path = args_get(&a, SPECS, N_SPECS, "config");
     if (!cfg_path) die("clla train needs --config FILE: see clla train --help");
@@ -66,6 +98,26 @@ int cmd_train(int argc, char **argv) {
     if (out) snprintf(tc->out_dir, sizeof(tc->out_dir), "%s", out);
     if (!tc->data[0]) die("%s: train.data is not set: point it at a token file (--set train.data=FILE)", cfg_path);
     int quiet = args_get(&a, SPECS, N_SPECS, "quiet") != NULL;
+    tc->save_every = int_option(&a, "save-every", tc->save_every);
+    tc->keep_checkpoints = int_option(&a, "keep", tc->keep_checkpoints);
+    int stop_at = int_option(&a, "stop-at", 0);
+    // Resume: the checkpoint is chosen and its config checked before anything is written.
+    const char *resume = args_get(&a, SPECS, N_SPECS, "resume");
+    char ckpt[2048] = "", last_good[2048] = "";
+    if (resume && !strcmp(resume, "auto")) {
+        if (ckpt_find_newest(tc->out_dir, ckpt, sizeof(ckpt)) != 0)
+            fprintf(stderr, "clla train: no checkpoint in %s/%s: starting from step 0\n", tc->out_dir, CKPT_SUBDIR);
+    } else if (resume) {
+        char err[1024];
+        if (ckpt_validate(resume, err, sizeof(err)) != 0) die("cannot resume from '%s': %s", resume, err);
+        snprintf(ckpt, sizeof(ckpt), "%s", resume);
+    }
+    if (ckpt[0]) {
+        Config saved;
+        ckpt_read_config(ckpt, &saved);
+        ckpt_compare_config(&saved, &cfg, ckpt);
+        snprintf(last_good, sizeof(last_good), "%s", ckpt);
+    }
     if (tc->threads > 0) omp_set_num_threads(tc->threads);
 
     const Backend *be = device_backend(args_get(&a, SPECS, N_SPECS, "device"));
@@ -82,16 +134,29 @@ int cmd_train(int argc, char **argv) {
         val_batches = tc->val_batches < avail ? tc->val_batches : (int)avail;
     }
 
-    RunFiles rf;
-    run_files_open(&rf, tc->out_dir, tc->metrics);
-
     Model model;
     model_build(&model, &cfg.model, be);
-    if (tc->init_from[0]) model_load(&model, tc->init_from);
-    else model_init_weights(&model, tc->seed);
-    model_set_batch(&model, B, T);
     AdamW opt;
     adamw_init(&opt, &model);
+    TrainState st = {.seed = tc->seed};
+    if (ckpt[0]) {
+        ckpt_load(ckpt, &model, &opt, &st);
+        st.seed = tc->seed;
+        loader_set_state(train_dl, &st.data);
+        fprintf(stderr, "clla train: resuming from %s at step %d (%lld steps skipped so far)\n", ckpt, st.step, st.skipped_total);
+    } else if (tc->init_from[0]) {
+        model_load(&model, tc->init_from);
+    } else {
+        model_init_weights(&model, tc->seed);
+    }
+    model_set_batch(&model, B, T);
+
+    RunFiles rf;
+    if (ckpt[0]) run_files_open_resume(&rf, tc->out_dir, tc->metrics, st.step);
+    else run_files_open(&rf, tc->out_dir, tc->metrics);
+    SignalWatch sig;
+    signals_install(&sig);
+    int start_step = st.step, stopped = 0;
 
     fprintf(stderr, "clla train: %s | %lld params | device %s | %d threads | B=%d T=%d x %d micro-steps = %lld tokens/step | %d steps\n",
             cfg.model.attention, model_num_params(&model), be->name, omp_get_max_threads(), B, T, n_micro, bt * n_micro, tc->max_steps);
@@ -99,7 +164,7 @@ int cmd_train(int argc, char **argv) {
     int32_t *in = xmalloc((size_t)bt * sizeof(int32_t)), *tg = xmalloc((size_t)bt * sizeof(int32_t));
     float *curve = xcalloc((size_t)tc->max_steps + 1, sizeof(float));
     double t_start = now_seconds(), tok_per_s = 0;
-    for (int step = 0; step < tc->max_steps; step++) {
+    for (int step = start_step; step < tc->max_steps && !stopped; step++) {
         double t0 = now_seconds();
         model_zero_grad(&model);
         // loss = LM loss + the MoE layers' aux (+ z) losses: what the backward differentiates
@@ -122,8 +187,17 @@ int cmd_train(int argc, char **argv) {
         double norm = grad_global_norm(&model);
         float lr = lr_at(tc, step);
         int finite = isfinite(loss) && isfinite(norm);
-        if (finite) adamw_step(&opt, &model, tc, lr, clip_scale(norm, tc->grad_clip));
-        else warn("step %d: non-finite loss or gradient norm (loss %g, norm %g): update skipped", step + 1, loss, norm);
+        if (finite) {
+            adamw_step(&opt, &model, tc, lr, clip_scale(norm, tc->grad_clip));
+            st.consecutive_skips = 0;
+        } else {
+            st.consecutive_skips++;
+            st.skipped_total++;
+            warn("step %d: non-finite loss or gradient norm (loss %g, norm %g): update skipped (%d in a row, limit train.max_consecutive_skips = %d)",
+                 step + 1, loss, norm, st.consecutive_skips, tc->max_consecutive_skips);
+        }
+        st.step = step + 1;
+        st.tokens = bt * n_micro * (long long)(step + 1);
         double dt = now_seconds() - t0;
         tok_per_s = (double)bt * n_micro / dt;
         curve[step] = (float)loss;
@@ -152,10 +226,19 @@ int cmd_train(int argc, char **argv) {
         }
         metrics_write(rf.metrics, rec);
         cJSON_Delete(rec);
+        if (st.consecutive_skips >= tc->max_consecutive_skips)
+            die("step %d: %d consecutive steps with a non-finite loss or gradient norm: stopping; the last good checkpoint is %s (resume from it with --resume and a lower train.lr, or check the data)",
+                step + 1, st.consecutive_skips, last_good[0] ? last_good : "(none: no checkpoint was saved, set --save-every)");
+        int sig_no = signals_stop_requested(&sig);
+        if (sig_no) fprintf(stderr, "clla train: %s received: saving a checkpoint after step %d and stopping\n", sig_no == SIGINT ? "SIGINT" : "SIGTERM", step + 1);
+        // a stop at the last step is a normal end (final model written) with a checkpoint
+        stopped = (sig_no || (stop_at && step + 1 >= stop_at)) && !last;
+        if (stopped || sig_no || (tc->save_every && ((step + 1) % tc->save_every == 0 || last)))
+            save_checkpoint(&cfg, &model, &opt, &st, train_dl, last_good, sizeof(last_good));
         if (!quiet && ((step + 1) % tc->log_every == 0 || last)) {
             char eta[32];
             double elapsed = now_seconds() - t_start;
-            format_duration(eta, sizeof(eta), elapsed / (step + 1) * (tc->max_steps - step - 1));
+            format_duration(eta, sizeof(eta), elapsed / (step + 1 - start_step) * (tc->max_steps - step - 1));
             char moe[128] = "";
             if (model.moe)
                 snprintf(moe, sizeof(moe), " | aux %.4f | experts max %.3f min %.3f | dropped %.1f%%", aux_loss,
@@ -164,9 +247,14 @@ int cmd_train(int argc, char **argv) {
                     step + 1, tc->max_steps, loss, moe, norm, lr, dt * 1e3, tok_per_s, eta);
         }
     }
-    print_curve_summary(curve, tc->max_steps);
-    run_files_save_model(&rf, &cfg, &model);
-    fprintf(stderr, "saved %s/model.safetensors and config.json\n", tc->out_dir);
+    print_curve_summary(curve + start_step, start_step, st.step - start_step);
+    signals_restore(&sig);
+    if (stopped) {
+        fprintf(stderr, "clla train: stopped after step %d of %d: continue with --resume auto\n", st.step, tc->max_steps);
+    } else {
+        run_files_save_model(&rf, &cfg, &model);
+        fprintf(stderr, "saved %s/model.safetensors and config.json\n", tc->out_dir);
+    }
 
     run_files_close(&rf);
     free(curve); free(in); free(tg);

@@ -36,7 +36,7 @@ void adamw_step(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float
                                 tc->beta1, tc->beta2, tc->eps, wd, grad_scale, opt->t);
     }
     // bf16 storage backends re-round the weights from the masters; the seed makes it repeatable
-    model_sync_weights(model, tc->seed * 1000003ull + (unsigned long long)opt->t);
+    model_sync_weights(model, adamw_store_seed(tc->seed, opt->t));
 }
 
 float lr_at(const TrainConfig *tc, int step) {

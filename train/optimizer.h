@@ -18,6 +18,11 @@ double grad_global_norm(const Model *model);
 // One update with learning rate lr; gradients are multiplied by grad_scale first
 // (clipping). Weight decay only on tensors whose table entry says decay.
 void adamw_step(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale);
+// Seed of the bf16 weight rounding after update t (stored in checkpoints' state.json so a
+// resumed run re-rounds the weights exactly as the uninterrupted one did).
+static inline unsigned long long adamw_store_seed(unsigned long long seed, int t) {
+    return seed * 1000003ull + (unsigned long long)t;
+}
 // Clip factor as torch.nn.utils.clip_grad_norm_: min(1, clip / (norm + 1e-6)); 1 when clip is 0.
 float clip_scale(double norm, float clip);
 // Learning rate for the 0-based update index step.

@@ -15,6 +15,10 @@ typedef struct RunFiles {
 
 // Creates dir; opens metrics_path (or dir/metrics.jsonl when empty) for writing.
 void run_files_open(RunFiles *rf, const char *dir, const char *metrics_path);
+// Resuming at step `resumed_step`: keeps the metrics file's records of steps <= resumed_step
+// (a run killed after its last checkpoint logged steps that will now run again) and opens it
+// for appending.
+void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_path, int resumed_step);
 // Writes dir/config.json and dir/model.safetensors.
 void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model);
 // Writes a config.json (model keys + train) atomically; dies on failure.

@@ -1,0 +1,648 @@
+// Checkpoint directories: atomic save, validation, newest-complete lookup, pruning and
+// exact restore (train/checkpoint.h, docs/CHECKPOINTS.md).
+#include "train/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/util.h"
+#include "data/bytes.h"
+#include "model/safetensors.h"
+
+#define STATE_FILE "state.json"
+#define CONFIG_FILE "config.json"
+#define MODEL_FILE "model.safetensors"
+// state.json is a few hundred bytes; anything far larger is not ours.
+#define STATE_MAX_BYTES (1u << 20)
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static void optimizer_file_name(char *buf, size_t len, int rank) {
+    snprintf(buf, len, "optimizer.rank%d.safetensors", rank);
+}
+
+// ---------------------------------------------------------------- directory helpers
+
+// "step_00000123" -> 123; -1 for any other name (temporaries, stray files).
+static long parse_step_name(const char *name) {
+    if (strncmp(name, "step_", 5) != 0) return -1;
+    const char *p = name + 5;
+    if (!*p) return -1;
+    long v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9' || v > 100000000000L) return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v;
+}
+
+// Removes a checkpoint directory (flat: files only) and the directory itself.
+static int remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    struct dirent *de;
+    int rc = 0;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char *p = path_join(dir, de->d_name);
+        if (unlink(p) != 0 && rmdir(p) != 0) rc = -1;
+        free(p);
+    }
+    closedir(d);
+    if (rmdir(dir) != 0) rc = -1;
+    return rc;
+}
+
+// fsync of a directory makes the names in it (creations, renames) durable.
+static int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    // some file systems cannot fsync a directory; their renames are as durable as they get
+    if (rc != 0 && (e == EINVAL || e == EROFS)) rc = 0;
+    errno = e;
+    return rc;
+}
+
+// Test hook (tests/test_checkpoint.sh): CLLA_TEST_CKPT_PAUSE_MS sleeps after each file of a
+// save, so a test can kill the process while the temporary directory is half-written.
+static void test_pause(void) {
+    const char *s = getenv("CLLA_TEST_CKPT_PAUSE_MS");
+    long ms = s ? atol(s) : 0;
+    if (ms <= 0) return;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+// Size and FNV-1a 64 of a file (streamed).
+static int hash_file(const char *path, uint64_t *hash, uint64_t *bytes, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return fail(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+    unsigned char *buf = xmalloc(1 << 16);
+    uint64_t h = FNV64_OFFSET, n = 0;
+    size_t got;
+    while ((got = fread(buf, 1, 1 << 16, f)) > 0) {
+        h = fnv1a64_update(h, buf, got);
+        n += got;
+    }
+    int bad = ferror(f);
+    free(buf);
+    fclose(f);
+    if (bad) return fail(err, errlen, "reading '%s' failed", path);
+    *hash = h;
+    *bytes = n;
+    return 0;
+}
+
+static int write_text(const char *path, const char *text, char *err, size_t errlen) {
+    AtomicFile af;
+    if (atomic_open(&af, path) != 0) return fail(err, errlen, "cannot create '%s': %s", path, strerror(errno));
+    if (fputs(text, af.f) < 0 || fputc('\n', af.f) == EOF) {
+        int e = errno;
+        atomic_abort(&af);
+        return fail(err, errlen, "writing '%s' failed: %s", path, strerror(e));
+    }
+    if (atomic_commit(&af) != 0) return fail(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
+    return 0;
+}
+
+// ---------------------------------------------------------------- tensors
+
+// Writes the fp32 buffer `dev` (backend memory laid out like model->params) as one
+// safetensors file; tensor names get `suffix` appended (".exp_avg" for optimizer moments).
+// Two buffers at once (n_bufs 2) for m and v in the same file.
+static int save_tables(Model *model, const char *path, float *const *bufs, const char *const *suffixes, int n_bufs,
+                       const char *metadata, char *err, size_t errlen) {
+    const TensorTable *tt = &model->params;
+    int n = tt->n * n_bufs;
+    float **host = xcalloc((size_t)n_bufs, sizeof(float *));
+    StTensor *st = xcalloc((size_t)n, sizeof(StTensor));
+    char (*names)[TENSOR_NAME_MAX + 32] = xcalloc((size_t)n, sizeof(*names));
+    for (int b = 0; b < n_bufs; b++) {
+        host[b] = xmalloc(tt->bytes_f32);
+        model->be->download(host[b], bufs[b], tt->bytes_f32);
+        for (int i = 0; i < tt->n; i++) {
+            StTensor *s = &st[b * tt->n + i];
+            snprintf(names[b * tt->n + i], sizeof(names[0]), "%s%s", tt->t[i].name, suffixes[b]);
+            s->name = names[b * tt->n + i];
+            s->ndim = tt->t[i].ndim;
+            for (int d = 0; d < s->ndim; d++) s->shape[d] = tt->t[i].shape[d];
+            s->data = (const float *)((const char *)host[b] + tt->t[i].off_f32);
+        }
+    }
+    int rc = st_save(path, st, n, ST_F32, metadata, err, errlen);
+    for (int b = 0; b < n_bufs; b++) free(host[b]);
+    free(host);
+    free(st);
+    free(names);
+    return rc;
+}
+
+// Reads tensors named <table name><suffix> (F32, the table's shape, nothing else in the
+// file) into the backend buffer dev. Dies with one line naming the file on any mismatch.
+static void load_table(Model *model, StFile *sf, const char *path, float *dev, const char *suffix_a, float *dev_b,
+                       const char *suffix_b) {
+    const TensorTable *tt = &model->params;
+    int n_bufs = dev_b ? 2 : 1;
+    if (sf->n != tt->n * n_bufs)
+        die("checkpoint file '%s' holds %d tensors, this model needs %d: the file belongs to another model", path, sf->n,
+            tt->n * n_bufs);
+    float *host = xmalloc(tt->bytes_f32);
+    char name[TENSOR_NAME_MAX + 32], err[512];
+    for (int b = 0; b < n_bufs; b++) {
+        memset(host, 0, tt->bytes_f32);
+        for (int i = 0; i < tt->n; i++) {
+            const TensorInfo *ti = &tt->t[i];
+            snprintf(name, sizeof(name), "%s%s", ti->name, b ? suffix_b : suffix_a);
+            int j = st_find(sf, name);
+            if (j < 0) die("checkpoint file '%s': tensor '%s' is missing: the file belongs to another model", path, name);
+            const StEntry *e = &sf->e[j];
+            int same = e->ndim == ti->ndim && e->dtype == ST_F32;
+            for (int d = 0; same && d < ti->ndim; d++) same = e->shape[d] == ti->shape[d];
+            if (!same) die("checkpoint file '%s': tensor '%s' is not F32 of the model's shape: the file belongs to another model", path, name);
+            if (st_read_f32(sf, j, (float *)((char *)host + ti->off_f32), err, sizeof(err)) != 0)
+                die("checkpoint file '%s': %s", path, err);
+        }
+        model->be->upload(b ? dev_b : dev, host, tt->bytes_f32);
+    }
+    free(host);
+}
+
+// ---------------------------------------------------------------- state.json
+
+static cJSON *u64_string(uint64_t v) {
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%" PRIu64, v);
+    return cJSON_CreateString(buf);
+}
+
+static cJSON *build_state(const Config *cfg, const AdamW *opt, const TrainState *st) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "format", "clla-checkpoint");
+    cJSON_AddNumberToObject(o, "version", CKPT_STATE_VERSION);
+    cJSON_AddNumberToObject(o, "step", st->step);
+    cJSON_AddNumberToObject(o, "tokens", (double)st->tokens);
+    cJSON *sc = cJSON_AddObjectToObject(o, "schedule");
+    cJSON_AddNumberToObject(sc, "position", st->step);
+    cJSON_AddNumberToObject(sc, "next_lr", lr_at(&cfg->train, st->step));
+    cJSON_AddNumberToObject(sc, "warmup_steps", cfg->train.warmup_steps);
+    cJSON_AddNumberToObject(sc, "max_steps", cfg->train.max_steps);
+    cJSON *op = cJSON_AddObjectToObject(o, "optimizer");
+    cJSON_AddStringToObject(op, "type", "adamw");
+    cJSON_AddNumberToObject(op, "t", opt->t);
+    cJSON_AddNumberToObject(op, "world", 1);
+    cJSON *rng = cJSON_AddObjectToObject(o, "rng");
+    // the only randomness of a run: init and data order from train.seed; bf16 weight
+    // rounding from adamw_store_seed(seed, t). No generator carries state between steps.
+    cJSON_AddItemToObject(rng, "seed", u64_string(st->seed));
+    cJSON_AddItemToObject(rng, "store_weights_seed", u64_string(adamw_store_seed(st->seed, opt->t)));
+    cJSON *data = cJSON_AddObjectToObject(o, "data");
+    cJSON *tr = cJSON_AddObjectToObject(data, "train");
+    cJSON_AddItemToObject(tr, "epoch", u64_string(st->data.epoch));
+    cJSON_AddItemToObject(tr, "position", u64_string(st->data.position));
+    cJSON_AddItemToObject(tr, "fingerprint", u64_string(st->data.fingerprint));
+    cJSON *sk = cJSON_AddObjectToObject(o, "skips");
+    cJSON_AddNumberToObject(sk, "consecutive", st->consecutive_skips);
+    cJSON_AddNumberToObject(sk, "total", (double)st->skipped_total);
+    cJSON_AddObjectToObject(o, "files");
+    return o;
+}
+
+static const cJSON *need(const cJSON *obj, const char *key, const char *path, char *err, size_t errlen) {
+    const cJSON *v = cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
+    if (!v) fail(err, errlen, "'%s': field '%s' is missing", path, key);
+    return v;
+}
+
+static int get_int(const cJSON *obj, const char *key, long long lo, long long hi, long long *out, const char *path,
+                   char *err, size_t errlen) {
+    const cJSON *v = need(obj, key, path, err, errlen);
+    if (!v) return -1;
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble || v->valuedouble < (double)lo ||
+        v->valuedouble > (double)hi)
+        return fail(err, errlen, "'%s': field '%s' must be a whole number in [%lld, %lld]", path, key, lo, hi);
+    *out = (long long)v->valuedouble;
+    return 0;
+}
+
+// 64-bit values are decimal strings: a JSON number (a double) cannot hold them exactly.
+static int get_u64(const cJSON *obj, const char *key, uint64_t *out, const char *path, char *err, size_t errlen) {
+    const cJSON *v = need(obj, key, path, err, errlen);
+    if (!v) return -1;
+    const char *s = cJSON_IsString(v) ? v->valuestring : NULL;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = s && *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
+    if (!s || !end || *end || errno || *s < '0' || *s > '9')
+        return fail(err, errlen, "'%s': field '%s' must be a decimal string of a 64-bit unsigned number", path, key);
+    *out = x;
+    return 0;
+}
+
+static const char *const REQUIRED_FILES[] = {CONFIG_FILE, MODEL_FILE};
+
+// Parses and checks state.json of dir; fills st and *t. Returns the parsed root (caller
+// frees) or NULL with err.
+static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, size_t errlen) {
+    char *path = path_join(dir, STATE_FILE);
+    size_t len = 0;
+    struct stat sb;
+    char *text = NULL;
+    if (stat(path, &sb) != 0) {
+        fail(err, errlen, "'%s': %s (not a checkpoint directory?)", path, strerror(errno));
+    } else if (!S_ISREG(sb.st_mode) || sb.st_size > STATE_MAX_BYTES) {
+        fail(err, errlen, "'%s' is not a state file of at most %u bytes", path, STATE_MAX_BYTES);
+    } else if (!(text = read_file(path, &len))) {
+        fail(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+    }
+    cJSON *root = text ? cJSON_ParseWithLength(text, len) : NULL;
+    if (text && !cJSON_IsObject(root)) fail(err, errlen, "'%s' is not a JSON object (damaged state file)", path);
+    free(text);
+    if (!cJSON_IsObject(root)) { cJSON_Delete(root); free(path); return NULL; }
+    long long step, version, tokens, topt, world, cons, total;
+    uint64_t epoch, position, fingerprint, seed;
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    const cJSON *op, *rng, *data, *tr, *sk, *files;
+    int rc = -1;
+    memset(st, 0, sizeof(*st));
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "clla-checkpoint") != 0) {
+        fail(err, errlen, "'%s': format is not \"clla-checkpoint\"", path);
+    } else if (get_int(root, "version", 0, 1000000, &version, path, err, errlen) != 0) {
+        // err names the field
+    } else if (version != CKPT_STATE_VERSION) {
+        fail(err, errlen, "'%s': state version %lld, this build reads version %d: resume with the clla that wrote it", path, version, CKPT_STATE_VERSION);
+    } else if (get_int(root, "step", 0, 2147483647LL, &step, path, err, errlen) != 0 ||
+               get_int(root, "tokens", 0, 1LL << 53, &tokens, path, err, errlen) != 0 ||
+               !(op = need(root, "optimizer", path, err, errlen)) ||
+               get_int(op, "t", 0, 2147483647LL, &topt, path, err, errlen) != 0 ||
+               get_int(op, "world", 1, 1, &world, path, err, errlen) != 0 ||
+               !(rng = need(root, "rng", path, err, errlen)) ||
+               get_u64(rng, "seed", &seed, path, err, errlen) != 0 ||
+               !(data = need(root, "data", path, err, errlen)) || !(tr = need(data, "train", path, err, errlen)) ||
+               get_u64(tr, "epoch", &epoch, path, err, errlen) != 0 ||
+               get_u64(tr, "position", &position, path, err, errlen) != 0 ||
+               get_u64(tr, "fingerprint", &fingerprint, path, err, errlen) != 0 ||
+               !(sk = need(root, "skips", path, err, errlen)) ||
+               get_int(sk, "consecutive", 0, 2147483647LL, &cons, path, err, errlen) != 0 ||
+               get_int(sk, "total", 0, 2147483647LL, &total, path, err, errlen) != 0 ||
+               !(files = need(root, "files", path, err, errlen))) {
+        // err names the field
+    } else if (topt + total != step || cons > total) {
+        fail(err, errlen, "'%s': optimizer.t = %lld and %lld skipped steps (%lld in a row) do not make step %lld (damaged state file)", path, topt, total, cons, step);
+    } else if (!cJSON_IsObject(files)) {
+        fail(err, errlen, "'%s': field 'files' must be an object", path);
+    } else {
+        st->step = (int)step;
+        st->tokens = tokens;
+        st->consecutive_skips = (int)cons;
+        st->skipped_total = total;
+        st->seed = seed;
+        st->data.epoch = epoch;
+        st->data.position = position;
+        st->data.fingerprint = fingerprint;
+        *t = (int)topt;
+        rc = 0;
+    }
+    free(path);
+    if (rc) { cJSON_Delete(root); return NULL; }
+    return root;
+}
+
+// ---------------------------------------------------------------- save
+
+int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const AdamW *opt, const TrainState *st, char *out,
+              size_t outlen, char *err, size_t errlen) {
+    char *base = path_join(run_dir, CKPT_SUBDIR);
+    char name[64], tmpname[96];
+    snprintf(name, sizeof(name), "step_%08d", st->step);
+    snprintf(tmpname, sizeof(tmpname), ".tmp.%s.%ld", name, (long)getpid());
+    char *final = path_join(base, name), *tmp = path_join(base, tmpname);
+    char opt_name[64];
+    optimizer_file_name(opt_name, sizeof(opt_name), 0);
+    const char *files[] = {CONFIG_FILE, MODEL_FILE, opt_name};
+    int rc = -1;
+    cJSON *state = NULL;
+    char *text = NULL, *p = NULL;
+
+    if (make_dirs(base) != 0) { fail(err, errlen, "cannot create '%s': %s", base, strerror(errno)); goto done; }
+    remove_tree(tmp);   // a stale one of an earlier process that had our pid
+    if (mkdir(tmp, 0755) != 0) { fail(err, errlen, "cannot create '%s': %s", tmp, strerror(errno)); goto done; }
+
+    cJSON *cj = config_to_json(cfg);
+    text = cJSON_Print(cj);
+    cJSON_Delete(cj);
+    p = path_join(tmp, CONFIG_FILE);
+    if (write_text(p, text, err, errlen) != 0) goto done;
+    free(p); p = NULL;
+    free(text); text = NULL;
+    test_pause();
+
+    p = path_join(tmp, MODEL_FILE);
+    float *mbuf[1] = {model->master};
+    const char *msuf[1] = {""};
+    if (save_tables(model, p, mbuf, msuf, 1, "{\"format\":\"pt\",\"producer\":\"clla\"}", err, errlen) != 0) goto done;
+    free(p); p = NULL;
+    test_pause();
+
+    // Moments of every parameter under "<name>.exp_avg" / "<name>.exp_avg_sq". One file per
+    // rank: with ZeRO-1 each rank will write the slices it owns (metadata rank/world).
+    char meta[160];
+    snprintf(meta, sizeof(meta), "{\"format\":\"clla-adamw\",\"t\":\"%d\",\"rank\":\"0\",\"world\":\"1\"}", opt->t);
+    p = path_join(tmp, opt_name);
+    float *obuf[2] = {opt->m, opt->v};
+    const char *osuf[2] = {".exp_avg", ".exp_avg_sq"};
+    if (save_tables(model, p, obuf, osuf, 2, meta, err, errlen) != 0) goto done;
+    free(p); p = NULL;
+    test_pause();
+
+    state = build_state(cfg, opt, st);
+    cJSON *fl = cJSON_GetObjectItemCaseSensitive(state, "files");
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        uint64_t h, n;
+        p = path_join(tmp, files[i]);
+        if (hash_file(p, &h, &n, err, errlen) != 0) goto done;
+        free(p); p = NULL;
+        char hex[24];
+        snprintf(hex, sizeof(hex), "%016" PRIx64, h);
+        cJSON *e = cJSON_AddObjectToObject(fl, files[i]);
+        cJSON_AddNumberToObject(e, "bytes", (double)n);
+        cJSON_AddStringToObject(e, "fnv1a64", hex);
+    }
+    text = cJSON_Print(state);
+    p = path_join(tmp, STATE_FILE);
+    if (write_text(p, text, err, errlen) != 0) goto done;
+    free(p); p = NULL;
+    if (fsync_dir(tmp) != 0) { fail(err, errlen, "cannot flush '%s': %s", tmp, strerror(errno)); goto done; }
+    test_pause();
+
+    // A checkpoint of the same step from an earlier attempt (resumed from an older one) is
+    // replaced: moved aside first, so one complete step_* directory exists at every moment.
+    struct stat sb;
+    char *old = NULL;
+    if (stat(final, &sb) == 0) {
+        char oldname[96];
+        snprintf(oldname, sizeof(oldname), ".old.%s.%ld", name, (long)getpid());
+        old = path_join(base, oldname);
+        remove_tree(old);
+        if (rename(final, old) != 0) {
+            fail(err, errlen, "cannot move the existing '%s' aside: %s", final, strerror(errno));
+            free(old);
+            goto done;
+        }
+    }
+    if (rename(tmp, final) != 0) {
+        fail(err, errlen, "cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
+        if (old) rename(old, final);
+        free(old);
+        goto done;
+    }
+    if (old) { remove_tree(old); free(old); }
+    if (fsync_dir(base) != 0) { fail(err, errlen, "cannot flush '%s': %s", base, strerror(errno)); goto done; }
+    snprintf(out, outlen, "%s", final);
+    rc = 0;
+done:
+    if (rc != 0) remove_tree(tmp);
+    cJSON_Delete(state);
+    free(text);
+    free(p);
+    free(tmp);
+    free(final);
+    free(base);
+    return rc;
+}
+
+// ---------------------------------------------------------------- find, prune, validate
+
+typedef struct StepDir { long step; char *name; } StepDir;
+
+static int cmp_step(const void *a, const void *b) {
+    long x = ((const StepDir *)a)->step, y = ((const StepDir *)b)->step;
+    return x < y ? -1 : x > y;
+}
+
+// The step_* directories of run_dir/checkpoints, ascending. *n = 0 when there are none.
+static StepDir *list_steps(const char *run_dir, int *n) {
+    char *base = path_join(run_dir, CKPT_SUBDIR);
+    DIR *d = opendir(base);
+    StepDir *v = NULL;
+    int cap = 0;
+    *n = 0;
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            long s = parse_step_name(de->d_name);
+            if (s < 0) continue;
+            if (*n == cap) {
+                cap = cap ? 2 * cap : 16;
+                v = realloc(v, (size_t)cap * sizeof(StepDir));
+                if (!v) die("out of memory listing '%s'", base);
+            }
+            v[*n].step = s;
+            v[*n].name = path_join(base, de->d_name);
+            (*n)++;
+        }
+        closedir(d);
+    }
+    free(base);
+    if (*n > 1) qsort(v, (size_t)*n, sizeof(StepDir), cmp_step);
+    return v;
+}
+
+static void free_steps(StepDir *v, int n) {
+    for (int i = 0; i < n; i++) free(v[i].name);
+    free(v);
+}
+
+int ckpt_validate(const char *dir, char *err, size_t errlen) {
+    TrainState st;
+    int t;
+    cJSON *root = read_state(dir, &st, &t, err, errlen);
+    if (!root) return -1;
+    const char *slash = strrchr(dir, '/');
+    long named = parse_step_name(slash ? slash + 1 : dir);
+    int rc = 0;
+    if (named >= 0 && named != st.step)
+        rc = fail(err, errlen, "'%s/%s' says step %d but the directory is named for step %ld (damaged or renamed checkpoint)", dir, STATE_FILE, st.step, named);
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
+    char opt_name[64];
+    optimizer_file_name(opt_name, sizeof(opt_name), 0);
+    const char *required[] = {REQUIRED_FILES[0], REQUIRED_FILES[1], opt_name};
+    for (size_t i = 0; !rc && i < sizeof(required) / sizeof(required[0]); i++)
+        if (!cJSON_GetObjectItemCaseSensitive(files, required[i]))
+            rc = fail(err, errlen, "'%s/%s' lists no '%s' (damaged state file)", dir, STATE_FILE, required[i]);
+    for (const cJSON *f = files->child; !rc && f; f = f->next) {
+        // only plain names: a forged state file must not make us read outside the directory
+        if (!f->string || !f->string[0] || strchr(f->string, '/') || !strcmp(f->string, "..") || !strcmp(f->string, ".")) {
+            rc = fail(err, errlen, "'%s/%s': file name '%s' is not a plain name", dir, STATE_FILE, f->string ? f->string : "");
+            break;
+        }
+        char sub[80];
+        snprintf(sub, sizeof(sub), "files.%s", f->string);
+        long long bytes;
+        uint64_t h, n;
+        const cJSON *hx = cJSON_GetObjectItemCaseSensitive(f, "fnv1a64");
+        if (get_int(f, "bytes", 0, 1LL << 53, &bytes, sub, err, errlen) != 0) { rc = -1; break; }
+        if (!cJSON_IsString(hx) || strlen(hx->valuestring) != 16) {
+            rc = fail(err, errlen, "'%s/%s': %s.fnv1a64 must be 16 hex digits", dir, STATE_FILE, sub);
+            break;
+        }
+        char *p = path_join(dir, f->string);
+        if (hash_file(p, &h, &n, err, errlen) != 0) { rc = -1; free(p); break; }
+        char hex[24];
+        snprintf(hex, sizeof(hex), "%016" PRIx64, h);
+        if ((long long)n != bytes)
+            rc = fail(err, errlen, "'%s' has %" PRIu64 " bytes, the checkpoint recorded %lld (truncated or damaged)", p, n, bytes);
+        else if (strcmp(hex, hx->valuestring) != 0)
+            rc = fail(err, errlen, "'%s' does not match its checksum in %s (damaged)", p, STATE_FILE);
+        free(p);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+int ckpt_find_newest(const char *run_dir, char *path, size_t pathlen) {
+    int n;
+    StepDir *v = list_steps(run_dir, &n);
+    int rc = -1;
+    char err[1024];
+    for (int i = n - 1; i >= 0 && rc; i--) {
+        if (ckpt_validate(v[i].name, err, sizeof(err)) == 0) {
+            snprintf(path, pathlen, "%s", v[i].name);
+            rc = 0;
+        } else {
+            warn("skipping checkpoint '%s': %s", v[i].name, err);
+        }
+    }
+    free_steps(v, n);
+    return rc;
+}
+
+// Is the writer of ".tmp.step_N.<pid>" gone? Our own pid counts as gone: this process is
+// not saving while it prunes, so such a directory is from an earlier process with our pid.
+static int writer_gone(const char *name) {
+    const char *dot = strrchr(name, '.');
+    if (!dot || !dot[1]) return 1;
+    long pid = strtol(dot + 1, NULL, 10);
+    if (pid <= 0 || pid == (long)getpid()) return 1;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+int ckpt_prune(const char *run_dir, int keep, char *err, size_t errlen) {
+    int removed = 0;
+    char *base = path_join(run_dir, CKPT_SUBDIR);
+    DIR *d = opendir(base);
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            if (strncmp(de->d_name, ".tmp.step_", 10) != 0 && strncmp(de->d_name, ".old.step_", 10) != 0) continue;
+            if (!writer_gone(de->d_name)) continue;
+            char *p = path_join(base, de->d_name);
+            if (remove_tree(p) == 0) removed++;
+            free(p);
+        }
+        closedir(d);
+    }
+    free(base);
+    if (keep <= 0) return removed;
+    int n;
+    StepDir *v = list_steps(run_dir, &n);
+    int rc = 0;
+    for (int i = 0; i < n - keep; i++) {
+        if (remove_tree(v[i].name) != 0) { rc = fail(err, errlen, "cannot remove old checkpoint '%s': %s", v[i].name, strerror(errno)); break; }
+        removed++;
+    }
+    free_steps(v, n);
+    return rc ? -1 : removed;
+}
+
+// ---------------------------------------------------------------- resume
+
+void ckpt_read_config(const char *dir, Config *saved) {
+    char *p = path_join(dir, CONFIG_FILE);
+    config_load(saved, p, 0, NULL);
+    free(p);
+}
+
+static char *json_text(const cJSON *v) { return v ? cJSON_PrintUnformatted(v) : xstrdup("(absent)"); }
+
+int ckpt_compare_config(const Config *saved, const Config *cur, const char *dir) {
+    cJSON *a = config_to_json(saved), *b = config_to_json(cur);
+    for (const cJSON *x = b->child; x; x = x->next) {
+        if (!strcmp(x->string, "train")) continue;
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(a, x->string);
+        if (y && cJSON_Compare(x, y, 1)) continue;
+        char *was = json_text(y), *now = json_text(x);
+        die("cannot resume from '%s': it was trained with %s = %s and this run asks for %s = %s; the model's shape cannot change on resume (drop the override, or start a new run directory with --out)",
+            dir, x->string, was, x->string, now);
+    }
+    int changed = 0;
+    const cJSON *ta = cJSON_GetObjectItemCaseSensitive(a, "train"), *tb = cJSON_GetObjectItemCaseSensitive(b, "train");
+    for (const cJSON *x = tb ? tb->child : NULL; x; x = x->next) {
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(ta, x->string);
+        if (y && cJSON_Compare(x, y, 1)) continue;
+        char *was = json_text(y), *now = json_text(x);
+        fprintf(stderr, "clla: resume: train.%s changed from %s (checkpoint) to %s; the new value applies from here on\n",
+                x->string, was, now);
+        free(was);
+        free(now);
+        changed++;
+    }
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    return changed;
+}
+
+void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
+    char err[1024];
+    if (ckpt_validate(dir, err, sizeof(err)) != 0) die("cannot resume: %s", err);
+    int t;
+    cJSON *root = read_state(dir, st, &t, err, sizeof(err));
+    if (!root) die("cannot resume: %s", err);
+    cJSON_Delete(root);
+
+    char *mp = path_join(dir, MODEL_FILE);
+    StFile sf;
+    if (st_open(&sf, mp, err, sizeof(err)) != 0) die("cannot resume: '%s': %s", mp, err);
+    load_table(model, &sf, mp, model->master, "", NULL, NULL);
+    st_close(&sf);
+    free(mp);
+
+    char opt_name[64];
+    optimizer_file_name(opt_name, sizeof(opt_name), 0);
+    char *op = path_join(dir, opt_name);
+    if (st_open(&sf, op, err, sizeof(err)) != 0) die("cannot resume: '%s': %s", op, err);
+    cJSON *meta = sf.metadata_json ? cJSON_Parse(sf.metadata_json) : NULL;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(meta, "t");
+    char tbuf[32];
+    snprintf(tbuf, sizeof(tbuf), "%d", t);
+    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, tbuf) != 0)
+        die("cannot resume: '%s' is for optimizer step %s, state.json says %d (mixed-up checkpoint files)", op,
+            cJSON_IsString(mt) ? mt->valuestring : "(none)", t);
+    cJSON_Delete(meta);
+    load_table(model, &sf, op, opt->m, ".exp_avg", opt->v, ".exp_avg_sq");
+    st_close(&sf);
+    free(op);
+    opt->t = t;
+    // the storage copy exactly as adamw_step left it after update t
+    model_sync_weights(model, adamw_store_seed(st->seed, t));
+}

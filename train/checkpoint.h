@@ -1,0 +1,67 @@
+// Checkpoints (DESIGN section 4, docs/CHECKPOINTS.md): one directory per step under
+// <run>/checkpoints/, holding config.json, model.safetensors (fp32 masters),
+// optimizer.rank<r>.safetensors (AdamW m and v) and state.json (step, schedule, RNG seeds,
+// data position, skip counters, size and FNV-1a 64 checksum of every other file).
+//
+// A checkpoint is written into <run>/checkpoints/.tmp.step_NNNNNNNN.<pid>, every file and
+// the directory are fsynced, and only then is it renamed to step_NNNNNNNN: a step_* directory
+// that exists is complete. Leftover .tmp.* directories (a killed save) are never read and
+// are removed by the next save once their writer is gone.
+#ifndef CLLA_TRAIN_CHECKPOINT_H
+#define CLLA_TRAIN_CHECKPOINT_H
+
+#include <stddef.h>
+
+#include "data/loader.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "train/optimizer.h"
+
+#define CKPT_SUBDIR "checkpoints"
+#define CKPT_STATE_VERSION 1
+
+// Everything besides weights and moments that the training loop needs to continue exactly.
+typedef struct TrainState {
+    int step;                      // completed optimizer steps = schedule position (next lr: lr_at(step))
+    int consecutive_skips;         // non-finite steps in a row at the time of saving
+    long long skipped_total;       // non-finite steps skipped over the whole run
+    long long tokens;              // training tokens consumed
+    unsigned long long seed;       // train.seed the run started with (init, shuffling, bf16 rounding)
+    LoaderState data;              // position of the training loader before the next batch
+} TrainState;
+
+// Writes a checkpoint of step st->step into <run_dir>/checkpoints/. On success returns 0 and
+// the final directory in path (pathlen bytes). On failure (disk full, file-size limit,
+// permissions) returns -1 with one line in err; nothing is left behind and existing
+// checkpoints are untouched.
+int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const AdamW *opt, const TrainState *st,
+              char *path, size_t pathlen, char *err, size_t errlen);
+
+// The newest checkpoint of run_dir that validates (ckpt_validate); ones that do not are
+// reported with warn() and skipped. Returns 0 with the directory in path, or -1 when there
+// is none.
+int ckpt_find_newest(const char *run_dir, char *path, size_t pathlen);
+
+// Keeps the newest `keep` step_* directories of run_dir and removes the rest (keep <= 0:
+// keeps all). Also removes .tmp.* directories of writers that are no longer running.
+// Returns the number removed, or -1 with err.
+int ckpt_prune(const char *run_dir, int keep, char *err, size_t errlen);
+
+// Checks a checkpoint directory without loading weights: state.json well formed with every
+// field, and every listed file present with the recorded size and checksum.
+// Returns 0, or -1 with one line in err.
+int ckpt_validate(const char *dir, char *err, size_t errlen);
+
+// Reads the checkpoint's config.json (dies with one line on error).
+void ckpt_read_config(const char *dir, Config *saved);
+
+// The resume rules: a model key that differs between the checkpoint and the current config
+// is refused (dies naming the key); each differing run setting ("train.*") is printed on
+// stderr and the current value is used. Returns the number of differing run settings.
+int ckpt_compare_config(const Config *saved, const Config *cur, const char *dir);
+
+// Loads a validated checkpoint into a model and optimizer built from the same model config:
+// fp32 masters, m, v, t and the TrainState. Dies with one line on any problem.
+void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st);
+
+#endif

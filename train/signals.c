@@ -1,0 +1,40 @@
+#include "train/signals.h"
+
+#include <string.h>
+
+// The one global: a signal handler cannot reach the caller's SignalWatch, and
+// volatile sig_atomic_t is the only type it may safely write. It is read only through
+// signals_stop_requested(), so the rest of the program passes its SignalWatch around.
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_stop(int sig) { stop_signal = sig; }
+
+void signals_install(SignalWatch *sw) {
+    memset(sw, 0, sizeof(*sw));
+    stop_signal = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    // SA_RESTART: reads and writes in progress (data, metrics, checkpoint files) continue
+    // instead of failing with EINTR.
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigaction(SIGINT, &sa, &sw->old_int);
+    sigaction(SIGTERM, &sa, &sw->old_term);
+    struct sigaction ign;
+    memset(&ign, 0, sizeof(ign));
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGXFSZ, &ign, &sw->old_xfsz);
+    sw->installed = 1;
+}
+
+int signals_stop_requested(const SignalWatch *sw) { return sw->installed ? (int)stop_signal : 0; }
+
+void signals_restore(SignalWatch *sw) {
+    if (!sw->installed) return;
+    sigaction(SIGINT, &sw->old_int, NULL);
+    sigaction(SIGTERM, &sw->old_term, NULL);
+    sigaction(SIGXFSZ, &sw->old_xfsz, NULL);
+    sw->installed = 0;
+}

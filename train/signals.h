@@ -1,0 +1,23 @@
+// Graceful stop on SIGINT and SIGTERM (cluster preemption): the handler only records the
+// signal; the training loop polls signals_stop_requested() after each step, saves a
+// checkpoint and exits 0. Also ignores SIGXFSZ, so a write past a file-size limit fails
+// with EFBIG (and the save reports it) instead of killing the process mid-write.
+#ifndef CLLA_TRAIN_SIGNALS_H
+#define CLLA_TRAIN_SIGNALS_H
+
+#include <signal.h>
+
+typedef struct SignalWatch {
+    struct sigaction old_int, old_term, old_xfsz;   // restored by signals_restore
+    int installed;
+} SignalWatch;
+
+// Installs the handlers. The first SIGINT/SIGTERM asks for a stop; the handler is one-shot
+// (SA_RESETHAND), so a second Ctrl-C kills the process the default way when a user does
+// not want to wait for the step and the save (checkpoints are atomic, so that is safe).
+void signals_install(SignalWatch *sw);
+// The signal number that asked for a stop, or 0.
+int signals_stop_requested(const SignalWatch *sw);
+void signals_restore(SignalWatch *sw);
+
+#endif
