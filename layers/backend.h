@@ -177,6 +177,16 @@ typedef struct Backend {
     // dtopk_w[t, k] (f32) += dot(dout row t, expert_out row assign_row[t, k]) (kept assignments only).
     void (*moe_combine_backward)(float *dexpert_out, float *dtopk_w, const float *dout, const float *expert_out,
                                  const float *topk_w, const int *assign_row, int N, int K, int C);
+    // Grouped expert matmul (one call per layer, not per expert, so a backend can spread the
+    // experts over its cores or SMs and the cost follows the rows routed, not E). expert_off
+    // (E+1) and the pointer arrays are HOST arrays; rows [expert_off[e], expert_off[e+1]) of
+    // out/inp belong to expert e, whose weight (OC, C) is weights[e]:
+    //   out rows (n_e, OC) = inp rows (n_e, C) @ weights[e]^T
+    void (*moe_expert_matmul_forward)(float *out, const float *inp, const float *const *weights,
+                                      const int *expert_off, int E, int C, int OC);
+    // dinp rows (n_e, C) += dout rows @ weights[e] ; dweights[e] (OC, C) f32 += dout rows^T @ inp rows.
+    void (*moe_expert_matmul_backward)(float *dinp, float *const *dweights, const float *dout, const float *inp,
+                                       const float *const *weights, const int *expert_off, int E, int C, int OC);
 } Backend;
 
 // The CPU reference backend (layers/). Always available.

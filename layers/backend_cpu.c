@@ -56,6 +56,8 @@ static const Backend cpu_backend = {
     .moe_gather_backward = cpu_moe_gather_backward,
     .moe_combine_forward = cpu_moe_combine_forward,
     .moe_combine_backward = cpu_moe_combine_backward,
+    .moe_expert_matmul_forward = cpu_moe_expert_matmul_forward,
+    .moe_expert_matmul_backward = cpu_moe_expert_matmul_backward,
 };
 
 const Backend *backend_cpu(void) { return &cpu_backend; }

@@ -8,7 +8,9 @@
 // probability first and, among equal probabilities, the later token.
 #include "layers/cpu_ops.h"
 
+#include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,4 +248,83 @@ void cpu_moe_combine_backward(float *dexpert_out, float *dtopk_w, const float *d
             dtopk_w[(size_t)t * K + k] += (float)dot;
         }
     }
+}
+
+// ---- grouped expert matmuls ----
+//
+// Many small sgemm calls (one per expert, each threaded by OpenBLAS) cost thread start-up and
+// barriers per call, so E experts would cost far more than the same rows in a few experts.
+// Instead the experts' work is cut into tiles that OpenMP threads take dynamically, each tile
+// one single-threaded sgemm (OpenBLAS runs single-threaded inside an OpenMP region: one level
+// of threads at a time, DESIGN section 3). Tiles: blocks of rows for out and dinp (rows are
+// independent), blocks of output channels for dweight (each block sums over all of the expert's
+// rows in one sgemm, so the reduction order is fixed and no two threads write the same element).
+// The tiling depends only on the sizes and the thread count: bitwise reproducible.
+
+typedef struct Tile { int e, a0, a1; } Tile;   // expert e, range [a0, a1) of rows or channels
+
+// Row-block size: about 4 tiles per thread over all rows, at least 64 rows (the weight is packed
+// once per tile, so smaller tiles would spend their time packing), at most 1024.
+static int row_block(int R) {
+    int nt = omp_get_max_threads();
+    int rb = (R + 4 * nt - 1) / (4 * nt);
+    return rb < 64 ? 64 : rb > 1024 ? 1024 : rb;
+}
+
+static Tile *row_tiles(const int *off, int E, int *n_tiles) {
+    int R = off[E], rb = row_block(R), n = 0;
+    for (int e = 0; e < E; e++) n += (off[e + 1] - off[e] + rb - 1) / rb;
+    Tile *t = malloc((size_t)(n > 0 ? n : 1) * sizeof(Tile));
+    if (!t) { fprintf(stderr, "moe_expert_matmul: out of memory\n"); abort(); }
+    n = 0;
+    for (int e = 0; e < E; e++)
+        for (int r = off[e]; r < off[e + 1]; r += rb) t[n++] = (Tile){e, r, r + rb < off[e + 1] ? r + rb : off[e + 1]};
+    *n_tiles = n;
+    return t;
+}
+
+void cpu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights, const int *expert_off,
+                                   int E, int C, int OC) {
+    int n;
+    Tile *t = row_tiles(expert_off, E, &n);
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n; i++) {
+        int rows = t[i].a1 - t[i].a0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, C, 1.0f, inp + (size_t)t[i].a0 * C, C,
+                    weights[t[i].e], C, 0.0f, out + (size_t)t[i].a0 * OC, OC);
+    }
+    free(t);
+}
+
+void cpu_moe_expert_matmul_backward(float *dinp, float *const *dweights, const float *dout, const float *inp,
+                                    const float *const *weights, const int *expert_off, int E, int C, int OC) {
+    if (C <= 0 || OC <= 0) return;
+    int n;
+    Tile *t = row_tiles(expert_off, E, &n);
+    if (dinp) {
+        #pragma omp parallel for schedule(dynamic, 1)
+        for (int i = 0; i < n; i++) {
+            int rows = t[i].a1 - t[i].a0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, OC, 1.0f, dout + (size_t)t[i].a0 * OC, OC,
+                        weights[t[i].e], C, 1.0f, dinp + (size_t)t[i].a0 * C, C);
+        }
+    }
+    free(t);
+    if (!dweights) return;
+    // channel blocks of dweight[e]: (ob, C) += dout[:, o0:o1]^T (ob, n_e) @ inp rows (n_e, C)
+    int ob = 64, per = (OC + ob - 1) / ob, m = 0;
+    for (int e = 0; e < E; e++) m += expert_off[e + 1] > expert_off[e] ? per : 0;
+    Tile *w = malloc((size_t)(m > 0 ? m : 1) * sizeof(Tile));
+    if (!w) { fprintf(stderr, "moe_expert_matmul: out of memory\n"); abort(); }
+    m = 0;
+    for (int e = 0; e < E; e++)
+        if (expert_off[e + 1] > expert_off[e])
+            for (int o = 0; o < OC; o += ob) w[m++] = (Tile){e, o, o + ob < OC ? o + ob : OC};
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < m; i++) {
+        int e = w[i].e, r0 = expert_off[e], rows = expert_off[e + 1] - r0, oc = w[i].a1 - w[i].a0;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, oc, C, rows, 1.0f, dout + (size_t)r0 * OC + w[i].a0, OC,
+                    inp + (size_t)r0 * C, C, 1.0f, dweights[e] + (size_t)w[i].a0 * C, C);
+    }
+    free(w);
 }

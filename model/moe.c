@@ -24,11 +24,15 @@
 // a 4-byte DT_F32 slot of the activation table.
 #define AI(i) ((int *)table_ptr_store(&m->acts, m->act, (i)))
 
-// Row r of an act buffer whose rows hold `width` elements. The expert row ranges are known only
-// after routing, so they cannot be table entries; this is the one place the orchestration
-// offsets an act pointer, and it uses the backend's element size (right for bf16 storage too).
-static float *rows(const Model *m, float *base, int r, int width) {
-    return (float *)((char *)base + (size_t)r * (size_t)width * m->be->act_bytes);
+// The E experts' weights (storage) and gradients (fp32) of one projection, as the host pointer
+// arrays the grouped expert matmuls take (filled per call: the table decides the addresses).
+static const float *const *weights(Model *m, const int *idx) {
+    for (int e = 0; e < m->moe->E; e++) m->moe->h_w[e] = P(idx[e]);
+    return m->moe->h_w;
+}
+static float *const *grads(Model *m, const int *idx) {
+    for (int e = 0; e < m->moe->E; e++) m->moe->h_dw[e] = G(idx[e]);
+    return m->moe->h_dw;
 }
 
 static int shared_size(const ModelConfig *c) {
@@ -52,6 +56,8 @@ static MoeModel *moe_state(Model *m) {
         s->h_off = xcalloc((size_t)L * (E + 1), sizeof(int));
         s->h_counts = xcalloc((size_t)L * E, sizeof(int));
         s->h_aux = xcalloc((size_t)L * 2, sizeof(float));
+        s->h_w = xcalloc((size_t)E, sizeof(*s->h_w));
+        s->h_dw = xcalloc((size_t)E, sizeof(*s->h_dw));
         m->moe = s;
     }
     return m->moe;
@@ -162,6 +168,8 @@ void moe_free(Model *m) {
     free(s->h_off);
     free(s->h_counts);
     free(s->h_aux);
+    free(s->h_w);
+    free(s->h_dw);
     free(s);
     m->moe = NULL;
 }
@@ -223,20 +231,12 @@ void moe_forward(Model *m, int l) {
     int R = off[E];
     if (R == 0) return;   // everything dropped: the layer is the shared expert alone
 
-    // routed experts, each on its own rows
+    // routed experts, each on its own rows (grouped matmuls: one op call for all experts)
     be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
-    for (int e = 0; e < E; e++) {
-        int r0 = off[e], n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        be->matmul_forward(rows(m, A(x->gate), r0, Ie), rows(m, A(s->xs), r0, C), P(p->gate_proj[e]), n, C, Ie);
-        be->matmul_forward(rows(m, A(x->up), r0, Ie), rows(m, A(s->xs), r0, C), P(p->up_proj[e]), n, C, Ie);
-    }
+    be->moe_expert_matmul_forward(A(x->gate), A(s->xs), weights(m, p->gate_proj), off, E, C, Ie);
+    be->moe_expert_matmul_forward(A(x->up), A(s->xs), weights(m, p->up_proj), off, E, C, Ie);
     be->swiglu_forward(A(x->act), A(x->gate), A(x->up), (size_t)R * Ie);
-    for (int e = 0; e < E; e++) {
-        int r0 = off[e], n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        be->matmul_forward(rows(m, A(x->expert_out), r0, C), rows(m, A(x->act), r0, Ie), P(p->down_proj[e]), n, Ie, C);
-    }
+    be->moe_expert_matmul_forward(A(x->expert_out), A(x->act), weights(m, p->down_proj), off, E, Ie, C);
     be->moe_combine_forward(out, A(x->expert_out), A(x->topk_w), AI(x->assign_row), N, K, C);
 }
 
@@ -274,25 +274,18 @@ void moe_backward(Model *m, int l, float loss_scale) {
                                  AI(x->assign_row), N, K, C);
         // experts, each on its own rows
         be->zero(DA(s->dact), (size_t)R * Ie * sb);
-        for (int e = 0; e < E; e++) {
-            int r0 = off[e], n = off[e + 1] - off[e];
-            if (n == 0) continue;
-            be->matmul_backward(rows(m, DA(s->dact), r0, Ie), G(p->down_proj[e]), rows(m, DA(s->dexpert_out), r0, C),
-                                rows(m, A(x->act), r0, Ie), P(p->down_proj[e]), n, Ie, C);
-        }
+        be->moe_expert_matmul_backward(DA(s->dact), grads(m, p->down_proj), DA(s->dexpert_out), A(x->act),
+                                       weights(m, p->down_proj), off, E, Ie, C);
         be->zero(DA(s->dgate), (size_t)R * Ie * sb);
         be->zero(DA(s->dup), (size_t)R * Ie * sb);
         be->swiglu_backward(DA(s->dgate), DA(s->dup), DA(s->dact), A(x->gate), A(x->up), (size_t)R * Ie);
         // the gathered input is not kept per layer: gather it again (cheap next to the matmuls)
         be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
         be->zero(DA(s->dxs), (size_t)R * C * sb);
-        for (int e = 0; e < E; e++) {
-            int r0 = off[e], n = off[e + 1] - off[e];
-            if (n == 0) continue;
-            float *xs_e = rows(m, A(s->xs), r0, C), *dxs_e = rows(m, DA(s->dxs), r0, C);
-            be->matmul_backward(dxs_e, G(p->gate_proj[e]), rows(m, DA(s->dgate), r0, Ie), xs_e, P(p->gate_proj[e]), n, C, Ie);
-            be->matmul_backward(dxs_e, G(p->up_proj[e]), rows(m, DA(s->dup), r0, Ie), xs_e, P(p->up_proj[e]), n, C, Ie);
-        }
+        be->moe_expert_matmul_backward(DA(s->dxs), grads(m, p->gate_proj), DA(s->dgate), A(s->xs),
+                                       weights(m, p->gate_proj), off, E, C, Ie);
+        be->moe_expert_matmul_backward(DA(s->dxs), grads(m, p->up_proj), DA(s->dup), A(s->xs),
+                                       weights(m, p->up_proj), off, E, C, Ie);
         be->moe_gather_backward(dh, DA(s->dxs), AI(x->assign_row), N, K, C);
     }
 

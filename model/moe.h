@@ -58,6 +58,8 @@ typedef struct MoeModel {
     int *h_off;           // [L][E+1]
     int *h_counts;        // [L][E]
     float *h_aux;         // [L][2]
+    const float **h_w;    // [E] host pointer arrays for the grouped expert matmuls
+    float **h_dw;         // [E]
 } MoeModel;
 
 // Statistics of the last forward, over its MoE layers.

@@ -383,6 +383,55 @@ static void test_router_matmul(int N, int C, int E) {
     free(x); free(wt); free(lg); free(ref); free(dl); free(dx); free(dw); free(rdx); free(rdw);
 }
 
+// grouped expert matmul against per-expert double loops; expert row counts include 0 and one
+// expert far above the row block (several tiles), C and OC not multiples of the channel block
+static void test_expert_matmul(void) {
+    enum { E = 5, C = 23, OC = 131 };
+    const int n_e[E] = {3, 0, 300, 1, 70};
+    int off[E + 1] = {0};
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + n_e[e];
+    int R = off[E];
+    float *inp = frand((size_t)R * C, -1, 1), *out = xalloc((size_t)R * OC * 4), *w[E], *dw[E];
+    for (int e = 0; e < E; e++) { w[e] = frand((size_t)OC * C, -1, 1); dw[e] = xalloc((size_t)OC * C * 4); }
+    be->moe_expert_matmul_forward(out, inp, (const float *const *)w, off, E, C, OC);
+    double *ref = xalloc((size_t)R * OC * 8);
+    for (int e = 0; e < E; e++)
+        for (int r = off[e]; r < off[e + 1]; r++)
+            for (int o = 0; o < OC; o++) {
+                double s = 0;
+                for (int c = 0; c < C; c++) s += (double)inp[(size_t)r * C + c] * w[e][(size_t)o * C + c];
+                ref[(size_t)r * OC + o] = s;
+            }
+    check("expert_matmul_forward (empty expert, multi-tile expert)", rel(out, ref, (size_t)R * OC), TOL_FWD);
+    float *dout = frand((size_t)R * OC, -1, 1), *dinp = xalloc((size_t)R * C * 4);
+    be->moe_expert_matmul_backward(dinp, dw, dout, inp, (const float *const *)w, off, E, C, OC);
+    double *rdi = xalloc((size_t)R * C * 8);
+    for (int e = 0; e < E; e++)
+        for (int r = off[e]; r < off[e + 1]; r++)
+            for (int c = 0; c < C; c++) {
+                double s = 0;
+                for (int o = 0; o < OC; o++) s += (double)dout[(size_t)r * OC + o] * w[e][(size_t)o * C + c];
+                rdi[(size_t)r * C + c] = s;
+            }
+    check("expert_matmul_backward dinp", rel(dinp, rdi, (size_t)R * C), TOL_FWD);
+    double worst = 0;
+    for (int e = 0; e < E; e++) {
+        double *rdw = xalloc((size_t)OC * C * 8);
+        for (int r = off[e]; r < off[e + 1]; r++)
+            for (int o = 0; o < OC; o++)
+                for (int c = 0; c < C; c++) rdw[(size_t)o * C + c] += (double)dout[(size_t)r * OC + o] * inp[(size_t)r * C + c];
+        double er = rel(dw[e], rdw, (size_t)OC * C);
+        worst = er > worst ? er : worst;
+        free(rdw);
+    }
+    check("expert_matmul_backward dweight (0 for the empty expert)", worst, TOL_FWD);
+    be->moe_expert_matmul_backward(dinp, dw, dout, inp, (const float *const *)w, off, E, C, OC);
+    for (size_t i = 0; i < (size_t)R * C; i++) rdi[i] *= 2;
+    check("expert_matmul_backward accumulates", rel(dinp, rdi, (size_t)R * C), TOL_ACC);
+    for (int e = 0; e < E; e++) { free(w[e]); free(dw[e]); }
+    free(inp); free(out); free(ref); free(dout); free(dinp); free(rdi);
+}
+
 int main(void) {
     be = backend_cpu();
     if (!be->moe_topk_forward || !be->moe_dispatch || !be->moe_combine_forward) {
@@ -402,6 +451,7 @@ int main(void) {
     test_gather_combine(37, 5, 2, 19, 9);
     test_gather_combine(37, 5, 2, 19, 1);
     test_router_matmul(21, 17, 6);
+    test_expert_matmul();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }

@@ -42,6 +42,9 @@ run_case() {
         echo "FAIL $name"
     fi
     grep -v '^  ok ' "$log" | sed 's/^/    /'
+    # the largest relative error of the compared tensors
+    awk '/rel_err/ { for (i = 1; i < NF; i++) if ($i == "rel_err") print $(i + 1), $2 }' "$log" |
+        sort -g | tail -1 | awk '{ print "    worst tensor: " $2 " rel_err " $1 }'
 }
 
 V=97 C=32 L=2 NH=4 D=8 T=16 B=2 E=4
