@@ -214,6 +214,8 @@ void moe_forward(Model *m, int l) {
     const float *h = A(m->la[l].h_mlp);
     float *out = A(m->tmp_c);
     int *off = s->h_off + (size_t)l * (E + 1);
+    if (!be->moe_dispatch || !be->moe_expert_matmul_forward || !be->moe_expert_matmul_backward)
+        die("the %s backend does not implement the mixture-of-experts ops yet: train MoE configs with --device cpu", be->name);
 
     // shared expert (or zeros): the routed experts add onto it
     if (s->Is > 0) shared_forward(m, l, out, h);
