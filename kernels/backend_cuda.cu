@@ -36,6 +36,16 @@ static Backend make_backend_cuda(void) {
     b.adamw_update = cuda_adamw_update;
     b.copy_cols = cuda_copy_cols;
     b.int_group_roundtrip = cuda_int_group_roundtrip;
+    b.moe_router_forward = cuda_moe_router_forward;
+    b.moe_router_backward = cuda_moe_router_backward;
+    b.moe_topk_forward = cuda_moe_topk_forward;
+    b.moe_dispatch = cuda_moe_dispatch;
+    b.moe_aux_forward = cuda_moe_aux_forward;
+    b.moe_router_softmax_backward = cuda_moe_router_softmax_backward;
+    b.moe_gather_forward = cuda_moe_gather_forward;
+    b.moe_gather_backward = cuda_moe_gather_backward;
+    b.moe_combine_forward = cuda_moe_combine_forward;
+    b.moe_combine_backward = cuda_moe_combine_backward;
     return b;
 }
 

@@ -69,12 +69,6 @@ __global__ void causal_softmax_backward_kernel(bf16 *dsb, bf16 *pb, const float 
     }
 }
 
-// dst (bf16) += src (fp32), same layout.
-__global__ void add_f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = to_bf16(ld(dst + i) + src[i]);
-}
-
 static void check_heads(int NH, int NKV) {
     if (NKV <= 0 || NH % NKV != 0)
         die("attention: %d query heads cannot be grouped over %d kv heads: num_key_value_heads must divide num_attention_heads", NH, NKV);
@@ -156,8 +150,6 @@ extern "C" void cuda_attention_backward(float *dq, float *dk, float *dv, float *
                 pb + (size_t)h * TT, T, (long long)NH * TT,
                 beta_kv, dv_acc + (size_t)j * DV, CUDA_R_32F, NKV * DV, (long long)T * NKV * DV, B);
     }
-    add_f32_to_bf16_kernel<<<ew_blocks(nk, 256), 256>>>(dK, dk_acc, nk);
-    CUDA_LAUNCHED();
-    add_f32_to_bf16_kernel<<<ew_blocks(nv, 256), 256>>>(dV, dv_acc, nv);
-    CUDA_LAUNCHED();
+    cuda_add_f32_to_bf16(dK, dk_acc, nk);
+    cuda_add_f32_to_bf16(dV, dv_acc, nv);
 }

@@ -91,6 +91,16 @@ cublasLtHandle_t cuda_cublaslt(void);
 // cuBLASLt workspace (device memory) and its size.
 void *cuda_lt_workspace(size_t *bytes);
 
+// D (m, n) = op(A) @ op(B) + beta D, column-major, bf16 A and B, D bf16 or fp32 (dtype),
+// fp32 compute, through cuBLASLt (cuda_matmul.cu).
+void cuda_lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, const void *B, int ldb,
+                    bool transB, void *D, int ldd, cudaDataType_t dtype, float beta);
+
+// dst (bf16) += src (fp32), n elements (cuda_elementwise.cu).
+void cuda_add_f32_to_bf16(bf16 *dst, const float *src, size_t n);
+// dst (fp32) = src (bf16), n elements (cuda_elementwise.cu).
+void cuda_bf16_to_f32(float *dst, const bf16 *src, size_t n);
+
 // Grow-only device scratch, one buffer per slot so that one op can hold several at once.
 // The contents are undefined on return; a grow frees the old buffer (cudaFree synchronizes,
 // so no kernel still uses it).
@@ -102,6 +112,9 @@ enum CudaScratchSlot {
     SCRATCH_EMB,          // embedding backward: sort keys, values and CUB temporaries
     SCRATCH_PARTIAL,      // row-chunk partial sums (rmsnorm dweight, sumsq)
     SCRATCH_ROPE,         // rope cos/sin table
+    SCRATCH_MOE_A,        // MoE router backward: fp32 copies of inp and weight, fp32 dinp
+    SCRATCH_MOE_B,
+    SCRATCH_MOE_C,
     SCRATCH_NSLOTS
 };
 void *cuda_scratch(enum CudaScratchSlot slot, size_t bytes);

@@ -19,3 +19,25 @@ extern "C" void cuda_accumulate(float *dst, const float *src, size_t n) {
     add_kernel<<<ew_blocks(n, 256), 256>>>((bf16 *)dst, (const bf16 *)dst, (const bf16 *)src, n);
     CUDA_LAUNCHED();
 }
+
+__global__ void add_f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = to_bf16(ld(dst + i) + src[i]);
+}
+
+void cuda_add_f32_to_bf16(bf16 *dst, const float *src, size_t n) {
+    if (!n) return;
+    add_f32_to_bf16_kernel<<<ew_blocks(n, 256), 256>>>(dst, src, n);
+    CUDA_LAUNCHED();
+}
+
+__global__ void bf16_to_f32_kernel(float *dst, const bf16 *src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = ld(src + i);
+}
+
+void cuda_bf16_to_f32(float *dst, const bf16 *src, size_t n) {
+    if (!n) return;
+    bf16_to_f32_kernel<<<ew_blocks(n, 256), 256>>>(dst, src, n);
+    CUDA_LAUNCHED();
+}

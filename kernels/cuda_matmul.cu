@@ -20,7 +20,7 @@ static uint32_t alignment_of(const void *p) {
 
 // D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * C, column-major, C == D.
 // A and B are bf16; D is bf16 or fp32 (dtype). lda/ldb/ldd are the stored leading dims.
-static void lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, const void *B,
+void cuda_lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, const void *B,
                       int ldb, bool transB, void *D, int ldd, cudaDataType_t dtype, float beta) {
     cublasLtHandle_t lt = cuda_cublaslt();
     cublasLtMatmulDesc_t op;
@@ -70,7 +70,7 @@ extern "C" void cuda_matmul_forward(float *out, const float *inp, const float *w
     if (C <= 0) { CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)N * OC * sizeof(bf16), 0)); return; }
     // out^T (OC, N) = W (OC, C) @ inp^T: A = W stored col-major as (C, OC) ld C, transposed;
     // B = inp stored col-major (C, N) ld C.
-    lt_matmul(OC, N, C, weight, C, true, inp, C, false, out, OC, CUDA_R_16BF, 0.0f);
+    cuda_lt_matmul(OC, N, C, weight, C, true, inp, C, false, out, OC, CUDA_R_16BF, 0.0f);
 }
 
 extern "C" void cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
@@ -78,10 +78,10 @@ extern "C" void cuda_matmul_backward(float *dinp, float *dweight, const float *d
     if (N <= 0 || C <= 0 || OC <= 0) return;
     if (dinp) {
         // dinp^T (C, N) += W stored col-major (C, OC) ld C  @  dout^T stored col-major (OC, N) ld OC
-        lt_matmul(C, N, OC, weight, C, false, dout, OC, false, dinp, C, CUDA_R_16BF, 1.0f);
+        cuda_lt_matmul(C, N, OC, weight, C, false, dout, OC, false, dinp, C, CUDA_R_16BF, 1.0f);
     }
     if (dweight) {
         // dW^T (C, OC) += inp^T stored col-major (C, N) ld C  @  (dout^T)^T: dout^T stored (OC, N) ld OC, transposed
-        lt_matmul(C, OC, N, inp, C, false, dout, OC, true, dweight, C, CUDA_R_32F, 1.0f);
+        cuda_lt_matmul(C, OC, N, inp, C, false, dout, OC, true, dweight, C, CUDA_R_32F, 1.0f);
     }
 }

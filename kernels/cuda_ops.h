@@ -71,6 +71,27 @@ void cuda_copy_cols(float *dst, int dst_ld, int dst_off, const float *src, int s
 // ---- the int_group codec's round trip (cuda_int_group.cu) ----
 void cuda_int_group_roundtrip(float *out, const float *in, int N, int W, int bits, int group);
 
+// ---- mixture of experts (cuda_moe.cu) ----
+void cuda_moe_router_forward(float *logits, const float *inp, const float *weight, int N, int C, int E);
+void cuda_moe_router_backward(float *dinp, float *dweight, const float *dlogits, const float *inp,
+                              const float *weight, int N, int C, int E);
+void cuda_moe_topk_forward(float *probs, float *lse, int *topk_idx, float *topk_w, const float *logits,
+                           int N, int E, int K, int norm_topk);
+void cuda_moe_dispatch(int *counts, int *expert_off, int *row_token, int *assign_row, const float *probs,
+                       const int *topk_idx, int N, int E, int K, int capacity);
+void cuda_moe_aux_forward(float *out, const float *probs, const float *lse, const int *counts, int N,
+                          int E, int K, float aux_coef, float z_coef);
+void cuda_moe_router_softmax_backward(float *dlogits, const float *dtopk_w, const float *probs,
+                                      const float *lse, const int *topk_idx, const float *topk_w,
+                                      const int *counts, int N, int E, int K, int norm_topk,
+                                      float aux_scale, float z_scale);
+void cuda_moe_gather_forward(float *out, const float *inp, const int *row_token, int R, int C);
+void cuda_moe_gather_backward(float *dinp, const float *dout, const int *assign_row, int N, int K, int C);
+void cuda_moe_combine_forward(float *out, const float *expert_out, const float *topk_w,
+                              const int *assign_row, int N, int K, int C);
+void cuda_moe_combine_backward(float *dexpert_out, float *dtopk_w, const float *dout, const float *expert_out,
+                               const float *topk_w, const int *assign_row, int N, int K, int C);
+
 #ifdef __cplusplus
 }
 #endif

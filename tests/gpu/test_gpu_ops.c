@@ -556,6 +556,125 @@ static void test_adamw(size_t n, int t) {
     free(hp); free(hm); free(hv); free(hg);
 }
 
+// ---------------------------------------------------------------- mixture of experts
+
+static void compare_int(const char *name, const Buf *b) {
+    int *c = xalloc(b->n * sizeof(int)), *g = xalloc(b->n * sizeof(int));
+    cpu->download(c, b->c, b->n * 4);
+    gpu->download(g, b->g, b->n * 4);
+    size_t bad = 0;
+    for (size_t i = 0; i < b->n; i++) bad += c[i] != g[i];
+    char d[64];
+    snprintf(d, sizeof d, "%zu of %zu differ (exact)", bad, b->n);
+    result(name, bad == 0, d);
+    free(c);
+    free(g);
+}
+
+// Routing ops get identical fp32 inputs on both sides (the CPU's logits uploaded to both),
+// so decisions are compared exactly; the bf16 row ops get bf16 rows.
+static void test_moe(int N, int C, int E, int K, int capacity, int norm_topk) {
+    const size_t nc = (size_t)N * C, ne = (size_t)N * E, nk = (size_t)N * K;
+    char name[160], shape[80];
+    snprintf(shape, sizeof shape, "N=%d C=%d E=%d K=%d cap=%d norm=%d", N, C, E, K, capacity, norm_topk);
+    float *hx = rnd(nc, -1, 1), *hw = rnd((size_t)E * C, -1, 1), *hz = xalloc((ne + nk + 8) * sizeof(float));
+    Buf x = buf_act(hx, nc), w = buf_act(hw, (size_t)E * C), logits = buf_raw(hz, ne);
+    cpu->moe_router_forward(logits.c, x.c, w.c, N, C, E);
+    gpu->moe_router_forward(logits.g, x.g, w.g, N, C, E);
+    snprintf(name, sizeof name, "moe_router_forward %s", shape);
+    compare(name, &logits, TOL_F32);
+    float *hl = xalloc(ne * sizeof(float));
+    cpu->download(hl, logits.c, ne * 4);
+    if (N > 1) for (int e = 0; e < E; e++) hl[E + e] = hl[e];   // a tie pattern: two equal rows
+    if (E > 2) hl[1] = hl[2];                                     // tied experts within a row
+    gpu->upload(logits.g, hl, ne * 4);
+    cpu->upload(logits.c, hl, ne * 4);
+
+    Buf probs = buf_raw(hz, ne), lse = buf_raw(hz, (size_t)N), idx = buf_raw(hz, nk), tw = buf_raw(hz, nk);
+    cpu->moe_topk_forward(probs.c, lse.c, (int *)idx.c, tw.c, logits.c, N, E, K, norm_topk);
+    gpu->moe_topk_forward(probs.g, lse.g, (int *)idx.g, tw.g, logits.g, N, E, K, norm_topk);
+    snprintf(name, sizeof name, "moe_topk_forward probs %s", shape);
+    compare(name, &probs, TOL_F32);
+    snprintf(name, sizeof name, "moe_topk_forward lse %s", shape);
+    compare(name, &lse, TOL_F32);
+    snprintf(name, sizeof name, "moe_topk_forward topk_idx %s", shape);
+    compare_int(name, &idx);
+    snprintf(name, sizeof name, "moe_topk_forward topk_w %s", shape);
+    compare(name, &tw, TOL_F32);
+
+    Buf counts = buf_raw(hz, (size_t)E), off = buf_raw(hz, (size_t)E + 1), rt = buf_raw(hz, nk), ar = buf_raw(hz, nk);
+    cpu->moe_dispatch((int *)counts.c, (int *)off.c, (int *)rt.c, (int *)ar.c, probs.c, (const int *)idx.c, N, E, K, capacity);
+    gpu->moe_dispatch((int *)counts.g, (int *)off.g, (int *)rt.g, (int *)ar.g, probs.g, (const int *)idx.g, N, E, K, capacity);
+    snprintf(name, sizeof name, "moe_dispatch counts/offsets/rows %s", shape);
+    compare_int(name, &counts);
+    compare_int("moe_dispatch expert_off", &off);
+    compare_int("moe_dispatch row_token", &rt);
+    compare_int("moe_dispatch assign_row", &ar);
+    int R = 0;
+    cpu->download(&R, (const char *)off.c + (size_t)E * 4, 4);
+
+    Buf aux = buf_raw(hz, 2);
+    cpu->moe_aux_forward(aux.c, probs.c, lse.c, (const int *)counts.c, N, E, K, 0.01f, 0.001f);
+    gpu->moe_aux_forward(aux.g, probs.g, lse.g, (const int *)counts.g, N, E, K, 0.01f, 0.001f);
+    snprintf(name, sizeof name, "moe_aux_forward %s", shape);
+    compare(name, &aux, TOL_F32);
+
+    // rows: gather, combine, and their backwards
+    float *hrows = rnd(nk * C, -1, 1), *hdx = rnd(nc, -0.5, 0.5), *hdo = rnd(nc, -1, 1);
+    Buf rows = buf_act(hrows, nk * C), xout = buf_act(hx, nc), dx = buf_act(hdx, nc), dout = buf_act(hdo, nc);
+    Buf eout = buf_act(hrows, nk * C), deout = buf_act(hrows, nk * C);
+    float *hdtw = xalloc(nk * sizeof(float));
+    for (size_t i = 0; i < nk; i++) hdtw[i] = (float)rng_uniform(-0.1, 0.1);
+    Buf dtw = buf_raw(hdtw, nk);
+    cpu->moe_gather_forward(rows.c, x.c, (const int *)rt.c, R, C);
+    gpu->moe_gather_forward(rows.g, x.g, (const int *)rt.g, R, C);
+    snprintf(name, sizeof name, "moe_gather_forward R=%d %s", R, shape);
+    compare(name, &rows, (Tol){0.0, 0.0});
+    cpu->moe_gather_backward(dx.c, eout.c, (const int *)ar.c, N, K, C);
+    gpu->moe_gather_backward(dx.g, eout.g, (const int *)ar.g, N, K, C);
+    snprintf(name, sizeof name, "moe_gather_backward %s", shape);
+    compare(name, &dx, TOL_SUM);
+    cpu->moe_combine_forward(xout.c, eout.c, tw.c, (const int *)ar.c, N, K, C);
+    gpu->moe_combine_forward(xout.g, eout.g, tw.g, (const int *)ar.g, N, K, C);
+    snprintf(name, sizeof name, "moe_combine_forward %s", shape);
+    compare(name, &xout, TOL_SUM);
+    cpu->moe_combine_backward(deout.c, dtw.c, dout.c, eout.c, tw.c, (const int *)ar.c, N, K, C);
+    gpu->moe_combine_backward(deout.g, dtw.g, dout.g, eout.g, tw.g, (const int *)ar.g, N, K, C);
+    snprintf(name, sizeof name, "moe_combine_backward dexpert_out %s", shape);
+    compare(name, &deout, TOL_ROUND);
+    snprintf(name, sizeof name, "moe_combine_backward dtopk_w %s", shape);
+    compare(name, &dtw, TOL_F32);
+
+    // router backward: softmax part (fp32), then the matmul part
+    float *hdl = xalloc(ne * sizeof(float));
+    for (size_t i = 0; i < ne; i++) hdl[i] = (float)rng_uniform(-0.01, 0.01);
+    Buf dl = buf_raw(hdl, ne);
+    cpu->upload(dtw.c, hdtw, nk * 4);   // same dtopk_w on both sides
+    gpu->upload(dtw.g, hdtw, nk * 4);
+    cpu->moe_router_softmax_backward(dl.c, dtw.c, probs.c, lse.c, (const int *)idx.c, tw.c, (const int *)counts.c,
+                                     N, E, K, norm_topk, 0.01f, 0.001f);
+    gpu->moe_router_softmax_backward(dl.g, dtw.g, probs.g, lse.g, (const int *)idx.g, tw.g, (const int *)counts.g,
+                                     N, E, K, norm_topk, 0.01f, 0.001f);
+    snprintf(name, sizeof name, "moe_router_softmax_backward %s", shape);
+    compare(name, &dl, TOL_F32);
+    float *hdwr = xalloc((size_t)E * C * sizeof(float));
+    for (size_t i = 0; i < (size_t)E * C; i++) hdwr[i] = (float)rng_uniform(-0.1, 0.1);
+    Buf dwr = buf_raw(hdwr, (size_t)E * C), dx2 = buf_act(hdx, nc);
+    cpu->upload(dl.c, hdl, ne * 4);
+    gpu->upload(dl.g, hdl, ne * 4);
+    cpu->moe_router_backward(dx2.c, dwr.c, dl.c, x.c, w.c, N, C, E);
+    gpu->moe_router_backward(dx2.g, dwr.g, dl.g, x.g, w.g, N, C, E);
+    snprintf(name, sizeof name, "moe_router_backward dinp %s", shape);
+    compare(name, &dx2, TOL_SUM);
+    snprintf(name, sizeof name, "moe_router_backward dweight %s", shape);
+    compare(name, &dwr, TOL_F32);
+
+    Buf *all[] = {&x, &w, &logits, &probs, &lse, &idx, &tw, &counts, &off, &rt, &ar, &aux, &rows, &xout,
+                  &dx, &dout, &eout, &deout, &dtw, &dl, &dwr, &dx2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+    free(hx); free(hw); free(hz); free(hl); free(hrows); free(hdx); free(hdo); free(hdtw); free(hdl); free(hdwr);
+}
+
 int main(void) {
     char reason[256];
     if (!cuda_device_available(reason, sizeof reason)) {
@@ -620,6 +739,11 @@ int main(void) {
     test_adamw(1, 1);
     test_adamw(1001, 1);
     test_adamw(1001, 10);
+
+    test_moe(1, 8, 4, 1, 0, 0);
+    test_moe(37, 40, 8, 2, 0, 1);
+    test_moe(64, 33, 6, 2, 12, 1);    // capacity drops
+    test_moe(50, 96, 16, 4, 9, 0);
 
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
