@@ -345,6 +345,7 @@ int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const AdamW 
     char *text = NULL, *p = NULL;
 
     if (make_dirs(base) != 0) { fail(err, errlen, "cannot create '%s': %s", base, strerror(errno)); goto done; }
+    fsync_dir(run_dir);   // the first save creates checkpoints/ itself: make that name durable too
     remove_tree(tmp);   // a stale one of an earlier process that had our pid
     if (mkdir(tmp, 0755) != 0) { fail(err, errlen, "cannot create '%s': %s", tmp, strerror(errno)); goto done; }
 

@@ -150,6 +150,8 @@ int cmd_train(int argc, char **argv) {
         model_init_weights(&model, tc->seed);
     }
     model_set_batch(&model, B, T);
+    if (stop_at && stop_at <= st.step)
+        die("--stop-at %d is not after the checkpoint's step %d: give a later step or drop --stop-at", stop_at, st.step);
 
     RunFiles rf;
     if (ckpt[0]) run_files_open_resume(&rf, tc->out_dir, tc->metrics, st.step);
