@@ -111,6 +111,7 @@ cat > moe.json <<EOF
  "moe_capacity_factor": 1.25, "max_position_embeddings": 64,
  "train": {"data": "$DATA", "max_steps": 12, "threads": 2, $TRAIN}}
 EOF
+echo "     MoE + CLLA-quant case on $DATA"
 if "$CLLA" info --config moe.json > /dev/null 2> moe_info.err; then
     exact_resume moe_quant moe.json 6
     grep -q '"aux_loss"' part_moe_quant/metrics.jsonl && grep -q '"dropped_frac"' part_moe_quant/metrics.jsonl &&
