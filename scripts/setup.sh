@@ -14,6 +14,8 @@ APT_PACKAGES=(
   # data pipeline: compression, regular expressions, real text corpora, fuzzing, node for
   # the GPT-2 reference encoder and the corpus build step
   zstd libzstd-dev libpcre2-dev fortunes fortunes-zh clang libclang-rt-14-dev nodejs
+  # CBLAS headers for any OpenBLAS flavour; the PyTorch twin of the tests (tests/reference/)
+  libopenblas-dev python3 python3-numpy python3-torch
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Configures and builds clla in a build directory, quietly: the full cmake/compiler output
+# goes to DIR/build.log and only its tail is shown when something fails.
+# usage: scripts/build.sh DIR [extra cmake arguments, e.g. -DCLLA_CUDA=ON]
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DIR=${1:?usage: scripts/build.sh DIR [cmake args...]}
+shift
+mkdir -p "$DIR"
+LOG=$DIR/build.log
+if ! { cmake -S "$ROOT" -B "$DIR" "$@" && cmake --build "$DIR" -j"$(nproc)"; } > "$LOG" 2>&1; then
+  echo "build: failed in $DIR; the end of $LOG:" >&2
+  tail -n 40 "$LOG" >&2
+  exit 1
+fi
+# Warnings are bugs here (-Wall -Wextra -Wshadow): show them without failing the build.
+if grep -q "warning:" "$LOG"; then
+  echo "build: compiler warnings in $DIR:" >&2
+  grep "warning:" "$LOG" | sort -u | head -n 20 >&2
+fi
+echo "build: $DIR ok"
