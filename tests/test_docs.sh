@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The reference docs against the binary, so they cannot silently fall behind it:
+#  - docs/CONFIG.md names every key of the config.json a run writes (every model and train key
+#    model/config.c declares);
+#  - docs/COMMANDS.md has a section for every command `clla --help` lists and names every
+#    option of every `clla <cmd> --help`;
+#  - docs/FORMAT.md names every tensor of a dense model (tied and untied).
+# Needs CLLA (the binary) and SRC (the source tree); ctest sets both.
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+: "${SRC:?set SRC to the source tree (ctest does this)}"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_docs.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK" || exit 1
+
+PASS=0
+FAIL=0
+check() {   # check NAME MISSING...: passes when nothing is missing
+    local name=$1; shift
+    if [ $# -eq 0 ]; then PASS=$((PASS + 1)); echo "ok   $name"
+    else FAIL=$((FAIL + 1)); echo "FAIL $name: missing $*"; fi
+}
+
+cat > m.json <<'EOF'
+{"attention": "gqa", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48}
+EOF
+if ! "$CLLA" init --config m.json --out untied > /dev/null 2> init.err ||
+   ! "$CLLA" init --config m.json --out tied --set tie_word_embeddings=true > /dev/null 2>> init.err; then
+    echo "FAIL clla init: $(cat init.err)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+
+# ---------------------------------------------------------------- config keys
+# config.json is printed one key per line ("key": value); nested "train" keys the same way.
+missing=()
+for k in $(grep -o '^[[:space:]]*"[a-z_0-9]*":' untied/config.json | tr -d ' \t":'); do
+    [ "$k" = train ] && continue
+    grep -q "\`$k\`" "$SRC/docs/CONFIG.md" || missing+=("$k")
+done
+check "docs/CONFIG.md names every config key" "${missing[@]}"
+
+# ---------------------------------------------------------------- commands and options
+missing=()
+cmds=$("$CLLA" --help | awk '/^commands:/ { on = 1; next } on && NF { print $1 }')
+for c in $cmds; do
+    grep -q "^## clla $c\$" "$SRC/docs/COMMANDS.md" || missing+=("section:$c")
+    for o in $("$CLLA" "$c" --help | grep -o -- '--[a-z][a-z0-9-]*' | sort -u); do
+        [ "$o" = --help ] && continue
+        grep -qE -- "$o([^a-z0-9-]|\$)" "$SRC/docs/COMMANDS.md" || missing+=("$c:$o")
+    done
+done
+check "docs/COMMANDS.md covers every command and option" "${missing[@]}"
+
+# ---------------------------------------------------------------- tensor names
+# The safetensors header: 8-byte little-endian length, then JSON with one key per tensor.
+tensor_names() {
+    local n
+    n=$(od -An -t u8 -N 8 "$1" | tr -d ' ')
+    tail -c +9 "$1" | head -c "$n" | grep -o '"[a-z_]*\.[a-z_.0-9]*weight"' | tr -d '"' |
+        sed -E 's/\.layers\.[0-9]+\./.layers.{l}./' | sort -u
+}
+missing=()
+for t in $(tensor_names untied/model.safetensors) $(tensor_names tied/model.safetensors); do
+    grep -q "\`$t\`" "$SRC/docs/FORMAT.md" || missing+=("$t")
+done
+n_untied=$(tensor_names untied/model.safetensors | wc -l)
+[ "$n_untied" -ge 12 ] || missing+=("(only $n_untied tensor names read from the header)")
+check "docs/FORMAT.md names every dense tensor" "${missing[@]}"
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
