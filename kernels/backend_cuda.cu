@@ -46,6 +46,8 @@ static Backend make_backend_cuda(void) {
     b.moe_gather_backward = cuda_moe_gather_backward;
     b.moe_combine_forward = cuda_moe_combine_forward;
     b.moe_combine_backward = cuda_moe_combine_backward;
+    b.moe_expert_matmul_forward = cuda_moe_expert_matmul_forward;
+    b.moe_expert_matmul_backward = cuda_moe_expert_matmul_backward;
     return b;
 }
 

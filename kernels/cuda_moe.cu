@@ -217,3 +217,31 @@ extern "C" void cuda_moe_combine_backward(float *dexpert_out, float *dtopk_w, co
                                                               assign_row, K, C);
     CUDA_LAUNCHED();
 }
+
+// ---- grouped expert matmuls ----
+// First version: one cuBLASLt call per non-empty expert (expert_off and the pointer arrays
+// are host arrays, as the contract says). A grouped GEMM (cublasGemmGroupedBatchedEx or a
+// CUTLASS grouped kernel) would cut the launches; the results would not change.
+
+static float *rows_at(const float *base, int row, int width) {
+    return (float *)((bf16 *)base + (size_t)row * width);
+}
+
+extern "C" void cuda_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights,
+                                               const int *expert_off, int E, int C, int OC) {
+    for (int e = 0; e < E; e++) {
+        const int r0 = expert_off[e], n = expert_off[e + 1] - r0;
+        if (n > 0) cuda_matmul_forward(rows_at(out, r0, OC), rows_at(inp, r0, C), weights[e], n, C, OC);
+    }
+}
+
+extern "C" void cuda_moe_expert_matmul_backward(float *dinp, float *const *dweights, const float *dout,
+                                                const float *inp, const float *const *weights,
+                                                const int *expert_off, int E, int C, int OC) {
+    for (int e = 0; e < E; e++) {
+        const int r0 = expert_off[e], n = expert_off[e + 1] - r0;
+        if (n > 0)
+            cuda_matmul_backward(dinp ? rows_at(dinp, r0, C) : NULL, dweights ? dweights[e] : NULL,
+                                 rows_at(dout, r0, OC), rows_at(inp, r0, C), weights[e], n, C, OC);
+    }
+}

@@ -675,6 +675,46 @@ static void test_moe(int N, int C, int E, int K, int capacity, int norm_topk) {
     free(hx); free(hw); free(hz); free(hl); free(hrows); free(hdx); free(hdo); free(hdtw); free(hdl); free(hdwr);
 }
 
+// Grouped expert matmuls: expert e owns rows [off[e], off[e+1]) (some experts empty).
+static void test_expert_matmul(int E, int C, int OC, const int *rows_per_expert) {
+    int *off = xalloc(((size_t)E + 1) * sizeof(int));
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows_per_expert[e];
+    const int R = off[E];
+    const size_t ni = (size_t)R * C, no = (size_t)R * OC, nw = (size_t)OC * C;
+    float *hi = rnd(ni, -1, 1), *ho = rnd(no, -1, 1), *hdi = rnd(ni, -0.5, 0.5);
+    Buf in = buf_act(hi, ni), out = buf_act(ho, no), dout = buf_act(ho, no), din = buf_act(hdi, ni);
+    Buf *w = xalloc((size_t)E * sizeof(Buf)), *dw = xalloc((size_t)E * sizeof(Buf));
+    const float **wc = xalloc((size_t)E * sizeof(float *)), **wg = xalloc((size_t)E * sizeof(float *));
+    float **dwc = xalloc((size_t)E * sizeof(float *)), **dwg = xalloc((size_t)E * sizeof(float *));
+    float *hdw = xalloc(nw * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        float *hw = rnd(nw, -1, 1);
+        for (size_t i = 0; i < nw; i++) hdw[i] = (float)rng_uniform(-1, 1);
+        w[e] = buf_act(hw, nw);
+        dw[e] = buf_raw(hdw, nw);
+        wc[e] = w[e].c; wg[e] = w[e].g; dwc[e] = dw[e].c; dwg[e] = dw[e].g;
+        free(hw);
+    }
+    char name[160], shape[64];
+    snprintf(shape, sizeof shape, "E=%d C=%d OC=%d R=%d", E, C, OC, R);
+    cpu->moe_expert_matmul_forward(out.c, in.c, wc, off, E, C, OC);
+    gpu->moe_expert_matmul_forward(out.g, in.g, wg, off, E, C, OC);
+    snprintf(name, sizeof name, "moe_expert_matmul_forward %s", shape);
+    compare(name, &out, TOL_SUM);
+    cpu->moe_expert_matmul_backward(din.c, dwc, dout.c, in.c, wc, off, E, C, OC);
+    gpu->moe_expert_matmul_backward(din.g, dwg, dout.g, in.g, wg, off, E, C, OC);
+    snprintf(name, sizeof name, "moe_expert_matmul_backward dinp %s", shape);
+    compare(name, &din, TOL_SUM);
+    for (int e = 0; e < E; e++) {
+        snprintf(name, sizeof name, "moe_expert_matmul_backward dweight[%d] (%d rows)", e, rows_per_expert[e]);
+        compare(name, &dw[e], TOL_F32);
+        buf_free(&w[e]);
+        buf_free(&dw[e]);
+    }
+    buf_free(&in); buf_free(&out); buf_free(&dout); buf_free(&din);
+    free(off); free(hi); free(ho); free(hdi); free(hdw); free(w); free(dw); free(wc); free(wg); free(dwc); free(dwg);
+}
+
 int main(void) {
     char reason[256];
     if (!cuda_device_available(reason, sizeof reason)) {
@@ -744,6 +784,8 @@ int main(void) {
     test_moe(37, 40, 8, 2, 0, 1);
     test_moe(64, 33, 6, 2, 12, 1);    // capacity drops
     test_moe(50, 96, 16, 4, 9, 0);
+    test_expert_matmul(4, 40, 56, (const int[]){7, 0, 33, 1});
+    test_expert_matmul(3, 64, 96, (const int[]){0, 65, 0});
 
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
