@@ -3,6 +3,8 @@
 # For mha, gqa and mqa, tied and untied: clla init, clla debug-step, then twin.py check-step
 # (logits, loss and every gradient within 1e-4 relative in max-norm). Then a 5-step training run
 # (2 micro-batches per step, warmup + cosine, a grad_clip that triggers) checked with check-train.
+# (MLA/CLA/CLLA/CLLA-quant: test_twin_latent.sh; MoE: test_twin_moe.sh; this script also runs the
+# twin's own checks, selftest.py, for all of them.)
 # Environment: CLLA (the binary), SRC (source tree). Exit 0 pass, 1 fail, 77 skipped.
 set -u
 PY=/usr/bin/python3

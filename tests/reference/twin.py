@@ -9,6 +9,9 @@ checks the C side's outputs:
   twin.py check-train --model DIR --tokens FILE --metrics OUT/metrics.jsonl [--set train.k=v ...]
       replays the optimizer (AdamW, warmup+cosine lr, clipping, micro-batch accumulation)
       and compares per-step loss, grad_norm and lr (clla train)
+  twin.py check-int-group --probe BIN
+      the C int_group quantizer (tests/reference/int_group_probe.c linked with libclla_core.a)
+      against the twin's, bit for bit, on edge cases
 
 The same file also acts as a stand-in for the C binary, so the harness can be tested
 without it (tests/reference/selftest.py): `twin.py init`, `twin.py debug-step`,
@@ -16,15 +19,19 @@ without it (tests/reference/selftest.py): `twin.py init`, `twin.py debug-step`,
 
 Run with Debian's interpreter, /usr/bin/python3 (python3-torch, python3-numpy).
 
-Model structure (so MLA/CLA/CLLA/MoE can be added without reshaping the code):
+Model structure:
   CausalLM
     model: Backbone(embed_tokens, layers[DecoderLayer], norm)
       DecoderLayer(input_layernorm, self_attn = make_attention(cfg, l),
                    post_attention_layernorm, mlp = make_ffn(cfg, l))
     lm_head (absent when tied)
-  Attention modules get a ForwardContext: RoPE tables and the cache slots (DESIGN section 2):
-  a producer layer puts its payload in slot l // share_factor, consumer layers read it, and
-  autograd sums the consumers' gradients into the producer's payload.
+  Attention (DESIGN section 1): DenseAttention (MHA/GQA/MQA, CLA) or LatentAttention (MLA,
+  CLLA and its share modes, CLLA-quant), chosen by ModelConfig.attention_kind(l). They get a
+  ForwardContext: RoPE tables and the cache slots (DESIGN section 2): a producer layer
+  (l % share_factor == 0) puts its payload in slot l // share_factor, consumer layers read it,
+  and autograd sums the consumers' gradients into the producer's payload. The CLLA-quant
+  quantizer (int_group_quantize) is written in float32 torch arithmetic, independently of the C
+  code, and applied to the float32 rounding of the twin's float64 latent.
   FFN modules may add auxiliary losses to ctx.aux_losses (MoE load balancing, z-loss).
 """
 import argparse
@@ -52,8 +59,24 @@ class Unsupported(NotImplementedError):
 # ----------------------------------------------------------------------------- config
 
 DENSE_PRESETS = ("mha", "gqa", "mqa")
-ALL_PRESETS = DENSE_PRESETS + ("mla", "cla", "gqa_cla", "clla", "clla_share_krope", "clla_share_kvproj",
-                               "clla_quant", "clla_quant_share_kvproj")
+SHARE_NAMES = ("kv", "latent", "latent_krope", "latent_kvproj")
+# model/config.c PRESETS: name -> (latent, kv_rule, share_factor, share, latent_quant_bits);
+# kv_rule: "heads" (num_key_value_heads = num_attention_heads), "given" (must be configured), "one".
+# A config names a preset and may override any knob; the preset only supplies defaults.
+PRESETS = {
+    "mha": (False, "heads", 1, "kv", 0),
+    "gqa": (False, "given", 1, "kv", 0),
+    "mqa": (False, "one", 1, "kv", 0),
+    "mla": (True, "heads", 1, "latent", 0),
+    "cla": (False, "heads", 2, "kv", 0),
+    "gqa_cla": (False, "given", 2, "kv", 0),
+    "clla": (True, "heads", 2, "latent", 0),
+    "clla_share_krope": (True, "heads", 2, "latent_krope", 0),
+    "clla_share_kvproj": (True, "heads", 2, "latent_kvproj", 0),
+    "clla_quant": (True, "heads", 2, "latent", 4),
+    "clla_quant_share_kvproj": (True, "heads", 2, "latent_kvproj", 4),
+}
+ALL_PRESETS = tuple(PRESETS)
 
 
 def _num(d, key, default=0):
@@ -65,59 +88,112 @@ def _num(d, key, default=0):
     return v
 
 
+def _given(d, key, alias=None):
+    """The value of a key (or of its alias, as model/config.c reads it), None when absent."""
+    for k in (key, alias):
+        if k and d.get(k) is not None:
+            return d[k]
+    return None
+
+
 class ModelConfig:
-    """The model keys of config.json (HF names), with the twin's defaults."""
+    """The model keys of config.json (HF names), read as model/config.c reads them: the preset
+    ("attention") supplies share_factor, share, latent_quant_bits (and group 32 with it), and
+    the num_key_value_heads rule; explicit keys override; head_dim defaults to
+    hidden_size / num_attention_heads, v_head_dim to head_dim."""
 
     def __init__(self, d):
         self.raw = dict(d)
         self.attention = str(d.get("attention", "mha"))
+        if self.attention not in PRESETS:
+            raise ValueError(f"attention: unknown preset '{self.attention}' (known: {', '.join(ALL_PRESETS)})")
+        latent, kv_rule, sf, share, qbits = PRESETS[self.attention]
+        self.preset_latent, self.kv_rule = latent, kv_rule
         self.vocab_size = int(d["vocab_size"])
         self.hidden_size = int(d["hidden_size"])
         self.num_hidden_layers = int(d["num_hidden_layers"])
         self.num_attention_heads = int(d["num_attention_heads"])
-        self.num_key_value_heads = int(_num(d, "num_key_value_heads", self.num_attention_heads)
-                                       or self.num_attention_heads)
-        self.head_dim = int(_num(d, "head_dim", 0) or self.hidden_size // self.num_attention_heads)
-        self.v_head_dim = int(_num(d, "v_head_dim", 0) or self.head_dim)
-        self.intermediate_size = int(d["intermediate_size"])
-        self.rms_norm_eps = float(_num(d, "rms_norm_eps", 1e-5))
+        nkv = _given(d, "num_key_value_heads")
+        if nkv is None:
+            if kv_rule == "given":
+                raise ValueError(f"preset '{self.attention}' needs num_key_value_heads "
+                                 f"(a divisor of num_attention_heads = {self.num_attention_heads})")
+            nkv = 1 if kv_rule == "one" else self.num_attention_heads
+        self.num_key_value_heads = int(nkv)
+        hd = _given(d, "head_dim", "qk_nope_head_dim")
+        self.head_dim = int(hd) if hd is not None else self.hidden_size // self.num_attention_heads
+        vhd = _given(d, "v_head_dim")
+        self.v_head_dim = int(vhd) if vhd is not None else self.head_dim
+        self.intermediate_size = int(_num(d, "intermediate_size"))
+        self.rms_norm_eps = float(_num(d, "rms_norm_eps", 1e-6))     # model/config.c default
         self.rope_theta = float(_num(d, "rope_theta", 10000.0))
         self.tie_word_embeddings = bool(d.get("tie_word_embeddings", False))
-        # knobs of the other attention variants and of MoE: read here, refused below
+        # the attention design space (DESIGN section 1)
         self.q_lora_rank = int(_num(d, "q_lora_rank"))
         self.kv_lora_rank = int(_num(d, "kv_lora_rank"))
         self.qk_rope_head_dim = int(_num(d, "qk_rope_head_dim"))
-        self.share_factor = int(_num(d, "share_factor", 1) or 1)
-        self.share = d.get("share", "kv")
-        self.latent_quant_bits = int(_num(d, "latent_quant_bits"))
-        self.latent_quant_group = int(_num(d, "latent_quant_group", 32))
+        g = _given(d, "share_factor", "cla_share_factor")
+        self.share_factor = int(g) if g is not None else sf
+        self.share = str(d["share"]) if d.get("share") is not None else share
+        g = _given(d, "latent_quant_bits")
+        self.latent_quant_bits = int(g) if g is not None else qbits
+        g = _given(d, "latent_quant_group")
+        self.latent_quant_group = int(g) if g is not None else 32
+        # MoE (twin_moe.py reads the rest from raw)
         self.n_routed_experts = int(_num(d, "n_routed_experts"))
         self.n_shared_experts = int(_num(d, "n_shared_experts"))
         self.num_experts_per_tok = int(_num(d, "num_experts_per_tok"))
         self.moe_intermediate_size = int(_num(d, "moe_intermediate_size"))
-        self.first_k_dense_layers = int(_num(d, "first_k_dense_layers"))
+        self.first_k_dense_layers = int(_num(d, "first_k_dense_layers", _num(d, "first_k_dense_replace")))
         self.validate()
 
+    @property
+    def latent(self):
+        return self.kv_lora_rank > 0
+
     def validate(self):
-        if self.attention not in ALL_PRESETS:
-            raise ValueError(f"attention: unknown preset '{self.attention}' (known: {', '.join(ALL_PRESETS)})")
-        todo = []
-        if self.attention not in DENSE_PRESETS:
-            todo.append(f"attention={self.attention}")
-        for key in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "latent_quant_bits"):
-            if getattr(self, key) > 0:
-                todo.append(f"{key}={getattr(self, key)}")
-        if self.share_factor > 1:
-            todo.append(f"share_factor={self.share_factor}")
-        if todo:
-            raise Unsupported("the twin implements only the dense presets (mha/gqa/mqa, dense MLP) so far; "
-                              "not implemented: " + ", ".join(todo) +
-                              " (add an attention class to ATTENTION_KINDS / an FFN to make_ffn)")
-        nh, nkv = self.num_attention_heads, self.num_key_value_heads
-        if nkv <= 0 or nh % nkv:
-            raise ValueError(f"num_key_value_heads={nkv} must divide num_attention_heads={nh}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        """model/config.c config_validate's rules for the model keys (ValueError), and Unsupported
+        for anything the twin does not implement (nothing of the attention space any more)."""
+        nh, nkv, p = self.num_attention_heads, self.num_key_value_heads, self.attention
+        if self.head_dim <= 0 or self.v_head_dim <= 0:
+            raise ValueError(f"head_dim={self.head_dim} and v_head_dim={self.v_head_dim} must be > 0")
+        if self.intermediate_size <= 0 and self.n_routed_experts <= 0:
+            raise ValueError("intermediate_size must be set (> 0)")
+        if self.share_factor < 1:
+            raise ValueError(f"share_factor={self.share_factor} must be >= 1")
+        if self.share not in SHARE_NAMES:
+            raise ValueError(f"share='{self.share}': use one of {', '.join(SHARE_NAMES)}")
+        if not self.latent:
+            if nkv <= 0 or nh % nkv:
+                raise ValueError(f"num_key_value_heads={nkv} must divide num_attention_heads={nh}")
+            if self.head_dim % 2:
+                raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+            if self.share != "kv":
+                raise ValueError(f"share={self.share} needs a latent model (kv_lora_rank > 0)")
+            if self.latent_quant_bits:
+                raise ValueError("latent_quant_bits needs a latent model (kv_lora_rank > 0)")
+            if self.kv_rule == "heads" and nkv != nh:
+                raise ValueError(f"preset '{p}' has num_key_value_heads = num_attention_heads; use gqa for fewer")
+            if self.kv_rule == "one" and nkv != 1:
+                raise ValueError("preset mqa has num_key_value_heads = 1")
+            if self.preset_latent:
+                raise ValueError(f"preset '{p}' needs kv_lora_rank > 0 (the latent width)")
+            # q_lora_rank and qk_rope_head_dim do nothing in a plain model (as on the C side)
+        else:
+            if not self.preset_latent:
+                raise ValueError("kv_lora_rank > 0 makes a latent model: use preset mla or clla*")
+            if self.share == "kv":
+                raise ValueError("share = kv is for plain K/V; latent models share latent, latent_krope or latent_kvproj")
+            if self.qk_rope_head_dim <= 0 or self.qk_rope_head_dim % 2:
+                raise ValueError(f"latent models need an even qk_rope_head_dim > 0 (got {self.qk_rope_head_dim})")
+            if self.q_lora_rank < 0:
+                raise ValueError("q_lora_rank must be >= 0")
+            if self.latent_quant_bits:
+                if not 2 <= self.latent_quant_bits <= 8:
+                    raise ValueError(f"latent_quant_bits={self.latent_quant_bits} must be 0 (off) or 2..8")
+                if self.latent_quant_group <= 0 or self.kv_lora_rank % self.latent_quant_group:
+                    raise ValueError(f"latent_quant_group={self.latent_quant_group} must divide "
+                                     f"kv_lora_rank={self.kv_lora_rank}")
 
     # which kind of attention / FFN a layer gets; the only place presets are interpreted
     def attention_kind(self, layer):
@@ -135,6 +211,22 @@ class ModelConfig:
 
     def slot(self, layer):
         return layer // self.share_factor
+
+    def producer_of(self, layer):
+        return layer - layer % self.share_factor
+
+    def describe(self):
+        s = f"attention={self.attention}"
+        if self.latent:
+            s += (f" R={self.kv_lora_rank} DR={self.qk_rope_head_dim} Rq={self.q_lora_rank} D={self.head_dim} "
+                  f"DV={self.v_head_dim}")
+            if self.latent_quant_bits:
+                s += f" quant={self.latent_quant_bits}b/g{self.latent_quant_group}"
+        else:
+            s += f" NKV={self.num_key_value_heads} D={self.head_dim} DV={self.v_head_dim}"
+        if self.share_factor > 1:
+            s += f" F={self.share_factor} share={self.share}"
+        return s + f" L={self.num_hidden_layers} tied={self.tie_word_embeddings}"
 
 
 class TrainConfig:
@@ -243,6 +335,95 @@ def causal_attention(q, k, v, scale):
     return y.transpose(1, 2).reshape(B, T, NH * DV)
 
 
+# ----------------------------------------------------------------------------- CLLA-quant: int_group
+
+def int_group_imax(bits):
+    """Largest code: symmetric codes in [-Imax, Imax], Imax = 2^(b-1) - 1. (The CLLA paper's
+    [-(2^(b-1)-1), 2^b-1] upper bound is a typo for a symmetric quantizer.)"""
+    return (1 << (bits - 1)) - 1
+
+
+def bf16_round_up(s):
+    """Smallest bf16 value >= s, for a float32 tensor s >= 0: clear the low 16 bits of the fp32
+    pattern and, if any was set, add one bf16 ulp (0x10000)."""
+    assert s.dtype == torch.float32
+    u = s.contiguous().view(torch.int32)
+    low = torch.bitwise_and(u, 0xFFFF)
+    up = torch.bitwise_and(u, -65536) + 65536          # -65536 = 0xFFFF0000 as int32
+    return torch.where(low != 0, up, u).view(torch.float32)
+
+
+def int_group_quantize(x, bits, group):
+    """x: float32 (..., W), groups of `group` contiguous values along the last dim.
+    Returns (codes int32 (..., W//group, group), scales float32 (..., W//group)), all in float32
+    arithmetic: scale = bf16_round_up(max|x| / Imax) (0 for an all-zero group),
+    code = clamp(round_half_even(x / scale), -Imax, Imax) (0 in a zero group)."""
+    assert x.dtype == torch.float32 and x.shape[-1] % group == 0
+    imax = int_group_imax(bits)
+    g = x.reshape(*x.shape[:-1], x.shape[-1] // group, group).contiguous()
+    absmax = g.abs().amax(dim=-1)
+    # full-size operands: a plain elementwise IEEE division (no scalar fast path)
+    raw = absmax / torch.full_like(absmax, float(imax))
+    scale = torch.where(absmax > 0, bf16_round_up(raw), torch.zeros_like(raw))
+    den = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1).expand_as(g).contiguous()
+    q = torch.round(g / den)                            # torch.round: half to even, like rintf
+    q = q.clamp(-imax, imax)
+    q = torch.where((scale > 0).unsqueeze(-1), q, torch.zeros_like(q))
+    return q.to(torch.int32), scale
+
+
+def int_group_dequantize(codes, scales):
+    """float32 (..., W): code * scale (exact in float32: |code| < 2^7, scale has 8 significant bits)."""
+    v = codes.to(torch.float32) * scales.unsqueeze(-1).expand_as(codes).contiguous()
+    return v.reshape(*codes.shape[:-2], codes.shape[-2] * codes.shape[-1])
+
+
+class StraightThrough(torch.autograd.Function):
+    """Forward: the given replacement value; backward: the gradient passes unchanged."""
+
+    @staticmethod
+    def forward(ctx, x, value):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def int_group_ste(c, bits, group, log=None, layer=None):
+    """CLLA-quant of the normalized latent c (float64): the float32-rounded c is quantized in
+    float32 (as the C side quantizes its fp32 latent), dequantized, returned as float64 with a
+    straight-through gradient. `log` (a list) receives what the quantizer saw, for checks."""
+    x32 = c.detach().to(torch.float32)
+    codes, scales = int_group_quantize(x32, bits, group)
+    deq = int_group_dequantize(codes, scales)
+    if log is not None:
+        log.append({"layer": layer, "x": x32, "codes": codes, "scales": scales, "deq": deq,
+                    "bits": bits, "group": group})
+    return StraightThrough.apply(c, deq.to(c.dtype))
+
+
+def int_group_margins(rec):
+    """How close the quantizer's inputs were to its discontinuities (the C side quantizes its own
+    fp32 latent, which differs from the twin's by ~1e-7..1e-6 relative):
+    code: min over elements of |r - (nearest .5 boundary)| / r, r = |x| / scale;
+    scale: min over groups of the distance of max|x|/Imax (fp32 bits) to a bf16 boundary, in fp32 ulps."""
+    x, codes, scales, bits = rec["x"], rec["codes"], rec["scales"], rec["bits"]
+    imax = int_group_imax(bits)
+    g = x.reshape(codes.shape).double()
+    s = scales.double().unsqueeze(-1)
+    live = (scales > 0).unsqueeze(-1).expand_as(g)
+    r = (g.abs() / torch.where(s > 0, s, torch.ones_like(s)))[live]
+    k = r.floor().clamp(0, imax - 1)
+    dist = (r - (k + 0.5)).abs() / r.clamp_min(1e-300)
+    code_margin = float(dist.min()) if dist.numel() else float("inf")
+    absmax = x.reshape(codes.shape).abs().amax(-1)
+    raw = (absmax / torch.full_like(absmax, float(imax)))[scales > 0]
+    low = torch.bitwise_and(raw.contiguous().view(torch.int32), 0xFFFF)
+    scale_margin = int(torch.minimum(low, 65536 - low).min()) if raw.numel() else 65536
+    return code_margin, scale_margin
+
+
 # ----------------------------------------------------------------------------- modules
 
 def linear(n_in, n_out):
@@ -260,7 +441,10 @@ class RMSNorm(nn.Module):
 
 
 class ForwardContext:
-    """What every layer of one forward pass shares: RoPE tables and the cache slots."""
+    """What every layer of one forward pass shares: RoPE tables and the cache slots.
+    Slots go through put_slot / read_slot; the optional hooks (tests) see or replace a payload:
+    put_hook(slot, payload) -> payload when the producer stores it, read_hook(layer, slot,
+    payload) -> payload each time a layer (the producer included) reads it."""
 
     def __init__(self, cfg, T):
         self.cfg = cfg
@@ -268,11 +452,25 @@ class ForwardContext:
         self._rope = {}
         self.slots = {}        # slot index -> payload (dict of tensors) put there by the producer
         self.aux_losses = []   # scalar tensors added to the loss (MoE)
+        self.quant_log = []    # what the int_group quantizer saw (CLLA-quant), one record per producer
+        self.put_hook = None
+        self.read_hook = None
 
     def rope(self, dim):
         if dim not in self._rope:
             self._rope[dim] = rope_tables(self.T, dim, self.cfg.rope_theta)
         return self._rope[dim]
+
+    def put_slot(self, slot, payload):
+        if self.put_hook is not None:
+            payload = self.put_hook(slot, payload)
+        self.slots[slot] = payload
+
+    def read_slot(self, layer, slot):
+        payload = self.slots[slot]
+        if self.read_hook is not None:
+            payload = self.read_hook(layer, slot, payload)
+        return payload
 
 
 class DenseAttention(nn.Module):
@@ -303,16 +501,98 @@ class DenseAttention(nn.Module):
     def forward(self, h, ctx):
         B, T, _ = h.shape
         if self.producer:
-            ctx.slots[self.slot] = self.payload(h, ctx)
-        kv = ctx.slots[self.slot]
+            ctx.put_slot(self.slot, self.payload(h, ctx))
+        kv = ctx.read_slot(self.layer, self.slot)
         cos, sin = ctx.rope(self.d)
         q = apply_rope(self.q_proj(h).view(B, T, self.nh, self.d), cos, sin)
         y = causal_attention(q, kv["k"], kv["v"], 1.0 / math.sqrt(self.d))
         return self.o_proj(y)
 
 
-# attention kind (ModelConfig.attention_kind) -> module class; MLA/CLLA add "latent" here
-ATTENTION_KINDS = {"dense": DenseAttention}
+class LatentAttention(nn.Module):
+    """MLA / CLLA (DeepSeek-V2 form, non-absorbed), one layer.
+    Query: q_proj, or q_a_proj -> q_a_layernorm -> q_b_proj (q_lora_rank > 0); per head
+    [q_nope (D) | q_rope (DR)], RoPE on the last DR dims (frequencies with DR as the dimension).
+    Producer: kv_a = h kv_a_proj_with_mqa^T = [c_raw (R) | k_rope_raw (DR)];
+    c = kv_a_layernorm(c_raw), int_group round trip with a straight-through gradient when
+    latent_quant_bits > 0; k_rope = RoPE(k_rope_raw), one head shared by every query head.
+    Payload of a slot: {"c": (B,T,R), "k_rope": (B,T,1,DR), "kv_b": the producer's kv_b_proj weight}.
+    Consumers (l % F != 0) read the slot's c; k_rope: their own k_rope_proj (share latent,
+    latent_kvproj) or the slot's (latent_krope); kv_b_proj: their own, or the producer's
+    (latent_kvproj, so its gradient sums into the producer's weight).
+    kv = c kv_b^T viewed (NH, D + DV) per head = [k_nope | v]; K = [k_nope | k_rope];
+    causal softmax attention with scale 1/sqrt(D + DR); out = o_proj(att (NH*DV))."""
+
+    def __init__(self, cfg, layer):
+        super().__init__()
+        self.layer = layer
+        self.nh, self.d, self.dv = cfg.num_attention_heads, cfg.head_dim, cfg.v_head_dim
+        self.r, self.dr, self.rq = cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.q_lora_rank
+        self.producer = cfg.is_producer(layer)
+        self.slot = cfg.slot(layer)
+        self.share = cfg.share
+        self.quant = (cfg.latent_quant_bits, cfg.latent_quant_group) if cfg.latent_quant_bits else None
+        C = cfg.hidden_size
+        qw = self.nh * (self.d + self.dr)
+        if self.rq > 0:
+            self.q_a_proj = linear(C, self.rq)
+            self.q_a_layernorm = RMSNorm(self.rq, cfg.rms_norm_eps)
+            self.q_b_proj = linear(self.rq, qw)
+        else:
+            self.q_proj = linear(C, qw)
+        self.own_krope = False
+        if self.producer:
+            self.kv_a_proj_with_mqa = linear(C, self.r + self.dr)
+            self.kv_a_layernorm = RMSNorm(self.r, cfg.rms_norm_eps)
+        elif self.share in ("latent", "latent_kvproj"):
+            self.k_rope_proj = linear(C, self.dr)
+            self.own_krope = True
+        self.own_kvb = self.producer or self.share != "latent_kvproj"
+        if self.own_kvb:
+            self.kv_b_proj = linear(self.r, self.nh * (self.d + self.dv))
+        self.o_proj = linear(self.nh * self.dv, C)
+
+    def query(self, h, ctx):
+        B, T, _ = h.shape
+        if self.rq > 0:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(h)))
+        else:
+            q = self.q_proj(h)
+        q = q.view(B, T, self.nh, self.d + self.dr)
+        cos, sin = ctx.rope(self.dr)
+        return torch.cat([q[..., :self.d], apply_rope(q[..., self.d:], cos, sin)], dim=-1)
+
+    def payload(self, h, ctx):
+        B, T, _ = h.shape
+        kv_a = self.kv_a_proj_with_mqa(h)
+        c = self.kv_a_layernorm(kv_a[..., :self.r])
+        if self.quant:
+            c = int_group_ste(c, *self.quant, log=ctx.quant_log, layer=self.layer)
+        cos, sin = ctx.rope(self.dr)
+        k_rope = apply_rope(kv_a[..., self.r:].reshape(B, T, 1, self.dr), cos, sin)
+        return {"c": c, "k_rope": k_rope, "kv_b": self.kv_b_proj.weight}
+
+    def forward(self, h, ctx):
+        B, T, _ = h.shape
+        if self.producer:
+            ctx.put_slot(self.slot, self.payload(h, ctx))
+        s = ctx.read_slot(self.layer, self.slot)
+        q = self.query(h, ctx)
+        if self.own_krope:
+            cos, sin = ctx.rope(self.dr)
+            k_rope = apply_rope(self.k_rope_proj(h).view(B, T, 1, self.dr), cos, sin)
+        else:
+            k_rope = s["k_rope"]
+        w_kvb = self.kv_b_proj.weight if self.own_kvb else s["kv_b"]
+        kv = (s["c"] @ w_kvb.t()).view(B, T, self.nh, self.d + self.dv)
+        k = torch.cat([kv[..., :self.d], k_rope.expand(B, T, self.nh, self.dr)], dim=-1)
+        v = kv[..., self.d:]
+        y = causal_attention(q, k, v, 1.0 / math.sqrt(self.d + self.dr))
+        return self.o_proj(y)
+
+
+# attention kind (ModelConfig.attention_kind) -> module class
+ATTENTION_KINDS = {"dense": DenseAttention, "latent": LatentAttention}
 
 
 def make_attention(cfg, layer):
@@ -379,6 +659,8 @@ class CausalLM(nn.Module):
         self.model = Backbone(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = linear(cfg.hidden_size, cfg.vocab_size)
+        self.put_hook = self.read_hook = None   # ForwardContext hooks (tests)
+        self.last_quant_log = []
 
     def output_weight(self):
         return self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
@@ -387,7 +669,10 @@ class CausalLM(nn.Module):
         """ids, targets: (B, T) int64. Returns (logits (B,T,V), loss or None).
         loss = mean cross-entropy over all B*T targets (+ auxiliary losses, none for dense)."""
         ctx = ForwardContext(self.cfg, ids.shape[1])
+        if self.put_hook is not None or self.read_hook is not None:
+            ctx.put_hook, ctx.read_hook = self.put_hook, self.read_hook
         h = self.model(ids, ctx)
+        self.last_quant_log = ctx.quant_log
         logits = h @ self.output_weight().t()
         if targets is None:
             return logits, None
@@ -497,11 +782,13 @@ def train_replay(model, tc, tokens, steps=None, on_step=None):
             g["lr"] = lr
         opt.zero_grad(set_to_none=False)
         step_loss = 0.0
+        margins = []
         for _ in range(tc.n_micro):
             x, y = cursor.next()
             _, loss = model(x, y)
             (loss / tc.n_micro).backward()
             step_loss += loss.item() / tc.n_micro
+            margins += [int_group_margins(r) for r in model.last_quant_log]
         norm = math.sqrt(sum(float((p.grad ** 2).sum()) for p in params))
         clipped = False
         if tc.grad_clip > 0:
@@ -512,6 +799,8 @@ def train_replay(model, tc, tokens, steps=None, on_step=None):
                     p.grad.mul_(coef)
         opt.step()
         rec = {"step": s + 1, "loss": step_loss, "grad_norm": norm, "lr": lr, "clipped": clipped}
+        if margins:   # CLLA-quant: how close this step's latents came to a rounding boundary
+            rec["quant_margin"] = (min(m[0] for m in margins), min(m[1] for m in margins))
         out.append(rec)
         if on_step:
             on_step(rec)
@@ -548,8 +837,17 @@ def cmd_check_step(a):
     dump, _ = st.read(a.dump)
     failed = 0
     tol = a.tol
-    print(f"check-step: {a.model} B={a.batch} T={a.seq} attention={model.cfg.attention} "
-          f"tied={model.cfg.tie_word_embeddings}  (tolerance: max|c-ref|/max|ref| <= {tol:g})")
+    print(f"check-step: {a.model} B={a.batch} T={a.seq} {model.cfg.describe()}  "
+          f"(tolerance: max|c-ref|/max|ref| <= {tol:g})")
+    for rec in model.last_quant_log:
+        # the C side quantizes its fp32 latent, the twin the fp32 rounding of its fp64 latent;
+        # they differ by ~1e-7..1e-6 relative, so a code (or a scale) can differ only where an
+        # input lies that close to a rounding boundary
+        cm, sm = int_group_margins(rec)
+        near = cm < 1e-5 or sm < 32
+        print(f"  {'WARN' if near else 'note'} int_group layer {rec['layer']}: {rec['scales'].numel()} groups, "
+              f"{rec['codes'].numel()} codes, code margin {cm:.2e} (relative), scale margin {sm} fp32 ulps"
+              + ("  <- near a rounding boundary: a C/twin code may differ here" if near else ""))
     for name, r in ref.items():
         if name not in dump:
             print(f"  FAIL {name:<55} missing from {a.dump}")
@@ -630,6 +928,11 @@ def cmd_check_train(a):
         print(f"  {r['step']:>4} {float(c['loss']):12.7f} {r['loss']:12.7f} {el:9.2e} {float(c['grad_norm']):12.7f} "
               f"{r['grad_norm']:12.7f} {eg:9.2e} {float(c['lr']):11.4e} {er:9.2e} {'yes' if r['clipped'] else 'no ':<4}"
               f"{'  FAIL' if bad else ''}")
+        if "quant_margin" in r:
+            cm, sm = r["quant_margin"]
+            near = cm < 1e-5 or sm < 32
+            print(f"       int_group: code margin {cm:.2e}, scale margin {sm} fp32 ulps"
+                  + ("  WARN: near a rounding boundary, a C/twin code may differ" if near else ""))
 
     train_replay(model, tc, tokens, on_step=on_step)
     extra = sorted(s for s in metrics if s < 1 or s > tc.max_steps)
@@ -658,6 +961,94 @@ def cmd_suggest_clip(a):
     print("unclipped grad norms: " + " ".join(f"{n:.6g}" for n in norms), file=sys.stderr)
     print(f"{0.99 * float(np.median(norms)):.6g}")
     return 0
+
+
+# ----------------------------------------------------------------------------- int_group against the C code
+
+def int_group_cases(seed=0):
+    """(name, float32 array (N, W), bits, group) cases aimed at the quantizer's edges: random
+    data over many magnitudes, exact .5 ties (half-to-even), max|x|/Imax exactly on a bf16 value
+    and one fp32 ulp above it (the scale's round-up), zero and signed-zero groups, tiny
+    (subnormal-scale) groups, every bit width 2..8."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for bits in range(2, 9):
+        imax = int_group_imax(bits)
+        for group in (8, 32):
+            W, N = 64, 24
+            x = (rng.standard_normal((N, W)) * 10.0 ** rng.uniform(-3, 3, (N, W // group, 1)).repeat(group, -1)
+                 .reshape(N, W)).astype(np.float32)
+            out.append((f"random b={bits} g={group}", x, bits, group))
+            # ties: scale s a bf16 value, max|x| = Imax*s, the rest (k + 1/2) s (exact in fp32)
+            y = np.zeros((N, W), np.float32)
+            for n in range(N):
+                for g in range(W // group):
+                    s = np.float32(2.0 ** rng.integers(-20, 10) * (1 + rng.integers(0, 128) / 128.0))
+                    k = rng.integers(0, imax, group).astype(np.float32) + np.float32(0.5)
+                    v = (k * s * np.where(rng.random(group) < 0.5, -1, 1)).astype(np.float32)
+                    v[0] = np.float32(imax) * s * (1 if rng.random() < 0.5 else -1)
+                    y[n, g * group:(g + 1) * group] = v
+            out.append((f"ties b={bits} g={group}", y, bits, group))
+            # scale boundary: max|x|/Imax on a bf16 value, and max|x| one ulp above
+            z = (rng.standard_normal((N, W)) * 0.1).astype(np.float32)
+            for n in range(N):
+                for g in range(W // group):
+                    s = np.float32(2.0 ** rng.integers(-10, 5) * (1 + rng.integers(0, 128) / 128.0))
+                    a = np.float32(np.float32(imax) * s)
+                    if (n + g) % 2:
+                        a = np.nextafter(a, np.float32(np.inf))
+                    blk = z[n, g * group:(g + 1) * group]
+                    blk[:] = np.clip(blk * a, -a, a)
+                    blk[rng.integers(0, group)] = a if rng.random() < 0.5 else -a
+            out.append((f"scale-boundary b={bits} g={group}", z, bits, group))
+    # zero, signed zero and tiny groups
+    e = (rng.standard_normal((4, 32))).astype(np.float32)
+    e[0, :8] = 0.0
+    e[0, 8:16] = -0.0
+    e[1, :8] = 0.0
+    e[1, 3] = np.float32(1e-38)          # scale 1e-38/7: a subnormal fp32
+    e[1, 8:16] = np.float32(-1e-30)
+    e[2, 8:16] = np.float32(3e30) * np.float32(rng.standard_normal(8))
+    out.append(("zero/tiny/huge groups b=4 g=8", e, 4, 8))
+    return out
+
+
+def cmd_check_int_group(a):
+    """Runs the C quantizer (tests/reference/int_group_probe.c, linked with libclla_core.a) on
+    int_group_cases() and requires its output bit for bit equal to int_group_quantize/dequantize,
+    both the backend round trip (training) and the cache codec's decode(encode()) (inference)."""
+    import subprocess
+    import tempfile
+    failed = 0
+    total = 0
+    with tempfile.TemporaryDirectory() as d:
+        for name, x, bits, group in int_group_cases(a.seed):
+            N, W = x.shape
+            xin, xout = os.path.join(d, "in.f32"), os.path.join(d, "out.f32")
+            x.astype("<f4").tofile(xin)
+            r = subprocess.run([a.probe, xin, xout, str(N), str(W), str(bits), str(group)], capture_output=True, text=True)
+            if r.returncode:
+                print(f"  FAIL {name}: probe failed: {r.stderr.strip()}")
+                failed += 1
+                continue
+            c = np.fromfile(xout, dtype="<f4").reshape(2, N, W)
+            codes, scales = int_group_quantize(torch.from_numpy(x.copy()), bits, group)
+            ref = int_group_dequantize(codes, scales).numpy()
+            imax = int_group_imax(bits)
+            sc = scales.numpy()
+            r = np.abs(x.reshape(codes.shape).astype(np.float64)) / np.where(sc > 0, sc, 1)[..., None]
+            nties = int(np.sum(r % 1 == 0.5))
+            absmax = np.abs(x.reshape(codes.shape)).max(-1)
+            raw = (absmax / np.float32(imax)).astype(np.float32)
+            on_bf16 = int(np.sum((raw.view(np.uint32) & 0xFFFF == 0) & (absmax > 0)))
+            bad = [int(np.sum(arr.view(np.uint32) != ref.view(np.uint32))) for arr in (c[0], c[1])]
+            total += 2 * x.size
+            ok = bad == [0, 0] and int(codes.abs().max()) <= imax
+            failed += not ok
+            print(f"  {'ok  ' if ok else 'FAIL'} {name:<30} {x.size:5d} values ({nties:4d} exact ties, {on_bf16:3d} groups with "
+                  f"max|x|/Imax on a bf16 value): differ {bad[0]} (backend round trip), {bad[1]} (codec decode(encode))")
+    print(f"check-int-group: {total} values compared bit for bit, {failed} failed")
+    return 1 if failed else 0
 
 
 # ----------------------------------------------------------------------------- C-binary stand-in
@@ -735,6 +1126,10 @@ def main(argv=None):
     c.add_argument("--config")
     c.add_argument("--set", action="append", default=[])
 
+    c = sub.add_parser("check-int-group", help="the C int_group quantizer (int_group_probe) against the twin's, bit for bit")
+    c.add_argument("--probe", required=True, help="the compiled tests/reference/int_group_probe.c")
+    c.add_argument("--seed", type=int, default=0)
+
     c = sub.add_parser("init", help="stand-in for clla init")
     c.add_argument("--config", required=True)
     c.add_argument("--out", required=True)
@@ -749,11 +1144,13 @@ def main(argv=None):
 
     c = sub.add_parser("train", help="stand-in for clla train")
     c.add_argument("--config", required=True)
+    c.add_argument("--quiet", action="store_true", help="accepted (the stand-in prints no step lines)")
     c.add_argument("--set", action="append", default=[])
 
     a = p.parse_args(argv)
     fn = {"check-step": cmd_check_step, "check-train": cmd_check_train, "suggest-clip": cmd_suggest_clip,
-          "init": cmd_init, "debug-step": cmd_debug_step, "train": cmd_train}[a.cmd]
+          "init": cmd_init, "debug-step": cmd_debug_step, "train": cmd_train,
+          "check-int-group": cmd_check_int_group}[a.cmd]
     try:
         return fn(a)
     except (ValueError, OSError, KeyError, Unsupported) as e:
