@@ -372,6 +372,9 @@ void config_validate(const Config *cfg, const char *origin) {
     NEED(m->intermediate_size > 0 || m->n_routed_experts > 0, "%s: intermediate_size must be set (> 0)", origin);
     NEED(m->share_factor >= 1, "%s: share_factor must be >= 1", origin);
     if (!config_is_latent(m)) {
+        NEED(!p->latent, "%s: preset '%s' needs kv_lora_rank > 0 (the latent width)", origin, p->name);
+        NEED(m->q_lora_rank == 0, "%s: q_lora_rank applies to latent models only (preset mla/clla*); remove it or set 0", origin);
+        NEED(m->qk_rope_head_dim == 0, "%s: qk_rope_head_dim applies to latent models only (plain models rotate the whole head); remove it or set 0", origin);
         NEED(m->num_key_value_heads > 0 && m->num_attention_heads % m->num_key_value_heads == 0,
              "%s: num_key_value_heads = %d does not divide num_attention_heads = %d: choose a divisor", origin,
              m->num_key_value_heads, m->num_attention_heads);
@@ -382,7 +385,6 @@ void config_validate(const Config *cfg, const char *origin) {
             NEED(m->num_key_value_heads == m->num_attention_heads, "%s: preset '%s' has num_key_value_heads = num_attention_heads; use preset gqa for fewer", origin, p->name);
         if (p->kv_rule == 2)
             NEED(m->num_key_value_heads == 1, "%s: preset mqa has num_key_value_heads = 1; use preset gqa for more", origin);
-        NEED(!p->latent, "%s: preset '%s' needs kv_lora_rank > 0 (the latent width)", origin, p->name);
     } else {
         NEED(p->latent, "%s: kv_lora_rank > 0 makes a latent model: use preset mla or clla*", origin);
         NEED(m->share != SHARE_KV, "%s: share = kv is for plain K/V (cla presets); latent models share latent, latent_krope or latent_kvproj", origin);

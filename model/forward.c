@@ -105,10 +105,11 @@ void model_backward(Model *m, float loss_scale) {
     const GradActs *ga = &m->ga;
     size_t sb = be->act_bytes;
     int cnt = count_targets(m->h_targets, N);
-    if (cnt == 0) return;   // nothing counted: the loss is constant 0
+    // nothing counted: the LM loss is constant 0, but MoE auxiliary losses still have gradients
+    if (cnt == 0 && c->n_routed_experts == 0) return;
 
     be->zero(m->gact, m->gacts.bytes_store);   // every activation gradient starts at 0
-    be->xent_backward(DA(ga->dlogits), A(m->logits), m->d_targets, N, V, IGNORE_INDEX, loss_scale / (float)cnt);
+    be->xent_backward(DA(ga->dlogits), A(m->logits), m->d_targets, N, V, IGNORE_INDEX, cnt ? loss_scale / (float)cnt : 0.0f);
     be->matmul_backward(DA(ga->dh), G(m->lm_head), DA(ga->dlogits), A(m->h_final), P(m->lm_head), N, C, V);
     be->rmsnorm_backward(DA(ga->dres), G(m->final_norm), DA(ga->dh), A(m->res_final), P(m->final_norm), A(m->rstd_final), N, C);
     for (int l = L - 1; l >= 0; l--) {
