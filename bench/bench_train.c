@@ -119,6 +119,11 @@ int main(int argc, char **argv) {
     };
     int n_shapes = (int)(sizeof(shapes) / sizeof(shapes[0]));
     printf("bench_train: %d threads | config %s\n", omp_get_max_threads(), path ? path : "(built-in)");
+    // Other processes on the cores turn the ratio into noise (OpenMP barriers wait for
+    // descheduled threads): say so rather than print a number that looks meaningful.
+    double load[1];
+    if (getloadavg(load, 1) == 1 && load[0] > 0.5)
+        printf("warning: load average %.2f before the run: other processes share the cores, expect noisy numbers\n", load[0]);
     // measured before and again after the training steps, best of both: a burst of noise on
     // a shared machine then lowers neither the rate nor (falsely) raises the ratio
     double sgemm_best = measure_sgemm(shapes, n_shapes, 1);
