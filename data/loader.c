@@ -38,6 +38,8 @@ void loader_next(DataLoader *dl, int32_t *inputs, int32_t *targets) {
     else shards_next(dl->shards, inputs, targets);
 }
 
+int loader_is_plain(const DataLoader *dl) { return dl->plain != NULL; }
+
 long long loader_num_batches(const DataLoader *dl) {
     return dl->plain ? plain_num_batches(dl->plain) : shards_num_batches(dl->shards);
 }

@@ -35,6 +35,9 @@ void loader_next(DataLoader *dl, int32_t *inputs, int32_t *targets);
 // validation set: loader_reset() then this many loader_next() calls).
 long long loader_num_batches(const DataLoader *dl);
 void loader_reset(DataLoader *dl);
+// 1 when the data is a plain uint32 token file (rank/world do not apply: every rank would
+// read the same batches), 0 for token shards.
+int loader_is_plain(const DataLoader *dl);
 void loader_close(DataLoader *dl);
 // The state before the next loader_next(); setting it makes the following batches exactly
 // those that followed when it was taken. Dies when the fingerprint does not match.

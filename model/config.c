@@ -82,6 +82,8 @@ static const KeyDef TRAIN_KEYS[] = {
     {"save_every", NULL, K_INT, T_(save_every), 0},
     {"keep_checkpoints", NULL, K_INT, T_(keep_checkpoints), 0},
     {"max_consecutive_skips", NULL, K_INT, T_(max_consecutive_skips), 0},
+    {"zero_stage", NULL, K_INT, T_(zero_stage), 0},
+    {"dist_timeout_s", NULL, K_FLOAT, T_(dist_timeout_s), 0},
 };
 #define N_MODEL_KEYS (sizeof(MODEL_KEYS) / sizeof(MODEL_KEYS[0]))
 #define N_TRAIN_KEYS (sizeof(TRAIN_KEYS) / sizeof(TRAIN_KEYS[0]))
@@ -208,6 +210,7 @@ static void defaults(Config *cfg) {
     t->log_every = 1;
     t->val_batches = 8;
     t->max_consecutive_skips = 5;
+    t->dist_timeout_s = 600;   // torch.distributed's default collective timeout
 }
 
 // Preset knobs (DESIGN section 1). -1 for n_kv_heads_rule means "as configured".
@@ -427,6 +430,8 @@ void config_validate(const Config *cfg, const char *origin) {
     NEED(t->threads >= 0, "%s: train.threads must be >= 0 (0 = OpenMP default)", origin);
     NEED(t->save_every >= 0 && t->keep_checkpoints >= 0, "%s: train.save_every and train.keep_checkpoints must be >= 0 (0 = off / keep all)", origin);
     NEED(t->max_consecutive_skips >= 1, "%s: train.max_consecutive_skips must be >= 1", origin);
+    NEED(t->zero_stage == 0 || t->zero_stage == 1, "%s: train.zero_stage must be 0 (replicated AdamW state) or 1 (ZeRO-1, sharded)", origin);
+    NEED(t->dist_timeout_s >= 0, "%s: train.dist_timeout_s must be >= 0 (0 = no timeout)", origin);
 }
 
 cJSON *config_model_to_json(const ModelConfig *m) {

@@ -67,6 +67,8 @@ typedef struct TrainConfig {
     int save_every;            // checkpoint every N steps (0 = only on a stop request; docs/CHECKPOINTS.md)
     int keep_checkpoints;      // keep the newest K checkpoints (0 = all)
     int max_consecutive_skips; // stop after this many non-finite steps in a row
+    int zero_stage;            // data parallel: 0 = every rank holds all AdamW state, 1 = sharded (ZeRO-1)
+    float dist_timeout_s;      // data parallel: a collective waiting longer ends the job (0 = never)
 } TrainConfig;
 
 typedef struct Config {

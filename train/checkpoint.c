@@ -159,18 +159,18 @@ static int save_tables(Model *model, const char *path, float *const *bufs, const
 }
 
 // Reads tensors named <table name><suffix> (F32, the table's shape, nothing else in the
-// file) into the backend buffer dev. Dies with one line naming the file on any mismatch.
-static void load_table(Model *model, StFile *sf, const char *path, float *dev, const char *suffix_a, float *dev_b,
-                       const char *suffix_b) {
+// file) into host buffers laid out like the fp32 table (padding left as it is: zeros).
+// Dies with one line naming the file on any mismatch.
+static void load_table_host(Model *model, StFile *sf, const char *path, float *host_a, const char *suffix_a,
+                            float *host_b, const char *suffix_b) {
     const TensorTable *tt = &model->params;
-    int n_bufs = dev_b ? 2 : 1;
+    int n_bufs = host_b ? 2 : 1;
     if (sf->n != tt->n * n_bufs)
         die("checkpoint file '%s' holds %d tensors, this model needs %d: the file belongs to another model", path, sf->n,
             tt->n * n_bufs);
-    float *host = xmalloc(tt->bytes_f32);
     char name[TENSOR_NAME_MAX + 32], err[512];
     for (int b = 0; b < n_bufs; b++) {
-        memset(host, 0, tt->bytes_f32);
+        float *host = b ? host_b : host_a;
         for (int i = 0; i < tt->n; i++) {
             const TensorInfo *ti = &tt->t[i];
             snprintf(name, sizeof(name), "%s%s", ti->name, b ? suffix_b : suffix_a);
@@ -183,9 +183,19 @@ static void load_table(Model *model, StFile *sf, const char *path, float *dev, c
             if (st_read_f32(sf, j, (float *)((char *)host + ti->off_f32), err, sizeof(err)) != 0)
                 die("checkpoint file '%s': %s", path, err);
         }
-        model->be->upload(b ? dev_b : dev, host, tt->bytes_f32);
     }
-    free(host);
+}
+
+// The same into backend buffers laid out like the fp32 table.
+static void load_table(Model *model, StFile *sf, const char *path, float *dev, const char *suffix_a, float *dev_b,
+                       const char *suffix_b) {
+    const TensorTable *tt = &model->params;
+    float *ha = xcalloc(tt->bytes_f32, 1), *hb = dev_b ? xcalloc(tt->bytes_f32, 1) : NULL;
+    load_table_host(model, sf, path, ha, suffix_a, hb, suffix_b);
+    model->be->upload(dev, ha, tt->bytes_f32);
+    if (dev_b) model->be->upload(dev_b, hb, tt->bytes_f32);
+    free(ha);
+    free(hb);
 }
 
 // ---------------------------------------------------------------- state.json
@@ -196,7 +206,7 @@ static cJSON *u64_string(uint64_t v) {
     return cJSON_CreateString(buf);
 }
 
-static cJSON *build_state(const Config *cfg, const AdamW *opt, const TrainState *st) {
+static cJSON *build_state(const Config *cfg, const AdamW *opt, const TrainState *st, int world, int zero) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "format", "clla-checkpoint");
     cJSON_AddNumberToObject(o, "version", CKPT_STATE_VERSION);
@@ -210,7 +220,9 @@ static cJSON *build_state(const Config *cfg, const AdamW *opt, const TrainState 
     cJSON *op = cJSON_AddObjectToObject(o, "optimizer");
     cJSON_AddStringToObject(op, "type", "adamw");
     cJSON_AddNumberToObject(op, "t", opt->t);
-    cJSON_AddNumberToObject(op, "world", 1);
+    // ranks of the run and whether each wrote its own shard (optimizer.rank<r> for r < world)
+    cJSON_AddNumberToObject(op, "world", world);
+    cJSON_AddNumberToObject(op, "zero_stage", zero);
     cJSON *rng = cJSON_AddObjectToObject(o, "rng");
     // the only randomness of a run: init and data order from train.seed; bf16 weight
     // rounding from adamw_store_seed(seed, t). No generator carries state between steps.
@@ -279,7 +291,7 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
     if (text && !cJSON_IsObject(root)) fail(err, errlen, "'%s' is not a JSON object (damaged state file)", path);
     free(text);
     if (!cJSON_IsObject(root)) { cJSON_Delete(root); free(path); return NULL; }
-    long long step, version, tokens, topt, world, cons, total;
+    long long step, version, tokens, topt, world, cons, total, zero = 0;
     uint64_t epoch, position, fingerprint, seed;
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
     const cJSON *op, *rng, *data, *tr, *sk, *files;
@@ -295,7 +307,9 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
                get_int(root, "tokens", 0, 1LL << 53, &tokens, path, err, errlen) != 0 ||
                !(op = need(root, "optimizer", path, err, errlen)) ||
                get_int(op, "t", 0, 2147483647LL, &topt, path, err, errlen) != 0 ||
-               get_int(op, "world", 1, 1, &world, path, err, errlen) != 0 ||
+               get_int(op, "world", 1, 1 << 20, &world, path, err, errlen) != 0 ||
+               (cJSON_GetObjectItemCaseSensitive(op, "zero_stage") &&
+                get_int(op, "zero_stage", 0, 1, &zero, path, err, errlen) != 0) ||
                !(rng = need(root, "rng", path, err, errlen)) ||
                get_u64(rng, "seed", &seed, path, err, errlen) != 0 ||
                !(data = need(root, "data", path, err, errlen)) || !(tr = need(data, "train", path, err, errlen)) ||
@@ -320,6 +334,8 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
         st->data.epoch = epoch;
         st->data.position = position;
         st->data.fingerprint = fingerprint;
+        st->saved_world = (int)world;
+        st->saved_zero = (int)zero;
         *t = (int)topt;
         rc = 0;
     }
@@ -330,105 +346,202 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
 
 // ---------------------------------------------------------------- save
 
-int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const AdamW *opt, const TrainState *st, char *out,
-              size_t outlen, char *err, size_t errlen) {
+// A ZeRO-1 shard: elements [lo, hi) of the flat fp32 layout of m and v as two 1-D tensors.
+// The flat layout (table offsets, padding included) is a function of the model config, which
+// resume requires to be unchanged, so lo/hi locate the slice exactly.
+static int save_shard(Model *model, const AdamW *opt, const char *path, int rank, int world, char *err, size_t errlen) {
+    size_t len = opt->hi - opt->lo;
+    float *hm = xmalloc((len ? len : 1) * sizeof(float)), *hv = xmalloc((len ? len : 1) * sizeof(float));
+    if (len) {
+        model->be->download(hm, opt->m, len * sizeof(float));
+        model->be->download(hv, opt->v, len * sizeof(float));
+    }
+    StTensor t[2] = {{.name = "exp_avg", .ndim = 1, .shape = {(int64_t)len}, .data = hm},
+                     {.name = "exp_avg_sq", .ndim = 1, .shape = {(int64_t)len}, .data = hv}};
+    char meta[320];
+    snprintf(meta, sizeof(meta),
+             "{\"format\":\"clla-adamw-zero1\",\"t\":\"%d\",\"rank\":\"%d\",\"world\":\"%d\",\"lo\":\"%zu\",\"hi\":\"%zu\",\"numel\":\"%zu\"}",
+             opt->t, rank, world, opt->lo, opt->hi, model->params.bytes_f32 / 4);
+    int rc = st_save(path, t, len ? 2 : 0, ST_F32, meta, err, errlen);   // an empty shard: metadata only
+    free(hm);
+    free(hv);
+    return rc;
+}
+
+// What a rank reports after writing its optimizer file; gathered on every rank.
+typedef struct RankReport {
+    int ok, wrote;
+    uint64_t bytes, hash;
+    char err[480];
+} RankReport;
+
+// Rank 0's verdict on a phase of the save, broadcast so that every rank returns the same.
+typedef struct SaveStatus {
+    int ok;
+    char msg[1536];   // the error, or the final directory
+} SaveStatus;
+
+static void share_status(Dist *dist, SaveStatus *s) {
+    if (dist && dist->world > 1) dist_bcast(dist, s, sizeof(*s), 0);
+}
+
+int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const AdamW *opt, const TrainState *st, Dist *dist,
+              char *out, size_t outlen, char *err, size_t errlen) {
+    const int rank = dist ? dist->rank : 0, world = dist ? dist->world : 1;
+    // a sharded optimizer (ZeRO-1 over several ranks) is written by every rank
+    const int sharded = !(opt->lo == 0 && opt->hi == model->params.bytes_f32 / 4);
     char *base = path_join(run_dir, CKPT_SUBDIR);
     char name[64], tmpname[96];
     snprintf(name, sizeof(name), "step_%08d", st->step);
-    snprintf(tmpname, sizeof(tmpname), ".tmp.%s.%ld", name, (long)getpid());
+    // every rank writes into rank 0's temporary directory, named with rank 0's pid
+    long pid = (long)getpid();
+    if (dist && world > 1) dist_bcast(dist, &pid, sizeof(pid), 0);
+    snprintf(tmpname, sizeof(tmpname), ".tmp.%s.%ld", name, pid);
     char *final = path_join(base, name), *tmp = path_join(base, tmpname);
-    char opt_name[64];
-    optimizer_file_name(opt_name, sizeof(opt_name), 0);
-    const char *files[] = {CONFIG_FILE, MODEL_FILE, opt_name};
+    int n_files = 2 + (sharded ? world : 1);
+    char (*files)[64] = xcalloc((size_t)n_files, sizeof(*files));
+    snprintf(files[0], sizeof(files[0]), "%s", CONFIG_FILE);
+    snprintf(files[1], sizeof(files[1]), "%s", MODEL_FILE);
+    for (int r = 0; r < n_files - 2; r++) optimizer_file_name(files[2 + r], sizeof(files[0]), r);
     int rc = -1;
     cJSON *state = NULL;
     char *text = NULL, *p = NULL;
+    RankReport mine, *reports = xcalloc((size_t)world, sizeof(RankReport));
+    SaveStatus status = {.ok = 1};
+    memset(&mine, 0, sizeof(mine));
 
-    if (make_dirs(base) != 0) { fail(err, errlen, "cannot create '%s': %s", base, strerror(errno)); goto done; }
-    fsync_dir(run_dir);   // the first save creates checkpoints/ itself: make that name durable too
-    remove_tree(tmp);   // a stale one of an earlier process that had our pid
-    if (mkdir(tmp, 0755) != 0) { fail(err, errlen, "cannot create '%s': %s", tmp, strerror(errno)); goto done; }
+    // ---- rank 0: the temporary directory, config and model
+    if (rank == 0) {
+        status.ok = 0;
+        if (make_dirs(base) != 0) { fail(status.msg, sizeof(status.msg), "cannot create '%s': %s", base, strerror(errno)); goto phase1; }
+        fsync_dir(run_dir);   // the first save creates checkpoints/ itself: make that name durable too
+        remove_tree(tmp);   // a stale one of an earlier process that had our pid
+        if (mkdir(tmp, 0755) != 0) { fail(status.msg, sizeof(status.msg), "cannot create '%s': %s", tmp, strerror(errno)); goto phase1; }
 
-    cJSON *cj = config_to_json(cfg);
-    text = cJSON_Print(cj);
-    cJSON_Delete(cj);
-    p = path_join(tmp, CONFIG_FILE);
-    if (write_text(p, text, err, errlen) != 0) goto done;
+        cJSON *cj = config_to_json(cfg);
+        text = cJSON_Print(cj);
+        cJSON_Delete(cj);
+        p = path_join(tmp, CONFIG_FILE);
+        if (write_text(p, text, status.msg, sizeof(status.msg)) != 0) goto phase1;
+        free(p); p = NULL;
+        free(text); text = NULL;
+        test_pause();
+
+        p = path_join(tmp, MODEL_FILE);
+        float *mbuf[1] = {model->master};
+        const char *msuf[1] = {""};
+        if (save_tables(model, p, mbuf, msuf, 1, "{\"format\":\"pt\",\"producer\":\"clla\"}", status.msg, sizeof(status.msg)) != 0)
+            goto phase1;
+        free(p); p = NULL;
+        test_pause();
+        status.ok = 1;
+    }
+phase1:
     free(p); p = NULL;
     free(text); text = NULL;
-    test_pause();
+    share_status(dist, &status);
+    if (!status.ok) { fail(err, errlen, "%s", status.msg); goto done; }
 
-    p = path_join(tmp, MODEL_FILE);
-    float *mbuf[1] = {model->master};
-    const char *msuf[1] = {""};
-    if (save_tables(model, p, mbuf, msuf, 1, "{\"format\":\"pt\",\"producer\":\"clla\"}", err, errlen) != 0) goto done;
-    free(p); p = NULL;
-    test_pause();
-
-    // Moments of every parameter under "<name>.exp_avg" / "<name>.exp_avg_sq". One file per
-    // rank: with ZeRO-1 each rank will write the slices it owns (metadata rank/world).
-    char meta[160];
-    snprintf(meta, sizeof(meta), "{\"format\":\"clla-adamw\",\"t\":\"%d\",\"rank\":\"0\",\"world\":\"1\"}", opt->t);
-    p = path_join(tmp, opt_name);
-    float *obuf[2] = {opt->m, opt->v};
-    const char *osuf[2] = {".exp_avg", ".exp_avg_sq"};
-    if (save_tables(model, p, obuf, osuf, 2, meta, err, errlen) != 0) goto done;
-    free(p); p = NULL;
-    test_pause();
-
-    state = build_state(cfg, opt, st);
-    cJSON *fl = cJSON_GetObjectItemCaseSensitive(state, "files");
-    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
-        uint64_t h, n;
-        p = path_join(tmp, files[i]);
-        if (hash_file(p, &h, &n, err, errlen) != 0) goto done;
-        free(p); p = NULL;
-        char hex[24];
-        snprintf(hex, sizeof(hex), "%016" PRIx64, h);
-        cJSON *e = cJSON_AddObjectToObject(fl, files[i]);
-        cJSON_AddNumberToObject(e, "bytes", (double)n);
-        cJSON_AddStringToObject(e, "fnv1a64", hex);
-    }
-    text = cJSON_Print(state);
-    p = path_join(tmp, STATE_FILE);
-    if (write_text(p, text, err, errlen) != 0) goto done;
-    free(p); p = NULL;
-    if (fsync_dir(tmp) != 0) { fail(err, errlen, "cannot flush '%s': %s", tmp, strerror(errno)); goto done; }
-    test_pause();
-
-    // A checkpoint of the same step from an earlier attempt (resumed from an older one) is
-    // replaced: moved aside first, so one complete step_* directory exists at every moment.
-    struct stat sb;
-    char *old = NULL;
-    if (stat(final, &sb) == 0) {
-        char oldname[96];
-        snprintf(oldname, sizeof(oldname), ".old.%s.%ld", name, (long)getpid());
-        old = path_join(base, oldname);
-        remove_tree(old);
-        if (rename(final, old) != 0) {
-            fail(err, errlen, "cannot move the existing '%s' aside: %s", final, strerror(errno));
-            free(old);
-            goto done;
+    // ---- the optimizer: one file of the whole model (rank 0), or one shard per rank
+    mine.ok = 1;
+    if (sharded || rank == 0) {
+        char opt_name[64];
+        optimizer_file_name(opt_name, sizeof(opt_name), sharded ? rank : 0);
+        p = path_join(tmp, opt_name);
+        if (sharded) {
+            mine.ok = save_shard(model, opt, p, rank, world, mine.err, sizeof(mine.err)) == 0;
+        } else {
+            // Moments of every parameter under "<name>.exp_avg" / "<name>.exp_avg_sq".
+            char meta[200];
+            snprintf(meta, sizeof(meta), "{\"format\":\"clla-adamw\",\"t\":\"%d\",\"rank\":\"0\",\"world\":\"%d\"}", opt->t, world);
+            float *obuf[2] = {opt->m, opt->v};
+            const char *osuf[2] = {".exp_avg", ".exp_avg_sq"};
+            mine.ok = save_tables(model, p, obuf, osuf, 2, meta, mine.err, sizeof(mine.err)) == 0;
         }
+        if (mine.ok) mine.ok = hash_file(p, &mine.hash, &mine.bytes, mine.err, sizeof(mine.err)) == 0;
+        mine.wrote = mine.ok;
+        free(p); p = NULL;
+        test_pause();
     }
-    if (rename(tmp, final) != 0) {
-        fail(err, errlen, "cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
-        if (old) rename(old, final);
-        free(old);
-        goto done;
+    if (dist && world > 1) dist_allgather_bytes(dist, &mine, sizeof(mine), reports);
+    else reports[0] = mine;
+
+    // ---- rank 0: state.json (with every file's checksum) and the rename
+    if (rank == 0) {
+        status.ok = 0;
+        for (int r = 0; r < world; r++)
+            if (!reports[r].ok) {
+                if (world > 1) snprintf(status.msg, sizeof(status.msg), "rank %d: %s", r, reports[r].err);
+                else snprintf(status.msg, sizeof(status.msg), "%s", reports[r].err);
+                goto phase2;
+            }
+        state = build_state(cfg, opt, st, world, sharded);
+        cJSON *fl = cJSON_GetObjectItemCaseSensitive(state, "files");
+        for (int i = 0; i < n_files; i++) {
+            uint64_t h, n;
+            if (i >= 2) {   // optimizer files: hashed by their writers
+                const RankReport *rr = &reports[sharded ? i - 2 : 0];
+                h = rr->hash;
+                n = rr->bytes;
+            } else {
+                p = path_join(tmp, files[i]);
+                if (hash_file(p, &h, &n, status.msg, sizeof(status.msg)) != 0) goto phase2;
+                free(p); p = NULL;
+            }
+            char hex[24];
+            snprintf(hex, sizeof(hex), "%016" PRIx64, h);
+            cJSON *e = cJSON_AddObjectToObject(fl, files[i]);
+            cJSON_AddNumberToObject(e, "bytes", (double)n);
+            cJSON_AddStringToObject(e, "fnv1a64", hex);
+        }
+        text = cJSON_Print(state);
+        p = path_join(tmp, STATE_FILE);
+        if (write_text(p, text, status.msg, sizeof(status.msg)) != 0) goto phase2;
+        free(p); p = NULL;
+        if (fsync_dir(tmp) != 0) { fail(status.msg, sizeof(status.msg), "cannot flush '%s': %s", tmp, strerror(errno)); goto phase2; }
+        test_pause();
+
+        // A checkpoint of the same step from an earlier attempt (resumed from an older one) is
+        // replaced: moved aside first, so one complete step_* directory exists at every moment.
+        struct stat sb;
+        char *old = NULL;
+        if (stat(final, &sb) == 0) {
+            char oldname[96];
+            snprintf(oldname, sizeof(oldname), ".old.%s.%ld", name, (long)getpid());
+            old = path_join(base, oldname);
+            remove_tree(old);
+            if (rename(final, old) != 0) {
+                fail(status.msg, sizeof(status.msg), "cannot move the existing '%s' aside: %s", final, strerror(errno));
+                free(old);
+                goto phase2;
+            }
+        }
+        if (rename(tmp, final) != 0) {
+            fail(status.msg, sizeof(status.msg), "cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
+            if (old) rename(old, final);
+            free(old);
+            goto phase2;
+        }
+        if (old) { remove_tree(old); free(old); }
+        if (fsync_dir(base) != 0) { fail(status.msg, sizeof(status.msg), "cannot flush '%s': %s", base, strerror(errno)); goto phase2; }
+        snprintf(status.msg, sizeof(status.msg), "%s", final);
+        status.ok = 1;
     }
-    if (old) { remove_tree(old); free(old); }
-    if (fsync_dir(base) != 0) { fail(err, errlen, "cannot flush '%s': %s", base, strerror(errno)); goto done; }
-    snprintf(out, outlen, "%s", final);
+phase2:
+    share_status(dist, &status);
+    if (!status.ok) { fail(err, errlen, "%s", status.msg); goto done; }
+    snprintf(out, outlen, "%s", rank == 0 ? final : status.msg);
     rc = 0;
 done:
-    if (rc != 0) remove_tree(tmp);
+    if (rc != 0 && rank == 0) remove_tree(tmp);
     cJSON_Delete(state);
     free(text);
     free(p);
     free(tmp);
     free(final);
     free(base);
+    free(files);
+    free(reports);
     return rc;
 }
 
@@ -485,12 +598,16 @@ int ckpt_validate(const char *dir, char *err, size_t errlen) {
     if (named >= 0 && named != st.step)
         rc = fail(err, errlen, "'%s/%s' says step %d but the directory is named for step %ld (damaged or renamed checkpoint)", dir, STATE_FILE, st.step, named);
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
-    char opt_name[64];
-    optimizer_file_name(opt_name, sizeof(opt_name), 0);
-    const char *required[] = {REQUIRED_FILES[0], REQUIRED_FILES[1], opt_name};
-    for (size_t i = 0; !rc && i < sizeof(required) / sizeof(required[0]); i++)
-        if (!cJSON_GetObjectItemCaseSensitive(files, required[i]))
-            rc = fail(err, errlen, "'%s/%s' lists no '%s' (damaged state file)", dir, STATE_FILE, required[i]);
+    for (size_t i = 0; !rc && i < sizeof(REQUIRED_FILES) / sizeof(REQUIRED_FILES[0]); i++)
+        if (!cJSON_GetObjectItemCaseSensitive(files, REQUIRED_FILES[i]))
+            rc = fail(err, errlen, "'%s/%s' lists no '%s' (damaged state file)", dir, STATE_FILE, REQUIRED_FILES[i]);
+    // one optimizer file, or one per rank when the ranks saved ZeRO-1 shards
+    for (int r = 0; !rc && r < (st.saved_zero ? st.saved_world : 1); r++) {
+        char opt_name[64];
+        optimizer_file_name(opt_name, sizeof(opt_name), r);
+        if (!cJSON_GetObjectItemCaseSensitive(files, opt_name))
+            rc = fail(err, errlen, "'%s/%s' lists no '%s' (damaged state file)", dir, STATE_FILE, opt_name);
+    }
     for (const cJSON *f = files->child; !rc && f; f = f->next) {
         // only plain names: a forged state file must not make us read outside the directory
         if (!f->string || !f->string[0] || strchr(f->string, '/') || !strcmp(f->string, "..") || !strcmp(f->string, ".")) {
@@ -613,6 +730,30 @@ int ckpt_compare_config(const Config *saved, const Config *cur, const char *dir)
     return changed;
 }
 
+// Unsigned decimal metadata value of an optimizer file (they are strings in safetensors).
+static unsigned long long meta_u64(const cJSON *meta, const char *key, const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
+    char *end = NULL;
+    unsigned long long x = cJSON_IsString(v) && v->valuestring[0] >= '0' && v->valuestring[0] <= '9'
+                               ? strtoull(v->valuestring, &end, 10) : 0;
+    if (!end || *end) die("cannot resume: '%s': metadata '%s' is missing or not a whole number (damaged optimizer file)", path, key);
+    return x;
+}
+
+// Opens an optimizer file of the checkpoint and checks that it belongs to update t.
+static cJSON *open_optimizer_file(StFile *sf, const char *op, int t) {
+    char err[1024];
+    if (st_open(sf, op, err, sizeof(err)) != 0) die("cannot resume: '%s': %s", op, err);
+    cJSON *meta = sf->metadata_json ? cJSON_Parse(sf->metadata_json) : NULL;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(meta, "t");
+    char tbuf[32];
+    snprintf(tbuf, sizeof(tbuf), "%d", t);
+    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, tbuf) != 0)
+        die("cannot resume: '%s' is for optimizer step %s, state.json says %d (mixed-up checkpoint files)", op,
+            cJSON_IsString(mt) ? mt->valuestring : "(none)", t);
+    return meta;
+}
+
 void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
     char err[1024];
     if (ckpt_validate(dir, err, sizeof(err)) != 0) die("cannot resume: %s", err);
@@ -628,21 +769,42 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
     st_close(&sf);
     free(mp);
 
-    char opt_name[64];
-    optimizer_file_name(opt_name, sizeof(opt_name), 0);
-    char *op = path_join(dir, opt_name);
-    if (st_open(&sf, op, err, sizeof(err)) != 0) die("cannot resume: '%s': %s", op, err);
-    cJSON *meta = sf.metadata_json ? cJSON_Parse(sf.metadata_json) : NULL;
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(meta, "t");
-    char tbuf[32];
-    snprintf(tbuf, sizeof(tbuf), "%d", t);
-    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, tbuf) != 0)
-        die("cannot resume: '%s' is for optimizer step %s, state.json says %d (mixed-up checkpoint files)", op,
-            cJSON_IsString(mt) ? mt->valuestring : "(none)", t);
-    cJSON_Delete(meta);
-    load_table(model, &sf, op, opt->m, ".exp_avg", opt->v, ".exp_avg_sq");
-    st_close(&sf);
-    free(op);
+    // The moments of the whole flat layout on the host, from one file or from every rank's
+    // shard, then this optimizer's range of it: any number of ranks resumes any other.
+    const TensorTable *tt = &model->params;
+    const size_t n = tt->bytes_f32 / 4;
+    float *hm = xcalloc(n, sizeof(float)), *hv = xcalloc(n, sizeof(float));
+    for (int r = 0; r < (st->saved_zero ? st->saved_world : 1); r++) {
+        char opt_name[64];
+        optimizer_file_name(opt_name, sizeof(opt_name), r);
+        char *op = path_join(dir, opt_name);
+        cJSON *meta = open_optimizer_file(&sf, op, t);
+        if (!st->saved_zero) {
+            load_table_host(model, &sf, op, hm, ".exp_avg", hv, ".exp_avg_sq");
+        } else {
+            unsigned long long lo = meta_u64(meta, "lo", op), hi = meta_u64(meta, "hi", op), numel = meta_u64(meta, "numel", op);
+            if (numel != n || lo > hi || hi > n)
+                die("cannot resume: '%s' holds elements [%llu, %llu) of %llu, this model has %zu: the file belongs to another model",
+                    op, lo, hi, numel, n);
+            float *dst[2] = {hm + lo, hv + lo};
+            const char *names[2] = {"exp_avg", "exp_avg_sq"};
+            for (int b = 0; b < 2 && hi > lo; b++) {
+                int j = st_find(&sf, names[b]);
+                if (j < 0 || sf.e[j].dtype != ST_F32 || sf.e[j].ndim != 1 || sf.e[j].shape[0] != (int64_t)(hi - lo))
+                    die("cannot resume: '%s': tensor '%s' is missing or not F32 [%llu] (damaged optimizer file)", op, names[b], hi - lo);
+                if (st_read_f32(&sf, j, dst[b], err, sizeof(err)) != 0) die("cannot resume: '%s': %s", op, err);
+            }
+        }
+        cJSON_Delete(meta);
+        st_close(&sf);
+        free(op);
+    }
+    if (opt->hi > opt->lo) {
+        model->be->upload(opt->m, hm + opt->lo, (opt->hi - opt->lo) * sizeof(float));
+        model->be->upload(opt->v, hv + opt->lo, (opt->hi - opt->lo) * sizeof(float));
+    }
+    free(hm);
+    free(hv);
     opt->t = t;
     // the storage copy exactly as adamw_step left it after update t
     model_sync_weights(model, adamw_store_seed(st->seed, t));

@@ -15,6 +15,7 @@
 #include "data/loader.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "train/dist.h"
 #include "train/optimizer.h"
 
 #define CKPT_SUBDIR "checkpoints"
@@ -28,14 +29,21 @@ typedef struct TrainState {
     long long tokens;              // training tokens consumed
     unsigned long long seed;       // train.seed the run started with (init, shuffling, bf16 rounding)
     LoaderState data;              // position of the training loader before the next batch
+    int saved_world;               // ckpt_load: ranks that wrote the checkpoint
+    int saved_zero;                // ckpt_load: 1 when their AdamW state was sharded (ZeRO-1)
 } TrainState;
 
 // Writes a checkpoint of step st->step into <run_dir>/checkpoints/. On success returns 0 and
 // the final directory in path (pathlen bytes). On failure (disk full, file-size limit,
 // permissions) returns -1 with one line in err; nothing is left behind and existing
 // checkpoints are untouched.
+// Data parallel (dist not NULL, world > 1): every rank calls it, and every rank gets the same
+// result. Rank 0 writes config, model and state.json; an optimizer covering the whole model
+// (no ZeRO: the ranks hold identical copies) is written once by rank 0, a ZeRO-1 shard by each
+// rank as optimizer.rank<r>.safetensors (flat slices "exp_avg"/"exp_avg_sq" of the fp32
+// layout, metadata lo/hi). The run directory must be on a file system all ranks share.
 int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const AdamW *opt, const TrainState *st,
-              char *path, size_t pathlen, char *err, size_t errlen);
+              Dist *dist, char *path, size_t pathlen, char *err, size_t errlen);
 
 // The newest checkpoint of run_dir that validates (ckpt_validate); ones that do not are
 // reported with warn() and skipped. Returns 0 with the directory in path, or -1 when there
@@ -62,6 +70,9 @@ int ckpt_compare_config(const Config *saved, const Config *cur, const char *dir)
 
 // Loads a validated checkpoint into a model and optimizer built from the same model config:
 // fp32 masters, m, v, t and the TrainState. Dies with one line on any problem.
+// The optimizer may cover a different range than the one saved (another number of ranks, or
+// ZeRO on/off): the saved moments are assembled into the whole flat layout (every rank reads
+// every optimizer file) and opt's range [lo, hi) is taken from it.
 void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st);
 
 #endif

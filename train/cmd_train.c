@@ -14,6 +14,8 @@
 #include "train/checkpoint.h"
 #include "train/commands.h"
 #include "train/device.h"
+#include "train/dist.h"
+#include "train/grad_sync.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/run_files.h"
@@ -29,6 +31,7 @@ static const ArgSpec SPECS[] = {
     {"keep", 1, "keep the newest K checkpoints, 0 = all (overrides train.keep_checkpoints)"},
     {"resume", 1, "auto (newest complete checkpoint of the run directory, if any) or a checkpoint directory"},
     {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps"},
+    {"zero", 1, "data parallel: 0 = replicated AdamW state, 1 = ZeRO-1 sharded (overrides train.zero_stage)"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -68,17 +71,22 @@ static int int_option(const Args *a, const char *name, int fallback) {
 
 // Writes a checkpoint of the state after st->step steps, prunes old ones, and remembers it
 // as the last good one when no skip streak is running. A failed save ends the run.
+// Data parallel: every rank calls it (the save is collective); rank 0 prunes and reports.
 static void save_checkpoint(const Config *cfg, Model *model, const AdamW *opt, TrainState *st, const DataLoader *dl,
-                            char *last_good, size_t last_good_len) {
+                            Dist *dist, char *last_good, size_t last_good_len) {
     char path[2048], err[1024];
     loader_get_state(dl, &st->data);
-    if (ckpt_save(cfg->train.out_dir, cfg, model, opt, st, path, sizeof(path), err, sizeof(err)) != 0)
+    if (ckpt_save(cfg->train.out_dir, cfg, model, opt, st, dist, path, sizeof(path), err, sizeof(err)) != 0)
         die("saving the checkpoint of step %d failed: %s; the last good checkpoint is %s", st->step, err,
             last_good[0] ? last_good : "(none)");
-    if (ckpt_prune(cfg->train.out_dir, cfg->train.keep_checkpoints, err, sizeof(err)) < 0) warn("%s", err);
+    if (dist->rank == 0 && ckpt_prune(cfg->train.out_dir, cfg->train.keep_checkpoints, err, sizeof(err)) < 0) warn("%s", err);
     if (st->consecutive_skips == 0) snprintf(last_good, last_good_len, "%s", path);
-    fprintf(stderr, "saved checkpoint %s\n", path);
+    if (dist->rank == 0) fprintf(stderr, "saved checkpoint %s\n", path);
 }
+
+// Per micro-step statistics gathered from every rank, so that every rank forms the step's
+// numbers from the same values in the same (global micro-batch) order.
+enum { ST_LM, ST_AUX, ST_Z, ST_MAX_SHARE, ST_MIN_SHARE, ST_ASSIGNED, ST_DROPPED, N_STATS };
 
 int cmd_train(int argc, char **argv) {
     Args a;
@@ -101,12 +109,22 @@ int cmd_train(int argc, char **argv) {
     tc->save_every = int_option(&a, "save-every", tc->save_every);
     tc->keep_checkpoints = int_option(&a, "keep", tc->keep_checkpoints);
     int stop_at = int_option(&a, "stop-at", 0);
+    tc->zero_stage = int_option(&a, "zero", tc->zero_stage);
+    if (tc->zero_stage > 1) die("--zero %d: use 0 (replicated AdamW state) or 1 (ZeRO-1)", tc->zero_stage);
+    // The process group (one process unless launched by mpirun/srun; docs/DISTRIBUTED.md).
+    // Every rank runs the same loop; rank 0 alone writes the run files and prints.
+    Dist dist;
+    dist_init(&dist, tc->dist_timeout_s);
+    const int rank0 = dist.rank == 0;
+    if (!rank0) quiet = 1;
     // Resume: the checkpoint is chosen and its config checked before anything is written.
     const char *resume = args_get(&a, SPECS, N_SPECS, "resume");
     char ckpt[2048] = "", last_good[2048] = "";
     if (resume && !strcmp(resume, "auto")) {
-        if (ckpt_find_newest(tc->out_dir, ckpt, sizeof(ckpt)) != 0)
+        // rank 0 picks, so that every rank resumes from the same directory
+        if (rank0 && ckpt_find_newest(tc->out_dir, ckpt, sizeof(ckpt)) != 0)
             fprintf(stderr, "clla train: no checkpoint in %s/%s: starting from step 0\n", tc->out_dir, CKPT_SUBDIR);
+        dist_bcast(&dist, ckpt, sizeof(ckpt), 0);
     } else if (resume) {
         char err[1024];
         if (ckpt_validate(resume, err, sizeof(err)) != 0) die("cannot resume from '%s': %s", resume, err);
@@ -115,7 +133,7 @@ int cmd_train(int argc, char **argv) {
     if (ckpt[0]) {
         Config saved;
         ckpt_read_config(ckpt, &saved);
-        ckpt_compare_config(&saved, &cfg, ckpt);
+        if (rank0) ckpt_compare_config(&saved, &cfg, ckpt);   // dies on a model change: mpirun ends the job
         snprintf(last_good, sizeof(last_good), "%s", ckpt);
     }
     if (tc->threads > 0) omp_set_num_threads(tc->threads);
@@ -123,11 +141,26 @@ int cmd_train(int argc, char **argv) {
     const Backend *be = device_backend(args_get(&a, SPECS, N_SPECS, "device"));
     int B = tc->micro_batch, T = tc->seq_len;
     long long bt = (long long)B * T;
-    int n_micro = tc->global_batch_tokens ? (int)(tc->global_batch_tokens / bt) : 1;
+    // The global batch is fixed by the config; each rank runs n_micro micro-steps of B rows.
+    if (tc->global_batch_tokens && tc->global_batch_tokens % (bt * dist.world) != 0)
+        die("train.global_batch_tokens = %lld is not a multiple of micro_batch * seq_len * ranks = %d * %d * %d = %lld: change the global batch, micro_batch or the number of ranks",
+            tc->global_batch_tokens, B, T, dist.world, bt * dist.world);
+    int n_micro = tc->global_batch_tokens ? (int)(tc->global_batch_tokens / (bt * dist.world)) : 1;
+    const int n_total = n_micro * dist.world;   // micro-batches per optimizer step, all ranks
 
-    LoaderOptions lo = {.B = B, .T = T, .seed = tc->seed, .rank = 0, .world = 1, .vocab_size = cfg.model.vocab_size};
+    // One loader call per step and rank reads the rank's n_micro micro-batches: rank r gets
+    // global micro-batches [r * n_micro, (r + 1) * n_micro), a contiguous run of the global
+    // batch, and the loader's global batch (B * n_micro * world windows) is the same for every
+    // number of ranks, so checkpoints resume across rank counts (docs/DISTRIBUTED.md).
+    LoaderOptions lo = {.B = B * n_micro, .T = T, .seed = tc->seed, .rank = dist.rank, .world = dist.world,
+                        .vocab_size = cfg.model.vocab_size};
     DataLoader *train_dl = loader_open(tc->data, &lo);
-    DataLoader *val_dl = tc->val_data[0] ? loader_open(tc->val_data, &lo) : NULL;
+    if (dist.world > 1 && loader_is_plain(train_dl))
+        die("train.data '%s' is a plain uint32 token file, which gives every rank the same batches: make token shards with `clla prep` for %d ranks (docs/FORMAT.md)",
+            tc->data, dist.world);
+    // validation runs on rank 0 alone (the others wait in the next step's first collective)
+    LoaderOptions vo = {.B = B, .T = T, .seed = tc->seed, .rank = 0, .world = 1, .vocab_size = cfg.model.vocab_size};
+    DataLoader *val_dl = tc->val_data[0] && rank0 ? loader_open(tc->val_data, &vo) : NULL;
     int val_batches = 0;
     if (val_dl) {
         long long avail = loader_num_batches(val_dl);
@@ -136,14 +169,16 @@ int cmd_train(int argc, char **argv) {
 
     Model model;
     model_build(&model, &cfg.model, be);
+    GradSync gs;
+    grad_sync_init(&gs, &dist, &model, tc->zero_stage, n_micro);
     AdamW opt;
-    adamw_init(&opt, &model);
+    adamw_init_range(&opt, &model, gs.lo, gs.hi);
     TrainState st = {.seed = tc->seed};
     if (ckpt[0]) {
         ckpt_load(ckpt, &model, &opt, &st);
         st.seed = tc->seed;
         loader_set_state(train_dl, &st.data);
-        fprintf(stderr, "clla train: resuming from %s at step %d (%lld steps skipped so far)\n", ckpt, st.step, st.skipped_total);
+        if (rank0) fprintf(stderr, "clla train: resuming from %s at step %d (%lld steps skipped so far)\n", ckpt, st.step, st.skipped_total);
     } else if (tc->init_from[0]) {
         model_load(&model, tc->init_from);
     } else {
@@ -153,44 +188,70 @@ int cmd_train(int argc, char **argv) {
     if (stop_at && stop_at <= st.step)
         die("--stop-at %d is not after the checkpoint's step %d: give a later step or drop --stop-at", stop_at, st.step);
 
-    RunFiles rf;
-    if (ckpt[0]) run_files_open_resume(&rf, tc->out_dir, tc->metrics, st.step);
-    else run_files_open(&rf, tc->out_dir, tc->metrics);
+    RunFiles rf = {0};
+    if (!rank0) {
+        // no run files
+    } else if (ckpt[0]) {
+        run_files_open_resume(&rf, tc->out_dir, tc->metrics, st.step);
+    } else {
+        run_files_open(&rf, tc->out_dir, tc->metrics);
+    }
     SignalWatch sig;
     signals_install(&sig);
     int start_step = st.step, stopped = 0;
 
-    fprintf(stderr, "clla train: %s | %lld params | device %s | %d threads | B=%d T=%d x %d micro-steps = %lld tokens/step | %d steps\n",
-            cfg.model.attention, model_num_params(&model), be->name, omp_get_max_threads(), B, T, n_micro, bt * n_micro, tc->max_steps);
+    char ranks[96] = "";
+    if (dist.world > 1)
+        snprintf(ranks, sizeof(ranks), " x %d ranks%s", dist.world, tc->zero_stage ? " (ZeRO-1)" : "");
+    if (rank0)
+        fprintf(stderr, "clla train: %s | %lld params | device %s | %d threads | B=%d T=%d x %d micro-steps%s = %lld tokens/step | %d steps\n",
+                cfg.model.attention, model_num_params(&model), be->name, omp_get_max_threads(), B, T, n_micro, ranks,
+                bt * n_total, tc->max_steps);
 
-    int32_t *in = xmalloc((size_t)bt * sizeof(int32_t)), *tg = xmalloc((size_t)bt * sizeof(int32_t));
+    int32_t *in = xmalloc((size_t)(bt * n_micro) * sizeof(int32_t)), *tg = xmalloc((size_t)(bt * n_micro) * sizeof(int32_t));
+    double *stats = xcalloc((size_t)n_micro * N_STATS, sizeof(double)), *all_stats = xcalloc((size_t)n_total * N_STATS, sizeof(double));
     float *curve = xcalloc((size_t)tc->max_steps + 1, sizeof(float));
     double t_start = now_seconds(), tok_per_s = 0;
     for (int step = start_step; step < tc->max_steps && !stopped; step++) {
-        double t0 = now_seconds();
-        model_zero_grad(&model);
-        // loss = LM loss + the MoE layers' aux (+ z) losses: what the backward differentiates
-        double loss = 0, lm_loss = 0, aux_loss = 0, max_share = 0, min_share = 0;
-        long long assigned = 0, dropped = 0;
+        double t0 = now_seconds(), comm0 = dist.comm_seconds;
+        loader_next(train_dl, in, tg);
         for (int k = 0; k < n_micro; k++) {
-            loader_next(train_dl, in, tg);
-            double lm = model_forward(&model, in, tg);
+            grad_sync_begin_micro(&gs, &model, k);
+            double *row = stats + (size_t)k * N_STATS;
+            row[ST_LM] = model_forward(&model, in + (size_t)k * bt, tg + (size_t)k * bt);
             MoeStats ms;
             moe_last_stats(&model, &ms);
-            lm_loss += lm / n_micro;
-            aux_loss += (ms.aux_loss + ms.z_loss) / n_micro;
-            loss += (lm + ms.aux_loss + ms.z_loss) / n_micro;
-            max_share += ms.max_share / n_micro;
-            min_share += ms.min_share / n_micro;
-            assigned += ms.assignments;
-            dropped += ms.dropped;
-            model_backward(&model, 1.0f / (float)n_micro);
+            row[ST_AUX] = ms.aux_loss;
+            row[ST_Z] = ms.z_loss;
+            row[ST_MAX_SHARE] = ms.max_share;
+            row[ST_MIN_SHARE] = ms.min_share;
+            row[ST_ASSIGNED] = (double)ms.assignments;
+            row[ST_DROPPED] = (double)ms.dropped;
+            // the mean over all ranks' micro-batches is what the gradient sum differentiates
+            model_backward(&model, 1.0f / (float)n_total);
+            grad_sync_end_micro(&gs, &model, k);
         }
-        double norm = grad_global_norm(&model);
+        // loss = LM loss + the MoE layers' aux (+ z) losses, summed in global micro-batch order
+        dist_allgather_f64(&dist, stats, n_micro * N_STATS, all_stats);
+        double loss = 0, lm_loss = 0, aux_loss = 0, max_share = 0, min_share = 0;
+        long long assigned = 0, dropped = 0;
+        for (int j = 0; j < n_total; j++) {
+            const double *row = all_stats + (size_t)j * N_STATS;
+            lm_loss += row[ST_LM] / n_total;
+            aux_loss += (row[ST_AUX] + row[ST_Z]) / n_total;
+            loss += (row[ST_LM] + row[ST_AUX] + row[ST_Z]) / n_total;
+            max_share += row[ST_MAX_SHARE] / n_total;
+            min_share += row[ST_MIN_SHARE] / n_total;
+            assigned += (long long)row[ST_ASSIGNED];
+            dropped += (long long)row[ST_DROPPED];
+        }
+        grad_sync_reduce(&gs, &model);
+        double norm = grad_sync_norm(&gs, &model);
         float lr = lr_at(tc, step);
         int finite = isfinite(loss) && isfinite(norm);
         if (finite) {
-            adamw_step(&opt, &model, tc, lr, clip_scale(norm, tc->grad_clip));
+            adamw_update_range(&opt, &model, tc, lr, clip_scale(norm, tc->grad_clip));
+            grad_sync_gather_params(&gs, &model, adamw_store_seed(tc->seed, opt.t));
             st.consecutive_skips = 0;
         } else {
             st.consecutive_skips++;
@@ -199,9 +260,9 @@ int cmd_train(int argc, char **argv) {
                  step + 1, loss, norm, st.consecutive_skips, tc->max_consecutive_skips);
         }
         st.step = step + 1;
-        st.tokens = bt * n_micro * (long long)(step + 1);
-        double dt = now_seconds() - t0;
-        tok_per_s = (double)bt * n_micro / dt;
+        st.tokens = bt * n_total * (long long)(step + 1);
+        double dt = now_seconds() - t0, comm = dist.comm_seconds - comm0;
+        tok_per_s = (double)bt * n_total / dt;
         curve[step] = (float)loss;
 
         cJSON *rec = cJSON_CreateObject();
@@ -218,7 +279,8 @@ int cmd_train(int argc, char **argv) {
         cJSON_AddNumberToObject(rec, "lr", lr);
         cJSON_AddNumberToObject(rec, "ms", dt * 1e3);
         cJSON_AddNumberToObject(rec, "tokens_per_s", tok_per_s);
-        cJSON_AddNumberToObject(rec, "tokens", (double)bt * n_micro * (step + 1));
+        cJSON_AddNumberToObject(rec, "tokens", (double)bt * n_total * (step + 1));
+        if (dist.world > 1) cJSON_AddNumberToObject(rec, "comm_ms", comm * 1e3);   // rank 0's time in collectives
         if (!finite) cJSON_AddBoolToObject(rec, "skipped", 1);
         int last = step + 1 == tc->max_steps;
         if (val_dl && ((tc->val_every && (step + 1) % tc->val_every == 0) || last)) {
@@ -226,17 +288,18 @@ int cmd_train(int argc, char **argv) {
             cJSON_AddNumberToObject(rec, "val_loss", vl);
             if (!quiet) fprintf(stderr, "step %d: val loss %.4f (ppl %.2f)\n", step + 1, vl, exp(vl));
         }
-        metrics_write(rf.metrics, rec);
+        if (rank0) metrics_write(rf.metrics, rec);
         cJSON_Delete(rec);
         if (st.consecutive_skips >= tc->max_consecutive_skips)
             die("step %d: %d consecutive steps with a non-finite loss or gradient norm: stopping; the last good checkpoint is %s (resume from it with --resume and a lower train.lr, or check the data)",
                 step + 1, st.consecutive_skips, last_good[0] ? last_good : "(none: no checkpoint was saved, set --save-every)");
-        int sig_no = signals_stop_requested(&sig);
-        if (sig_no) fprintf(stderr, "clla train: %s received: saving a checkpoint after step %d and stopping\n", sig_no == SIGINT ? "SIGINT" : "SIGTERM", step + 1);
+        // every rank must take the same branch (the save is collective): the strongest request wins
+        int sig_no = dist_max_int(&dist, signals_stop_requested(&sig));
+        if (sig_no && rank0) fprintf(stderr, "clla train: %s received: saving a checkpoint after step %d and stopping\n", sig_no == SIGINT ? "SIGINT" : "SIGTERM", step + 1);
         // a stop at the last step is a normal end (final model written) with a checkpoint
         stopped = (sig_no || (stop_at && step + 1 >= stop_at)) && !last;
         if (stopped || sig_no || (tc->save_every && ((step + 1) % tc->save_every == 0 || last)))
-            save_checkpoint(&cfg, &model, &opt, &st, train_dl, last_good, sizeof(last_good));
+            save_checkpoint(&cfg, &model, &opt, &st, train_dl, &dist, last_good, sizeof(last_good));
         if (!quiet && ((step + 1) % tc->log_every == 0 || last)) {
             char eta[32];
             double elapsed = now_seconds() - t_start;
@@ -249,20 +312,24 @@ int cmd_train(int argc, char **argv) {
                     step + 1, tc->max_steps, loss, moe, norm, lr, dt * 1e3, tok_per_s, eta);
         }
     }
-    print_curve_summary(curve + start_step, start_step, st.step - start_step);
+    if (rank0) print_curve_summary(curve + start_step, start_step, st.step - start_step);
     signals_restore(&sig);
     if (stopped) {
-        fprintf(stderr, "clla train: stopped after step %d of %d: continue with --resume auto\n", st.step, tc->max_steps);
-    } else {
+        if (rank0) fprintf(stderr, "clla train: stopped after step %d of %d: continue with --resume auto\n", st.step, tc->max_steps);
+    } else if (rank0) {
         run_files_save_model(&rf, &cfg, &model);
         fprintf(stderr, "saved %s/model.safetensors and config.json\n", tc->out_dir);
     }
 
-    run_files_close(&rf);
-    free(curve); free(in); free(tg);
+    if (rank0) run_files_close(&rf);
+    free(curve); free(in); free(tg); free(stats); free(all_stats);
     adamw_free(&opt, &model);
+    grad_sync_free(&gs, &model);
     model_free(&model);
     loader_close(train_dl);
     if (val_dl) loader_close(val_dl);
+    // the other ranks wait here until rank 0 has written the final model
+    dist_barrier(&dist);
+    dist_finalize(&dist);
     return 0;
 }

@@ -2,11 +2,16 @@
 
 #include <math.h>
 
-void adamw_init(AdamW *opt, const Model *model) {
-    opt->m = model->be->alloc(model->params.bytes_f32);
-    opt->v = model->be->alloc(model->params.bytes_f32);
+void adamw_init_range(AdamW *opt, const Model *model, size_t lo, size_t hi) {
+    size_t bytes = (hi > lo ? hi - lo : 1) * sizeof(float);   // never a zero-byte allocation
+    opt->m = model->be->alloc(bytes);
+    opt->v = model->be->alloc(bytes);
     opt->t = 0;
+    opt->lo = lo;
+    opt->hi = hi;
 }
+
+void adamw_init(AdamW *opt, const Model *model) { adamw_init_range(opt, model, 0, model->params.bytes_f32 / 4); }
 
 void adamw_free(AdamW *opt, const Model *model) {
     model->be->release(opt->m);
@@ -25,16 +30,25 @@ float clip_scale(double norm, float clip) {
     return s < 1.0 ? (float)s : 1.0f;
 }
 
-void adamw_step(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale) {
+void adamw_update_range(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale) {
     const TensorTable *tt = &model->params;
     opt->t++;
+    // The update is elementwise, so updating a tensor in pieces (a ZeRO shard boundary may cut
+    // it) gives the same bits as updating it whole.
     for (int i = 0; i < tt->n; i++) {
         const TensorInfo *ti = &tt->t[i];
+        size_t a = ti->off_f32 / 4, b = a + ti->numel;
+        if (a < opt->lo) a = opt->lo;
+        if (b > opt->hi) b = opt->hi;
+        if (a >= b) continue;
         float wd = ti->decay ? tc->weight_decay : 0.0f;
-        model->be->adamw_update(table_ptr_f32(tt, model->master, i), table_ptr_f32(tt, opt->m, i),
-                                table_ptr_f32(tt, opt->v, i), table_ptr_f32(tt, model->grad, i), ti->numel, lr,
-                                tc->beta1, tc->beta2, tc->eps, wd, grad_scale, opt->t);
+        model->be->adamw_update(model->master + a, opt->m + (a - opt->lo), opt->v + (a - opt->lo), model->grad + a,
+                                b - a, lr, tc->beta1, tc->beta2, tc->eps, wd, grad_scale, opt->t);
     }
+}
+
+void adamw_step(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale) {
+    adamw_update_range(opt, model, tc, lr, grad_scale);
     // bf16 storage backends re-round the weights from the masters; the seed makes it repeatable
     model_sync_weights(model, adamw_store_seed(tc->seed, opt->t));
 }

@@ -7,17 +7,25 @@
 #include "model/model.h"
 
 typedef struct AdamW {
-    float *m, *v;      // fp32 moments, laid out like the gradients (backend memory)
+    float *m, *v;      // fp32 moments of elements [lo, hi) of the flat fp32 layout (backend memory)
     int t;             // completed updates
+    size_t lo, hi;     // the part of the flat fp32 buffer (params.bytes_f32 / 4 elements) this
+                       // process updates: all of it, or its ZeRO-1 shard (train/grad_sync.h)
 } AdamW;
 
+// Moments for the whole model (lo = 0, hi = all elements).
 void adamw_init(AdamW *opt, const Model *model);
+// Moments for elements [lo, hi) only (ZeRO-1: a rank's shard; hi may equal lo).
+void adamw_init_range(AdamW *opt, const Model *model, size_t lo, size_t hi);
 void adamw_free(AdamW *opt, const Model *model);
 // Global L2 norm of the accumulated gradients (deterministic).
 double grad_global_norm(const Model *model);
 // One update with learning rate lr; gradients are multiplied by grad_scale first
 // (clipping). Weight decay only on tensors whose table entry says decay.
 void adamw_step(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale);
+// The update of adamw_step on the masters in [opt->lo, opt->hi) only, without refreshing the
+// storage copy: ZeRO-1 all-gathers the masters first, then calls model_sync_weights.
+void adamw_update_range(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale);
 // Seed of the bf16 weight rounding after update t (stored in checkpoints' state.json so a
 // resumed run re-rounds the weights exactly as the uninterrupted one did).
 static inline unsigned long long adamw_store_seed(unsigned long long seed, int t) {

@@ -1,0 +1,74 @@
+// The process group of data-parallel training (docs/DISTRIBUTED.md): rank, world and local
+// rank from MPI when this clla was built with MPI and launched by mpirun/srun, otherwise a
+// group of one. The collectives the trainer needs work on HOST fp32/f64 buffers; callers on
+// a device backend stage through the host (train/grad_sync.c).
+//
+// Determinism: every sum over ranks is formed by this code in one fixed order, never by
+// MPI_Allreduce/MPI_Reduce_scatter (whose association order depends on the algorithm MPI
+// picks, the message size and the number of ranks). A reduce-scatter sends each rank's
+// piece of its buffer to the piece's owner with point-to-point messages; the owner adds
+// the world pieces in the bottom-up pairwise tree over rank indices:
+//   level s = 1, 2, 4, ...: piece[j] += piece[j + s] for j = 0, 2s, 4s, ... (j + s < world)
+// which is the tree that splits [0, n) at the largest power of two below n. The trainer
+// accumulates its micro-steps in the same tree (train/grad_sync.h), so the global gradient
+// of M = world * micro micro-batches is one pairwise tree over the M micro-gradients,
+// whatever the split into ranks when micro-steps per rank is a power of two: 1, 2 and 4
+// ranks give bitwise identical gradients, losses and weights.
+#ifndef CLLA_TRAIN_DIST_H
+#define CLLA_TRAIN_DIST_H
+
+#include <stddef.h>
+
+typedef struct DistWatchdog DistWatchdog;
+
+typedef struct Dist {
+    int rank, world;               // this process, number of processes
+    int local_rank, local_world;   // among the processes of this host (GPU choice)
+    int mpi;                       // 1: MPI was initialized by dist_init (finalized by dist_finalize)
+    double comm_seconds;           // wall time spent in collectives (the trainer reads and resets it)
+    float *scratch;                // reduce-scatter receive pieces: world * DIST_PIECE floats
+    DistWatchdog *watchdog;        // NULL when off
+} Dist;
+
+// Elements per point-to-point message of a reduce-scatter: bounds the scratch memory to
+// world * 4 MiB whatever the model size.
+#define DIST_PIECE ((size_t)1 << 20)
+
+// Builds the group. With MPI: initializes MPI only when the environment shows a launcher
+// (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK/PMI_SIZE), so a plain `clla train` never
+// touches MPI. timeout_s > 0 starts a watchdog: a collective that waits longer than that
+// for the other ranks (a hung network, a rank stuck in I/O) prints a line naming this rank
+// and ends the process with status 3, and mpirun then ends the job.
+void dist_init(Dist *d, double timeout_s);
+void dist_finalize(Dist *d);
+// Ends the whole job with status code (MPI_Abort under MPI, exit otherwise).
+void dist_abort(Dist *d, int code) __attribute__((noreturn));
+
+// A description for logs: "rank 1/4 (local 1/2)" or "single process".
+const char *dist_describe(const Dist *d, char *buf, size_t len);
+
+// Reduce-scatter of a buffer of n floats cut into world pieces of `shard` elements (n <=
+// world * shard; the part past n counts as zeros): out (shard floats) receives the sum over
+// ranks of piece `rank` (in the fixed tree above); entries past n are 0.
+void dist_reduce_scatter_f32(Dist *d, const float *buf, size_t n, size_t shard, float *out);
+// All-gather in place: piece r of buf (elements [r*shard, (r+1)*shard) clipped to n) is
+// taken from rank r and copied to every rank.
+void dist_allgather_f32(Dist *d, float *buf, size_t n, size_t shard);
+// All-reduce (sum) of n floats in place: reduce-scatter then all-gather, same tree.
+void dist_allreduce_sum_f32(Dist *d, float *buf, size_t n);
+// Gathers count doubles from every rank into all (world * count, rank-major) on every rank.
+void dist_allgather_f64(Dist *d, const double *mine, int count, double *all);
+// Gathers `bytes` raw bytes from every rank into all (world * bytes, rank-major).
+void dist_allgather_bytes(Dist *d, const void *mine, size_t bytes, void *all);
+// Sum over ranks of one double, added in rank order (the same on every rank).
+double dist_sum_f64(Dist *d, double x);
+// Largest value over ranks (agreement on stop requests).
+int dist_max_int(Dist *d, int x);
+void dist_bcast(Dist *d, void *buf, size_t bytes, int root);
+void dist_barrier(Dist *d);
+
+// Elements per rank of a ZeRO-1 partition of n elements: ceil(n / world) rounded up to a
+// multiple of align (so that fixed-size blocks of the gradient norm never straddle ranks).
+size_t dist_shard_size(size_t n, int world, size_t align);
+
+#endif

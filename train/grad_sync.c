@@ -1,0 +1,165 @@
+// Data-parallel gradients: micro-step tree, reduce(-scatter), norm, ZeRO-1 gather
+// (train/grad_sync.h).
+#include "train/grad_sync.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+static void add_into(float *dst, const float *src, size_t n) {
+    #pragma omp parallel for schedule(static) if (n >= ((size_t)1 << 16))
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+static int popcount(unsigned v) {
+    int c = 0;
+    for (; v; v &= v - 1) c++;
+    return c;
+}
+
+void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
+    memset(g, 0, sizeof(*g));
+    g->dist = d;
+    g->be = m->be;
+    g->zero = zero;
+    g->micro = micro;
+    g->host_mem = m->be == backend_cpu();
+    g->n = m->params.bytes_f32 / 4;
+    if (zero) {
+        g->shard = dist_shard_size(g->n, d->world, GRAD_NORM_BLOCK);
+        size_t a = (size_t)d->rank * g->shard, b = a + g->shard;
+        g->lo = a < g->n ? a : g->n;
+        g->hi = b < g->n ? b : g->n;
+        g->piece = xmalloc(g->shard * sizeof(float));
+    } else {
+        g->shard = g->n;
+        g->lo = 0;
+        g->hi = g->n;
+    }
+    if (!g->host_mem && d->world > 1) g->host = xmalloc(g->n * sizeof(float));
+    // The tree needs an fp32 add of gradient buffers, which only host memory has here; a
+    // device backend accumulates in backward (results then agree across rank counts to
+    // rounding, not bitwise).
+    g->tree = g->host_mem && micro > 1;
+    if (g->tree) {
+        // the stack before micro-step k+1 holds popcount(k+1) partial sums
+        for (int k = 1; k < micro; k++)
+            if (popcount((unsigned)k) > g->n_bufs) g->n_bufs = popcount((unsigned)k);
+        g->stack = xcalloc((size_t)g->n_bufs + 1, sizeof(float *));
+        g->pool = xcalloc((size_t)g->n_bufs + 1, sizeof(float *));
+        g->level = xcalloc((size_t)g->n_bufs + 1, sizeof(int));
+        for (int i = 0; i < g->n_bufs; i++) g->pool[g->n_pool++] = g->be->alloc(m->params.bytes_f32);
+    }
+}
+
+void grad_sync_free(GradSync *g, Model *m) {
+    (void)m;
+    for (int i = 0; i < g->sp; i++) g->pool[g->n_pool++] = g->stack[i];
+    for (int i = 0; i < g->n_pool; i++) g->be->release(g->pool[i]);
+    free(g->stack);
+    free(g->pool);
+    free(g->level);
+    free(g->host);
+    free(g->piece);
+    memset(g, 0, sizeof(*g));
+}
+
+void grad_sync_begin_micro(GradSync *g, Model *m, int k) {
+    if (g->tree || k == 0) model_zero_grad(m);
+}
+
+void grad_sync_end_micro(GradSync *g, Model *m, int k) {
+    if (!g->tree) return;
+    // Binary-counter merge: equal levels combine at once, so the partial sums are the nodes of
+    // the bottom-up pairwise tree; the last micro-step folds the stack from its smallest
+    // (newest) node up, which completes that tree for any count (train/dist.h).
+    float *cur = m->grad;
+    int lv = 0;
+    while (g->sp > 0 && g->level[g->sp - 1] == lv) {
+        add_into(cur, g->stack[g->sp - 1], g->n);
+        g->pool[g->n_pool++] = g->stack[--g->sp];
+        lv++;
+    }
+    if (k < g->micro - 1) {
+        g->stack[g->sp] = cur;
+        g->level[g->sp++] = lv;
+        if (g->n_pool == 0) die("grad_sync: no free gradient buffer at micro-step %d (internal error)", k);
+        m->grad = g->pool[--g->n_pool];
+    } else {
+        while (g->sp > 0) {
+            add_into(cur, g->stack[g->sp - 1], g->n);
+            g->pool[g->n_pool++] = g->stack[--g->sp];
+        }
+        m->grad = cur;
+    }
+}
+
+void grad_sync_reduce(GradSync *g, Model *m) {
+    Dist *d = g->dist;
+    if (d->world == 1) return;
+    float *buf = m->grad;
+    if (!g->host_mem) {
+        g->be->download(g->host, m->grad, g->n * sizeof(float));
+        buf = g->host;
+    }
+    if (!g->zero) {
+        dist_allreduce_sum_f32(d, buf, g->n);
+        if (!g->host_mem) g->be->upload(m->grad, g->host, g->n * sizeof(float));
+        return;
+    }
+    dist_reduce_scatter_f32(d, buf, g->n, g->shard, g->piece);
+    if (g->hi > g->lo) {
+        if (g->host_mem) memcpy(m->grad + g->lo, g->piece, (g->hi - g->lo) * sizeof(float));
+        else g->be->upload(m->grad + g->lo, g->piece, (g->hi - g->lo) * sizeof(float));
+    }
+}
+
+double grad_sync_norm(GradSync *g, Model *m) {
+    Dist *d = g->dist;
+    if (!g->zero || d->world == 1) return sqrt(m->be->sumsq(m->grad, g->n));
+    // Block sums of the own shard, gathered, then added in block order: the arithmetic of the
+    // CPU backend's sumsq over the whole buffer.
+    size_t per = g->shard / GRAD_NORM_BLOCK, total = (g->n + GRAD_NORM_BLOCK - 1) / GRAD_NORM_BLOCK;
+    double *mine = xcalloc(per, sizeof(double)), *all = xmalloc(per * (size_t)d->world * sizeof(double));
+    for (size_t b = 0; b < per; b++) {
+        size_t a = g->lo + b * GRAD_NORM_BLOCK;
+        if (a >= g->hi) break;
+        size_t len = g->hi - a < GRAD_NORM_BLOCK ? g->hi - a : GRAD_NORM_BLOCK;
+        if (g->host_mem) {
+            mine[b] = m->be->sumsq(m->grad + a, len);
+        } else {
+            const float *h = g->piece + (a - g->lo);
+            double s = 0.0;
+            for (size_t i = 0; i < len; i++) s += (double)h[i] * h[i];
+            mine[b] = s;
+        }
+    }
+    if (per > (size_t)2147483647) die("gradient norm: %zu blocks per rank exceed MPI's int counts", per);
+    dist_allgather_f64(d, mine, (int)per, all);
+    double s = 0.0;
+    for (size_t b = 0; b < total; b++) s += all[b];   // rank-major = block order
+    free(mine);
+    free(all);
+    return sqrt(s);
+}
+
+void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed) {
+    Dist *d = g->dist;
+    if (g->zero && d->world > 1) {
+        if (g->host_mem) {
+            dist_allgather_f32(d, m->master, g->n, g->shard);
+        } else {
+            g->be->download(g->host, m->master, g->n * sizeof(float));
+            dist_allgather_f32(d, g->host, g->n, g->shard);
+            g->be->upload(m->master, g->host, g->n * sizeof(float));
+        }
+    }
+    model_sync_weights(m, seed);
+}
+
+double grad_sync_optimizer_bytes(size_t n, int world, int zero) {
+    size_t per = zero && world > 1 ? dist_shard_size(n, world, GRAD_NORM_BLOCK) : n;
+    return 2.0 * 4.0 * (double)per;
+}

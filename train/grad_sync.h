@@ -1,0 +1,62 @@
+// Data-parallel gradients (docs/DISTRIBUTED.md): accumulation of a rank's micro-steps,
+// the sum over ranks, the global norm and, with ZeRO-1, the parameter all-gather.
+//
+// The flat fp32 layout of the parameter table (params.bytes_f32 / 4 = n elements, padding
+// between tensors included and always 0) is the unit of sharding. ZeRO-1 cuts it into
+// world pieces of `shard` elements (ceil(n / world) rounded up to GRAD_NORM_BLOCK; the last
+// pieces may reach past n or be empty: padding, never a refusal). Rank r owns [lo, hi) =
+// [r * shard, (r + 1) * shard) clipped to n: AdamW m and v exist only for it.
+//
+// One step:  for k < micro: begin_micro, forward, backward(1 / (world * micro)), end_micro
+//            reduce -> norm -> adamw_update_range (own range) -> gather_params
+#ifndef CLLA_TRAIN_GRAD_SYNC_H
+#define CLLA_TRAIN_GRAD_SYNC_H
+
+#include <stddef.h>
+
+#include "model/model.h"
+#include "train/dist.h"
+
+// Block of the gradient norm's sum of squares. Equal to the CPU backend's SUMSQ_BLOCK
+// (layers/cpu_adamw.c): block sums added in index order, so ZeRO-1's norm, formed from the
+// blocks of each shard, is bitwise the norm of the whole buffer.
+#define GRAD_NORM_BLOCK ((size_t)4096)
+
+typedef struct GradSync {
+    Dist *dist;
+    const Backend *be;
+    int zero;             // ZeRO stage: 0 (replicated optimizer) or 1 (sharded m, v)
+    int host_mem;         // the backend's buffers are host memory (CPU): no staging copies
+    int tree;             // micro-steps summed in the pairwise tree (CPU); else in backward
+    int micro;            // micro-steps per rank and optimizer step
+    size_t n;             // fp32 elements of the flat layout
+    size_t shard;         // ZeRO-1 piece per rank (n when not sharded)
+    size_t lo, hi;        // this rank's range of the optimizer
+    // pairwise tree of micro-gradients: a stack of partial sums with their levels
+    float **stack, **pool;
+    int *level, sp, n_pool, n_bufs;
+    float *host;          // staging copy on device backends (n floats), else NULL
+    float *piece;         // reduce-scatter result (shard floats)
+} GradSync;
+
+// zero: 0 or 1. micro: micro-steps per rank per optimizer step.
+void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro);
+void grad_sync_free(GradSync *g, Model *m);
+// Before micro-step k's backward: model->grad is ready to receive it.
+void grad_sync_begin_micro(GradSync *g, Model *m, int k);
+// After micro-step k's backward. After the last one model->grad holds this rank's sum of
+// its micro-gradients (CPU: the pairwise tree over k, see train/dist.h).
+void grad_sync_end_micro(GradSync *g, Model *m, int k);
+// Sum over ranks. ZeRO 0: all of model->grad holds the global gradient on every rank;
+// ZeRO 1: only [lo, hi) does (the rest is this rank's local sum, unused).
+void grad_sync_reduce(GradSync *g, Model *m);
+// Global L2 norm of the gradient, the same bits on every rank and for every ZeRO stage.
+double grad_sync_norm(GradSync *g, Model *m);
+// ZeRO 1: every rank receives every rank's updated masters, then the storage copy is
+// refreshed with seed (as adamw_step does). ZeRO 0: only the refresh.
+void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed);
+
+// Bytes of AdamW m and v one rank holds for a parameter layout of n fp32 elements.
+double grad_sync_optimizer_bytes(size_t n, int world, int zero);
+
+#endif
