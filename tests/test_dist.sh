@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Data-parallel training over MPI (docs/DISTRIBUTED.md), through the binary and mpirun:
+#  (a) 1, 2 and 4 ranks on the same global batch (4 micro-batches of B rows: 1 rank x 4
+#      micro-steps, 2 x 2, 4 x 1) give the same loss curve (relative difference <= 1e-6 per
+#      step; in fact bit for bit) and the same final weights, with and without ZeRO-1, dense
+#      GQA and CLLA-quant + MoE (each micro-batch routes the same B rows whatever the split,
+#      so the per-micro-batch aux loss and capacity are compared like with like);
+#  (b) save with 2 ranks (ZeRO-1 shards), resume with 1 and with 4: the run continues with
+#      the same data order and ends where the uninterrupted run does;
+#  (c) one rank killed with SIGKILL mid-run: the job exits non-zero within 60 s naming the
+#      rank, and the last checkpoint loads; a stopped (hung) rank: the watchdog ends the job;
+#  (d) refusals: a plain token file with 2 ranks, a global batch that does not divide;
+#  (e) two "hosts" as network namespaces joined over TCP with a hostfile
+#      (launch/netns_two_hosts.sh), when run as root with `ip netns` available.
+# Skips (77) when the binary has no MPI or mpirun is missing. Prints "N passed, M failed".
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
+
+if ! command -v mpirun > /dev/null; then echo "skip: mpirun not found (apt-get install openmpi-bin)"; exit 77; fi
+if ! ldd "$CLLA" 2> /dev/null | grep -q 'libmpi'; then
+    echo "skip: $CLLA was built without MPI (configure with -DCLLA_MPI=ON and libopenmpi-dev installed)"
+    exit 77
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_dist.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK" || exit 1
+
+PASS=0
+FAIL=0
+ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
+fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
+
+# One thread per rank; ranks that wait yield the core (4 ranks share 2 cores here).
+export OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+run() {   # run NP OUT ARGS...: clla train under mpirun (NP 1 runs it without mpirun, as users do)
+    local np=$1 out=$2
+    shift 2
+    if [ "$np" = 1 ]; then "$CLLA" train --out "$out" --quiet "$@" 2> "$out.err"
+    else timeout 120 "${MPIRUN[@]}" -np "$np" "$CLLA" train --out "$out" --quiet "$@" > "$out.err" 2>&1; fi
+}
+
+# Shards (the plain token file gives every rank the same batches and is refused).
+if ! "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out small.tok "$SRC/tests/fixtures/english.jsonl" > tok.log 2>&1 ||
+   ! "$CLLA" prep --tokenizer small.tok --out shards --chunk-tokens 512 --val-fraction 0 \
+       "$SRC/tests/fixtures/english.jsonl" > prep.log 2>&1; then
+    echo "FAIL making shards: $(tail -n 1 tok.log prep.log | tr '\n' ' ')"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+
+# 4 micro-batches of B = 2 rows of T = 32 per optimizer step, whatever the number of ranks.
+TRAIN='"data": "shards/train", "seq_len": 32, "micro_batch": 2, "global_batch_tokens": 256, "warmup_steps": 2,
+       "lr": 3e-3, "min_lr": 3e-4, "weight_decay": 0.1, "grad_clip": 1.0, "seed": 11, "log_every": 1000, "threads": 1'
+cat > dense.json <<EOF
+{"attention": "gqa", "vocab_size": 320, "hidden_size": 32, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
+ "train": {"max_steps": 8, $TRAIN}}
+EOF
+cat > moe.json <<EOF
+{"attention": "clla_quant", "vocab_size": 320, "hidden_size": 32, "num_hidden_layers": 3,
+ "num_attention_heads": 2, "head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
+ "intermediate_size": 64, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+ "moe_intermediate_size": 32, "first_k_dense_layers": 1, "moe_aux_loss_coef": 0.01, "moe_z_loss_coef": 0.001,
+ "moe_capacity_factor": 1.25, "max_position_embeddings": 64,
+ "train": {"max_steps": 8, $TRAIN}}
+EOF
+
+# Per-step values without timing fields.
+records() { sed -E 's/,"(ms|tokens_per_s|comm_ms)":[^,}]*//g' "$1/metrics.jsonl"; }
+# Largest relative difference of "loss" over the steps of two runs (awk: no Python needed).
+loss_rel() {
+    paste -d' ' <(grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2) \
+                <(grep -o '"loss":[^,]*' "$2/metrics.jsonl" | cut -d: -f2) |
+        awk 'BEGIN { m = 0; n = 0 } NF == 2 { n++; d = $1 - $2; if (d < 0) d = -d; s = $1 < 0 ? -$1 : $1;
+             r = s > 0 ? d / s : d; if (r > m) m = r } NF != 2 { m = 1e9 } END { if (n == 0) m = 1e9; printf "%.3g", m }'
+}
+# Relative L2 difference of two safetensors files' float data (bit-equal files short-cut).
+weights_rel() {
+    if cmp -s "$1" "$2"; then echo 0; return; fi
+    python3 - "$1" "$2" <<'PY' 2> /dev/null || echo 1e9
+import json, struct, sys, math
+def load(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
+    return {k: struct.unpack('<%df' % ((v['data_offsets'][1] - v['data_offsets'][0]) // 4),
+            d[v['data_offsets'][0]:v['data_offsets'][1]]) for k, v in h.items() if k != '__metadata__'}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+num = sum((x - y) ** 2 for k in a for x, y in zip(a[k], b[k])); den = sum(x * x for k in a for x in a[k])
+print('%.3g' % (math.sqrt(num / den) if set(a) == set(b) else 1e9))
+PY
+}
+same_curve() {   # same_curve NAME REF RUN
+    local name=$1 a=$2 b=$3 lr wr
+    if [ ! -s "$a/metrics.jsonl" ] || [ ! -s "$b/metrics.jsonl" ] || [ ! -s "$b/model.safetensors" ]; then
+        fail "$name: run missing: $(tail -n 3 "$b.err" 2> /dev/null | tr '\n' ' ')"
+        return
+    fi
+    lr=$(loss_rel "$a" "$b")
+    wr=$(weights_rel "$a/model.safetensors" "$b/model.safetensors")
+    if awk -v l="$lr" -v w="$wr" 'BEGIN { exit !(l <= 1e-6 && w <= 1e-6) }'; then
+        local exact="within 1e-6"
+        cmp -s <(records "$a") <(records "$b") && cmp -s "$a/model.safetensors" "$b/model.safetensors" && exact="bit for bit"
+        ok "$name: $(wc -l < "$b/metrics.jsonl") steps, loss rel diff $lr, weights rel diff $wr ($exact)"
+    else
+        fail "$name: loss rel diff $lr, weights rel diff $wr (limit 1e-6)"
+    fi
+}
+
+# ---------------------------------------------------------------- (a) same global batch
+for model in dense moe; do
+    run 1 "${model}_1" --config "$model.json" || { fail "$model: 1 rank failed: $(tail -n 1 "${model}_1.err")"; continue; }
+    for np in 2 4; do
+        for zero in 0 1; do
+            run "$np" "${model}_${np}_z$zero" --config "$model.json" --zero "$zero"
+            same_curve "$model: $np ranks x $((4 / np)) micro-steps, ZeRO-$zero vs 1 rank x 4" "${model}_1" "${model}_${np}_z$zero"
+        done
+    done
+done
+grep -q '"aux_loss"' moe_4_z1/metrics.jsonl 2> /dev/null && ok "moe: 4-rank run logs the global aux loss" ||
+    fail "moe: no aux_loss in the 4-rank metrics"
+grep -q '"comm_ms"' dense_2_z0/metrics.jsonl 2> /dev/null && ok "metrics of a 2-rank run carry comm_ms" ||
+    fail "no comm_ms in the 2-rank metrics"
+
+# ---------------------------------------------------------------- (b) save with 2, resume with 1 and 4
+run 2 part --config moe.json --zero 1 --stop-at 4
+ck=part/checkpoints/step_00000004
+if [ -f "$ck/optimizer.rank0.safetensors" ] && [ -f "$ck/optimizer.rank1.safetensors" ] &&
+   grep -q '"zero_stage":[[:space:]]*1' "$ck/state.json"; then
+    ok "2-rank ZeRO-1 checkpoint holds one optimizer shard per rank"
+else
+    fail "2-rank ZeRO-1 checkpoint: $(ls "$ck" 2> /dev/null | tr '\n' ' ') $(tail -n 2 part.err | tr '\n' ' ')"
+fi
+for np in 1 4; do
+    rm -rf "part_$np"
+    cp -r part "part_$np"
+    if [ "$np" = 1 ]; then "$CLLA" train --config moe.json --out "part_$np" --quiet --resume auto 2> "part_$np.err"
+    else timeout 120 "${MPIRUN[@]}" -np "$np" "$CLLA" train --config moe.json --out "part_$np" --quiet --zero 1 --resume auto > "part_$np.err" 2>&1; fi
+    if cmp -s <(records moe_1) <(records "part_$np") && cmp -s moe_1/model.safetensors "part_$np/model.safetensors"; then
+        ok "saved with 2 ranks at step 4, resumed with $np: same data order, steps 5-8 and final weights bit for bit"
+    else
+        same_curve "saved with 2 ranks, resumed with $np" moe_1 "part_$np"
+    fi
+done
+
+# ---------------------------------------------------------------- (c) a rank dies / hangs
+# Each rank records its pid; rank 1 is killed once a checkpoint exists.
+cat > pidwrap.sh <<'EOF'
+#!/bin/sh
+echo $$ > "pid.$OMPI_COMM_WORLD_RANK"
+exec "$@"
+EOF
+chmod +x pidwrap.sh
+dies() {   # dies NAME SIGNAL EXTRA-ARGS...
+    local name=$1 sig=$2
+    shift 2
+    rm -f pid.* && rm -rf "$name"
+    "${MPIRUN[@]}" -np 2 ./pidwrap.sh "$CLLA" train --config dense.json --set train.max_steps=1000000 \
+        --out "$name" --save-every 20 --quiet "$@" > "$name.err" 2>&1 &
+    local mp=$! i
+    for ((i = 0; i < 300; i++)); do [ -d "$name/checkpoints/step_00000040" ] && [ -f pid.1 ] && break; sleep 0.1; done
+    local t0=$SECONDS
+    kill "-$sig" "$(cat pid.1 2> /dev/null)" 2> /dev/null
+    # the bound: the job must be gone within 60 s (timeout's own kill would also count as failure)
+    local rc=0 waited=0
+    while kill -0 "$mp" 2> /dev/null && [ $waited -lt 70 ]; do sleep 0.5; waited=$((SECONDS - t0)); done
+    if kill -0 "$mp" 2> /dev/null; then
+        kill -9 "$mp"; wait "$mp" 2> /dev/null
+        [ -f pid.0 ] && kill -9 "$(cat pid.0)" 2> /dev/null
+        [ -f pid.1 ] && kill -CONT "$(cat pid.1)" 2> /dev/null && kill -9 "$(cat pid.1)" 2> /dev/null
+        fail "$name: the job was still running $((SECONDS - t0)) s after SIG$sig of rank 1"
+        return
+    fi
+    wait "$mp"
+    rc=$?
+    echo "$rc $((SECONDS - t0))" > "$name.rc"
+}
+dies kill KILL
+if [ -f kill.rc ]; then
+    read -r rc secs < kill.rc
+    if [ "$rc" -ne 0 ] && grep -q 'rank 1' kill.err; then
+        ok "SIGKILL of rank 1: job exit $rc after ${secs} s, message: $(grep -m1 'rank 1' kill.err | sed 's/^ *//')"
+    else
+        fail "SIGKILL of rank 1: exit $rc, output: $(tail -n 4 kill.err | tr '\n' ' ')"
+    fi
+    if "$CLLA" train --config dense.json --set train.max_steps=1000000 --stop-at "$(($(ls kill/checkpoints | sort | tail -n 1 | sed 's/step_0*//') + 1))" \
+        --out kill --quiet --resume auto 2> kill_resume.err; then
+        ok "after the kill the last checkpoint resumes ($(grep -o 'resuming from [^ ]*' kill_resume.err))"
+    else
+        fail "after the kill: $(tail -n 1 kill_resume.err)"
+    fi
+fi
+# A hung rank (SIGSTOP) never exits: the watchdog of the waiting rank ends the job.
+dies hang STOP --set train.dist_timeout_s=5
+if [ -f hang.rc ]; then
+    read -r rc secs < hang.rc
+    [ -f pid.1 ] && kill -9 "$(cat pid.1)" 2> /dev/null
+    if [ "$rc" -ne 0 ] && grep -q 'rank 0 of 2.*waited' hang.err; then
+        ok "a stopped rank 1: the watchdog ended the job (exit $rc) after ${secs} s: $(grep -m1 -o 'rank 0 of 2: [^(]*' hang.err)"
+    else
+        fail "a stopped rank 1: exit $rc, output: $(tail -n 4 hang.err | tr '\n' ' ')"
+    fi
+fi
+
+# ---------------------------------------------------------------- (d) refusals
+awk 'BEGIN { for (i = 0; i < 3000; i++) printf "%c%c%c%c", 65 + i % 50, 0, 0, 0 }' > plain.bin
+run 2 plain --config dense.json --set train.data=plain.bin
+grep -q 'plain uint32 token file.*clla prep' plain.err && ok "2 ranks on a plain token file: refused" ||
+    fail "2 ranks on a plain token file: $(tail -n 3 plain.err | tr '\n' ' ')"
+run 4 odd --config dense.json --set train.global_batch_tokens=128
+grep -q 'not a multiple of micro_batch \* seq_len \* ranks' odd.err && ok "global batch of 2 micro-batches on 4 ranks: refused" ||
+    fail "global batch not divisible: $(tail -n 3 odd.err | tr '\n' ' ')"
+
+# ---------------------------------------------------------------- (e) two hosts over TCP
+if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then
+    if timeout 120 bash "$SRC/launch/netns_two_hosts.sh" "$CLLA" dense.json netns_run > netns.log 2>&1; then
+        same_curve "2 hosts (network namespaces, TCP, hostfile) vs 1 rank" dense_1 netns_run
+    else
+        fail "two network-namespace hosts: $(tail -n 5 netns.log | tr '\n' ' ')"
+    fi
+else
+    echo "     (two-host case skipped: needs root and ip netns)"
+fi
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
