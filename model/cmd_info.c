@@ -1,6 +1,7 @@
 // clla info: parameter counts, training memory by category and KV-cache bytes per
 // token for any config, without allocating the model.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
@@ -11,6 +12,7 @@
 #include "model/model.h"
 #include "model/moe.h"
 #include "train/commands.h"
+#include "train/grad_sync.h"
 
 static const ArgSpec SPECS[] = {
     {"config", 1, "config JSON (required)"},
@@ -18,12 +20,14 @@ static const ArgSpec SPECS[] = {
     {"json", 0, "print one JSON object instead of text"},
     {"device", 1, "storage precision to plan memory for: cpu (fp32, default) or cuda (bf16 + fp32 masters)"},
     {"cache-table", 0, "KV-cache bytes/token of every attention preset at this config's shape"},
+    {"ranks", 1, "data parallel: also print the AdamW memory per rank for R ranks, without and with ZeRO-1"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
 typedef struct Counts {
     long long total, embedding, activated;
     double mem_params, mem_master, mem_grads, mem_adam, mem_acts, mem_act_grads;
+    size_t numel_f32;   // flat fp32 layout (ZeRO-1 shards it)
 } Counts;
 
 static void count(const Config *cfg, size_t store_bytes, Counts *c) {
@@ -43,6 +47,7 @@ static void count(const Config *cfg, size_t store_bytes, Counts *c) {
     c->mem_master = store_bytes == 4 ? 0.0 : (double)m.params.bytes_f32;
     c->mem_grads = (double)m.params.bytes_f32;
     c->mem_adam = 2.0 * (double)m.params.bytes_f32;
+    c->numel_f32 = m.params.bytes_f32 / 4;
     model_layout_acts(&m, cfg->train.micro_batch, cfg->train.seq_len, store_bytes);
     c->mem_acts = (double)m.acts.bytes_store;
     c->mem_act_grads = (double)m.gacts.bytes_store;
@@ -85,6 +90,14 @@ int cmd_info(int argc, char **argv) {
                NULL, NULL, 0);
     const char *path = args_get(&a, SPECS, N_SPECS, "config");
     if (!path) die("clla info needs --config FILE: see clla info --help");
+    const char *ranks_s = args_get(&a, SPECS, N_SPECS, "ranks");
+    int ranks = 1;
+    if (ranks_s) {
+        char *end;
+        long r = strtol(ranks_s, &end, 10);
+        if (!*ranks_s || *end || r < 1 || r > 1000000) die("--ranks %s: expected a whole number of ranks >= 1", ranks_s);
+        ranks = (int)r;
+    }
     const char *dev = args_get(&a, SPECS, N_SPECS, "device");
     size_t store = dev && !strcmp(dev, "cuda") ? 2 : 4;
     if (dev && strcmp(dev, "cuda") && strcmp(dev, "cpu")) die("unknown --device '%s': use cpu or cuda", dev);
@@ -113,6 +126,12 @@ int cmd_info(int argc, char **argv) {
         cJSON_AddNumberToObject(mem, "activations", c.mem_acts);
         cJSON_AddNumberToObject(mem, "activation_grads", c.mem_act_grads);
         cJSON_AddNumberToObject(mem, "total", mem_total);
+        if (ranks_s) {
+            cJSON *dp = cJSON_AddObjectToObject(o, "data_parallel");
+            cJSON_AddNumberToObject(dp, "ranks", ranks);
+            cJSON_AddNumberToObject(dp, "adamw_m_v_per_rank_zero0", grad_sync_optimizer_bytes(c.numel_f32, ranks, 0));
+            cJSON_AddNumberToObject(dp, "adamw_m_v_per_rank_zero1", grad_sync_optimizer_bytes(c.numel_f32, ranks, 1));
+        }
         cJSON *k = cJSON_AddObjectToObject(o, "kv_cache_bytes_per_token");
         cJSON_AddNumberToObject(k, "model", kv.total);
         cJSON_AddNumberToObject(k, "per_layer", kv.per_layer);
@@ -141,6 +160,12 @@ int cmd_info(int argc, char **argv) {
     printf("  activations     %10.1f MiB\n", mib(c.mem_acts));
     printf("  act. gradients  %10.1f MiB\n", mib(c.mem_act_grads));
     printf("  total           %10.1f MiB\n", mib(mem_total));
+    if (ranks_s) {
+        double z1 = grad_sync_optimizer_bytes(c.numel_f32, ranks, 1);
+        printf("optimizer / rank  %d ranks: AdamW m, v %.1f MiB (train.zero_stage 0) | %.1f MiB (ZeRO-1, %zu of %zu elements per rank)\n",
+               ranks, mib(grad_sync_optimizer_bytes(c.numel_f32, ranks, 0)), mib(z1), (size_t)(z1 / 8), c.numel_f32);
+        printf("                  total per rank with ZeRO-1: %.1f MiB\n", mib(mem_total - c.mem_adam + z1));
+    }
     printf("KV cache          %.1f bytes/token for the model | %.1f per layer on average | %.2f%% of MHA (%.0f bytes/token, bf16)\n",
            kv.total, kv.per_layer, 100.0 * kv.total / kv.mha_total, kv.mha_total);
     printf("                  paper's Table 4 convention: %.0f per layer (see docs/CACHE.md for what it leaves out)\n", kv.paper);
