@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One node, N ranks: launch/run_single_node.sh N CONFIG [clla train options...]
+# e.g. launch/run_single_node.sh 8 configs/paper/x.json --out runs/x --save-every 500 --zero 1
+set -eu
+N=$1; CONFIG=$2; shift 2
+HERE=$(cd "$(dirname "$0")" && pwd)
+CLLA=${CLLA:-$HERE/../build/clla}
+. "$HERE/env.sh"
+# ranks run on one host: shared memory between them, so no interface is needed
+unset OMPI_MCA_btl_tcp_if_include OMPI_MCA_oob_tcp_if_include
+ROOT=(); [ "$(id -u)" = 0 ] && ROOT=(--allow-run-as-root)
+exec mpirun "${ROOT[@]}" -np "$N" --bind-to "${CLLA_BIND:-socket}" --map-by "${CLLA_MAP:-socket}" \
+    "$CLLA" train --config "$CONFIG" "$@"
