@@ -19,7 +19,7 @@ static const ArgSpec SPECS[] = {
     {"batch", 1, "sequences per forward (default train.micro_batch)"},
     {"seq", 1, "tokens per sequence (default train.seq_len)"},
     {"max-batches", 1, "stop after this many batches (default: the whole file)"},
-    {"device", 1, "cpu (default) or cuda"},
+    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
     {"json", 0, "print one JSON object"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))

@@ -27,6 +27,11 @@
 typedef struct Backend {
     const char *name;
     size_t act_bytes;     // bytes per act/weight storage element (4 on CPU, 2 on CUDA)
+    // 1: the weight storage is a rounded copy of separate fp32 masters (store_weights does
+    // the rounding), even when act_bytes is 4 (the CPU bf16 emulation keeps bf16 values in
+    // fp32 storage). 0: with 4-byte storage the masters ARE the storage. act_bytes < 4
+    // implies separate masters whatever this says.
+    int separate_master;
 
     // ---- memory ----
     void *(*alloc)(size_t bytes);                  // zero-initialized; aborts with a message on failure
@@ -191,5 +196,9 @@ typedef struct Backend {
 
 // The CPU reference backend (layers/). Always available.
 const Backend *backend_cpu(void);
+// The CPU backend in bf16 emulation (layers/backend_cpu_bf16.c): the CPU ops, with every
+// value the CUDA backend stores in bf16 rounded to bf16 where it stores it, and weights
+// rounded stochastically from fp32 masters as the CUDA backend does. Always available.
+const Backend *backend_cpu_bf16(void);
 
 #endif

@@ -10,20 +10,37 @@
 // the flops of a full T x T product. Blocks are independent OpenMP tasks, each calling a
 // single-threaded sgemm (OpenBLAS's OpenMP build does not thread inside a parallel region),
 // so the parallelism is over (b, h, block) and the result does not depend on the schedule.
+//
+// The *_bf16p variants serve the bf16 emulation backend (layers/backend_cpu_bf16.c): the
+// CUDA attention hands P and dS to its GEMMs as bf16 copies (tensor cores take one input
+// type) while att keeps fp32 P, so these round P (for P V and dV) and dS (for dQ and dK) to
+// bf16 at the same points. One implementation with a flag, so the two cannot drift apart.
 #include "layers/cpu_ops.h"
 
 #include <assert.h>
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "common/util.h"
+#include "kernels/sr_hash.h"
 
 #define ATT_BLOCK 64
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
+// dst (rows, cols), row stride ld_dst = bf16 round-to-nearest-even of src (row stride ld_src).
+static void round_block_bf16(float *dst, int ld_dst, const float *src, int ld_src, int rows, int cols) {
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++)
+            dst[(size_t)i * ld_dst + j] = sr_bf16_to_f32(sr_f32_to_bf16_rne(src[(size_t)i * ld_src + j]));
+}
+
 // out, att: written (not accumulated). scores = scale * q.k; s > t masked.
-void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                           int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
+// bf16p: P V multiplies the bf16-rounded P (att itself stays fp32).
+static void attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
+                              int B, int T, int NH, int NKV, int DQK, int DV, float scale, int bf16p) {
     assert(NKV > 0 && NH % NKV == 0 && DQK > 0 && DV > 0);
     const int group = NH / NKV;
     const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
@@ -61,12 +78,28 @@ void cpu_attention_forward(float *out, float *att, const float *q, const float *
                     if (t + 1 < T) memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
                 }
                 // out[r0:r1] = P[r0:r1, 0:r1] V[0:r1]
+                float *pb = NULL;
+                if (bf16p) {
+                    pb = xmalloc((size_t)rows * r1 * sizeof(float));
+                    round_block_bf16(pb, r1, a + (size_t)r0 * T, T, rows, r1);
+                }
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, DV, r1,
-                            1.0f, a + (size_t)r0 * T, T, vh, ldv,
+                            1.0f, pb ? pb : a + (size_t)r0 * T, pb ? r1 : T, vh, ldv,
                             0.0f, oh + (size_t)r0 * ldo, ldo);
+                free(pb);
             }
         }
     }
+}
+
+void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
+                           int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
+    attention_forward(out, att, q, k, v, B, T, NH, NKV, DQK, DV, scale, 0);
+}
+
+void cpu_attention_forward_bf16p(float *out, float *att, const float *q, const float *k, const float *v,
+                                 int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
+    attention_forward(out, att, q, k, v, B, T, NH, NKV, DQK, DV, scale, 1);
 }
 
 // With P = softmax(S), S = scale Q K^T (causal), O = P V and dO given:
@@ -78,9 +111,11 @@ void cpu_attention_forward(float *out, float *att, const float *q, const float *
 // group's query heads in a fixed order. A kv head is shared by NH/NKV query heads, so
 // splitting phase 2 by query head would make several tasks add into the same dK rows; owning
 // the kv rows instead keeps it race-free without atomics and deterministic.
-void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                            const float *att, const float *q, const float *k, const float *v,
-                            int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
+// bf16p: dS is rounded to bf16 in scratch before the dQ and dK products, and dV multiplies
+// the bf16-rounded P.
+static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                               const float *att, const float *q, const float *k, const float *v,
+                               int B, int T, int NH, int NKV, int DQK, int DV, float scale, int bf16p) {
     assert(NKV > 0 && NH % NKV == 0 && DQK > 0 && DV > 0);
     const int group = NH / NKV;
     const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
@@ -111,6 +146,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, con
                     for (int s = 0; s <= t; s++) dot += (double)p[s] * d[s];
                     const float fdot = (float)dot;
                     for (int s = 0; s <= t; s++) d[s] = p[s] * (d[s] - fdot);
+                    if (bf16p) round_block_bf16(d, T, d, T, 1, t + 1);
                     if (t + 1 < T) memset(d + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
                 }
                 // dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1]
@@ -129,6 +165,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, con
                 const int s0 = blk * ATT_BLOCK, s1 = imin(T, s0 + ATT_BLOCK), keys = s1 - s0;
                 float *dkh = dk + (size_t)b * T * ldk + (size_t)kvh * DQK;
                 float *dvh = dv + (size_t)b * T * ldv + (size_t)kvh * DV;
+                float *pb = bf16p ? xmalloc((size_t)(T - s0) * keys * sizeof(float)) : NULL;
                 for (int h = kvh * group; h < (kvh + 1) * group; h++) {
                     const float *qh = q + (size_t)b * T * ldq + (size_t)h * DQK;
                     const float *doh = dout + (size_t)b * T * ldo + (size_t)h * DV;
@@ -139,11 +176,25 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, con
                                 scale, ds + (size_t)s0 * T + s0, T, qh + (size_t)s0 * ldq, ldq,
                                 1.0f, dkh + (size_t)s0 * ldk, ldk);
                     // dV[s0:s1] += P[s0:T, s0:s1]^T dO[s0:T]
+                    if (pb) round_block_bf16(pb, keys, a + (size_t)s0 * T + s0, T, T - s0, keys);
                     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, DV, T - s0,
-                                1.0f, a + (size_t)s0 * T + s0, T, doh + (size_t)s0 * ldo, ldo,
+                                1.0f, pb ? pb : a + (size_t)s0 * T + s0, pb ? keys : T, doh + (size_t)s0 * ldo, ldo,
                                 1.0f, dvh + (size_t)s0 * ldv, ldv);
                 }
+                free(pb);
             }
         }
     }
+}
+
+void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                            const float *att, const float *q, const float *k, const float *v,
+                            int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
+    attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale, 0);
+}
+
+void cpu_attention_backward_bf16p(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                                  const float *att, const float *q, const float *k, const float *v,
+                                  int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
+    attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale, 1);
 }

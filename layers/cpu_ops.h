@@ -47,6 +47,13 @@ void cpu_attention_forward(float *out, float *att, const float *q, const float *
 void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                             const float *att, const float *q, const float *k, const float *v,
                             int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+// The same ops with P and dS rounded to bf16 where the CUDA backend's GEMMs read them (for
+// the bf16 emulation backend): P before P V and dV, dS before dQ and dK; att stays fp32.
+void cpu_attention_forward_bf16p(float *out, float *att, const float *q, const float *k, const float *v,
+                                 int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+void cpu_attention_backward_bf16p(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                                  const float *att, const float *q, const float *k, const float *v,
+                                  int B, int T, int NH, int NKV, int DQK, int DV, float scale);
 
 // ---- SwiGLU (cpu_swiglu.c) ----
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);

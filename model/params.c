@@ -98,7 +98,9 @@ void model_build(Model *m, const ModelConfig *cfg, const Backend *be) {
     m->be = be;
     const TensorTable *tt = &m->params;
     m->w = be->alloc(tt->bytes_store);
-    m->master = be->act_bytes == 4 ? (float *)m->w : be->alloc(tt->bytes_f32);
+    // Masters alias fp32 storage unless the backend rounds its weights (bf16, or emulated bf16).
+    int separate = be->act_bytes != 4 || be->separate_master;
+    m->master = separate ? be->alloc(tt->bytes_f32) : (float *)m->w;
     m->grad = be->alloc(tt->bytes_f32);
 }
 

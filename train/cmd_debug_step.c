@@ -21,7 +21,7 @@ static const ArgSpec SPECS[] = {
     {"batch", 1, "sequences B (default 2)"},
     {"seq", 1, "tokens per sequence T (default 16)"},
     {"out", 1, "output safetensors (required)"},
-    {"device", 1, "cpu (default) or cuda"},
+    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 

@@ -24,7 +24,7 @@
 static const ArgSpec SPECS[] = {
     {"config", 1, "config JSON (required)"},
     {"set", 1, "override a key: --set hidden_size=256, --set train.lr=1e-3 (repeatable)"},
-    {"device", 1, "cpu (default) or cuda"},
+    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
     {"out", 1, "run directory (overrides train.out_dir)"},
     {"quiet", 0, "no per-step lines on stderr (metrics are still written)"},
     {"save-every", 1, "write a checkpoint every N steps to DIR/checkpoints (overrides train.save_every)"},
@@ -91,7 +91,7 @@ enum { ST_LM, ST_AUX, ST_Z, ST_MAX_SHARE, ST_MIN_SHARE, ST_ASSIGNED, ST_DROPPED,
 int cmd_train(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
-               "usage: clla train --config FILE [--set key=value ...] [--device cpu|cuda] [--out DIR]\n"
+               "usage: clla train --config FILE [--set key=value ...] [--device cpu|cpu-bf16|cuda] [--out DIR]\n"
                "Trains the model the config describes on train.data and writes DIR/config.json,\n"
                "DIR/model.safetensors and DIR/metrics.jsonl (one JSON object per step).\n"
                "Checkpoints: DIR/checkpoints/step_N (--save-every, --keep, --resume; docs/CHECKPOINTS.md).\n"

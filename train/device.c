@@ -9,6 +9,8 @@
 
 const Backend *device_backend(const char *name) {
     if (!name || !strcmp(name, "cpu")) return backend_cpu();
+    // the CPU ops with the CUDA backend's bf16 roundings: a GPU run's prediction on any machine
+    if (!strcmp(name, "cpu-bf16")) return backend_cpu_bf16();
     if (!strcmp(name, "cuda")) {
 #ifdef CLLA_HAVE_CUDA
         return backend_cuda();
@@ -16,5 +18,5 @@ const Backend *device_backend(const char *name) {
         die("--device cuda: this clla was built without the CUDA backend: rebuild with -DCLLA_CUDA=ON on a machine with nvcc");
 #endif
     }
-    die("unknown device '%s': use cpu or cuda", name);
+    die("unknown device '%s': use cpu, cpu-bf16 or cuda", name);
 }

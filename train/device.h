@@ -1,4 +1,5 @@
-// Backend selection by name: "cpu" always; "cuda" when built with the CUDA backend.
+// Backend selection by name: "cpu" and "cpu-bf16" (bf16 emulation) always; "cuda" when built
+// with the CUDA backend.
 #ifndef CLLA_TRAIN_DEVICE_H
 #define CLLA_TRAIN_DEVICE_H
 
