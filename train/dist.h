@@ -14,6 +14,10 @@
 // of M = world * micro micro-batches is one pairwise tree over the M micro-gradients,
 // whatever the split into ranks when micro-steps per rank is a power of two: 1, 2 and 4
 // ranks give bitwise identical gradients, losses and weights.
+//
+// CUDA: not written yet is the NCCL path (ncclReduceScatter / ncclAllGather on device
+// buffers, rank 0's ncclUniqueId broadcast with dist_bcast, cudaSetDevice(local_rank)); until
+// then train/grad_sync.c stages device buffers through the host for these MPI collectives.
 #ifndef CLLA_TRAIN_DIST_H
 #define CLLA_TRAIN_DIST_H
 
