@@ -120,8 +120,14 @@ void model_init_weights(Model *m, unsigned long long seed);
 void model_load(Model *m, const char *path);
 // Writes the fp32 masters to a safetensors file (atomically).
 void model_save(Model *m, const char *path);
-// After changing master weights on the host side: refresh the storage copy.
+// After changing master weights on the host side: refresh the storage copy. On a backend
+// with separate masters each tensor i is stored with store_weights(..., model_weight_seed(seed, i)).
 void model_sync_weights(Model *m, unsigned long long seed);
+// The rounding stream of tensor i for a store seed: the seed with the tensor index mixed in
+// (sr_hash32 mixes the seed again, so the tensors' streams are unrelated).
+static inline unsigned long long model_weight_seed(unsigned long long seed, int tensor) {
+    return seed ^ (0x9E3779B97F4A7C15ull * (unsigned long long)(tensor + 1));
+}
 
 // Allocates activations for micro-batches of B sequences of T tokens.
 void model_set_batch(Model *m, int B, int T);

@@ -139,8 +139,16 @@ static int is_residual_output(const char *name) {
     return strstr(name, ".o_proj.") || strstr(name, ".down_proj.");
 }
 
+// One store per tensor: with 2-byte storage the two layouts pad differently (every tensor is
+// 256-byte aligned in each), so element k of the flat fp32 buffer is not element k of the
+// storage buffer unless every tensor's size is a multiple of 128; one flat call would write a
+// tensor where the ops do not read it (a norm of 40 or 64 values shifts everything after it).
 void model_sync_weights(Model *m, unsigned long long seed) {
-    if ((void *)m->master != m->w) m->be->store_weights(m->w, m->master, m->params.bytes_f32 / 4, seed);
+    if ((void *)m->master == m->w) return;
+    const TensorTable *tt = &m->params;
+    for (int i = 0; i < tt->n; i++)
+        m->be->store_weights(table_ptr_store(tt, m->w, i), table_ptr_f32(tt, m->master, i), tt->t[i].numel,
+                             model_weight_seed(seed, i));
 }
 
 void model_init_weights(Model *m, unsigned long long seed) {

@@ -19,6 +19,7 @@
 #include "kernels/sr_hash.h"
 #include "model/model.h"
 #include "train/optimizer.h"
+#include "tests/train_curve.h"
 
 static int n_passed, n_failed;
 
@@ -49,13 +50,16 @@ static size_t count_not_bf16(const TensorTable *tt, void *base, int dtype, const
     return bad;
 }
 
-// Weight storage against the host prediction for master values and a seed.
+// Weight storage against the host prediction for master values and a store seed: tensor i
+// with the stream model_weight_seed(seed, i), element k of the tensor with hash index k.
 static size_t count_weight_mismatch(const Model *m, unsigned long long seed) {
-    size_t n = m->params.bytes_f32 / 4, bad = 0;
-    const float *w = (const float *)m->w;
-    for (size_t i = 0; i < n; i++) {
-        const float want = sr_bf16_to_f32(sr_round_weight(m->master[i], seed, i));
-        if (memcmp(&w[i], &want, sizeof want) != 0) bad++;
+    size_t bad = 0;
+    for (int i = 0; i < m->params.n; i++) {
+        const float *w = table_ptr_f32(&m->params, (float *)m->w, i), *ms = table_ptr_f32(&m->params, m->master, i);
+        for (size_t k = 0; k < m->params.t[i].numel; k++) {
+            const float want = sr_bf16_to_f32(sr_round_weight(ms[k], model_weight_seed(seed, i), k));
+            if (memcmp(&w[k], &want, sizeof want) != 0) bad++;
+        }
     }
     return bad;
 }
@@ -146,53 +150,7 @@ static void check_storage(const Case *cs) {
 
 // ---------------------------------------------------------------- 50-step loss curves
 
-// Sequences that can be learnt: each starts at a random token and steps by a per-sequence
-// stride (one of 4), with 10% of the tokens replaced by noise.
-static void pattern_batch(int32_t *in, int32_t *tg, int B, int T, int V, Rng *r) {
-    for (int b = 0; b < B; b++) {
-        int32_t x = (int32_t)(rng_next(r) % (unsigned)V), stride = 1 + (int32_t)(rng_next(r) % 4u);
-        int32_t seq[65];
-        for (int t = 0; t <= T; t++) {
-            seq[t] = (rng_next(r) % 10u == 0) ? (int32_t)(rng_next(r) % (unsigned)V) : x;
-            x = (x + stride) % V;
-        }
-        for (int t = 0; t < T; t++) {
-            in[b * T + t] = seq[t];
-            tg[b * T + t] = seq[t + 1];
-        }
-    }
-}
-
 #define STEPS 50
-static void train_curve(const Backend *be, const char *json, float *loss) {
-    Config cfg;
-    config_from_json(&cfg, json, "curve", 0, NULL);
-    TrainConfig *tc = &cfg.train;
-    tc->max_steps = STEPS;
-    tc->warmup_steps = 5;
-    tc->lr = 3e-3f;
-    tc->min_lr = 3e-4f;
-    tc->grad_clip = 1.0f;
-    Model m;
-    model_build(&m, &cfg.model, be);
-    model_init_weights(&m, tc->seed);
-    const int B = 4, T = 32;
-    model_set_batch(&m, B, T);
-    AdamW opt;
-    adamw_init(&opt, &m);
-    Rng r;
-    rng_seed(&r, 2024);
-    int32_t in[4 * 32], tg[4 * 32];
-    for (int s = 0; s < STEPS; s++) {
-        pattern_batch(in, tg, B, T, cfg.model.vocab_size, &r);
-        model_zero_grad(&m);
-        loss[s] = model_forward(&m, in, tg);
-        model_backward(&m, 1.0f);
-        adamw_step(&opt, &m, tc, lr_at(tc, s), clip_scale(grad_global_norm(&m), tc->grad_clip));
-    }
-    adamw_free(&opt, &m);
-    model_free(&m);
-}
 
 // Tolerance of the loss curves. bf16 keeps 8 significant bits: each stored value is off by up
 // to 2^-9 relative. At step 0 (same masters; only the roundings differ) the losses differ by
@@ -211,14 +169,10 @@ static void train_curve(const Backend *be, const char *json, float *loss) {
 #define TOL_TAIL 0.005
 
 static void check_curves(void) {
-    const char *json = "{\"vocab_size\":64,\"hidden_size\":48,\"num_attention_heads\":4,\"head_dim\":12,"
-                       "\"intermediate_size\":96,\"attention\":\"gqa\",\"num_key_value_heads\":2,"
-                       "\"num_hidden_layers\":2,\"initializer_range\":0.05,\"rope_theta\":1000,"
-                       "\"train\":{\"seed\":5,\"weight_decay\":0.1}}";
     float l32[STEPS], l16[STEPS], l16b[STEPS];
-    train_curve(backend_cpu(), json, l32);
-    train_curve(backend_cpu_bf16(), json, l16);
-    train_curve(backend_cpu_bf16(), json, l16b);
+    train_curve(backend_cpu(), TRAIN_CURVE_JSON, STEPS, 4, 32, l32);
+    train_curve(backend_cpu_bf16(), TRAIN_CURVE_JSON, STEPS, 4, 32, l16);
+    train_curve(backend_cpu_bf16(), TRAIN_CURVE_JSON, STEPS, 4, 32, l16b);
     double worst = 0, worst_ratio = 0, sum_diff = 0;
     int worst_step = 0, differ = 0;
     for (int s = 0; s < STEPS; s++) {
