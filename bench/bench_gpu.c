@@ -1,0 +1,221 @@
+// bench_gpu: training throughput on one GPU (the CUDA backend), as tokens/s and model FLOP/s
+// against the GPU's dense bf16 tensor-core peak, for
+//   1. a dense ~1B model (bench/dense_1b.json, the model bench/bench_torch_gpu.py builds), and
+//   2. the largest paper MoE config one GPU holds: a configs/paper preset (default clla.json,
+//      10.9B parameters, 18 bytes each for training) with num_hidden_layers lowered to the
+//      most layers whose training memory fits the GPU's free memory; widths, experts and
+//      routing as in the paper.
+// Run from the repository root (the config paths are relative to it):
+//   build/bench/bench_gpu [--dense FILE] [--moe FILE] [--steps N] [--seq T] [--peak-tflops X] [--only dense|moe]
+// Without a CUDA device (or a build without the CUDA backend) it prints "skipped: no CUDA
+// device (<reason>)" and exits 0.
+//
+// A step is forward + backward + global-norm clip + AdamW + the bf16 weight store, on random
+// tokens (uniform over the vocabulary: MoE routing of random tokens is close to balanced).
+// Two warm-up steps, then --steps timed steps (default 10), synchronized at both ends.
+//
+// Model FLOPs per token, the convention of bench/bench_train.c:
+//   6 * (activated non-embedding parameters + output head V*C)   every weight matmul
+// + 6 * L * NH * (Dqk + Dv) * (T + 1) / 2                        causal attention
+// activated: with MoE, the router, the shared experts and K of the E routed experts per layer.
+// The fraction is model FLOP/s over the peak in the table below (dense bf16, no sparsity,
+// from NVIDIA's data sheets); --peak-tflops overrides it for a GPU the table lacks.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/args.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "model/model.h"
+#include "model/moe.h"
+#include "train/optimizer.h"
+
+#ifdef CLLA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/backend_cuda.h"
+#endif
+
+static const ArgSpec SPECS[] = {
+    {"dense", 1, "dense model config (default bench/dense_1b.json)"},
+    {"moe", 1, "MoE paper config whose layers are reduced to fit (default configs/paper/clla.json)"},
+    {"steps", 1, "timed steps per model (default 10)"},
+    {"seq", 1, "sequence length for both models (default: each config's train.seq_len)"},
+    {"peak-tflops", 1, "dense bf16 peak of this GPU in TFLOP/s (default: from the built-in table)"},
+    {"only", 1, "dense or moe: run one of the two"},
+    {"set", 1, "override a key of both configs, e.g. train.micro_batch=2 (repeatable)"},
+};
+#define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
+
+#ifdef CLLA_HAVE_CUDA
+
+// Dense bf16 tensor-core peaks (TFLOP/s, without sparsity). Matched by substring of the
+// device name, the more specific names first; then by compute capability.
+typedef struct Peak { const char *name; double tflops; } Peak;
+static const Peak PEAKS[] = {
+    {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.4}, {"H200", 989.4}, {"GH200", 989.4},
+    {"A100", 312.0}, {"A800", 312.0}, {"L40S", 362.0}, {"L4", 121.0}, {"A10", 125.0},
+};
+
+static double peak_tflops(const struct cudaDeviceProp *p, const char **how) {
+    for (size_t i = 0; i < sizeof PEAKS / sizeof PEAKS[0]; i++)
+        if (strstr(p->name, PEAKS[i].name)) { *how = "device name"; return PEAKS[i].tflops; }
+    *how = "compute capability";
+    if (p->major == 9 && p->minor == 0) return 989.4;   // H100 SXM class
+    if (p->major == 8 && p->minor == 0) return 312.0;   // A100 class
+    *how = "unknown";
+    return 0.0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Training memory of cfg at (B, T) with bf16 storage: weights, fp32 masters, gradients and
+// AdamW moments, activations and their gradients, plus the attention backend's own bf16 P and
+// dS copies (B, NH, T, T) and a 64 MiB allowance for cuBLASLt and the other scratch.
+static double train_bytes(const ModelConfig *c, int B, int T) {
+    Model m;
+    model_build_table(&m, c, 2);
+    double b = (double)m.params.bytes_store + 4.0 * (double)m.params.bytes_f32;
+    model_layout_acts(&m, B, T, 2);
+    b += (double)m.acts.bytes_store + (double)m.gacts.bytes_store;
+    b += 2.0 * 2.0 * B * (double)c->num_attention_heads * T * T + 64.0 * 1024 * 1024;
+    model_free(&m);
+    return b;
+}
+
+static double flops_per_token(const Model *m, int T) {
+    const ModelConfig *c = &m->cfg;
+    long long embedding = 0;
+    for (int i = 0; i < m->params.n; i++)
+        if (!strcmp(m->params.t[i].name, "model.embed_tokens.weight") || !strcmp(m->params.t[i].name, "lm_head.weight"))
+            embedding += (long long)m->params.t[i].numel;
+    const long long activated = model_num_params(m) - embedding - moe_inactive_params(m);
+    const double head = (double)c->vocab_size * c->hidden_size;
+    const double attn = 6.0 * c->num_hidden_layers * c->num_attention_heads *
+                        (double)(c->head_dim + c->qk_rope_head_dim + c->v_head_dim) * (T + 1) / 2.0;
+    return 6.0 * ((double)activated + head) + attn;
+}
+
+static void run(const char *label, const Config *cfg, int B, int T, int steps, double peak) {
+    Model m;
+    model_build(&m, &cfg->model, backend_cuda());
+    model_init_weights(&m, cfg->train.seed);
+    model_set_batch(&m, B, T);
+    AdamW opt;
+    adamw_init(&opt, &m);
+    const int N = B * T, V = cfg->model.vocab_size;
+    int32_t *in = xmalloc((size_t)N * sizeof(int32_t)), *tg = xmalloc((size_t)N * sizeof(int32_t));
+    Rng r;
+    rng_seed(&r, 1);
+    const TrainConfig *tc = &cfg->train;
+    double t0 = 0;
+    float loss = 0;
+    for (int s = 0; s < steps + 2; s++) {
+        if (s == 2) {
+            cudaDeviceSynchronize();
+            t0 = now_s();
+        }
+        for (int i = 0; i < N; i++) {
+            in[i] = (int32_t)(rng_next(&r) % (unsigned)V);
+            tg[i] = (int32_t)(rng_next(&r) % (unsigned)V);
+        }
+        model_zero_grad(&m);
+        loss = model_forward(&m, in, tg);
+        model_backward(&m, 1.0f);
+        adamw_step(&opt, &m, tc, tc->lr, clip_scale(grad_global_norm(&m), tc->grad_clip));
+    }
+    cudaDeviceSynchronize();
+    const double dt = now_s() - t0;
+    const double tok_s = (double)N * steps / dt, fpt = flops_per_token(&m, T), fl = tok_s * fpt;
+    printf("%-6s %lld params (%d layers) | B=%d T=%d | %.3f s/step | %.0f tokens/s | %.4g FLOPs/token | "
+           "model %.1f TFLOP/s",
+           label, model_num_params(&m), cfg->model.num_hidden_layers, B, T, dt / steps, tok_s, fpt, fl * 1e-12);
+    if (peak > 0) printf(" = %.1f%% of bf16 peak", 100.0 * fl / (peak * 1e12));
+    printf(" | last loss %.3f\n", loss);
+    free(in);
+    free(tg);
+    adamw_free(&opt, &m);
+    model_free(&m);
+}
+
+#endif
+
+int main(int argc, char **argv) {
+    Args a;
+    args_parse(&a, argc, argv, SPECS, N_SPECS,
+               "usage: bench_gpu [--dense FILE] [--moe FILE] [--steps N] [--seq T] [--peak-tflops X] [--only dense|moe]\n"
+               "GPU training throughput (tokens/s, model FLOP/s, fraction of the bf16 peak) of a dense ~1B model\n"
+               "and of the largest paper MoE config (fewer layers) that fits the GPU. Run from the repository root.",
+               NULL, NULL, 0);
+#ifndef CLLA_HAVE_CUDA
+    printf("skipped: no CUDA device (this build has no CUDA backend: configure with -DCLLA_CUDA=ON)\n");
+    return 0;
+#else
+    char reason[256];
+    if (!cuda_device_available(reason, sizeof reason)) {
+        printf("skipped: no CUDA device (%s)\n", reason);
+        return 0;
+    }
+    const char *steps_s = args_get(&a, SPECS, N_SPECS, "steps"), *seq_s = args_get(&a, SPECS, N_SPECS, "seq");
+    const char *peak_s = args_get(&a, SPECS, N_SPECS, "peak-tflops"), *only = args_get(&a, SPECS, N_SPECS, "only");
+    const int steps = steps_s ? atoi(steps_s) : 10, seq = seq_s ? atoi(seq_s) : 0;
+    if (steps < 1) die("--steps must be a positive integer");
+    if (seq_s && seq < 1) die("--seq must be a positive integer");
+    if (only && strcmp(only, "dense") && strcmp(only, "moe")) die("--only %s: use dense or moe", only);
+
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    cudaGetDevice(&dev);
+    cudaGetDeviceProperties(&prop, dev);
+    const char *how = "--peak-tflops";
+    const double peak = peak_s ? atof(peak_s) : peak_tflops(&prop, &how);
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    printf("bench_gpu: %s (sm_%d%d, %.1f GiB, %.1f GiB free) | bf16 peak %.1f TFLOP/s (%s)\n", prop.name, prop.major,
+           prop.minor, total_b / 1073741824.0, free_b / 1073741824.0, peak, how);
+    if (peak <= 0) printf("warning: no peak known for this GPU: pass --peak-tflops to get the fraction\n");
+    const double budget = 0.9 * (double)free_b;
+
+    if (!only || !strcmp(only, "dense")) {
+        Config cfg;
+        const char *path = args_get(&a, SPECS, N_SPECS, "dense");
+        config_load(&cfg, path ? path : "bench/dense_1b.json", a.n_sets, a.sets);
+        const int T = seq ? seq : cfg.train.seq_len;
+        int B = cfg.train.micro_batch;
+        while (B > 1 && train_bytes(&cfg.model, B, T) > budget) B /= 2;   // halve the batch until it fits
+        if (train_bytes(&cfg.model, B, T) > budget)
+            printf("dense: %.1f GiB needed at B=1 T=%d, more than 90%% of the free memory: skipped\n",
+                   train_bytes(&cfg.model, B, T) / 1073741824.0, T);
+        else
+            run("dense", &cfg, B, T, steps, peak);
+    }
+    if (!only || !strcmp(only, "moe")) {
+        Config cfg;
+        const char *path = args_get(&a, SPECS, N_SPECS, "moe");
+        config_load(&cfg, path ? path : "configs/paper/clla.json", a.n_sets, a.sets);
+        if (cfg.model.n_routed_experts <= 0) die("--moe %s is not an MoE config", path ? path : "");
+        const int T = seq ? seq : cfg.train.seq_len, L0 = cfg.model.num_hidden_layers;
+        // the most layers that fit at B = 1; layer-sharing presets keep whole producer groups
+        int L = L0;
+        const int step = cfg.model.share_factor > 0 ? cfg.model.share_factor : 1;
+        for (; L >= step; L -= step) {
+            cfg.model.num_hidden_layers = L;
+            if (train_bytes(&cfg.model, 1, T) <= budget) break;
+        }
+        if (L < step) {
+            printf("moe: not even %d layers of %s fit at T=%d: skipped\n", step, path ? path : "configs/paper/clla.json", T);
+        } else {
+            printf("moe: %s with %d of its %d layers (%.1f GiB of training memory at B=1 T=%d)\n",
+                   path ? path : "configs/paper/clla.json", L, L0, train_bytes(&cfg.model, 1, T) / 1073741824.0, T);
+            run("moe", &cfg, 1, T, steps, peak);
+        }
+    }
+    return 0;
+#endif
+}
