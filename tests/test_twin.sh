@@ -24,27 +24,8 @@ if [ ! -x "$CLLA" ]; then
     exit 1
 fi
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/clla_twin.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-failed_names=""
-
-# run_case NAME CMD...: runs the command (a shell function), prints its output indented.
-run_case() {
-    local name=$1
-    shift
-    local log="$TMP/$name.log"
-    if "$@" >"$log" 2>&1; then
-        pass=$((pass + 1))
-        echo "PASS $name"
-    else
-        fail=$((fail + 1))
-        failed_names="$failed_names $name"
-        echo "FAIL $name"
-    fi
-    sed 's/^/    /' "$log"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib/cases.sh"
+cases_begin clla_twin
 
 V=97 C=32 L=2 NH=4 D=8 I=48 T=16 B=2
 TOKENS="$TMP/tokens.u32"

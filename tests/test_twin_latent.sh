@@ -28,27 +28,12 @@ if [ -z "${CLLA:-}" ] || [ ! -x "$CLLA" ]; then
 fi
 BUILD=${BUILD:-$(dirname "$CLLA")}
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/clla_twin_latent.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-failed_names=""
+. "$(dirname "${BASH_SOURCE[0]}")/lib/cases.sh"
+cases_begin clla_twin_latent
 
-# run_case NAME CMD...: runs the command, prints its output indented (the per-tensor "ok" lines
-# only with VERBOSE=1)
-run_case() {
-    local name=$1
-    shift
-    local log="$TMP/$name.log"
-    if "$@" >"$log" 2>&1; then
-        pass=$((pass + 1))
-        echo "PASS $name"
-    else
-        fail=$((fail + 1))
-        failed_names="$failed_names $name"
-        echo "FAIL $name"
-    fi
-    if [ -n "${VERBOSE:-}" ]; then sed 's/^/    /' "$log"; else grep -v '^  ok ' "$log" | sed 's/^/    /'; fi
+# per-tensor "ok" lines only with VERBOSE=1
+case_report() {
+    if [ -n "${VERBOSE:-}" ]; then sed 's/^/    /' "$1"; else grep -v '^  ok ' "$1" | sed 's/^/    /'; fi
 }
 
 V=97 C=32 NH=4 D=8 DV=6 I=48 T=16 B=2 R=16 DR=4 RQ=12 G=8

@@ -23,27 +23,13 @@ if [ -z "${CLLA:-}" ] || [ ! -x "$CLLA" ]; then
     exit 77
 fi
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/clla_twin_moe.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-failed_names=""
+. "$(dirname "${BASH_SOURCE[0]}")/lib/cases.sh"
+cases_begin clla_twin_moe
 
-run_case() {
-    local name=$1
-    shift
-    local log="$TMP/$name.log"
-    if "$@" >"$log" 2>&1; then
-        pass=$((pass + 1))
-        echo "PASS $name"
-    else
-        fail=$((fail + 1))
-        failed_names="$failed_names $name"
-        echo "FAIL $name"
-    fi
-    grep -v '^  ok ' "$log" | sed 's/^/    /'
-    # the largest relative error of the compared tensors
-    awk '/rel_err/ { for (i = 1; i < NF; i++) if ($i == "rel_err") print $(i + 1), $2 }' "$log" |
+# the log without per-tensor "ok" lines, then the largest relative error of the compared tensors
+case_report() {
+    grep -v '^  ok ' "$1" | sed 's/^/    /'
+    awk '/rel_err/ { for (i = 1; i < NF; i++) if ($i == "rel_err") print $(i + 1), $2 }' "$1" |
         sort -g | tail -1 | awk '{ print "    worst tensor: " $2 " rel_err " $1 }'
 }
 
