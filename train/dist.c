@@ -49,6 +49,7 @@ static void *watchdog_main(void *arg) {
     return NULL;
 }
 
+#ifdef CLLA_HAVE_MPI   // only the MPI collectives are timed and watched
 static void enter(Dist *d, const char *what, double *t0) {
     *t0 = now_seconds();
     if (d->watchdog) {
@@ -61,6 +62,7 @@ static void leave(Dist *d, double t0) {
     if (d->watchdog) atomic_store(&d->watchdog->entered_ms, 0);
     d->comm_seconds += now_seconds() - t0;
 }
+#endif
 
 // ---------------------------------------------------------------- group
 
@@ -157,10 +159,12 @@ static size_t piece_count(size_t n, size_t shard, int r, size_t off, size_t len)
     return n - start < len ? n - start : len;
 }
 
+#ifdef CLLA_HAVE_MPI
 static void add_into(float *dst, const float *src, size_t n) {
     #pragma omp parallel for schedule(static) if (n >= ((size_t)1 << 16))
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
+#endif
 
 void dist_reduce_scatter_f32(Dist *d, const float *buf, size_t n, size_t shard, float *out) {
     if (d->world == 1) {
