@@ -16,6 +16,8 @@ APT_PACKAGES=(
   zstd libzstd-dev libpcre2-dev fortunes fortunes-zh clang libclang-rt-14-dev nodejs
   # CBLAS headers for any OpenBLAS flavour; the PyTorch twin of the tests (tests/reference/)
   libopenblas-dev python3 python3-numpy python3-torch
+  # data-parallel training over MPI (tests/test_dist.sh, launch/)
+  libopenmpi-dev openmpi-bin
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
