@@ -59,6 +59,7 @@ static const KeyDef MODEL_KEYS[] = {
 static const KeyDef TRAIN_KEYS[] = {
     {"data", NULL, K_STR, T_(data), sizeof(((TrainConfig *)0)->data)},
     {"val_data", NULL, K_STR, T_(val_data), sizeof(((TrainConfig *)0)->val_data)},
+    {"tokenizer", NULL, K_STR, T_(tokenizer), sizeof(((TrainConfig *)0)->tokenizer)},
     {"out_dir", NULL, K_STR, T_(out_dir), sizeof(((TrainConfig *)0)->out_dir)},
     {"init_from", NULL, K_STR, T_(init_from), sizeof(((TrainConfig *)0)->init_from)},
     {"metrics", NULL, K_STR, T_(metrics), sizeof(((TrainConfig *)0)->metrics)},

@@ -152,14 +152,17 @@ int cmd_train(int argc, char **argv) {
     // global micro-batches [r * n_micro, (r + 1) * n_micro), a contiguous run of the global
     // batch, and the loader's global batch (B * n_micro * world windows) is the same for every
     // number of ranks, so checkpoints resume across rank counts (docs/DISTRIBUTED.md).
+    // train.tokenizer set: shards written with a different tokenizer are refused (hash in their header)
+    unsigned long long tok_hash = tc->tokenizer[0] ? loader_tokenizer_hash(tc->tokenizer) : 0;
     LoaderOptions lo = {.B = B * n_micro, .T = T, .seed = tc->seed, .rank = dist.rank, .world = dist.world,
-                        .vocab_size = cfg.model.vocab_size};
+                        .vocab_size = cfg.model.vocab_size, .tokenizer_hash = tok_hash};
     DataLoader *train_dl = loader_open(tc->data, &lo);
     if (dist.world > 1 && loader_is_plain(train_dl))
         die("train.data '%s' is a plain uint32 token file, which gives every rank the same batches: make token shards with `clla prep` for %d ranks (docs/FORMAT.md)",
             tc->data, dist.world);
     // validation runs on rank 0 alone (the others wait in the next step's first collective)
-    LoaderOptions vo = {.B = B, .T = T, .seed = tc->seed, .rank = 0, .world = 1, .vocab_size = cfg.model.vocab_size};
+    LoaderOptions vo = {.B = B, .T = T, .seed = tc->seed, .rank = 0, .world = 1, .vocab_size = cfg.model.vocab_size,
+                        .tokenizer_hash = tok_hash};
     DataLoader *val_dl = tc->val_data[0] && rank0 ? loader_open(tc->val_data, &vo) : NULL;
     int val_batches = 0;
     if (val_dl) {
