@@ -6,22 +6,9 @@
 # is missing (scripts/setup.sh installs clang and libclang-rt-14-dev).
 set -u
 CLLA=${CLLA:?set CLLA to the clla binary}
-SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
-BUILD=${BUILD:-/tmp}
+. "$(dirname "${BASH_SOURCE[0]}")/lib/fuzz.sh"
 SECONDS_EACH=${FUZZ_SECONDS:-25}
-CC=${FUZZ_CC:-clang}
-command -v "$CC" >/dev/null || { echo "skip: $CC not installed (run scripts/setup.sh)"; exit 77; }
-W=$(mktemp -d "$BUILD/test_fuzz.XXXXXX")
-trap 'rm -rf "$W"' EXIT
-echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }' > "$W/probe.c"
-"$CC" -fsanitize=fuzzer "$W/probe.c" -o "$W/probe" 2> "$W/probe.err" ||
-  { echo "skip: $CC has no libFuzzer runtime (install libclang-rt-14-dev): $(head -c 200 "$W/probe.err")"; exit 77; }
-
-passed=0 failed=0
-check() { if [ "$1" = 0 ]; then passed=$((passed + 1)); echo "ok   $2"; else failed=$((failed + 1)); echo "FAIL $2"; fi; }
-
-FLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -fno-omit-frame-pointer -I"$SRC")
+fuzz_begin test_fuzz
 DATA=("$SRC/common/util.c" "$SRC/data/tokenizer.c" "$SRC/data/tokenizer_file.c" "$SRC/data/pretok.c" "$SRC/data/bpe_train.c")
 "$CC" "${FLAGS[@]}" "$SRC/tests/fuzz/fuzz_tokenizer.c" "${DATA[@]}" -lpcre2-8 -o "$W/fuzz_tokenizer" 2> "$W/cc1.err"
 check $? "build fuzz_tokenizer with -fsanitize=fuzzer,address,undefined" || true
