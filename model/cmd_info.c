@@ -18,7 +18,7 @@ static const ArgSpec SPECS[] = {
     {"config", 1, "config JSON (required)"},
     {"set", 1, "override a key (repeatable)"},
     {"json", 0, "print one JSON object instead of text"},
-    {"device", 1, "storage precision to plan memory for: cpu (fp32, default) or cuda (bf16 + fp32 masters)"},
+    {"device", 1, "storage to plan memory for: cpu (fp32, default), cpu-bf16 (fp32 storage + fp32 masters) or cuda (bf16 + fp32 masters)"},
     {"cache-table", 0, "KV-cache bytes/token of every attention preset at this config's shape"},
     {"ranks", 1, "data parallel: also print the AdamW memory per rank for R ranks, without and with ZeRO-1"},
 };
@@ -30,7 +30,7 @@ typedef struct Counts {
     size_t numel_f32;   // flat fp32 layout (ZeRO-1 shards it)
 } Counts;
 
-static void count(const Config *cfg, size_t store_bytes, Counts *c) {
+static void count(const Config *cfg, size_t store_bytes, int separate_master, Counts *c) {
     Model m;
     model_build_table(&m, &cfg->model, store_bytes);
     memset(c, 0, sizeof(*c));
@@ -44,7 +44,7 @@ static void count(const Config *cfg, size_t store_bytes, Counts *c) {
     // model; with MoE, the shared experts, the router and K of the E routed experts per layer
     c->activated = c->total - c->embedding - moe_inactive_params(&m);
     c->mem_params = (double)m.params.bytes_store;
-    c->mem_master = store_bytes == 4 ? 0.0 : (double)m.params.bytes_f32;
+    c->mem_master = separate_master ? (double)m.params.bytes_f32 : 0.0;
     c->mem_grads = (double)m.params.bytes_f32;
     c->mem_adam = 2.0 * (double)m.params.bytes_f32;
     c->numel_f32 = m.params.bytes_f32 / 4;
@@ -99,8 +99,10 @@ int cmd_info(int argc, char **argv) {
         ranks = (int)r;
     }
     const char *dev = args_get(&a, SPECS, N_SPECS, "device");
+    if (dev && strcmp(dev, "cuda") && strcmp(dev, "cpu") && strcmp(dev, "cpu-bf16"))
+        die("unknown --device '%s': use cpu, cpu-bf16 or cuda", dev);
     size_t store = dev && !strcmp(dev, "cuda") ? 2 : 4;
-    if (dev && strcmp(dev, "cuda") && strcmp(dev, "cpu")) die("unknown --device '%s': use cpu or cuda", dev);
+    int separate = dev && strcmp(dev, "cpu") != 0;   // cuda and cpu-bf16 keep fp32 masters apart
     Config cfg;
     config_load(&cfg, path, a.n_sets, a.sets);
     if (args_get(&a, SPECS, N_SPECS, "cache-table")) {
@@ -108,7 +110,7 @@ int cmd_info(int argc, char **argv) {
         return 0;
     }
     Counts c;
-    count(&cfg, store, &c);
+    count(&cfg, store, separate, &c);
     CacheBytes kv;
     cache_bytes_per_token(&cfg.model, &kv);
     double mem_total = c.mem_params + c.mem_master + c.mem_grads + c.mem_adam + c.mem_acts + c.mem_act_grads;
