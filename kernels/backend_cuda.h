@@ -24,6 +24,11 @@ const Backend *backend_cuda(void);
 // (e.g. "cudaGetDeviceCount: no CUDA-capable device is detected"). Never dies.
 int cuda_device_available(char *reason, size_t reason_len);
 
+// Data parallelism: makes GPU (local_rank % device count) current and returns its index.
+// Called before any CUDA allocation (train/dist.c), so that the ranks of one host spread over
+// its GPUs instead of all landing on device 0. Dies when there is no device.
+int cuda_select_device(int local_rank);
+
 #ifdef __cplusplus
 }
 #endif

@@ -81,3 +81,14 @@ extern "C" int cuda_device_available(char *reason, size_t reason_len) {
     if (reason && reason_len) snprintf(reason, reason_len, "device %d: %s (sm_%d%d)", dev, prop.name, prop.major, prop.minor);
     return 1;
 }
+
+extern "C" int cuda_select_device(int local_rank) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0)
+        die("--device cuda on local rank %d: no usable CUDA device (%s): check nvidia-smi and CUDA_VISIBLE_DEVICES",
+            local_rank, err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0 devices");
+    int dev = local_rank % count;
+    CUDA_CHECK(cudaSetDevice(dev));
+    return dev;
+}

@@ -139,6 +139,8 @@ int cmd_train(int argc, char **argv) {
     if (tc->threads > 0) omp_set_num_threads(tc->threads);
 
     const Backend *be = device_backend(args_get(&a, SPECS, N_SPECS, "device"));
+    // CUDA: this rank's GPU (and the NCCL communicator) before the model allocates anything
+    dist_attach_device(&dist, be);
     int B = tc->micro_batch, T = tc->seq_len;
     long long bt = (long long)B * T;
     // The global batch is fixed by the config; each rank runs n_micro micro-steps of B rows.

@@ -15,6 +15,13 @@
 #ifdef CLLA_HAVE_MPI
 #include <mpi.h>
 #endif
+#ifdef CLLA_HAVE_CUDA
+#include "kernels/backend_cuda.h"
+#endif
+#if defined(CLLA_HAVE_NCCL) && defined(CLLA_HAVE_MPI)
+#include "kernels/nccl_comm.h"
+#define DIST_NCCL 1   // NCCL needs MPI here: the unique id travels with dist_bcast
+#endif
 
 // ---------------------------------------------------------------- watchdog
 
@@ -112,6 +119,11 @@ void dist_init(Dist *d, double timeout_s) {
 }
 
 void dist_finalize(Dist *d) {
+#ifdef DIST_NCCL
+    // before MPI_Finalize: NCCL's bootstrap may still hold sockets to the other ranks
+    nccl_comm_destroy(d->nccl);
+#endif
+    d->nccl = NULL;
     if (d->watchdog) {
         atomic_store(&d->watchdog->stop, 1);
         pthread_join(d->watchdog->thread, NULL);
@@ -312,5 +324,77 @@ void dist_barrier(Dist *d) {
     enter(d, "barrier", &t0);
     MPI_Barrier(MPI_COMM_WORLD);
     leave(d, t0);
+#endif
+}
+
+// ---------------------------------------------------------------- device (CUDA, NCCL)
+
+void dist_attach_device(Dist *d, const struct Backend *be) {
+#ifdef CLLA_HAVE_CUDA
+    if (be != backend_cuda()) return;
+    // before the first allocation: a CUDA context lands on whichever device is current
+    cuda_select_device(d->local_rank);
+#ifdef DIST_NCCL
+    if (d->world > 1) {
+        unsigned char id[NCCL_COMM_ID_BYTES] = {0};
+        if (d->rank == 0) nccl_comm_unique_id(id);
+        dist_bcast(d, id, sizeof(id), 0);
+        double t0;
+        enter(d, "NCCL communicator set-up (ncclCommInitRank)", &t0);
+        d->nccl = nccl_comm_init(id, d->rank, d->world);
+        leave(d, t0);
+    }
+#endif
+#else
+    (void)d; (void)be;
+#endif
+}
+
+int dist_has_device_collectives(const Dist *d) { return d->nccl != NULL; }
+
+#ifndef DIST_NCCL
+// Without NCCL grad_sync never calls these (dist_has_device_collectives is 0).
+static void no_device_collectives(const char *what) __attribute__((noreturn));
+static void no_device_collectives(const char *what) {
+    die("dist: %s on device buffers needs NCCL, which this build lacks (internal error)", what);
+}
+#endif
+
+void dist_reduce_scatter_dev_f32(Dist *d, float *buf, size_t n, size_t shard) {
+#ifdef DIST_NCCL
+    if (d->world == 1) return;
+    double t0;
+    enter(d, "NCCL reduce-scatter of gradients", &t0);
+    nccl_comm_reduce_scatter_f32(d->nccl, buf, n, shard, 0);
+    leave(d, t0);
+#else
+    (void)d; (void)buf; (void)n; (void)shard;
+    no_device_collectives("reduce-scatter");
+#endif
+}
+
+void dist_allgather_dev_f32(Dist *d, float *buf, size_t n, size_t shard) {
+#ifdef DIST_NCCL
+    if (d->world == 1) return;
+    double t0;
+    enter(d, "NCCL all-gather of parameters", &t0);
+    nccl_comm_allgather_f32(d->nccl, buf, n, shard);
+    leave(d, t0);
+#else
+    (void)d; (void)buf; (void)n; (void)shard;
+    no_device_collectives("all-gather");
+#endif
+}
+
+void dist_allreduce_sum_dev_f32(Dist *d, float *buf, size_t n) {
+#ifdef DIST_NCCL
+    if (d->world == 1) return;
+    double t0;
+    enter(d, "NCCL all-reduce of gradients", &t0);
+    nccl_comm_allreduce_f32(d->nccl, buf, n, 0);
+    leave(d, t0);
+#else
+    (void)d; (void)buf; (void)n;
+    no_device_collectives("all-reduce");
 #endif
 }

@@ -15,15 +15,21 @@
 // whatever the split into ranks when micro-steps per rank is a power of two: 1, 2 and 4
 // ranks give bitwise identical gradients, losses and weights.
 //
-// CUDA: not written yet is the NCCL path (ncclReduceScatter / ncclAllGather on device
-// buffers, rank 0's ncclUniqueId broadcast with dist_bcast, cudaSetDevice(local_rank)); until
-// then train/grad_sync.c stages device buffers through the host for these MPI collectives.
+// CUDA (docs/DISTRIBUTED.md, NCCL): dist_attach_device makes GPU (local_rank % device count)
+// current before anything is allocated on it and, in builds with NCCL (CLLA_HAVE_NCCL), opens
+// an NCCL communicator from rank 0's unique id (broadcast with dist_bcast). The dist_*_dev_f32
+// collectives then work on device buffers. NCCL's reduction order is fixed for a given
+// topology and rank count but is not the pairwise tree above: on the GPU, results across rank
+// counts agree to rounding, not bitwise. Without NCCL train/grad_sync.c stages device buffers
+// through the host for the MPI collectives above.
 #ifndef CLLA_TRAIN_DIST_H
 #define CLLA_TRAIN_DIST_H
 
 #include <stddef.h>
 
 typedef struct DistWatchdog DistWatchdog;
+struct NcclComm;   // kernels/nccl_comm.h
+struct Backend;    // layers/backend.h
 
 typedef struct Dist {
     int rank, world;               // this process, number of processes
@@ -32,6 +38,7 @@ typedef struct Dist {
     double comm_seconds;           // wall time spent in collectives (the trainer reads and resets it)
     float *scratch;                // reduce-scatter receive pieces: world * DIST_PIECE floats
     DistWatchdog *watchdog;        // NULL when off
+    struct NcclComm *nccl;         // device collectives (CUDA + NCCL, world > 1), else NULL
 } Dist;
 
 // Elements per point-to-point message of a reduce-scatter: bounds the scratch memory to
@@ -70,6 +77,19 @@ double dist_sum_f64(Dist *d, double x);
 int dist_max_int(Dist *d, int x);
 void dist_bcast(Dist *d, void *buf, size_t bytes, int root);
 void dist_barrier(Dist *d);
+
+// After the backend is chosen and before anything is allocated on it: on the CUDA backend,
+// selects this rank's GPU and, with NCCL and more than one rank, creates the communicator
+// (collective: every rank calls it). Other backends: nothing.
+void dist_attach_device(Dist *d, const struct Backend *be);
+// 1 when the dist_*_dev_f32 collectives below are available (NCCL communicator open).
+int dist_has_device_collectives(const Dist *d);
+// The collectives of dist_reduce_scatter_f32 / dist_allgather_f32 / dist_allreduce_sum_f32 on
+// DEVICE buffers, in place (kernels/nccl_comm.h): after the reduce-scatter, piece `rank` of buf
+// holds the sum over ranks (the rest of buf is unspecified). Timed and watched like the others.
+void dist_reduce_scatter_dev_f32(Dist *d, float *buf, size_t n, size_t shard);
+void dist_allgather_dev_f32(Dist *d, float *buf, size_t n, size_t shard);
+void dist_allreduce_sum_dev_f32(Dist *d, float *buf, size_t n);
 
 // Elements per rank of a ZeRO-1 partition of n elements: ceil(n / world) rounded up to a
 // multiple of align (so that fixed-size blocks of the gradient norm never straddle ranks).

@@ -26,19 +26,22 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
     g->zero = zero;
     g->micro = micro;
     g->host_mem = m->be == backend_cpu();
+    // One trainer path, the collective chosen by backend: NCCL on the device buffers when the
+    // process group opened a communicator (CUDA build with NCCL), else MPI on host memory.
+    g->dev_coll = !g->host_mem && d->world > 1 && dist_has_device_collectives(d);
     g->n = m->params.bytes_f32 / 4;
     if (zero) {
         g->shard = dist_shard_size(g->n, d->world, GRAD_NORM_BLOCK);
         size_t a = (size_t)d->rank * g->shard, b = a + g->shard;
         g->lo = a < g->n ? a : g->n;
         g->hi = b < g->n ? b : g->n;
-        g->piece = xmalloc(g->shard * sizeof(float));
+        if (!g->dev_coll) g->piece = xmalloc(g->shard * sizeof(float));
     } else {
         g->shard = g->n;
         g->lo = 0;
         g->hi = g->n;
     }
-    if (!g->host_mem && d->world > 1) g->host = xmalloc(g->n * sizeof(float));
+    if (!g->host_mem && !g->dev_coll && d->world > 1) g->host = xmalloc(g->n * sizeof(float));
     // The tree needs an fp32 add of gradient buffers, which only host memory has here; a
     // device backend accumulates in backward (results then agree across rank counts to
     // rounding, not bitwise).
@@ -99,6 +102,12 @@ void grad_sync_end_micro(GradSync *g, Model *m, int k) {
 void grad_sync_reduce(GradSync *g, Model *m) {
     Dist *d = g->dist;
     if (d->world == 1) return;
+    if (g->dev_coll) {
+        // in place on the GPU; ZeRO-1 leaves the sum in [lo, hi) only, as the host path does
+        if (g->zero) dist_reduce_scatter_dev_f32(d, m->grad, g->n, g->shard);
+        else dist_allreduce_sum_dev_f32(d, m->grad, g->n);
+        return;
+    }
     float *buf = m->grad;
     if (!g->host_mem) {
         g->be->download(g->host, m->grad, g->n * sizeof(float));
@@ -119,6 +128,13 @@ void grad_sync_reduce(GradSync *g, Model *m) {
 double grad_sync_norm(GradSync *g, Model *m) {
     Dist *d = g->dist;
     if (!g->zero || d->world == 1) return sqrt(m->be->sumsq(m->grad, g->n));
+    if (g->dev_coll) {
+        // The shard is on the GPU (no host piece): one device sumsq of the own range, the ranks'
+        // values added in rank order. Deterministic, the same on every rank, but not the bits of
+        // the ZeRO-0 norm (different blocking): GPU runs agree across settings to rounding.
+        double mine = g->hi > g->lo ? m->be->sumsq(m->grad + g->lo, g->hi - g->lo) : 0.0;
+        return sqrt(dist_sum_f64(d, mine));
+    }
     // Block sums of the own shard, gathered, then added in block order: the arithmetic of the
     // CPU backend's sumsq over the whole buffer.
     size_t per = g->shard / GRAD_NORM_BLOCK, total = (g->n + GRAD_NORM_BLOCK - 1) / GRAD_NORM_BLOCK;
@@ -150,6 +166,8 @@ void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed) {
     if (g->zero && d->world > 1) {
         if (g->host_mem) {
             dist_allgather_f32(d, m->master, g->n, g->shard);
+        } else if (g->dev_coll) {
+            dist_allgather_dev_f32(d, m->master, g->n, g->shard);
         } else {
             g->be->download(g->host, m->master, g->n * sizeof(float));
             dist_allgather_f32(d, g->host, g->n, g->shard);

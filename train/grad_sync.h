@@ -27,6 +27,7 @@ typedef struct GradSync {
     const Backend *be;
     int zero;             // ZeRO stage: 0 (replicated optimizer) or 1 (sharded m, v)
     int host_mem;         // the backend's buffers are host memory (CPU): no staging copies
+    int dev_coll;         // device buffers reduced in place by NCCL (dist_*_dev_f32): no staging
     int tree;             // micro-steps summed in the pairwise tree (CPU); else in backward
     int micro;            // micro-steps per rank and optimizer step
     size_t n;             // fp32 elements of the flat layout
@@ -35,8 +36,8 @@ typedef struct GradSync {
     // pairwise tree of micro-gradients: a stack of partial sums with their levels
     float **stack, **pool;
     int *level, sp, n_pool, n_bufs;
-    float *host;          // staging copy on device backends (n floats), else NULL
-    float *piece;         // reduce-scatter result (shard floats)
+    float *host;          // staging copy on device backends without NCCL (n floats), else NULL
+    float *piece;         // reduce-scatter result (shard floats), host paths only
 } GradSync;
 
 // zero: 0 or 1. micro: micro-steps per rank per optimizer step.
@@ -50,7 +51,8 @@ void grad_sync_end_micro(GradSync *g, Model *m, int k);
 // Sum over ranks. ZeRO 0: all of model->grad holds the global gradient on every rank;
 // ZeRO 1: only [lo, hi) does (the rest is this rank's local sum, unused).
 void grad_sync_reduce(GradSync *g, Model *m);
-// Global L2 norm of the gradient, the same bits on every rank and for every ZeRO stage.
+// Global L2 norm of the gradient, the same bits on every rank and, except on the NCCL path
+// (ZeRO-1 there adds one sumsq per rank's range, in rank order), for every ZeRO stage.
 double grad_sync_norm(GradSync *g, Model *m);
 // ZeRO 1: every rank receives every rank's updated masters, then the storage copy is
 // refreshed with seed (as adamw_step does). ZeRO 0: only the refresh.

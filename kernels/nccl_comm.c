@@ -1,0 +1,157 @@
+// NCCL communicator and fp32 collectives on device buffers (kernels/nccl_comm.h). Compiled as C
+// with the CUDA runtime and NCCL headers; only in builds where CMake found NCCL.
+#include "kernels/nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+_Static_assert(NCCL_COMM_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "nccl_comm.h's id size differs from nccl.h's");
+_Static_assert(sizeof(ncclUniqueId) == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId has padding");
+
+struct NcclComm {
+    ncclComm_t comm;
+    int rank, world;
+    // grow-only device buffer of world * shard floats for tensors whose length n is not a
+    // multiple of the rank count: NCCL needs equal pieces, the flat layout does not divide
+    float *pad;
+    size_t pad_n;
+};
+
+// One line, so that a failure in a many-rank job log is found and understood: the call, NCCL's error string, its last
+// detailed message when the communicator has one (newlines folded), and the rank.
+static void nccl_fail(const char *call, ncclResult_t r, ncclComm_t comm, int rank, int world) {
+    char detail[512] = "";
+    const char *last = comm ? ncclGetLastError(comm) : NULL;
+    if (last && *last) {
+        snprintf(detail, sizeof(detail), " (%s)", last);
+        for (char *p = detail; *p; p++)
+            if (*p == '\n' || *p == '\r') *p = ' ';
+    }
+    die("NCCL error in %s on rank %d of %d: %s%s: NCCL_DEBUG=WARN prints NCCL's diagnosis; check NCCL_SOCKET_IFNAME and NCCL_IB_DISABLE (docs/DISTRIBUTED.md)",
+        call, rank, world, ncclGetErrorString(r), detail);
+}
+
+static void cuda_fail(const char *call, cudaError_t e, int rank, int world) {
+    die("CUDA error in %s on rank %d of %d: %s", call, rank, world, cudaGetErrorString(e));
+}
+
+#define NCCL_CHECK(c, name, call)                                          \
+    do {                                                                   \
+        ncclResult_t r_ = (call);                                          \
+        if (r_ != ncclSuccess) nccl_fail(name, r_, (c)->comm, (c)->rank, (c)->world); \
+    } while (0)
+
+#define CUDA_CHECK_RANK(c, name, call)                                     \
+    do {                                                                   \
+        cudaError_t e_ = (call);                                           \
+        if (e_ != cudaSuccess) cuda_fail(name, e_, (c)->rank, (c)->world); \
+    } while (0)
+
+// The legacy default stream: this file is compiled by the C compiler without
+// CUDA_API_PER_THREAD_DEFAULT_STREAM, so 0 is the stream the backend's kernels run on.
+#define COMM_STREAM ((cudaStream_t)0)
+
+static ncclRedOp_t red_op(int avg) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    return avg ? ncclAvg : ncclSum;
+#else
+    if (avg) die("nccl_comm: averaging needs NCCL 2.10 or newer (this build has %d)", NCCL_VERSION_CODE);
+    return ncclSum;
+#endif
+}
+
+// Waits for the collective: errors of an asynchronous collective surface here, and the
+// caller's timer and watchdog cover the transfer itself.
+static void finish(NcclComm *c, const char *name) {
+    cudaError_t e = cudaStreamSynchronize(COMM_STREAM);
+    if (e != cudaSuccess) cuda_fail(name, e, c->rank, c->world);
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(c, "ncclCommGetAsyncError", ncclCommGetAsyncError(c->comm, &async));
+    if (async != ncclSuccess) nccl_fail(name, async, c->comm, c->rank, c->world);
+}
+
+static float *pad_buffer(NcclComm *c, size_t n) {
+    if (n > c->pad_n) {
+        if (c->pad) CUDA_CHECK_RANK(c, "cudaFree", cudaFree(c->pad));
+        c->pad = NULL;
+        CUDA_CHECK_RANK(c, "cudaMalloc (NCCL padding buffer)", cudaMalloc((void **)&c->pad, n * sizeof(float)));
+        // the part past the tensor is sent as zeros by the reduce-scatter (set per call) and
+        // dropped by the all-gather; cleared once so that no uninitialized memory travels
+        CUDA_CHECK_RANK(c, "cudaMemset", cudaMemset(c->pad, 0, n * sizeof(float)));
+        c->pad_n = n;
+    }
+    return c->pad;
+}
+
+void nccl_comm_unique_id(unsigned char id[NCCL_COMM_ID_BYTES]) {
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess) nccl_fail("ncclGetUniqueId", r, NULL, 0, 0);
+    memcpy(id, &u, sizeof(u));
+}
+
+NcclComm *nccl_comm_init(const unsigned char id[NCCL_COMM_ID_BYTES], int rank, int world) {
+    NcclComm *c = xcalloc(1, sizeof(*c));
+    c->rank = rank;
+    c->world = world;
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof(u));
+    ncclResult_t r = ncclCommInitRank(&c->comm, world, u, rank);
+    if (r != ncclSuccess) nccl_fail("ncclCommInitRank", r, NULL, rank, world);
+    return c;
+}
+
+void nccl_comm_destroy(NcclComm *c) {
+    if (!c) return;
+    if (c->pad) cudaFree(c->pad);   // at exit: a failure here changes nothing
+    NCCL_CHECK(c, "ncclCommDestroy", ncclCommDestroy(c->comm));
+    free(c);
+}
+
+void nccl_comm_reduce_scatter_f32(NcclComm *c, float *buf, size_t n, size_t shard, int avg) {
+    const size_t total = (size_t)c->world * shard, own = (size_t)c->rank * shard;
+    if (n > total) die("nccl_comm_reduce_scatter_f32: %zu elements exceed %d pieces of %zu (internal error)", n, c->world, shard);
+    if (n == total) {
+        // in place: NCCL's recvbuff == sendbuff + rank * recvcount
+        NCCL_CHECK(c, "ncclReduceScatter", ncclReduceScatter(buf, buf + own, shard, ncclFloat, red_op(avg), c->comm, COMM_STREAM));
+        finish(c, "ncclReduceScatter");
+        return;
+    }
+    float *pad = pad_buffer(c, total);
+    CUDA_CHECK_RANK(c, "cudaMemcpyAsync", cudaMemcpyAsync(pad, buf, n * sizeof(float), cudaMemcpyDeviceToDevice, COMM_STREAM));
+    CUDA_CHECK_RANK(c, "cudaMemsetAsync", cudaMemsetAsync(pad + n, 0, (total - n) * sizeof(float), COMM_STREAM));
+    NCCL_CHECK(c, "ncclReduceScatter", ncclReduceScatter(pad, pad + own, shard, ncclFloat, red_op(avg), c->comm, COMM_STREAM));
+    if (own < n) {
+        size_t len = n - own < shard ? n - own : shard;
+        CUDA_CHECK_RANK(c, "cudaMemcpyAsync", cudaMemcpyAsync(buf + own, pad + own, len * sizeof(float), cudaMemcpyDeviceToDevice, COMM_STREAM));
+    }
+    finish(c, "ncclReduceScatter");
+}
+
+void nccl_comm_allgather_f32(NcclComm *c, float *buf, size_t n, size_t shard) {
+    const size_t total = (size_t)c->world * shard, own = (size_t)c->rank * shard;
+    if (n > total) die("nccl_comm_allgather_f32: %zu elements exceed %d pieces of %zu (internal error)", n, c->world, shard);
+    if (n == total) {
+        NCCL_CHECK(c, "ncclAllGather", ncclAllGather(buf + own, buf, shard, ncclFloat, c->comm, COMM_STREAM));
+        finish(c, "ncclAllGather");
+        return;
+    }
+    float *pad = pad_buffer(c, total);
+    if (own < n) {
+        size_t len = n - own < shard ? n - own : shard;
+        CUDA_CHECK_RANK(c, "cudaMemcpyAsync", cudaMemcpyAsync(pad + own, buf + own, len * sizeof(float), cudaMemcpyDeviceToDevice, COMM_STREAM));
+    }
+    NCCL_CHECK(c, "ncclAllGather", ncclAllGather(pad + own, pad, shard, ncclFloat, c->comm, COMM_STREAM));
+    CUDA_CHECK_RANK(c, "cudaMemcpyAsync", cudaMemcpyAsync(buf, pad, n * sizeof(float), cudaMemcpyDeviceToDevice, COMM_STREAM));
+    finish(c, "ncclAllGather");
+}
+
+void nccl_comm_allreduce_f32(NcclComm *c, float *buf, size_t n, int avg) {
+    NCCL_CHECK(c, "ncclAllReduce", ncclAllReduce(buf, buf, n, ncclFloat, red_op(avg), c->comm, COMM_STREAM));
+    finish(c, "ncclAllReduce");
+}
