@@ -7,22 +7,7 @@
 # twin's own checks, selftest.py, for all of them.)
 # Environment: CLLA (the binary), SRC (source tree). Exit 0 pass, 1 fail, 77 skipped.
 set -u
-PY=/usr/bin/python3
-SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
-TWIN="$SRC/tests/reference/twin.py"
-
-if [ ! -x "$PY" ] || ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-    echo "SKIP: $PY cannot import torch and numpy (apt-get install python3-torch python3-numpy)"
-    exit 77
-fi
-if [ -z "${CLLA:-}" ]; then
-    echo "SKIP: CLLA is not set (run through ctest, or CLLA=build/clla bash tests/test_twin.sh)"
-    exit 77
-fi
-if [ ! -x "$CLLA" ]; then
-    echo "FAIL: CLLA=$CLLA is not an executable"
-    exit 1
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/lib/twin.sh"
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib/cases.sh"
 cases_begin clla_twin

@@ -13,19 +13,7 @@
 # Environment: CLLA (the binary), SRC (source tree), BUILD (build tree, for libclla_core.a).
 # Exit 0 pass, 1 fail, 77 skipped.
 set -u
-PY=/usr/bin/python3
-SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
-REF="$SRC/tests/reference"
-TWIN="$REF/twin.py"
-
-if [ ! -x "$PY" ] || ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-    echo "SKIP: $PY cannot import torch and numpy (apt-get install python3-torch python3-numpy)"
-    exit 77
-fi
-if [ -z "${CLLA:-}" ] || [ ! -x "$CLLA" ]; then
-    echo "SKIP: CLLA is not set to the clla binary (run through ctest, or CLLA=build/clla bash $0)"
-    exit 77
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/lib/twin.sh"
 BUILD=${BUILD:-$(dirname "$CLLA")}
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib/cases.sh"

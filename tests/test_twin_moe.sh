@@ -9,19 +9,7 @@
 # Then 5 training steps with drops and clipping, checked with check-train (loss incl. aux).
 # Environment: CLLA (the binary), SRC (source tree). Exit 0 pass, 1 fail, 77 skipped.
 set -u
-PY=/usr/bin/python3
-SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
-REF="$SRC/tests/reference"
-TWIN="$REF/twin.py"
-
-if [ ! -x "$PY" ] || ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-    echo "SKIP: $PY cannot import torch and numpy (apt-get install python3-torch python3-numpy)"
-    exit 77
-fi
-if [ -z "${CLLA:-}" ] || [ ! -x "$CLLA" ]; then
-    echo "SKIP: CLLA is not set to the clla binary (run through ctest, or CLLA=build/clla bash $0)"
-    exit 77
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/lib/twin.sh"
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib/cases.sh"
 cases_begin clla_twin_moe
