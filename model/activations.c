@@ -1,5 +1,6 @@
 // Activation and activation-gradient tables for a (B, T) micro-batch: one allocation
 // per category, every buffer a named table entry.
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,27 @@ static int act(TensorTable *tt, int dtype, int64_t a, int64_t b, const char *fmt
     return table_addf(tt, -1, 0, dtype, 2, shape, fmt, l);
 }
 
+// The cache slots' payload buffers (N tokens each), widths from the cache layout; prefix ""
+// for the values, "d" for their gradients. Absent parts keep index -1.
+static void add_slot_acts(TensorTable *tt, SlotActs *sa, const CacheLayout *cl, int64_t N, const char *prefix) {
+    static const struct { int part; size_t field; const char *name; } PARTS[] = {
+        {PART_K, offsetof(SlotActs, k), "k"},
+        {PART_V, offsetof(SlotActs, v), "v"},
+        {PART_LATENT, offsetof(SlotActs, c), "c"},
+        {PART_KROPE, offsetof(SlotActs, k_rope), "k_rope"},
+    };
+    for (int s = 0; s < cl->n_slots; s++) {
+        memset(&sa[s], 0xff, sizeof(sa[s]));
+        for (size_t i = 0; i < sizeof(PARTS) / sizeof(PARTS[0]); i++) {
+            const CachePart *part = &cl->part[PARTS[i].part];
+            if (!part->present) continue;
+            int64_t shape[2] = {N, part->width};
+            *(int *)((char *)&sa[s] + PARTS[i].field) =
+                table_addf(tt, -1, 0, DT_STORE, 2, shape, "slots.%d.%s%s", s, prefix, PARTS[i].name);
+        }
+    }
+}
+
 void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
     free(m->la); free(m->sa); free(m->gsa);
     table_free(&m->acts);
@@ -19,7 +41,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
     m->B = B;
     m->T = T;
     const ModelConfig *c = &m->cfg;
-    int L = c->num_hidden_layers, C = c->hidden_size, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
+    int L = c->num_hidden_layers, C = c->hidden_size, NH = c->num_attention_heads;
     int D = c->head_dim, DV = c->v_head_dim, I = c->intermediate_size, V = c->vocab_size;
     int latent = config_is_latent(c), R = c->kv_lora_rank, DR = latent ? c->qk_rope_head_dim : 0, Rq = c->q_lora_rank;
     int64_t N = (int64_t)B * T, att = (int64_t)B * NH * T, DQK = D + DR;
@@ -63,17 +85,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
             x->act = act(a, DT_STORE, N, I, "layers.%d.act", l);
         }
     }
-    for (int s = 0; s < m->n_slots; s++) {
-        SlotActs *sl = &m->sa[s];
-        memset(sl, 0xff, sizeof(*sl));
-        if (latent) {
-            sl->c = act(a, DT_STORE, N, R, "slots.%d.c", s);
-            sl->k_rope = act(a, DT_STORE, N, DR, "slots.%d.k_rope", s);
-        } else {
-            sl->k = act(a, DT_STORE, N, (int64_t)NKV * D, "slots.%d.k", s);
-            sl->v = act(a, DT_STORE, N, (int64_t)NKV * DV, "slots.%d.v", s);
-        }
-    }
+    add_slot_acts(a, m->sa, &m->cache, N, "");
     m->res_final = act(a, DT_STORE, N, C, "res_final", 0);
     m->h_final = act(a, DT_STORE, N, C, "h_final", 0);
     m->rstd_final = act(a, DT_F32, N, 1, "rstd_final", 0);
@@ -110,17 +122,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
     ga->dlogits = act(g, DT_STORE, N, V, "dlogits", 0);
     ga->dscores = act(g, DT_F32, att, T, "dscores", 0);
     m->gsa = xcalloc((size_t)m->n_slots, sizeof(SlotActs));
-    for (int s = 0; s < m->n_slots; s++) {
-        SlotActs *sl = &m->gsa[s];
-        memset(sl, 0xff, sizeof(*sl));
-        if (latent) {
-            sl->c = act(g, DT_STORE, N, R, "slots.%d.dc", s);
-            sl->k_rope = act(g, DT_STORE, N, DR, "slots.%d.dk_rope", s);
-        } else {
-            sl->k = act(g, DT_STORE, N, (int64_t)NKV * D, "slots.%d.dk", s);
-            sl->v = act(g, DT_STORE, N, (int64_t)NKV * DV, "slots.%d.dv", s);
-        }
-    }
+    add_slot_acts(g, m->gsa, &m->cache, N, "d");
     table_layout(g, store_bytes);
 }
 
