@@ -13,6 +13,7 @@ static Backend make_backend_cuda(void) {
     b.zero = cuda_zero;
     b.upload = cuda_upload;
     b.download = cuda_download;
+    b.copy = cuda_copy;
     b.store_weights = cuda_store_weights;
     b.act_to_host = cuda_act_to_host;
     b.act_from_host = cuda_act_from_host;

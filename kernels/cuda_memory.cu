@@ -37,6 +37,11 @@ extern "C" void cuda_download(void *dst, const void *src, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
+// Ordered on the legacy default stream like every other op (no host synchronization).
+extern "C" void cuda_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+}
+
 // dst[i] = stochastic bf16 rounding of master[i] with the bits sr_hash32(seed, i): the
 // same function the host uses (kernels/sr_hash.h), so a store is predictable bit for bit.
 __global__ void store_weights_kernel(uint16_t *dst, const float *master, size_t n, uint64_t seed) {

@@ -16,6 +16,7 @@ void cuda_release(void *p);
 void cuda_zero(void *p, size_t bytes);
 void cuda_upload(void *dst, const void *src, size_t bytes);
 void cuda_download(void *dst, const void *src, size_t bytes);
+void cuda_copy(void *dst, const void *src, size_t bytes);
 void cuda_store_weights(float *dst, const float *master, size_t n, unsigned long long seed);
 void cuda_act_to_host(float *dst_host, const float *src, size_t n);
 void cuda_act_from_host(float *dst, const float *src_host, size_t n);

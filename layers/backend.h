@@ -39,6 +39,7 @@ typedef struct Backend {
     void (*zero)(void *p, size_t bytes);
     void (*upload)(void *dst, const void *src, size_t bytes);      // host -> backend, raw bytes
     void (*download)(void *dst, const void *src, size_t bytes);    // backend -> host, raw bytes
+    void (*copy)(void *dst, const void *src, size_t bytes);        // backend -> backend, raw bytes, no overlap
     // Weights: the optimizer holds fp32 masters; this writes the storage copy.
     // CPU: memcpy. CUDA: fp32 -> bf16 (stochastic rounding with the given seed).
     void (*store_weights)(float *dst, const float *master, size_t n, unsigned long long seed);

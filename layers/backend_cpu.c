@@ -12,6 +12,7 @@ static const Backend cpu_backend = {
     .zero = cpu_zero,
     .upload = cpu_upload,
     .download = cpu_download,
+    .copy = cpu_copy,
     .store_weights = cpu_store_weights,
     .act_to_host = cpu_act_to_host,
     .act_from_host = cpu_act_from_host,

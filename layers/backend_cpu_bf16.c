@@ -224,6 +224,7 @@ static const Backend cpu_bf16_backend = {
     .zero = cpu_zero,
     .upload = cpu_upload,
     .download = cpu_download,
+    .copy = cpu_copy,
     .store_weights = emu_store_weights,
     .act_to_host = cpu_act_to_host,   // exact, as bf16 -> fp32 is
     .act_from_host = emu_act_from_host,

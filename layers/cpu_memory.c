@@ -23,6 +23,8 @@ void cpu_upload(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(ds
 
 void cpu_download(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
 
+void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
+
 // The seed drives stochastic rounding on bf16 backends; fp32 storage needs no rounding.
 void cpu_store_weights(float *dst, const float *master, size_t n, unsigned long long seed) {
     (void)seed;

@@ -14,6 +14,7 @@ void cpu_release(void *p);
 void cpu_zero(void *p, size_t bytes);
 void cpu_upload(void *dst, const void *src, size_t bytes);
 void cpu_download(void *dst, const void *src, size_t bytes);
+void cpu_copy(void *dst, const void *src, size_t bytes);
 void cpu_store_weights(float *dst, const float *master, size_t n, unsigned long long seed);
 void cpu_act_to_host(float *dst_host, const float *src, size_t n);
 void cpu_act_from_host(float *dst, const float *src_host, size_t n);

@@ -20,7 +20,7 @@ static const ArgSpec SPECS[] = {
     {"json", 0, "print one JSON object instead of text"},
     {"device", 1, "storage to plan memory for: cpu (fp32, default), cpu-bf16 (fp32 storage + fp32 masters) or cuda (bf16 + fp32 masters)"},
     {"cache-table", 0, "KV-cache bytes/token of every attention preset at this config's shape"},
-    {"ranks", 1, "data parallel: also print the AdamW memory per rank for R ranks, without and with ZeRO-1"},
+    {"ranks", 1, "data parallel: also print the AdamW (and, with separate masters, fp32 master) memory per rank for R ranks, without and with ZeRO-1"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -133,6 +133,11 @@ int cmd_info(int argc, char **argv) {
             cJSON_AddNumberToObject(dp, "ranks", ranks);
             cJSON_AddNumberToObject(dp, "adamw_m_v_per_rank_zero0", grad_sync_optimizer_bytes(c.numel_f32, ranks, 0));
             cJSON_AddNumberToObject(dp, "adamw_m_v_per_rank_zero1", grad_sync_optimizer_bytes(c.numel_f32, ranks, 1));
+            cJSON_AddNumberToObject(dp, "master_weights_per_rank_zero0", grad_sync_master_bytes(c.numel_f32, ranks, 0, separate));
+            cJSON_AddNumberToObject(dp, "master_weights_per_rank_zero1", grad_sync_master_bytes(c.numel_f32, ranks, 1, separate));
+            cJSON_AddNumberToObject(dp, "total_per_rank_zero1", mem_total - c.mem_adam - c.mem_master +
+                                    grad_sync_optimizer_bytes(c.numel_f32, ranks, 1) +
+                                    grad_sync_master_bytes(c.numel_f32, ranks, 1, separate));
         }
         cJSON *k = cJSON_AddObjectToObject(o, "kv_cache_bytes_per_token");
         cJSON_AddNumberToObject(k, "model", kv.total);
@@ -166,7 +171,11 @@ int cmd_info(int argc, char **argv) {
         double z1 = grad_sync_optimizer_bytes(c.numel_f32, ranks, 1);
         printf("optimizer / rank  %d ranks: AdamW m, v %.1f MiB (train.zero_stage 0) | %.1f MiB (ZeRO-1, %zu of %zu elements per rank)\n",
                ranks, mib(grad_sync_optimizer_bytes(c.numel_f32, ranks, 0)), mib(z1), (size_t)(z1 / 8), c.numel_f32);
-        printf("                  total per rank with ZeRO-1: %.1f MiB\n", mib(mem_total - c.mem_adam + z1));
+        double m1 = grad_sync_master_bytes(c.numel_f32, ranks, 1, separate);
+        if (separate)
+            printf("                  fp32 masters %.1f MiB (train.zero_stage 0) | %.1f MiB (ZeRO-1)\n",
+                   mib(grad_sync_master_bytes(c.numel_f32, ranks, 0, separate)), mib(m1));
+        printf("                  total per rank with ZeRO-1: %.1f MiB\n", mib(mem_total - c.mem_adam - c.mem_master + z1 + m1));
     }
     printf("KV cache          %.1f bytes/token for the model | %.1f per layer on average | %.2f%% of MHA (%.0f bytes/token, bf16)\n",
            kv.total, kv.per_layer, 100.0 * kv.total / kv.mha_total, kv.mha_total);

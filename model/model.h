@@ -83,7 +83,9 @@ typedef struct Model {
     LayerParams *lp;         // [L]
     int embed, final_norm, lm_head;   // lm_head == embed when tied
     void *w;                 // storage copy used by the ops
-    float *master;           // fp32 masters (== w when the storage is fp32)
+    float *master;           // fp32 masters of elements [master_lo, master_hi) of the flat fp32
+                             // layout (== w when the storage is fp32, then always all of it)
+    size_t master_lo, master_hi;   // all elements unless ZeRO-1 sharded them (model_shard_masters)
     float *grad;             // fp32 gradients, same table
     struct MoeModel *moe;    // mixture-of-experts layers (model/moe.h); NULL for a dense model
 
@@ -118,11 +120,28 @@ void model_free(Model *m);
 void model_init_weights(Model *m, unsigned long long seed);
 // Loads every parameter from a safetensors file, validating names, shapes and dtypes.
 void model_load(Model *m, const char *path);
-// Writes the fp32 masters to a safetensors file (atomically).
+// Writes the fp32 masters to a safetensors file (atomically). Not on sharded masters (internal
+// error): the data-parallel trainer assembles them and calls model_save_masters.
 void model_save(Model *m, const char *path);
+// The same from `masters`, a backend buffer holding the whole flat fp32 layout.
+void model_save_masters(Model *m, const float *masters, const char *path);
 // After changing master weights on the host side: refresh the storage copy. On a backend
 // with separate masters each tensor i is stored with store_weights(..., model_weight_seed(seed, i)).
+// Not on sharded masters (internal error): see model_sync_weights_from.
 void model_sync_weights(Model *m, unsigned long long seed);
+// The same from `masters`, a backend buffer holding the whole flat fp32 layout.
+void model_sync_weights_from(Model *m, const float *masters, unsigned long long seed);
+// Sets the masters from `host`, the whole flat fp32 layout in host memory, and refreshes the
+// storage copy with seed. Sharded masters keep their range; the storage is rounded from the
+// whole host copy staged in m->grad, which is zero afterwards.
+void model_set_masters(Model *m, const float *host, unsigned long long seed);
+// ZeRO-1 with separate masters (bf16 storage, its CPU emulation): keep only elements [lo, hi)
+// of the masters, the rest of the model's fp32 memory for masters freed. No-op where the masters
+// are the storage (fp32 CPU): every rank needs the whole storage to run the model.
+void model_shard_masters(Model *m, size_t lo, size_t hi);
+static inline int model_masters_sharded(const Model *m) {
+    return m->master_lo != 0 || m->master_hi != m->params.bytes_f32 / 4;
+}
 // The rounding stream of tensor i for a store seed: the seed with the tensor index mixed in
 // (sr_hash32 mixes the seed again, so the tensors' streams are unrelated).
 static inline unsigned long long model_weight_seed(unsigned long long seed, int tensor) {

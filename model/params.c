@@ -101,7 +101,22 @@ void model_build(Model *m, const ModelConfig *cfg, const Backend *be) {
     // Masters alias fp32 storage unless the backend rounds its weights (bf16, or emulated bf16).
     int separate = be->act_bytes != 4 || be->separate_master;
     m->master = separate ? be->alloc(tt->bytes_f32) : (float *)m->w;
+    m->master_lo = 0;
+    m->master_hi = tt->bytes_f32 / 4;
     m->grad = be->alloc(tt->bytes_f32);
+}
+
+void model_shard_masters(Model *m, size_t lo, size_t hi) {
+    if ((void *)m->master == m->w) return;
+    if (lo > hi || lo < m->master_lo || hi > m->master_hi)
+        die("model_shard_masters: range [%zu, %zu) is not inside the masters' [%zu, %zu) (internal error)", lo, hi,
+            m->master_lo, m->master_hi);
+    float *piece = m->be->alloc((hi > lo ? hi - lo : 1) * sizeof(float));   // never a zero-byte allocation
+    m->be->copy(piece, m->master + (lo - m->master_lo), (hi - lo) * sizeof(float));
+    m->be->release(m->master);
+    m->master = piece;
+    m->master_lo = lo;
+    m->master_hi = hi;
 }
 
 void model_free(Model *m) {
@@ -143,12 +158,30 @@ static int is_residual_output(const char *name) {
 // 256-byte aligned in each), so element k of the flat fp32 buffer is not element k of the
 // storage buffer unless every tensor's size is a multiple of 128; one flat call would write a
 // tensor where the ops do not read it (a norm of 40 or 64 values shifts everything after it).
-void model_sync_weights(Model *m, unsigned long long seed) {
+void model_sync_weights_from(Model *m, const float *masters, unsigned long long seed) {
     if ((void *)m->master == m->w) return;
     const TensorTable *tt = &m->params;
     for (int i = 0; i < tt->n; i++)
-        m->be->store_weights(table_ptr_store(tt, m->w, i), table_ptr_f32(tt, m->master, i), tt->t[i].numel,
+        m->be->store_weights(table_ptr_store(tt, m->w, i), table_ptr_f32(tt, (float *)masters, i), tt->t[i].numel,
                              model_weight_seed(seed, i));
+}
+
+void model_sync_weights(Model *m, unsigned long long seed) {
+    if (model_masters_sharded(m)) die("model_sync_weights on sharded masters (internal error: use model_sync_weights_from)");
+    model_sync_weights_from(m, m->master, seed);
+}
+
+void model_set_masters(Model *m, const float *host, unsigned long long seed) {
+    const size_t bytes = m->params.bytes_f32;
+    if (!model_masters_sharded(m)) {
+        m->be->upload(m->master, host, bytes);
+        model_sync_weights(m, seed);
+        return;
+    }
+    m->be->upload(m->master, host + m->master_lo, (m->master_hi - m->master_lo) * sizeof(float));
+    m->be->upload(m->grad, host, bytes);
+    model_sync_weights_from(m, m->grad, seed);
+    m->be->zero(m->grad, bytes);
 }
 
 void model_init_weights(Model *m, unsigned long long seed) {
@@ -168,9 +201,8 @@ void model_init_weights(Model *m, unsigned long long seed) {
             for (size_t k = 0; k < ti->numel; k++) p[k] = (float)(std * rng_normal(&rng));
         }
     }
-    m->be->upload(m->master, host, tt->bytes_f32);
+    model_set_masters(m, host, seed);
     free(host);
-    model_sync_weights(m, seed);
 }
 
 void model_load(Model *m, const char *path) {
@@ -200,15 +232,19 @@ void model_load(Model *m, const char *path) {
             die("weights '%s': %s", path, err);
     }
     st_close(&sf);
-    m->be->upload(m->master, host, tt->bytes_f32);
+    model_set_masters(m, host, 0);
     free(host);
-    model_sync_weights(m, 0);
 }
 
 void model_save(Model *m, const char *path) {
+    if (model_masters_sharded(m)) die("model_save on sharded masters (internal error: use model_save_masters)");
+    model_save_masters(m, m->master, path);
+}
+
+void model_save_masters(Model *m, const float *masters, const char *path) {
     const TensorTable *tt = &m->params;
     float *host = xmalloc(tt->bytes_f32);
-    m->be->download(host, m->master, tt->bytes_f32);
+    m->be->download(host, masters, tt->bytes_f32);
     StTensor *st = xcalloc((size_t)tt->n, sizeof(StTensor));
     for (int i = 0; i < tt->n; i++) {
         st[i].name = tt->t[i].name;

@@ -290,6 +290,10 @@ static void test_memory(void) {
     be->upload(dev, host, n * sizeof(float));
     be->download(back, dev, n * sizeof(float));
     check("upload/download roundtrip", maxrel(back, host_d, n), 0.0);
+    float *dev2 = be->alloc(n * sizeof(float));
+    be->copy(dev2, dev, n * sizeof(float));
+    check("copy", maxrel(dev2, host_d, n), 0.0);
+    be->release(dev2);
     be->zero(dev, n * sizeof(float));
     check("zero", maxabs(dev, n), 0.0);
     be->store_weights(dev, host, n, 1234);

@@ -186,18 +186,6 @@ static void load_table_host(Model *model, StFile *sf, const char *path, float *h
     }
 }
 
-// The same into backend buffers laid out like the fp32 table.
-static void load_table(Model *model, StFile *sf, const char *path, float *dev, const char *suffix_a, float *dev_b,
-                       const char *suffix_b) {
-    const TensorTable *tt = &model->params;
-    float *ha = xcalloc(tt->bytes_f32, 1), *hb = dev_b ? xcalloc(tt->bytes_f32, 1) : NULL;
-    load_table_host(model, sf, path, ha, suffix_a, hb, suffix_b);
-    model->be->upload(dev, ha, tt->bytes_f32);
-    if (dev_b) model->be->upload(dev_b, hb, tt->bytes_f32);
-    free(ha);
-    free(hb);
-}
-
 // ---------------------------------------------------------------- state.json
 
 static cJSON *u64_string(uint64_t v) {
@@ -385,8 +373,8 @@ static void share_status(Dist *dist, SaveStatus *s) {
     if (dist && dist->world > 1) dist_bcast(dist, s, sizeof(*s), 0);
 }
 
-int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const AdamW *opt, const TrainState *st, Dist *dist,
-              char *out, size_t outlen, char *err, size_t errlen) {
+int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const float *masters, const AdamW *opt,
+              const TrainState *st, Dist *dist, char *out, size_t outlen, char *err, size_t errlen) {
     const int rank = dist ? dist->rank : 0, world = dist ? dist->world : 1;
     // a sharded optimizer (ZeRO-1 over several ranks) is written by every rank
     const int sharded = !(opt->lo == 0 && opt->hi == model->params.bytes_f32 / 4);
@@ -428,7 +416,7 @@ int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const AdamW 
         test_pause();
 
         p = path_join(tmp, MODEL_FILE);
-        float *mbuf[1] = {model->master};
+        float *mbuf[1] = {(float *)masters};
         const char *msuf[1] = {""};
         if (save_tables(model, p, mbuf, msuf, 1, "{\"format\":\"pt\",\"producer\":\"clla\"}", status.msg, sizeof(status.msg)) != 0)
             goto phase1;
@@ -762,10 +750,12 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
     if (!root) die("cannot resume: %s", err);
     cJSON_Delete(root);
 
+    // the masters on the host until the end: model_set_masters takes this rank's part of them
     char *mp = path_join(dir, MODEL_FILE);
     StFile sf;
     if (st_open(&sf, mp, err, sizeof(err)) != 0) die("cannot resume: '%s': %s", mp, err);
-    load_table(model, &sf, mp, model->master, "", NULL, NULL);
+    float *hw = xcalloc(model->params.bytes_f32, 1);
+    load_table_host(model, &sf, mp, hw, "", NULL, NULL);
     st_close(&sf);
     free(mp);
 
@@ -807,5 +797,6 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
     free(hv);
     opt->t = t;
     // the storage copy exactly as adamw_step left it after update t
-    model_sync_weights(model, adamw_store_seed(st->seed, t));
+    model_set_masters(model, hw, adamw_store_seed(st->seed, t));
+    free(hw);
 }

@@ -42,8 +42,10 @@ typedef struct TrainState {
 // (no ZeRO: the ranks hold identical copies) is written once by rank 0, a ZeRO-1 shard by each
 // rank as optimizer.rank<r>.safetensors (flat slices "exp_avg"/"exp_avg_sq" of the fp32
 // layout, metadata lo/hi). The run directory must be on a file system all ranks share.
-int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const AdamW *opt, const TrainState *st,
-              Dist *dist, char *path, size_t pathlen, char *err, size_t errlen);
+// masters: every fp32 master in one backend buffer laid out like the fp32 table (model->master,
+// or grad_sync_full_masters() where ZeRO-1 sharded them); rank 0 reads it.
+int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const float *masters, const AdamW *opt,
+              const TrainState *st, Dist *dist, char *path, size_t pathlen, char *err, size_t errlen);
 
 // The newest checkpoint of run_dir that validates (ckpt_validate); ones that do not are
 // reported with warn() and skipped. Returns 0 with the directory in path, or -1 when there
@@ -72,7 +74,7 @@ int ckpt_compare_config(const Config *saved, const Config *cur, const char *dir)
 // fp32 masters, m, v, t and the TrainState. Dies with one line on any problem.
 // The optimizer may cover a different range than the one saved (another number of ranks, or
 // ZeRO on/off): the saved moments are assembled into the whole flat layout (every rank reads
-// every optimizer file) and opt's range [lo, hi) is taken from it.
+// every optimizer file) and opt's range [lo, hi) is taken from it; so are sharded masters'.
 void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st);
 
 #endif

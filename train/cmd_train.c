@@ -72,11 +72,12 @@ static int int_option(const Args *a, const char *name, int fallback) {
 // Writes a checkpoint of the state after st->step steps, prunes old ones, and remembers it
 // as the last good one when no skip streak is running. A failed save ends the run.
 // Data parallel: every rank calls it (the save is collective); rank 0 prunes and reports.
-static void save_checkpoint(const Config *cfg, Model *model, const AdamW *opt, TrainState *st, const DataLoader *dl,
-                            Dist *dist, char *last_good, size_t last_good_len) {
+static void save_checkpoint(const Config *cfg, Model *model, GradSync *gs, const AdamW *opt, TrainState *st,
+                            const DataLoader *dl, Dist *dist, char *last_good, size_t last_good_len) {
     char path[2048], err[1024];
     loader_get_state(dl, &st->data);
-    if (ckpt_save(cfg->train.out_dir, cfg, model, opt, st, dist, path, sizeof(path), err, sizeof(err)) != 0)
+    const float *masters = grad_sync_full_masters(gs, model);
+    if (ckpt_save(cfg->train.out_dir, cfg, model, masters, opt, st, dist, path, sizeof(path), err, sizeof(err)) != 0)
         die("saving the checkpoint of step %d failed: %s; the last good checkpoint is %s", st->step, err,
             last_good[0] ? last_good : "(none)");
     if (dist->rank == 0 && ckpt_prune(cfg->train.out_dir, cfg->train.keep_checkpoints, err, sizeof(err)) < 0) warn("%s", err);
@@ -207,7 +208,9 @@ int cmd_train(int argc, char **argv) {
 
     char ranks[96] = "";
     if (dist.world > 1)
-        snprintf(ranks, sizeof(ranks), " x %d ranks%s", dist.world, tc->zero_stage ? " (ZeRO-1)" : "");
+        snprintf(ranks, sizeof(ranks), " x %d ranks%s", dist.world,
+                 !tc->zero_stage ? "" : model_masters_sharded(&model) ? " (ZeRO-1: AdamW state and fp32 masters sharded)"
+                                                                     : " (ZeRO-1: AdamW state sharded)");
     if (rank0)
         fprintf(stderr, "clla train: %s | %lld params | device %s | %d threads | B=%d T=%d x %d micro-steps%s = %lld tokens/step | %d steps\n",
                 cfg.model.attention, model_num_params(&model), be->name, omp_get_max_threads(), B, T, n_micro, ranks,
@@ -304,7 +307,7 @@ int cmd_train(int argc, char **argv) {
         // a stop at the last step is a normal end (final model written) with a checkpoint
         stopped = (sig_no || (stop_at && step + 1 >= stop_at)) && !last;
         if (stopped || sig_no || (tc->save_every && ((step + 1) % tc->save_every == 0 || last)))
-            save_checkpoint(&cfg, &model, &opt, &st, train_dl, &dist, last_good, sizeof(last_good));
+            save_checkpoint(&cfg, &model, &gs, &opt, &st, train_dl, &dist, last_good, sizeof(last_good));
         if (!quiet && ((step + 1) % tc->log_every == 0 || last)) {
             char eta[32];
             double elapsed = now_seconds() - t_start;
@@ -321,9 +324,12 @@ int cmd_train(int argc, char **argv) {
     signals_restore(&sig);
     if (stopped) {
         if (rank0) fprintf(stderr, "clla train: stopped after step %d of %d: continue with --resume auto\n", st.step, tc->max_steps);
-    } else if (rank0) {
-        run_files_save_model(&rf, &cfg, &model);
-        fprintf(stderr, "saved %s/model.safetensors and config.json\n", tc->out_dir);
+    } else {
+        const float *masters = grad_sync_full_masters(&gs, &model);   // collective
+        if (rank0) {
+            run_files_save_model(&rf, &cfg, &model, masters);
+            fprintf(stderr, "saved %s/model.safetensors and config.json\n", tc->out_dir);
+        }
     }
 
     if (rank0) run_files_close(&rf);

@@ -36,6 +36,7 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
         g->lo = a < g->n ? a : g->n;
         g->hi = b < g->n ? b : g->n;
         if (!g->dev_coll) g->piece = xmalloc(g->shard * sizeof(float));
+        if (d->world > 1) model_shard_masters(m, g->lo, g->hi);
     } else {
         g->shard = g->n;
         g->lo = 0;
@@ -161,23 +162,48 @@ double grad_sync_norm(GradSync *g, Model *m) {
     return sqrt(s);
 }
 
-void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed) {
+// In place on `full` (n fp32 elements of backend memory, this rank's [lo, hi) filled): every
+// rank's range from its owner.
+static void allgather_full(GradSync *g, float *full) {
     Dist *d = g->dist;
-    if (g->zero && d->world > 1) {
-        if (g->host_mem) {
-            dist_allgather_f32(d, m->master, g->n, g->shard);
-        } else if (g->dev_coll) {
-            dist_allgather_dev_f32(d, m->master, g->n, g->shard);
-        } else {
-            g->be->download(g->host, m->master, g->n * sizeof(float));
-            dist_allgather_f32(d, g->host, g->n, g->shard);
-            g->be->upload(m->master, g->host, g->n * sizeof(float));
-        }
+    if (g->host_mem) {
+        dist_allgather_f32(d, full, g->n, g->shard);
+    } else if (g->dev_coll) {
+        dist_allgather_dev_f32(d, full, g->n, g->shard);
+    } else {
+        g->be->download(g->host, full, g->n * sizeof(float));
+        dist_allgather_f32(d, g->host, g->n, g->shard);
+        g->be->upload(full, g->host, g->n * sizeof(float));
     }
+}
+
+// Sharded masters: this rank's piece into its range of the gradient buffer, then the rest from
+// the other ranks. The buffer's padding between tensors stays 0 (every rank's gradient had it 0).
+static float *assemble_masters(GradSync *g, Model *m) {
+    g->be->copy(m->grad + m->master_lo, m->master, (m->master_hi - m->master_lo) * sizeof(float));
+    allgather_full(g, m->grad);
+    return m->grad;
+}
+
+void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed) {
+    if (model_masters_sharded(m)) {
+        model_sync_weights_from(m, assemble_masters(g, m), seed);
+        return;
+    }
+    if (g->zero && g->dist->world > 1) allgather_full(g, m->master);
     model_sync_weights(m, seed);
+}
+
+const float *grad_sync_full_masters(GradSync *g, Model *m) {
+    return model_masters_sharded(m) ? assemble_masters(g, m) : m->master;
 }
 
 double grad_sync_optimizer_bytes(size_t n, int world, int zero) {
     size_t per = zero && world > 1 ? dist_shard_size(n, world, GRAD_NORM_BLOCK) : n;
     return 2.0 * 4.0 * (double)per;
+}
+
+double grad_sync_master_bytes(size_t n, int world, int zero, int separate) {
+    if (!separate) return 0.0;
+    return 4.0 * (double)(zero && world > 1 ? dist_shard_size(n, world, GRAD_NORM_BLOCK) : n);
 }

@@ -5,7 +5,11 @@
 // between tensors included and always 0) is the unit of sharding. ZeRO-1 cuts it into
 // world pieces of `shard` elements (ceil(n / world) rounded up to GRAD_NORM_BLOCK; the last
 // pieces may reach past n or be empty: padding, never a refusal). Rank r owns [lo, hi) =
-// [r * shard, (r + 1) * shard) clipped to n: AdamW m and v exist only for it.
+// [r * shard, (r + 1) * shard) clipped to n: AdamW m and v exist only for it, and so do the
+// fp32 masters where the backend keeps them apart from the storage (cuda, cpu-bf16): each rank
+// updates its masters, copies them into its range of the (spent) gradient buffer, all-gathers
+// that buffer and rounds the storage copy from it. The fp32 CPU backend's masters are its
+// storage, which every rank needs whole: they are all-gathered in place and not sharded.
 //
 // One step:  for k < micro: begin_micro, forward, backward(1 / (world * micro)), end_micro
 //            reduce -> norm -> adamw_update_range (own range) -> gather_params
@@ -55,10 +59,17 @@ void grad_sync_reduce(GradSync *g, Model *m);
 // (ZeRO-1 there adds one sumsq per rank's range, in rank order), for every ZeRO stage.
 double grad_sync_norm(GradSync *g, Model *m);
 // ZeRO 1: every rank receives every rank's updated masters, then the storage copy is
-// refreshed with seed (as adamw_step does). ZeRO 0: only the refresh.
+// refreshed with seed (as adamw_step does). ZeRO 0: only the refresh. With sharded masters the
+// gradient buffer is overwritten (the next step's first micro-step zeroes it anyway).
 void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed);
+// Every master of the model in one backend buffer, for saving: m->master, or with sharded masters
+// the gradient buffer after an all-gather (so only between steps). Collective: every rank calls it.
+const float *grad_sync_full_masters(GradSync *g, Model *m);
 
 // Bytes of AdamW m and v one rank holds for a parameter layout of n fp32 elements.
 double grad_sync_optimizer_bytes(size_t n, int world, int zero);
+// Bytes of fp32 masters one rank holds: 0 where they are the storage (separate 0), else its
+// piece of them under ZeRO-1, or all of them.
+double grad_sync_master_bytes(size_t n, int world, int zero, int separate);
 
 #endif

@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "common/util.h"
+
 void adamw_init_range(AdamW *opt, const Model *model, size_t lo, size_t hi) {
     size_t bytes = (hi > lo ? hi - lo : 1) * sizeof(float);   // never a zero-byte allocation
     opt->m = model->be->alloc(bytes);
@@ -42,7 +44,10 @@ void adamw_update_range(AdamW *opt, Model *model, const TrainConfig *tc, float l
         if (b > opt->hi) b = opt->hi;
         if (a >= b) continue;
         float wd = ti->decay ? tc->weight_decay : 0.0f;
-        model->be->adamw_update(model->master + a, opt->m + (a - opt->lo), opt->v + (a - opt->lo), model->grad + a,
+        if (a < model->master_lo || b > model->master_hi)
+            die("adamw: elements [%zu, %zu) are outside this rank's masters [%zu, %zu) (internal error)", a, b,
+                model->master_lo, model->master_hi);
+        model->be->adamw_update(model->master + (a - model->master_lo), opt->m + (a - opt->lo), opt->v + (a - opt->lo), model->grad + a,
                                 b - a, lr, tc->beta1, tc->beta2, tc->eps, wd, grad_scale, opt->t);
     }
 }

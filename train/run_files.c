@@ -56,9 +56,9 @@ void write_config_json(const char *path, const Config *cfg) {
     if (atomic_commit(&af) != 0) die("writing '%s' failed: %s", path, strerror(errno));
 }
 
-void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model) {
+void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters) {
     char *cp = path_join(rf->dir, "config.json"), *mp = path_join(rf->dir, "model.safetensors");
-    model_save(model, mp);
+    model_save_masters(model, masters, mp);
     write_config_json(cp, cfg);
     free(cp);
     free(mp);

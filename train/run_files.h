@@ -20,7 +20,8 @@ void run_files_open(RunFiles *rf, const char *dir, const char *metrics_path);
 // for appending.
 void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_path, int resumed_step);
 // Writes dir/config.json and dir/model.safetensors.
-void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model);
+// masters: the whole fp32 masters in a backend buffer (model->master unless ZeRO-1 sharded them).
+void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters);
 // Writes a config.json (model keys + train) atomically; dies on failure.
 void write_config_json(const char *path, const Config *cfg);
 void run_files_close(RunFiles *rf);

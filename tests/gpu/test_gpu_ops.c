@@ -220,6 +220,18 @@ static void test_memory(void) {
         if (back[i] != want) ok = 0;
     }
     result("upload, download, zero of a sub-range", ok, "");
+    // device-to-device copy of an odd byte range into the middle of another buffer
+    void *q = gpu->alloc(n);
+    gpu->copy((char *)q + 3, (const char *)p + 5, n - 10);
+    gpu->download(back, q, n);
+    ok = back[0] == 0 && back[1] == 0 && back[2] == 0 && back[n - 2] == 0 && back[n - 1] == 0;
+    for (size_t i = 0; i < n - 10; i++) {
+        const size_t s = i + 5;
+        const unsigned char want = (s >= 100 && s < 1100) ? 0 : (unsigned char)(s * 7 + 1);
+        if (back[i + 3] != want) ok = 0;
+    }
+    result("copy (device to device, odd offsets)", ok, "");
+    gpu->release(q);
     gpu->release(p);
     free(h);
     free(back);
