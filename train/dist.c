@@ -22,6 +22,11 @@
 #include "kernels/nccl_comm.h"
 #define DIST_NCCL 1   // NCCL needs MPI here: the unique id travels with dist_bcast
 #endif
+#ifdef CLLA_NCCL_EMULATION
+// Test builds only (tests/nccl_emu/): NCCL emulated over MPI on host memory, attached to the
+// cpu-bf16 backend, so the trainer's device-collective path runs without GPUs.
+#include "layers/backend.h"
+#endif
 
 // ---------------------------------------------------------------- watchdog
 
@@ -329,21 +334,29 @@ void dist_barrier(Dist *d) {
 
 // ---------------------------------------------------------------- device (CUDA, NCCL)
 
+#ifdef DIST_NCCL
+// Rank 0 makes the unique id, MPI carries it to every rank, every rank joins the communicator.
+static void open_nccl(Dist *d) {
+    if (d->world == 1) return;
+    unsigned char id[NCCL_COMM_ID_BYTES] = {0};
+    if (d->rank == 0) nccl_comm_unique_id(id);
+    dist_bcast(d, id, sizeof(id), 0);
+    double t0;
+    enter(d, "NCCL communicator set-up (ncclCommInitRank)", &t0);
+    d->nccl = nccl_comm_init(id, d->rank, d->world);
+    leave(d, t0);
+}
+#endif
+
 void dist_attach_device(Dist *d, const struct Backend *be) {
-#ifdef CLLA_HAVE_CUDA
+#if defined(CLLA_NCCL_EMULATION) && defined(DIST_NCCL)
+    if (be == backend_cpu_bf16()) open_nccl(d);
+#elif defined(CLLA_HAVE_CUDA)
     if (be != backend_cuda()) return;
     // before the first allocation: a CUDA context lands on whichever device is current
     cuda_select_device(d->local_rank);
 #ifdef DIST_NCCL
-    if (d->world > 1) {
-        unsigned char id[NCCL_COMM_ID_BYTES] = {0};
-        if (d->rank == 0) nccl_comm_unique_id(id);
-        dist_bcast(d, id, sizeof(id), 0);
-        double t0;
-        enter(d, "NCCL communicator set-up (ncclCommInitRank)", &t0);
-        d->nccl = nccl_comm_init(id, d->rank, d->world);
-        leave(d, t0);
-    }
+    open_nccl(d);
 #endif
 #else
     (void)d; (void)be;

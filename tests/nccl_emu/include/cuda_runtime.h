@@ -1,0 +1,21 @@
+// Test-only stand-in for the CUDA runtime (tests/nccl_emu/README.md): the few calls
+// kernels/nccl_comm.c makes, on host memory. "Device" buffers are the cpu-bf16 backend's
+// host allocations; the only stream is the legacy default stream 0.
+#ifndef CLLA_NCCL_EMU_CUDA_RUNTIME_H
+#define CLLA_NCCL_EMU_CUDA_RUNTIME_H
+
+#include <stddef.h>
+
+typedef enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 } cudaError_t;
+typedef enum { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 } cudaMemcpyKind;
+typedef struct CUstream_emu *cudaStream_t;
+
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemset(void *p, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+const char *cudaGetErrorString(cudaError_t e);
+
+#endif

@@ -1,0 +1,215 @@
+// NCCL and the CUDA runtime calls of kernels/nccl_comm.c, emulated over MPI on host memory,
+// for testing the trainer's device-collective path (train/grad_sync.c with NCCL) on a machine
+// without GPUs (tests/nccl_emu/README.md). Not a general NCCL: float only, sum and avg, the
+// legacy stream only, and every contract NCCL states but does not check is checked here:
+//  - every rank passes the same count to a collective;
+//  - buffers overlap only in NCCL's in-place forms (reduce-scatter: recvbuff == sendbuff +
+//    rank * recvcount; all-gather: sendbuff == recvbuff + rank * sendcount; all-reduce:
+//    sendbuff == recvbuff);
+//  - ncclCommInitRank gets the same unique id on every rank, made by ncclGetUniqueId, and the
+//    rank and size MPI gives the process.
+// A broken contract is an error result with the reason in ncclGetLastError, as NCCL reports
+// invalid usage.
+#include <limits.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nccl.h"
+
+static const char ID_MAGIC[] = "clla-nccl-emu";
+
+struct ncclComm_emu {
+    int rank, world;
+    long n_allreduce, n_reduce_scatter, n_allgather;
+    double bytes;   // payload bytes this rank sent into collectives
+    char last[256];
+};
+
+// ---------------------------------------------------------------- CUDA runtime on the host
+
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFree(void *p) {
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *p, int value, size_t bytes) {
+    memset(p, value, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
+    if (s) return cudaErrorInvalidValue;   // nccl_comm.c promises the legacy default stream
+    return cudaMemset(p, value, bytes);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+    if (s || kind != cudaMemcpyDeviceToDevice) return cudaErrorInvalidValue;
+    const char *a = dst, *b = src;
+    if (bytes && a < b + bytes && b < a + bytes) return cudaErrorInvalidValue;   // cudaMemcpy: no overlap
+    memcpy(dst, src, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return s ? cudaErrorInvalidValue : cudaSuccess; }
+
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument (nccl-emu: only stream 0, device-to-device, no overlap)";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    }
+    return "unknown error";
+}
+
+// ---------------------------------------------------------------- NCCL over MPI
+
+static ncclResult_t usage(ncclComm_t c, const char *what) {
+    snprintf(c->last, sizeof(c->last), "nccl-emu: %s", what);
+    fprintf(stderr, "%s (rank %d)\n", c->last, c->rank);   // also where no comm reaches nccl_comm.c's message
+    return ncclInvalidUsage;
+}
+
+const char *ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInternalError: return "internal error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    }
+    return "unknown result code";
+}
+
+const char *ncclGetLastError(ncclComm_t comm) { return comm ? comm->last : ""; }
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async) {
+    (void)comm;
+    *async = ncclSuccess;   // every emulated collective completes synchronously
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    memset(id, 0, sizeof(*id));
+    memcpy(id->internal, ID_MAGIC, sizeof(ID_MAGIC));
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t v[3] = {(uint64_t)getpid(), (uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec};
+    memcpy(id->internal + 32, v, sizeof(v));
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    int init = 0, mr, mw;
+    MPI_Initialized(&init);
+    if (!init) return ncclSystemError;
+    MPI_Comm_rank(MPI_COMM_WORLD, &mr);
+    MPI_Comm_size(MPI_COMM_WORLD, &mw);
+    ncclComm_t c = calloc(1, sizeof(*c));
+    if (!c) return ncclSystemError;
+    c->rank = rank;
+    c->world = nranks;
+    *comm = c;
+    // every rank must hold rank 0's id: the trainer broadcasts it over MPI before this call
+    ncclUniqueId root = id;
+    MPI_Bcast(&root, (int)sizeof(root), MPI_BYTE, 0, MPI_COMM_WORLD);
+    int same = memcmp(&root, &id, sizeof(id)) == 0 && memcmp(id.internal, ID_MAGIC, sizeof(ID_MAGIC)) == 0, all = 0;
+    MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (nranks != mw || rank != mr) return usage(c, "rank or rank count differs from MPI's");
+    if (!all) return usage(c, "the ranks passed different unique ids, or one not made by ncclGetUniqueId");
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    if (!comm) return ncclInvalidArgument;
+    // the test reads this line to know that the emulated NCCL carried the collectives
+    fprintf(stderr, "nccl-emu: rank %d of %d: %ld all-reduce, %ld reduce-scatter, %ld all-gather, %.0f bytes\n",
+            comm->rank, comm->world, comm->n_allreduce, comm->n_reduce_scatter, comm->n_allgather, comm->bytes);
+    free(comm);
+    return ncclSuccess;
+}
+
+// Common checks: stream, type, a count MPI can carry and that every rank passed.
+static ncclResult_t check_call(ncclComm_t c, size_t count, ncclDataType_t type, cudaStream_t s) {
+    if (!c) return ncclInvalidArgument;
+    if (s) return usage(c, "a stream other than the legacy default stream 0");
+    if (type != ncclFloat) return usage(c, "a data type other than ncclFloat");
+    if (count > (size_t)INT_MAX / (size_t)c->world) return usage(c, "count too large for the MPI emulation");
+    long long mine[2] = {(long long)count, -(long long)count}, all[2];
+    MPI_Allreduce(mine, all, 2, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    if (all[0] != (long long)count || -all[1] != (long long)count) return usage(c, "the ranks passed different counts");
+    return ncclSuccess;
+}
+
+static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) {
+    const char *x = a, *y = b;
+    return abytes && bbytes && x < y + bbytes && y < x + abytes;
+}
+
+static void average(float *x, size_t n, ncclRedOp_t op, int world) {
+    if (op == ncclAvg)
+        for (size_t i = 0; i < n; i++) x[i] /= (float)world;
+}
+
+ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+    ncclResult_t r = check_call(c, recvcount, type, s);
+    if (r != ncclSuccess) return r;
+    if (op != ncclSum && op != ncclAvg) return usage(c, "a reduction other than sum or avg");
+    const size_t total = recvcount * (size_t)c->world;
+    if (overlaps(sendbuff, total * 4, recvbuff, recvcount * 4) &&
+        (const float *)recvbuff != (const float *)sendbuff + (size_t)c->rank * recvcount)
+        return usage(c, "reduce-scatter buffers overlap but recvbuff != sendbuff + rank * recvcount");
+    float *tmp = malloc(total * 4 + 4);
+    if (!tmp) return ncclSystemError;
+    memcpy(tmp, sendbuff, total * 4);
+    MPI_Reduce_scatter_block(tmp, recvbuff, (int)recvcount, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    free(tmp);
+    average(recvbuff, recvcount, op, c->world);
+    c->n_reduce_scatter++;
+    c->bytes += (double)total * 4;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t type, ncclComm_t c,
+                           cudaStream_t s) {
+    ncclResult_t r = check_call(c, sendcount, type, s);
+    if (r != ncclSuccess) return r;
+    const size_t total = sendcount * (size_t)c->world;
+    if (overlaps(sendbuff, sendcount * 4, recvbuff, total * 4) &&
+        (const float *)sendbuff != (const float *)recvbuff + (size_t)c->rank * sendcount)
+        return usage(c, "all-gather buffers overlap but sendbuff != recvbuff + rank * sendcount");
+    float *tmp = malloc(sendcount * 4 + 4);
+    if (!tmp) return ncclSystemError;
+    memcpy(tmp, sendbuff, sendcount * 4);
+    MPI_Allgather(tmp, (int)sendcount, MPI_FLOAT, recvbuff, (int)sendcount, MPI_FLOAT, MPI_COMM_WORLD);
+    free(tmp);
+    c->n_allgather++;
+    c->bytes += (double)sendcount * 4;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t c, cudaStream_t s) {
+    ncclResult_t r = check_call(c, count, type, s);
+    if (r != ncclSuccess) return r;
+    if (op != ncclSum && op != ncclAvg) return usage(c, "a reduction other than sum or avg");
+    if (sendbuff != recvbuff && overlaps(sendbuff, count * 4, recvbuff, count * 4))
+        return usage(c, "all-reduce buffers overlap but are not the same");
+    if (sendbuff != recvbuff) memcpy(recvbuff, sendbuff, count * 4);
+    MPI_Allreduce(MPI_IN_PLACE, recvbuff, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    average(recvbuff, count, op, c->world);
+    c->n_allreduce++;
+    c->bytes += (double)count * 4;
+    return ncclSuccess;
+}

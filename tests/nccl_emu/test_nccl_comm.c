@@ -1,0 +1,73 @@
+// kernels/nccl_comm.c against its header's contract, over the MPI emulation of NCCL
+// (tests/nccl_emu/README.md), under mpirun with any number of ranks: for lengths n equal to
+// world * shard (NCCL in place) and shorter ones (the padding buffer), including pieces that
+// are partly or wholly past n:
+//  - reduce-scatter (sum and avg): this rank's piece [rank * shard, (rank + 1) * shard) clipped
+//    to n holds the sum (mean) over ranks;
+//  - all-gather: piece r comes from rank r, every element of buf is set;
+//  - all-reduce (sum and avg): every element.
+// Rank r's input element i is (r + 1) * (i + 1) / 64: exact in fp32, so the sums are exact
+// and compared with ==. Prints "N passed, M failed" on rank 0; exit 1 on any failure.
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/nccl_comm.h"
+
+static int rank, world, passed, failed;
+
+static void result(const char *name, size_t n, size_t shard, int ok) {
+    int all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rank == 0) printf("%s %s (n %zu, shard %zu, %d ranks)\n", all ? "ok  " : "FAIL", name, n, shard, world);
+    if (all) passed++;
+    else failed++;
+}
+
+static float input(int r, size_t i) { return (float)(r + 1) * (float)(i + 1) / 64.0f; }
+static float sum_over_ranks(size_t i) { return (float)(world * (world + 1) / 2) * (float)(i + 1) / 64.0f; }
+
+static void check_shape(NcclComm *c, size_t n, size_t shard) {
+    float *buf = malloc((n ? n : 1) * sizeof(float));
+    const size_t lo = (size_t)rank * shard, hi = lo + shard < n ? lo + shard : n;
+    for (int avg = 0; avg < 2; avg++) {
+        for (size_t i = 0; i < n; i++) buf[i] = input(rank, i);
+        nccl_comm_reduce_scatter_f32(c, buf, n, shard, avg);
+        int ok = 1;
+        for (size_t i = lo; i < hi; i++) ok &= buf[i] == (avg ? sum_over_ranks(i) / (float)world : sum_over_ranks(i));
+        result(avg ? "reduce-scatter avg: own piece = mean over ranks" : "reduce-scatter sum: own piece = sum over ranks",
+               n, shard, ok);
+    }
+    for (size_t i = 0; i < n; i++) buf[i] = (i >= lo && i < hi) ? input(rank, i) : -1.0f;
+    nccl_comm_allgather_f32(c, buf, n, shard);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= buf[i] == input((int)(i / shard), i);
+    result("all-gather: piece r from rank r, every element set", n, shard, ok);
+    for (int avg = 0; avg < 2; avg++) {
+        for (size_t i = 0; i < n; i++) buf[i] = input(rank, i);
+        nccl_comm_allreduce_f32(c, buf, n, avg);
+        ok = 1;
+        for (size_t i = 0; i < n; i++) ok &= buf[i] == (avg ? sum_over_ranks(i) / (float)world : sum_over_ranks(i));
+        result(avg ? "all-reduce avg" : "all-reduce sum", n, shard, ok);
+    }
+    free(buf);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    unsigned char id[NCCL_COMM_ID_BYTES] = {0};
+    if (rank == 0) nccl_comm_unique_id(id);
+    MPI_Bcast(id, NCCL_COMM_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD);
+    NcclComm *c = nccl_comm_init(id, rank, world);
+    const size_t shard = 40;
+    check_shape(c, (size_t)world * shard, shard);          // in place
+    check_shape(c, (size_t)world * shard - 7, shard);      // the last piece short
+    check_shape(c, (size_t)(world - 1) * shard - 3, shard);  // the last piece empty, the one before short
+    check_shape(c, (size_t)world * shard - 3, shard);      // padded, then in place again: the pad is reused
+    nccl_comm_destroy(c);
+    if (rank == 0) printf("%d passed, %d failed\n", passed, failed);
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}
