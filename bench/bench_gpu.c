@@ -6,9 +6,11 @@
 //      most layers whose training memory fits the GPU's free memory; widths, experts and
 //      routing as in the paper.
 // Run from the repository root (the config paths are relative to it):
-//   build/bench/bench_gpu [--dense FILE] [--moe FILE] [--steps N] [--seq T] [--peak-tflops X] [--only dense|moe]
+//   build/bench/bench_gpu [--dense FILE] [--moe FILE] [--steps N] [--seq T] [--batch B] [--peak-tflops X]
+//                         [--only dense|moe] [--json]
 // Without a CUDA device (or a build without the CUDA backend) it prints "skipped: no CUDA
-// device (<reason>)" and exits 0.
+// device (<reason>)" and exits 0. --json: one JSON object per line instead of text (the
+// device, each model's result, each skip), read by bench/bench_gpu_compare.sh.
 //
 // A step is forward + backward + global-norm clip + AdamW + the bf16 weight store, on random
 // tokens (uniform over the vocabulary: MoE routing of random tokens is close to balanced).
@@ -24,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <cjson/cJSON.h>
 
 #include "common/args.h"
 #include "common/rng.h"
@@ -46,8 +50,26 @@ static const ArgSpec SPECS[] = {
     {"peak-tflops", 1, "dense bf16 peak of this GPU in TFLOP/s (default: from the built-in table)"},
     {"only", 1, "dense or moe: run one of the two"},
     {"set", 1, "override a key of both configs, e.g. train.micro_batch=2 (repeatable)"},
+    {"batch", 1, "dense model: this micro-batch instead of the config's, halved only if it does not fit"},
+    {"json", 0, "print one JSON object per line (device, results, skips) instead of text"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
+
+// One line of output: the text, or with --json an object {"bench": "bench_gpu", <key>: <text>}.
+static void say(int json, const char *key, const char *text) {
+    if (!json) {
+        const int tagged = !strcmp(key, "skipped") || !strcmp(key, "warning");
+        printf("%s%s%s\n", tagged ? key : "", tagged ? ": " : "", text);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "bench", "bench_gpu");
+    cJSON_AddStringToObject(o, key, text);
+    char *s = cJSON_PrintUnformatted(o);
+    printf("%s\n", s);
+    cJSON_free(s);
+    cJSON_Delete(o);
+}
 
 #ifdef CLLA_HAVE_CUDA
 
@@ -102,7 +124,7 @@ static double flops_per_token(const Model *m, int T) {
     return 6.0 * ((double)activated + head) + attn;
 }
 
-static void run(const char *label, const Config *cfg, int B, int T, int steps, double peak) {
+static void run(const char *label, const char *path, const Config *cfg, int B, int T, int steps, double peak, int json) {
     Model m;
     model_build(&m, &cfg->model, backend_cuda());
     model_init_weights(&m, cfg->train.seed);
@@ -133,11 +155,34 @@ static void run(const char *label, const Config *cfg, int B, int T, int steps, d
     cudaDeviceSynchronize();
     const double dt = now_s() - t0;
     const double tok_s = (double)N * steps / dt, fpt = flops_per_token(&m, T), fl = tok_s * fpt;
-    printf("%-6s %lld params (%d layers) | B=%d T=%d | %.3f s/step | %.0f tokens/s | %.4g FLOPs/token | "
-           "model %.1f TFLOP/s",
-           label, model_num_params(&m), cfg->model.num_hidden_layers, B, T, dt / steps, tok_s, fpt, fl * 1e-12);
-    if (peak > 0) printf(" = %.1f%% of bf16 peak", 100.0 * fl / (peak * 1e12));
-    printf(" | last loss %.3f\n", loss);
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "bench", "bench_gpu");
+        cJSON_AddStringToObject(o, "model", label);
+        cJSON_AddStringToObject(o, "config", path);
+        cJSON_AddNumberToObject(o, "params", (double)model_num_params(&m));
+        cJSON_AddNumberToObject(o, "layers", cfg->model.num_hidden_layers);
+        cJSON_AddNumberToObject(o, "B", B);
+        cJSON_AddNumberToObject(o, "T", T);
+        cJSON_AddNumberToObject(o, "steps", steps);
+        cJSON_AddNumberToObject(o, "s_per_step", dt / steps);
+        cJSON_AddNumberToObject(o, "tokens_per_s", tok_s);
+        cJSON_AddNumberToObject(o, "flops_per_token", fpt);
+        cJSON_AddNumberToObject(o, "model_tflops", fl * 1e-12);
+        if (peak > 0) cJSON_AddNumberToObject(o, "fraction_of_peak", fl / (peak * 1e12));
+        cJSON_AddNumberToObject(o, "last_loss", loss);
+        char *s = cJSON_PrintUnformatted(o);
+        printf("%s\n", s);
+        cJSON_free(s);
+        cJSON_Delete(o);
+    } else {
+        printf("%-6s %lld params (%d layers) | B=%d T=%d | %.3f s/step | %.0f tokens/s | %.4g FLOPs/token | "
+               "model %.1f TFLOP/s",
+               label, model_num_params(&m), cfg->model.num_hidden_layers, B, T, dt / steps, tok_s, fpt, fl * 1e-12);
+        if (peak > 0) printf(" = %.1f%% of bf16 peak", 100.0 * fl / (peak * 1e12));
+        printf(" | last loss %.3f\n", loss);
+    }
+    fflush(stdout);
     free(in);
     free(tg);
     adamw_free(&opt, &m);
@@ -149,23 +194,28 @@ static void run(const char *label, const Config *cfg, int B, int T, int steps, d
 int main(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
-               "usage: bench_gpu [--dense FILE] [--moe FILE] [--steps N] [--seq T] [--peak-tflops X] [--only dense|moe]\n"
+               "usage: bench_gpu [--dense FILE] [--moe FILE] [--steps N] [--seq T] [--batch B] [--peak-tflops X]\n"
+               "                 [--only dense|moe] [--json]\n"
                "GPU training throughput (tokens/s, model FLOP/s, fraction of the bf16 peak) of a dense ~1B model\n"
                "and of the largest paper MoE config (fewer layers) that fits the GPU. Run from the repository root.",
                NULL, NULL, 0);
+    const int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
 #ifndef CLLA_HAVE_CUDA
-    printf("skipped: no CUDA device (this build has no CUDA backend: configure with -DCLLA_CUDA=ON)\n");
+    say(json, "skipped", "no CUDA device (this build has no CUDA backend: configure with -DCLLA_CUDA=ON)");
     return 0;
 #else
-    char reason[256];
+    char reason[256], line[768];
     if (!cuda_device_available(reason, sizeof reason)) {
-        printf("skipped: no CUDA device (%s)\n", reason);
+        snprintf(line, sizeof line, "no CUDA device (%s)", reason);
+        say(json, "skipped", line);
         return 0;
     }
     const char *steps_s = args_get(&a, SPECS, N_SPECS, "steps"), *seq_s = args_get(&a, SPECS, N_SPECS, "seq");
     const char *peak_s = args_get(&a, SPECS, N_SPECS, "peak-tflops"), *only = args_get(&a, SPECS, N_SPECS, "only");
-    const int steps = steps_s ? atoi(steps_s) : 10, seq = seq_s ? atoi(seq_s) : 0;
+    const char *batch_s = args_get(&a, SPECS, N_SPECS, "batch");
+    const int steps = steps_s ? atoi(steps_s) : 10, seq = seq_s ? atoi(seq_s) : 0, batch = batch_s ? atoi(batch_s) : 0;
     if (steps < 1) die("--steps must be a positive integer");
+    if (batch_s && batch < 1) die("--batch must be a positive integer");
     if (seq_s && seq < 1) die("--seq must be a positive integer");
     if (only && strcmp(only, "dense") && strcmp(only, "moe")) die("--only %s: use dense or moe", only);
 
@@ -177,9 +227,11 @@ int main(int argc, char **argv) {
     const double peak = peak_s ? atof(peak_s) : peak_tflops(&prop, &how);
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    printf("bench_gpu: %s (sm_%d%d, %.1f GiB, %.1f GiB free) | bf16 peak %.1f TFLOP/s (%s)\n", prop.name, prop.major,
-           prop.minor, total_b / 1073741824.0, free_b / 1073741824.0, peak, how);
-    if (peak <= 0) printf("warning: no peak known for this GPU: pass --peak-tflops to get the fraction\n");
+    snprintf(line, sizeof line, "%s (sm_%d%d, %.1f GiB, %.1f GiB free) | bf16 peak %.1f TFLOP/s (%s)", prop.name,
+             prop.major, prop.minor, total_b / 1073741824.0, free_b / 1073741824.0, peak, how);
+    if (json) say(json, "device", line);
+    else printf("bench_gpu: %s\n", line);
+    if (peak <= 0) say(json, "warning", "no peak known for this GPU: pass --peak-tflops to get the fraction");
     const double budget = 0.9 * (double)free_b;
 
     if (!only || !strcmp(only, "dense")) {
@@ -187,13 +239,15 @@ int main(int argc, char **argv) {
         const char *path = args_get(&a, SPECS, N_SPECS, "dense");
         config_load(&cfg, path ? path : "bench/dense_1b.json", a.n_sets, a.sets);
         const int T = seq ? seq : cfg.train.seq_len;
-        int B = cfg.train.micro_batch;
+        int B = batch ? batch : cfg.train.micro_batch;
         while (B > 1 && train_bytes(&cfg.model, B, T) > budget) B /= 2;   // halve the batch until it fits
-        if (train_bytes(&cfg.model, B, T) > budget)
-            printf("dense: %.1f GiB needed at B=1 T=%d, more than 90%% of the free memory: skipped\n",
-                   train_bytes(&cfg.model, B, T) / 1073741824.0, T);
-        else
-            run("dense", &cfg, B, T, steps, peak);
+        if (train_bytes(&cfg.model, B, T) > budget) {
+            snprintf(line, sizeof line, "dense: %.1f GiB needed at B=1 T=%d, more than 90%% of the free memory",
+                     train_bytes(&cfg.model, B, T) / 1073741824.0, T);
+            say(json, "skipped", line);
+        } else {
+            run("dense", path ? path : "bench/dense_1b.json", &cfg, B, T, steps, peak, json);
+        }
     }
     if (!only || !strcmp(only, "moe")) {
         Config cfg;
@@ -208,12 +262,15 @@ int main(int argc, char **argv) {
             cfg.model.num_hidden_layers = L;
             if (train_bytes(&cfg.model, 1, T) <= budget) break;
         }
+        const char *name = path ? path : "configs/paper/clla.json";
         if (L < step) {
-            printf("moe: not even %d layers of %s fit at T=%d: skipped\n", step, path ? path : "configs/paper/clla.json", T);
+            snprintf(line, sizeof line, "moe: not even %d layers of %s fit at T=%d", step, name, T);
+            say(json, "skipped", line);
         } else {
-            printf("moe: %s with %d of its %d layers (%.1f GiB of training memory at B=1 T=%d)\n",
-                   path ? path : "configs/paper/clla.json", L, L0, train_bytes(&cfg.model, 1, T) / 1073741824.0, T);
-            run("moe", &cfg, 1, T, steps, peak);
+            snprintf(line, sizeof line, "moe: %s with %d of its %d layers (%.1f GiB of training memory at B=1 T=%d)",
+                     name, L, L0, train_bytes(&cfg.model, 1, T) / 1073741824.0, T);
+            say(json, "note", line);
+            run("moe", name, &cfg, 1, T, steps, peak, json);
         }
     }
     return 0;

@@ -11,7 +11,7 @@ AdamW state, bf16 matmuls and activations through torch.autocast; the step is fo
 backward, global-norm clipping, AdamW (fused when this torch has it).
 
     python3 bench/bench_torch_gpu.py [--config bench/dense_1b.json] [--steps 10] [--batch B] [--seq T]
-                                     [--compile] [--peak-tflops X]
+                                     [--compile] [--peak-tflops X] [--json]
     python3 bench/bench_torch_gpu.py --smoke      # 2 steps of a tiny model on the CPU (checks the script)
 
 Prints one line: tokens/s, the model FLOP/s of bench/bench_gpu.c's convention and, with
@@ -124,11 +124,17 @@ def main():
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (torch >= 2.0)")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="bf16 peak, to print the fraction")
     ap.add_argument("--smoke", action="store_true", help="2 steps of a tiny model on the CPU")
+    ap.add_argument("--json", action="store_true", help="one JSON object per line instead of text")
     args = ap.parse_args()
+
+    def say(key, text):
+        print(json.dumps({"bench": "bench_torch_gpu", key: text}) if args.json else
+              (f"{key}: {text}" if key in ("skipped", "warning") else text))
+
     try:
         import torch
     except ImportError as e:
-        print(f"skipped: no PyTorch ({e}); Debian: apt-get install python3-torch, run with /usr/bin/python3")
+        say("skipped", f"no PyTorch ({e}); Debian: apt-get install python3-torch, run with /usr/bin/python3")
         return 0
 
     with open(args.config) as f:
@@ -144,7 +150,7 @@ def main():
     else:
         if not torch.cuda.is_available():
             why = "this torch was built without CUDA" if torch.version.cuda is None else "torch finds no CUDA device"
-            print(f"skipped: no CUDA device ({why}; torch {torch.__version__})")
+            say("skipped", f"no CUDA device ({why}; torch {torch.__version__})")
             return 0
         dev = torch.device("cuda")
         torch.backends.cuda.matmul.allow_tf32 = False   # clla's fp32 matmuls are true fp32
@@ -197,11 +203,21 @@ def main():
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke)"
     frac = f" = {100.0 * fl / (args.peak_tflops * 1e12):.1f}% of bf16 peak" if args.peak_tflops > 0 else ""
     attn = "scaled_dot_product_attention" if have_sdpa else "UNFUSED attention (torch < 2.0 has no SDPA)"
-    print(f"torch {torch.__version__} on {name} | {sum(p.numel() for p in model.parameters())} params | B={B} T={T} | "
-          f"{dt / steps:.3f} s/step | {tok_s:.0f} tokens/s | model {fl * 1e-12:.2f} TFLOP/s{frac} | {attn}"
-          f"{' | compiled' if args.compile else ''} | last loss {loss.item():.3f}")
+    n_params = sum(p.numel() for p in model.parameters())
+    if args.json:
+        rec = {"bench": "bench_torch_gpu", "model": "dense", "config": args.config, "torch": torch.__version__,
+               "device": name, "params": n_params, "B": B, "T": T, "steps": steps, "s_per_step": dt / steps,
+               "tokens_per_s": tok_s, "model_tflops": fl * 1e-12, "fused_attention": have_sdpa,
+               "compiled": args.compile, "last_loss": loss.item()}
+        if args.peak_tflops > 0:
+            rec["fraction_of_peak"] = fl / (args.peak_tflops * 1e12)
+        print(json.dumps(rec))
+    else:
+        print(f"torch {torch.__version__} on {name} | {n_params} params | B={B} T={T} | "
+              f"{dt / steps:.3f} s/step | {tok_s:.0f} tokens/s | model {fl * 1e-12:.2f} TFLOP/s{frac} | {attn}"
+              f"{' | compiled' if args.compile else ''} | last loss {loss.item():.3f}")
     if not have_sdpa and not args.smoke:
-        print("warning: this torch lacks scaled_dot_product_attention: not the fused-attention baseline")
+        say("warning", "this torch lacks scaled_dot_product_attention: not the fused-attention baseline")
     return 0
 
 

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU benchmark drivers, without a GPU (docs/GPU.md):
+#  - bench/bench_gpu_compare.py with fake bench_gpu / bench_torch_gpu commands (canned JSON
+#    lines): the ratio clla / PyTorch, the targets, PyTorch run at the batch, length and peak
+#    bench_gpu used, one line per MoE config; a skipped PyTorch leaves the targets "not measured";
+#  - on this machine: the real bench_gpu prints why it skips and exits 0, and so does the driver;
+#  - bench/bench_torch_gpu.py --smoke --json: one JSON result (the script itself runs).
+# Prints "N passed, M failed".
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
+BUILD=${BUILD:-$(dirname "$CLLA")}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_bench.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+PASS=0
+FAIL=0
+ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
+fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
+cd "$SRC" || exit 1
+
+cat > "$WORK/fake_bench_gpu" <<'EOF2'
+#!/bin/sh
+echo '{"bench":"bench_gpu","device":"FakeGPU (sm_90, 80.0 GiB, 79.0 GiB free) | bf16 peak 1000.0 TFLOP/s (table)"}'
+case "$*" in
+*"--only dense"*) echo '{"bench":"bench_gpu","model":"dense","config":"bench/dense_1b.json","params":1.06e9,"layers":18,"B":2,"T":2048,"steps":10,"s_per_step":1,"tokens_per_s":1000,"flops_per_token":1e9,"model_tflops":450,"fraction_of_peak":0.45,"last_loss":10.4}' ;;
+*"--only moe"*) echo '{"bench":"bench_gpu","note":"moe: fits"}'
+                echo '{"bench":"bench_gpu","model":"moe","config":"x","params":5e9,"layers":12,"B":1,"T":4096,"steps":10,"s_per_step":2,"tokens_per_s":2048,"flops_per_token":1e9,"model_tflops":300,"fraction_of_peak":0.3,"last_loss":10.9}' ;;
+esac
+EOF2
+cat > "$WORK/fake_torch" <<EOF2
+#!/bin/sh
+echo "\$*" > "$WORK/torch_args"
+if [ -n "\${FAKE_TORCH_SKIP:-}" ]; then echo '{"bench": "bench_torch_gpu", "skipped": "no CUDA device (fake)"}'; exit 0; fi
+echo '{"bench": "bench_torch_gpu", "model": "dense", "torch": "2.9", "device": "FakeGPU", "B": 2, "T": 2048, "tokens_per_s": 800.0, "model_tflops": 360, "fused_attention": true, "compiled": false}'
+EOF2
+chmod +x "$WORK/fake_bench_gpu" "$WORK/fake_torch"
+
+out=$(BENCH_GPU="$WORK/fake_bench_gpu" TORCH_BENCH="$WORK/fake_torch" python3 bench/bench_gpu_compare.py --moe mha,clla 2>&1)
+rc=$?
+echo "$out" | sed 's/^/     | /'
+[ $rc -eq 0 ] && echo "$out" | grep -q 'clla / PyTorch = 1.250' && ok "ratio clla / PyTorch from one run (1000 / 800 = 1.250)" ||
+    fail "ratio: exit $rc"
+echo "$out" | grep -q 'targets: clla >= PyTorch: met | dense >= 40% of bf16 peak: met' && ok "both targets judged (45% of peak, 1.25x)" ||
+    fail "targets line missing or wrong"
+args=$(cat "$WORK/torch_args" 2> /dev/null)
+case "$args" in
+*"--batch 2"*"--seq 2048"*"--peak-tflops 1000"*) ok "PyTorch ran at bench_gpu's batch, length and peak: $args" ;;
+*) fail "PyTorch arguments: '$args'" ;;
+esac
+[ "$(echo "$out" | grep -c '^moe ')" = 2 ] && echo "$out" | grep -q 'configs/paper/clla.json (12 layers, T=4096): 2048 tok/s (30.0% of bf16 peak)' &&
+    ok "one line per paper MoE config" || fail "MoE lines"
+out=$(FAKE_TORCH_SKIP=1 BENCH_GPU="$WORK/fake_bench_gpu" TORCH_BENCH="$WORK/fake_torch" python3 bench/bench_gpu_compare.py --moe '' --json 2>&1)
+echo "$out" | python3 -c 'import json,sys; [json.loads(l) for l in sys.stdin]' 2> /dev/null &&
+    echo "$out" | grep -q '"torch_skipped": "no CUDA device (fake)"' && echo "$out" | grep -q '"clla_at_least_torch": null' &&
+    ok "--json, PyTorch skipped: every line JSON, the comparison target not measured" || fail "skipped PyTorch: $out"
+out=$(BENCH_GPU="$WORK/fake_bench_gpu" TORCH_BENCH="$WORK/fake_torch" python3 bench/bench_gpu_compare.py --moe nosuch 2>&1)
+[ $? -ne 0 ] && echo "$out" | tail -n 1 | grep -q 'configs/paper/nosuch.json does not exist' && ok "unknown MoE config: one line, non-zero exit" ||
+    fail "unknown MoE config: $out"
+
+# the real commands on this machine (no GPU): skip lines, exit 0
+out=$("$BUILD/bench/bench_gpu" --json 2>&1)
+[ $? -eq 0 ] && echo "$out" | grep -q '"skipped":"no CUDA device' && ok "bench_gpu without a GPU: $out" || fail "bench_gpu: $out"
+out=$(BENCH_GPU="$BUILD/bench/bench_gpu" python3 bench/bench_gpu_compare.py 2>&1)
+[ $? -eq 0 ] && echo "$out" | grep -q '^skipped: no CUDA device' && ok "bench_gpu_compare without a GPU: $out" || fail "driver: $out"
+if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
+    out=$(/usr/bin/python3 bench/bench_torch_gpu.py --smoke --json 2>&1)
+    echo "$out" | head -n 1 | /usr/bin/python3 -c 'import json,sys; r=json.loads(sys.stdin.readline()); assert r["tokens_per_s"] > 0 and r["B"] == 2' 2> /dev/null &&
+        ok "bench_torch_gpu.py --smoke --json: $(echo "$out" | head -c 120)..." || fail "bench_torch_gpu.py --smoke: $out"
+else
+    echo "     (bench_torch_gpu.py smoke run skipped: /usr/bin/python3 has no torch)"
+fi
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
