@@ -209,7 +209,7 @@ int cmd_train(int argc, char **argv) {
     char ranks[96] = "";
     if (dist.world > 1)
         snprintf(ranks, sizeof(ranks), " x %d ranks%s", dist.world,
-                 !tc->zero_stage ? "" : model_masters_sharded(&model) ? " (ZeRO-1: AdamW state and fp32 masters sharded)"
+                 !tc->zero_stage ? "" : gs.shard_masters ? " (ZeRO-1: AdamW state and fp32 masters sharded)"
                                                                      : " (ZeRO-1: AdamW state sharded)");
     if (rank0)
         fprintf(stderr, "clla train: %s | %lld params | device %s | %d threads | B=%d T=%d x %d micro-steps%s = %lld tokens/step | %d steps\n",

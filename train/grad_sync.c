@@ -36,7 +36,8 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
         g->lo = a < g->n ? a : g->n;
         g->hi = b < g->n ? b : g->n;
         if (!g->dev_coll) g->piece = xmalloc(g->shard * sizeof(float));
-        if (d->world > 1) model_shard_masters(m, g->lo, g->hi);
+        g->shard_masters = d->world > 1 && (void *)m->master != m->w;
+        if (g->shard_masters) model_shard_masters(m, g->lo, g->hi);
     } else {
         g->shard = g->n;
         g->lo = 0;
@@ -185,8 +186,10 @@ static float *assemble_masters(GradSync *g, Model *m) {
     return m->grad;
 }
 
+// Every branch below is taken by all ranks alike (g->shard_masters, g->zero, world): each
+// rank enters the same collectives.
 void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed) {
-    if (model_masters_sharded(m)) {
+    if (g->shard_masters) {
         model_sync_weights_from(m, assemble_masters(g, m), seed);
         return;
     }
@@ -195,7 +198,7 @@ void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed) {
 }
 
 const float *grad_sync_full_masters(GradSync *g, Model *m) {
-    return model_masters_sharded(m) ? assemble_masters(g, m) : m->master;
+    return g->shard_masters ? assemble_masters(g, m) : m->master;
 }
 
 double grad_sync_optimizer_bytes(size_t n, int world, int zero) {

@@ -34,6 +34,9 @@ typedef struct GradSync {
     int dev_coll;         // device buffers reduced in place by NCCL (dist_*_dev_f32): no staging
     int tree;             // micro-steps summed in the pairwise tree (CPU); else in backward
     int micro;            // micro-steps per rank and optimizer step
+    int shard_masters;    // ZeRO-1 over several ranks with separate masters: every rank holds only
+                          // [lo, hi) of them (the same on all ranks, unlike model_masters_sharded,
+                          // which is 0 on a rank whose piece happens to be everything)
     size_t n;             // fp32 elements of the flat layout
     size_t shard;         // ZeRO-1 piece per rank (n when not sharded)
     size_t lo, hi;        // this rank's range of the optimizer

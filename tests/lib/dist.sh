@@ -79,6 +79,16 @@ num = sum((x - y) ** 2 for k in a for x, y in zip(a[k], b[k])); den = sum(x * x 
 print('%.3g' % (math.sqrt(num / den) if set(a) == set(b) else 1e9))
 PY
 }
+# same_bits REF RUN: RUN finished, and its every step's record and its final weights equal REF's
+same_bits() {
+    [ -s "$2/model.safetensors" ] && cmp -s <(records "$1") <(records "$2") && cmp -s "$1/model.safetensors" "$2/model.safetensors"
+}
+# close REF RUN LIMIT: RUN finished and its loss is within LIMIT (relative, every step) of REF's;
+# leaves the difference in LR
+close() {
+    LR=$(loss_rel "$1" "$2")
+    [ -s "$2/model.safetensors" ] && awk -v l="$LR" -v m="$3" 'BEGIN { exit !(l <= m) }'
+}
 same_curve() {   # same_curve NAME REF RUN
     local name=$1 a=$2 b=$3 lr wr
     if [ ! -s "$a/metrics.jsonl" ] || [ ! -s "$b/metrics.jsonl" ] || [ ! -s "$b/model.safetensors" ]; then

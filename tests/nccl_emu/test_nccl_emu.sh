@@ -40,11 +40,10 @@ for np in 2 4; do
         run_with "$CLLA_NCCL_EMU" "$np" "$name" "${BF16[@]}" --zero "$zero"
         kind=all-reduce
         [ "$zero" = 1 ] && kind=reduce-scatter
-        lr=$(loss_rel mpi_2 "$name")
-        if [ -s "$name/model.safetensors" ] && carried "$name" "$np" "$kind" && awk -v l="$lr" 'BEGIN { exit !(l <= 1e-3) }'; then
-            ok "$np ranks, ZeRO-$zero over the emulated NCCL ($kind on every rank): loss rel diff $lr to the MPI path (limit 1e-3)"
+        if close mpi_2 "$name" 1e-3 && carried "$name" "$np" "$kind"; then
+            ok "$np ranks, ZeRO-$zero over the emulated NCCL ($kind on every rank): loss rel diff $LR to the MPI path (limit 1e-3)"
         else
-            fail "$np ranks, ZeRO-$zero over the emulated NCCL: loss rel diff $lr; $(grep -m1 -E 'nccl-emu|error' "$name.err")"
+            fail "$np ranks, ZeRO-$zero over the emulated NCCL: loss rel diff $LR; $(grep -m1 -E 'nccl-emu|error' "$name.err")"
         fi
     done
 done
@@ -53,24 +52,17 @@ grep -q 'ZeRO-1: AdamW state and fp32 masters sharded' emu_2_z1.err && ok "the Z
 
 # ---------------------------------------------------------------- (c) repeat, save and resume
 run_with "$CLLA_NCCL_EMU" 2 emu_again "${BF16[@]}" --zero 1
-cmp -s <(records emu_2_z1) <(records emu_again) && cmp -s emu_2_z1/model.safetensors emu_again/model.safetensors &&
-    ok "2 ranks ZeRO-1 over NCCL, run twice: bit for bit" || fail "2 ranks ZeRO-1 over NCCL is not repeatable"
+same_bits emu_2_z1 emu_again && ok "2 ranks ZeRO-1 over NCCL, run twice: bit for bit" || fail "2 ranks ZeRO-1 over NCCL is not repeatable"
 run_with "$CLLA_NCCL_EMU" 2 part "${BF16[@]}" --zero 1 --stop-at 4
 for np in 2 4; do
     rm -rf "part_$np" && cp -r part "part_$np"
     timeout 120 "${MPIRUN[@]}" -np "$np" "$CLLA_NCCL_EMU" train --out "part_$np" --quiet "${BF16[@]}" --zero 1 \
         --resume auto > "part_$np.err" 2>&1
 done
-if [ -s part_2/model.safetensors ] && cmp -s <(records emu_2_z1) <(records part_2) &&
-   cmp -s emu_2_z1/model.safetensors part_2/model.safetensors; then
-    ok "saved with 2 ranks over NCCL at step 4, resumed with 2: steps 5-8 and final weights bit for bit"
-else
+same_bits emu_2_z1 part_2 && ok "saved with 2 ranks over NCCL at step 4, resumed with 2: steps 5-8 and final weights bit for bit" ||
     fail "resume with 2 ranks over NCCL: loss rel diff $(loss_rel emu_2_z1 part_2); $(tail -n 1 part_2.err)"
-fi
-lr=$(loss_rel emu_2_z1 part_4)
-[ -s part_4/model.safetensors ] && awk -v l="$lr" 'BEGIN { exit !(l <= 1e-3) }' &&
-    ok "saved with 2 ranks over NCCL, resumed with 4 (re-sharded): loss rel diff $lr (limit 1e-3)" ||
-    fail "resume with 4 ranks over NCCL: loss rel diff $lr; $(tail -n 1 part_4.err)"
+close emu_2_z1 part_4 1e-3 && ok "saved with 2 ranks over NCCL, resumed with 4 (re-sharded): loss rel diff $LR (limit 1e-3)" ||
+    fail "resume with 4 ranks over NCCL: loss rel diff $LR; $(tail -n 1 part_4.err)"
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
