@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "layers/backend.h"
+#include "backend/backend.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model/moe.h"

@@ -25,7 +25,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "model/model.h"
-#include "train/device.h"
+#include "cli/device.h"
 #include "train/optimizer.h"
 
 // d_model 512, 8 layers, 8 heads of 64, SwiGLU 1408 (8/3 * 512 rounded to 64), vocab 8192,

@@ -1,4 +1,4 @@
-// The CUDA backend's op table (layers/backend.h): bf16 storage, fp32 everything else.
+// The CUDA backend's op table (backend/backend.h): bf16 storage, fp32 everything else.
 // Filled by member name (C++17 has no designated initializers), so that ops added to the
 // struct elsewhere stay NULL here until implemented rather than shifting every pointer.
 #include "kernels/backend_cuda.h"

@@ -1,4 +1,4 @@
-// The CUDA backend: the op table of layers/backend.h on one NVIDIA GPU.
+// The CUDA backend: the op table of backend/backend.h on one NVIDIA GPU.
 //
 // Storage: act and weight buffers hold bf16 (act_bytes = 2); weight gradients, optimizer
 // state, fp32 masters, rstd, attention probabilities and losses are fp32; tokens int32.
@@ -10,7 +10,7 @@
 
 #include <stddef.h>
 
-#include "layers/backend.h"
+#include "backend/backend.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,11 +1,11 @@
 // The int_group codec's quantize-dequantize round trip on bf16 rows, with the arithmetic
-// of layers/int_group_math.h (shared with the CPU op and the cache codec): per group of
+// of backend/int_group_math.h (shared with the CPU op and the cache codec): per group of
 // `group` contiguous values, scale = bf16_round_up(max|x| / Imax), code = rint(x / scale)
 // clamped, out = code * scale. The inputs are bf16; the product code * scale is rounded to
 // bf16 for storage (it has up to bits-1 + 8 significant bits, so it is not always exact in
 // bf16 for bits > 1: the CPU backend keeps it exact in fp32).
 #include "kernels/cuda_common.cuh"
-#include "layers/int_group_math.h"
+#include "backend/int_group_math.h"
 
 // One warp per group; lanes stride over the group's values. out may equal in: every lane
 // reads and writes only its own elements, and all reads precede the write of each element.

@@ -1,7 +1,7 @@
 // Device memory, host <-> device transfers, and the fp32 <-> bf16 conversions at the edges:
 // act buffers converted on the host side, weights rounded stochastically on the device.
 #include "kernels/cuda_common.cuh"
-#include "kernels/sr_hash.h"
+#include "backend/bf16.h"
 
 #include <stdlib.h>
 
@@ -43,7 +43,7 @@ extern "C" void cuda_copy(void *dst, const void *src, size_t bytes) {
 }
 
 // dst[i] = stochastic bf16 rounding of master[i] with the bits sr_hash32(seed, i): the
-// same function the host uses (kernels/sr_hash.h), so a store is predictable bit for bit.
+// same function the host uses (backend/bf16.h), so a store is predictable bit for bit.
 __global__ void store_weights_kernel(uint16_t *dst, const float *master, size_t n, uint64_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = sr_round_weight(master[i], seed, i);

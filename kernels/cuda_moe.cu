@@ -3,7 +3,7 @@
 //    the fp32 dlogits unrounded: inp and weight are widened to fp32 scratch and the two
 //    products run as fp32 SGEMMs (no TF32: cuBLAS's default math mode).
 //  - Softmax/top-k, dispatch, aux losses and the router softmax backward run the CPU
-//    reference (layers/cpu_moe.c) on host copies of the small (N, E) fp32 / int32 buffers:
+//    reference (backend/moe_routing.c) on host copies of the small (N, E) fp32 / int32 buffers:
 //    identical routing decisions on both backends by construction, at the cost of a few
 //    synchronous transfers per layer. Moving them to kernels is future work.
 //  - Row gather and weighted scatter are kernels: one thread per (token, channel), the K
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 
 extern "C" {
-#include "layers/cpu_ops.h"
+#include "backend/moe_routing.h"
 }
 
 // ---- router matmuls ----
@@ -73,7 +73,7 @@ extern "C" void cuda_moe_topk_forward(float *probs, float *lse, int *topk_idx, f
     float *hp = (float *)host_buf(ne), *hlse = (float *)host_buf((size_t)N * sizeof(float));
     int *hi = (int *)host_buf(nk * sizeof(int));
     float *hw = (float *)host_buf(nk * sizeof(float));
-    cpu_moe_topk_forward(hp, hlse, hi, hw, hl, N, E, K, norm_topk);
+    moe_route_topk_forward(hp, hlse, hi, hw, hl, N, E, K, norm_topk);
     to_dev(probs, hp, ne);
     to_dev(lse, hlse, (size_t)N * sizeof(float));
     to_dev(topk_idx, hi, nk * sizeof(int));
@@ -88,7 +88,7 @@ extern "C" void cuda_moe_dispatch(int *counts, int *expert_off, int *row_token, 
     int *hi = (int *)host_copy(topk_idx, nk * sizeof(int));
     int *hc = (int *)host_buf((size_t)E * sizeof(int)), *ho = (int *)host_buf(((size_t)E + 1) * sizeof(int));
     int *hrt = (int *)host_buf(nk * sizeof(int)), *har = (int *)host_buf(nk * sizeof(int));
-    cpu_moe_dispatch(hc, ho, hrt, har, hp, hi, N, E, K, capacity);
+    moe_route_dispatch(hc, ho, hrt, har, hp, hi, N, E, K, capacity);
     to_dev(counts, hc, (size_t)E * sizeof(int));
     to_dev(expert_off, ho, ((size_t)E + 1) * sizeof(int));
     to_dev(row_token, hrt, nk * sizeof(int));
@@ -103,7 +103,7 @@ extern "C" void cuda_moe_aux_forward(float *out, const float *probs, const float
     float *hl = (float *)host_copy(lse, n * sizeof(float));
     int *hc = (int *)host_copy(counts, (size_t)E * sizeof(int));
     float ho[2] = {0.0f, 0.0f};
-    cpu_moe_aux_forward(ho, hp, hl, hc, N, E, K, aux_coef, z_coef);
+    moe_route_aux_forward(ho, hp, hl, hc, N, E, K, aux_coef, z_coef);
     to_dev(out, ho, sizeof ho);
     free(hp); free(hl); free(hc);
 }
@@ -121,7 +121,7 @@ extern "C" void cuda_moe_router_softmax_backward(float *dlogits, const float *dt
     int *hi = (int *)host_copy(topk_idx, nk * sizeof(int));
     float *hw = (float *)host_copy(topk_w, nk * sizeof(float));
     int *hc = (int *)host_copy(counts, (size_t)E * sizeof(int));
-    cpu_moe_router_softmax_backward(hdl, hdw, hp, hl, hi, hw, hc, N, E, K, norm_topk, aux_scale, z_scale);
+    moe_route_router_softmax_backward(hdl, hdw, hp, hl, hi, hw, hc, N, E, K, norm_topk, aux_scale, z_scale);
     to_dev(dlogits, hdl, ne * sizeof(float));
     free(hdl); free(hdw); free(hp); free(hl); free(hi); free(hw); free(hc);
 }

@@ -1,4 +1,4 @@
-// The CUDA backend's ops, one per Backend function pointer (layers/backend.h defines the
+// The CUDA backend's ops, one per Backend function pointer (backend/backend.h defines the
 // semantics; backend_cuda.cu puts them in the table). C linkage, callable from C tests.
 // "act"/weight pointers point to bf16 device memory although typed float*.
 #ifndef CLLA_KERNELS_CUDA_OPS_H

@@ -1,7 +1,8 @@
 // The CPU reference backend: fp32 storage, so act/weight elements are 4 bytes and every
-// buffer is ordinary host memory. See layers/backend.h for the contract.
-#include "layers/backend.h"
+// buffer is ordinary host memory. See backend/backend.h for the contract.
+#include "backend/backend.h"
 #include "layers/cpu_ops.h"
+#include "backend/moe_routing.h"
 
 static const Backend cpu_backend = {
     .name = "cpu",
@@ -49,10 +50,10 @@ static const Backend cpu_backend = {
 
     .moe_router_forward = cpu_moe_router_forward,
     .moe_router_backward = cpu_moe_router_backward,
-    .moe_topk_forward = cpu_moe_topk_forward,
-    .moe_dispatch = cpu_moe_dispatch,
-    .moe_aux_forward = cpu_moe_aux_forward,
-    .moe_router_softmax_backward = cpu_moe_router_softmax_backward,
+    .moe_topk_forward = moe_route_topk_forward,
+    .moe_dispatch = moe_route_dispatch,
+    .moe_aux_forward = moe_route_aux_forward,
+    .moe_router_softmax_backward = moe_route_router_softmax_backward,
     .moe_gather_forward = cpu_moe_gather_forward,
     .moe_gather_backward = cpu_moe_gather_backward,
     .moe_combine_forward = cpu_moe_combine_forward,

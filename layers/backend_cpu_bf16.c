@@ -6,7 +6,7 @@
 //    bf16 values then gives round(old + update), the CUDA rule (read, add in fp32, round once;
 //    cuBLAS beta = 1 on a bf16 output included);
 //  - weights are rounded from separate fp32 masters with the CUDA backend's stochastic
-//    rounding (kernels/sr_hash.h), bit for bit;
+//    rounding (backend/bf16.h), bit for bit;
 //  - weight gradients, optimizer state, rstd, att, losses and the MoE router buffers stay
 //    fp32, as on the GPU;
 //  - attention rounds P and dS to bf16 where the CUDA GEMMs read them (the *_bf16p ops).
@@ -19,9 +19,10 @@
 // (2^-9 relative) dominate, so the remaining CPU/GPU gap is mostly a rounding that lands on
 // the other side of a tie-break.
 
-#include "kernels/sr_hash.h"
-#include "layers/backend.h"
+#include "backend/bf16.h"
+#include "backend/backend.h"
 #include "layers/cpu_ops.h"
+#include "backend/moe_routing.h"
 
 static inline float bf16_rne(float x) { return sr_bf16_to_f32(sr_f32_to_bf16_rne(x)); }
 
@@ -261,10 +262,10 @@ static const Backend cpu_bf16_backend = {
 
     .moe_router_forward = cpu_moe_router_forward,
     .moe_router_backward = emu_moe_router_backward,
-    .moe_topk_forward = cpu_moe_topk_forward,
-    .moe_dispatch = cpu_moe_dispatch,
-    .moe_aux_forward = cpu_moe_aux_forward,
-    .moe_router_softmax_backward = cpu_moe_router_softmax_backward,
+    .moe_topk_forward = moe_route_topk_forward,
+    .moe_dispatch = moe_route_dispatch,
+    .moe_aux_forward = moe_route_aux_forward,
+    .moe_router_softmax_backward = moe_route_router_softmax_backward,
     .moe_gather_forward = emu_moe_gather_forward,
     .moe_gather_backward = emu_moe_gather_backward,
     .moe_combine_forward = emu_moe_combine_forward,

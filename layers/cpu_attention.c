@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "kernels/sr_hash.h"
+#include "backend/bf16.h"
 
 #define ATT_BLOCK 64
 

@@ -2,7 +2,7 @@
 #include <math.h>
 
 #include "layers/cpu_ops.h"
-#include "layers/int_group_math.h"
+#include "backend/int_group_math.h"
 
 // out, in (N, W); groups of `group` contiguous values per row (group divides W).
 void cpu_int_group_roundtrip(float *out, const float *in, int N, int W, int bits, int group) {

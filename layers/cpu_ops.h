@@ -1,7 +1,7 @@
 // The CPU reference backend's ops (fp32, OpenMP, matmuls through OpenBLAS).
 //
 // Every function here has exactly the signature of the matching Backend function pointer
-// (layers/backend.h), whose comments define the semantics; backend_cpu.c puts them in the table.
+// (backend/backend.h), whose comments define the semantics; backend_cpu.c puts them in the table.
 // Tests may call them directly. Buffers are plain host memory holding fp32.
 #ifndef CLLA_LAYERS_CPU_OPS_H
 #define CLLA_LAYERS_CPU_OPS_H
@@ -83,15 +83,6 @@ void cpu_int_group_roundtrip(float *out, const float *in, int N, int W, int bits
 void cpu_moe_router_forward(float *logits, const float *inp, const float *weight, int N, int C, int E);
 void cpu_moe_router_backward(float *dinp, float *dweight, const float *dlogits, const float *inp,
                              const float *weight, int N, int C, int E);
-void cpu_moe_topk_forward(float *probs, float *lse, int *topk_idx, float *topk_w, const float *logits,
-                          int N, int E, int K, int norm_topk);
-void cpu_moe_dispatch(int *counts, int *expert_off, int *row_token, int *assign_row, const float *probs,
-                      const int *topk_idx, int N, int E, int K, int capacity);
-void cpu_moe_aux_forward(float *out, const float *probs, const float *lse, const int *counts, int N, int E,
-                         int K, float aux_coef, float z_coef);
-void cpu_moe_router_softmax_backward(float *dlogits, const float *dtopk_w, const float *probs, const float *lse,
-                                     const int *topk_idx, const float *topk_w, const int *counts, int N, int E,
-                                     int K, int norm_topk, float aux_scale, float z_scale);
 void cpu_moe_gather_forward(float *out, const float *inp, const int *row_token, int R, int C);
 void cpu_moe_gather_backward(float *dinp, const float *dout, const int *assign_row, int N, int K, int C);
 void cpu_moe_combine_forward(float *out, const float *expert_out, const float *topk_w, const int *assign_row,

@@ -5,7 +5,8 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "layers/int_group_math.h"
+#include "backend/bf16.h"
+#include "backend/int_group_math.h"
 
 const char *codec_name(const Codec *c) {
     switch (c->kind) {
@@ -27,20 +28,6 @@ size_t codec_bytes_per_token(const Codec *c, int W) {
     return 0;
 }
 
-static uint16_t bf16_bits_rne(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_value(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 // int_group layout per token: [scales: G x bf16][codes: W values of `bits` bits, two's
 // complement, packed little-endian from bit 0 of byte 0].
 static void int_group_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W) {
@@ -56,7 +43,7 @@ static void int_group_encode(const Codec *c, uint8_t *dst, const float *src, int
             float absmax = 0.0f;
             for (int j = 0; j < c->group; j++) absmax = fmaxf(absmax, fabsf(x[g * c->group + j]));
             float scale = int_group_scale(absmax, bits);
-            uint16_t sb = (uint16_t)(((uint32_t)0) | bf16_bits_rne(scale));   // exact: scale is a bf16 value
+            uint16_t sb = (uint16_t)(((uint32_t)0) | sr_f32_to_bf16_rne(scale));   // exact: scale is a bf16 value
             o[2 * g] = (uint8_t)sb;
             o[2 * g + 1] = (uint8_t)(sb >> 8);
             for (int j = 0; j < c->group; j++, bit += (size_t)bits) {
@@ -77,7 +64,7 @@ static void int_group_decode(const Codec *c, float *dst, const uint8_t *src, int
         float *y = dst + (size_t)n * W;
         size_t bit = 0;
         for (int g = 0; g < G; g++) {
-            float scale = bf16_value((uint16_t)(o[2 * g] | (o[2 * g + 1] << 8)));
+            float scale = sr_bf16_to_f32((uint16_t)(o[2 * g] | (o[2 * g + 1] << 8)));
             for (int j = 0; j < c->group; j++, bit += (size_t)bits) {
                 uint32_t code = 0;
                 for (int b = 0; b < bits; b++) code |= (uint32_t)(codes[(bit + b) >> 3] >> ((bit + b) & 7) & 1u) << b;
@@ -93,7 +80,7 @@ void codec_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W) 
     switch (c->kind) {
     case CODEC_FP32: memcpy(dst, src, n * 4); break;
     case CODEC_BF16:
-        for (size_t i = 0; i < n; i++) { uint16_t h = bf16_bits_rne(src[i]); dst[2 * i] = (uint8_t)h; dst[2 * i + 1] = (uint8_t)(h >> 8); }
+        for (size_t i = 0; i < n; i++) { uint16_t h = sr_f32_to_bf16_rne(src[i]); dst[2 * i] = (uint8_t)h; dst[2 * i + 1] = (uint8_t)(h >> 8); }
         break;
     case CODEC_INT_GROUP: int_group_encode(c, dst, src, N, W); break;
     }
@@ -104,7 +91,7 @@ void codec_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W) 
     switch (c->kind) {
     case CODEC_FP32: memcpy(dst, src, n * 4); break;
     case CODEC_BF16:
-        for (size_t i = 0; i < n; i++) dst[i] = bf16_value((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
+        for (size_t i = 0; i < n; i++) dst[i] = sr_bf16_to_f32((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
         break;
     case CODEC_INT_GROUP: int_group_decode(c, dst, src, N, W); break;
     }

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "layers/backend.h"
+#include "backend/backend.h"
 #include "model/config.h"
 
 typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP } CodecKind;

@@ -1,12 +1,12 @@
 // The model orchestration: which op runs on which buffer, in which order, forward and
-// backward. Written once against the Backend op table (layers/backend.h); the CPU and
+// backward. Written once against the Backend op table (backend/backend.h); the CPU and
 // CUDA backends supply the ops. All buffers are entries of tensor tables.
 #ifndef CLLA_MODEL_MODEL_H
 #define CLLA_MODEL_MODEL_H
 
 #include <stdint.h>
 
-#include "layers/backend.h"
+#include "backend/backend.h"
 #include "model/cache.h"
 #include "model/config.h"
 #include "model/tensor_table.h"

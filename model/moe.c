@@ -1,5 +1,5 @@
 // The mixture-of-experts FFN of one layer, forward and backward, as a sequence of backend
-// ops (model/moe.h describes the layer, layers/backend.h the ops).
+// ops (model/moe.h describes the layer, backend/backend.h the ops).
 //
 // Data flow of a MoE layer (N tokens, C channels, E experts, top-K, R <= N*K kept rows):
 //   h (N, C) --router matmul (fp32)--> logits (N, E) --softmax, top-K--> probs, topk_idx, topk_w

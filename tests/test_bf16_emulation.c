@@ -3,7 +3,7 @@
 //     activation tables) holds bf16-representable values after a forward and a backward, for
 //     every attention preset and an MoE model; the fp32 buffers are left alone (at least one
 //     of them, att or rstd, holds values that are not bf16);
-//  2. the weight storage equals the host prediction of kernels/sr_hash.h bit for bit, after
+//  2. the weight storage equals the host prediction of backend/bf16.h bit for bit, after
 //     initialization and after AdamW steps (the seed adamw_store_seed(seed, t));
 //  3. the masters are separate fp32 buffers (not the storage) and the gradients fp32;
 //  4. a 50-step training run of a tiny model on cpu-bf16 against the same run on the fp32 CPU
@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "common/rng.h"
-#include "kernels/sr_hash.h"
+#include "backend/bf16.h"
 #include "model/model.h"
 #include "train/optimizer.h"
 #include "tests/train_curve.h"

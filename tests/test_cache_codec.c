@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/rng.h"
-#include "layers/int_group_math.h"
+#include "backend/int_group_math.h"
 #include "model/cache.h"
 #include "model/model.h"
 

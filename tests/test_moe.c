@@ -1,7 +1,7 @@
 // MoE op tests for the CPU backend (layers/cpu_moe.c), through the Backend table.
 //
 // Forwards against naive double-precision loops written here from the contract in
-// layers/backend.h; backwards against central finite differences of those double forwards
+// backend/backend.h; backwards against central finite differences of those double forwards
 // (the routing, a discrete choice, held fixed); every backward run twice must give 2x
 // (the ops accumulate). Routing edge cases: all tokens to one expert, experts that receive
 // nothing, exact ties in top-k (lower expert index wins) and in capacity (earlier token wins),
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layers/backend.h"
+#include "backend/backend.h"
 
 static const Backend *be;
 static int n_passed, n_failed;

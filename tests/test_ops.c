@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layers/backend.h"
+#include "backend/backend.h"
 
 static const Backend *be;
 static int n_passed, n_failed;

@@ -1,4 +1,4 @@
-// The stochastic-rounding hash and bf16 conversions of kernels/sr_hash.h, on the host.
+// The stochastic-rounding hash and bf16 conversions of backend/bf16.h, on the host.
 //
 // The CUDA backend's store_weights rounds element i with sr_hash32(seed, i); the same
 // header compiles here, so these checks are the CPU's prediction of the GPU's bits:
@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "kernels/sr_hash.h"
+#include "backend/bf16.h"
 
 static int n_passed, n_failed;
 

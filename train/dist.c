@@ -25,7 +25,7 @@
 #ifdef CLLA_NCCL_EMULATION
 // Test builds only (tests/nccl_emu/): NCCL emulated over MPI on host memory, attached to the
 // cpu-bf16 backend, so the trainer's device-collective path runs without GPUs.
-#include "layers/backend.h"
+#include "backend/backend.h"
 #endif
 
 // ---------------------------------------------------------------- watchdog

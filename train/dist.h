@@ -29,7 +29,7 @@
 
 typedef struct DistWatchdog DistWatchdog;
 struct NcclComm;   // kernels/nccl_comm.h
-struct Backend;    // layers/backend.h
+struct Backend;    // backend/backend.h
 
 typedef struct Dist {
     int rank, world;               // this process, number of processes

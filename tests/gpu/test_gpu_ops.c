@@ -18,7 +18,7 @@
 //  TOL_OPT    atol 1e-6, rtol 1e-6: the fp32 optimizer (same formula, fma contraction only).
 // These are first estimates from the error analysis above; a run on a GPU prints each
 // check's err/tol ratio, so the margins can be read off and the constants tightened.
-// Exact checks: store_weights against the host's prediction (kernels/sr_hash.h), bf16
+// Exact checks: store_weights against the host's prediction (backend/bf16.h), bf16
 // conversions, embedding forward, zeroing; determinism: ops with reductions run twice and
 // must agree bit for bit.
 //
@@ -36,8 +36,8 @@
 #include <string.h>
 
 #include "kernels/backend_cuda.h"
-#include "kernels/sr_hash.h"
-#include "layers/backend.h"
+#include "backend/bf16.h"
+#include "backend/backend.h"
 
 static const Backend *cpu, *gpu;
 static int n_passed, n_failed;

@@ -40,7 +40,7 @@
 
 #include "common/rng.h"
 #include "kernels/backend_cuda.h"
-#include "kernels/sr_hash.h"
+#include "backend/bf16.h"
 #include "model/model.h"
 #include "tests/train_curve.h"
 #include "train/optimizer.h"

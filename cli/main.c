@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "train/commands.h"
+#include "cli/commands.h"
 
 typedef struct Subcommand {
     const char *name;

@@ -1,4 +1,4 @@
-#include "train/device.h"
+#include "cli/device.h"
 
 #include <string.h>
 

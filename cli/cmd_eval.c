@@ -9,8 +9,8 @@
 #include "common/util.h"
 #include "data/loader.h"
 #include "model/model.h"
-#include "train/commands.h"
-#include "train/device.h"
+#include "cli/commands.h"
+#include "cli/device.h"
 #include "train/run_files.h"
 
 static const ArgSpec SPECS[] = {

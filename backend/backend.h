@@ -19,8 +19,8 @@
 //    cache receives the sum of its consumers' gradients) need no extra adds. The
 //    orchestration zeroes gradient buffers when a new accumulation starts.
 //  - Ops must be deterministic for a fixed thread count: no atomics in reductions.
-#ifndef CLLA_LAYERS_BACKEND_H
-#define CLLA_LAYERS_BACKEND_H
+#ifndef CLLA_BACKEND_BACKEND_H
+#define CLLA_BACKEND_BACKEND_H
 
 #include <stddef.h>
 

@@ -15,7 +15,7 @@
 #include "data/gpt2_import.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
-#include "train/commands.h"
+#include "cli/commands.h"
 
 #define BLOCK_BYTES (8u << 20)  // text tokenized per parallel round
 

@@ -11,8 +11,8 @@
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/safetensors.h"
-#include "train/commands.h"
-#include "train/device.h"
+#include "cli/commands.h"
+#include "cli/device.h"
 #include "train/run_files.h"
 
 static const ArgSpec SPECS[] = {

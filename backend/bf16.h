@@ -7,8 +7,8 @@
 // CPU bf16-emulation mode later).
 //
 // Plain C11 when included from C; every function is __host__ __device__ under nvcc.
-#ifndef CLLA_KERNELS_SR_HASH_H
-#define CLLA_KERNELS_SR_HASH_H
+#ifndef CLLA_BACKEND_BF16_H
+#define CLLA_BACKEND_BF16_H
 
 #include <stdint.h>
 #include <string.h>

@@ -12,7 +12,7 @@
 #include "data/gpt2_import.h"
 #include "data/pretok.h"
 #include "data/tokenizer.h"
-#include "train/commands.h"
+#include "cli/commands.h"
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -5,8 +5,8 @@
 // range as [-(2^(b-1)-1), 2^b-1]; that upper bound is a typo for a symmetric quantizer
 // (2^b - 1 codes above zero would need b+1 bits), so we use the symmetric range.
 // Rounding: to nearest, ties to even (rintf in the default rounding mode).
-#ifndef CLLA_LAYERS_INT_GROUP_MATH_H
-#define CLLA_LAYERS_INT_GROUP_MATH_H
+#ifndef CLLA_BACKEND_INT_GROUP_MATH_H
+#define CLLA_BACKEND_INT_GROUP_MATH_H
 
 #include <math.h>
 #include <stdint.h>

@@ -8,7 +8,7 @@
 #include "common/args.h"
 #include "common/util.h"
 #include "model/model.h"
-#include "train/commands.h"
+#include "cli/commands.h"
 #include "train/run_files.h"
 
 static const ArgSpec SPECS[] = {

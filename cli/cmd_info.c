@@ -11,7 +11,7 @@
 #include "model/cache.h"
 #include "model/model.h"
 #include "model/moe.h"
-#include "train/commands.h"
+#include "cli/commands.h"
 #include "train/grad_sync.h"
 
 static const ArgSpec SPECS[] = {
