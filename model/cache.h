@@ -51,6 +51,21 @@ static inline int cache_is_producer(const CacheLayout *cl, int layer) { return l
 // Does consumer layer l store its own k_rope? (CLLA share=latent and latent_kvproj)
 int cache_consumer_owns_krope(const ModelConfig *m);
 
+// Codec specs, as on the command line and in an export package's "cache" section:
+// "fp32", "bf16", "int_group:bits=4,group=32". 0 on success; -1 with a message in err.
+int codec_parse(Codec *c, const char *spec, char *err, size_t errlen);
+// The spec of c (what codec_parse reads back).
+void codec_format(const Codec *c, char *buf, size_t n);
+// Part names of the cache layer: "k", "v", "latent", "k_rope", "own_k_rope".
+const char *cache_part_name(int part);
+// Applies "CODEC" (every present part) or "PART=CODEC" to a layout; a codec must fit the part's
+// width (int_group: the group divides it). 0 on success; -1 with a message in err.
+int cache_layout_apply_spec(CacheLayout *cl, const char *spec, char *err, size_t errlen);
+// The layout's codecs as a JSON object {"part": "spec", ...} (present parts only); caller frees.
+struct cJSON *cache_layout_to_json(const CacheLayout *cl);
+// Reads such an object over the layout of m: every present part must be named, nothing else.
+int cache_layout_from_json(CacheLayout *cl, const ModelConfig *m, const struct cJSON *j, char *err, size_t errlen);
+
 typedef struct CacheBytes {
     double total;            // bytes per token, whole model, everything stored
     double per_layer;        // total / num_hidden_layers

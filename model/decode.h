@@ -1,0 +1,46 @@
+// Incremental decoding through the cache layer (docs/INFERENCE.md).
+//
+// A Decoder owns a model's KV cache for up to max_seqs sequences: per cache stream (a slot's K
+// and V, or latent and k_rope, or a consumer's own k_rope; model/cache.h decides which), the
+// encoded tokens in fixed-size blocks, with one block table per sequence (paged attention), so
+// memory grows with the tokens stored. Prefill runs the batched full-sequence forward on the
+// prompts and writes the cache; each step then feeds one token per sequence, attends over the
+// cache directly (MLA/CLLA in the absorbed form, over the cached latent) and returns logits.
+#ifndef CLLA_MODEL_DECODE_H
+#define CLLA_MODEL_DECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/cache.h"
+#include "model/model.h"
+
+#define DECODE_BLOCK_TOKENS 16   // tokens per cache block
+
+typedef struct Decoder Decoder;
+
+// A decoder for model m (already built and loaded) with the cache codecs of `layout` (NULL:
+// the model's served layout, cache_layout()). max_len: the longest sequence (prompt + new
+// tokens), at most max_position_embeddings. Dies with a message on a bad setting.
+Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_len);
+void decoder_free(Decoder *d);
+
+// Prefill n empty sequences seq_ids[i] with prompts[i] (lens[i] >= 1 tokens each), in one
+// batched forward. logits (n, V), host: the next-token logits after each prompt's last token.
+void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const *prompts, const int *lens,
+                     float *logits);
+// One token per sequence: tokens[i] is appended to sequence seq_ids[i] (distinct ids, each
+// non-empty and shorter than max_len). logits (n, V), host: the next-token logits.
+void decoder_step(Decoder *d, int n, const int *seq_ids, const int32_t *tokens, float *logits);
+
+int decoder_seq_len(const Decoder *d, int seq);
+// Frees a sequence's blocks for reuse (its length becomes 0).
+void decoder_release(Decoder *d, int seq);
+// Bytes held by cache blocks now (blocks in use and free ones kept for reuse), every stream.
+size_t decoder_cache_bytes(const Decoder *d);
+// Bytes one token occupies in the cache, all streams of all layers (== cache_bytes_per_token's
+// total for the same layout).
+size_t decoder_bytes_per_token(const Decoder *d);
+const CacheLayout *decoder_layout(const Decoder *d);
+
+#endif
