@@ -23,6 +23,21 @@
 #define CLLA_BACKEND_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+// One stream of a paged KV cache as a backend reads it (model/decode.c builds them from the
+// cache layer): tokens in blocks of block_tokens, token_bytes bytes each; decode turns n
+// consecutive tokens of a block into fp32 vectors of `width` (the stream's codec). is_f32: the
+// bytes are the fp32 values themselves (read in place, no decode).
+typedef struct PagedStream {
+    int width;
+    size_t token_bytes;
+    int block_tokens;
+    uint8_t *const *blocks;      // block id -> its storage
+    const void *codec;           // passed to decode
+    void (*decode)(const void *codec, float *dst, const uint8_t *src, int n, int width);
+    int is_f32;
+} PagedStream;
 
 typedef struct Backend {
     const char *name;
@@ -80,6 +95,9 @@ typedef struct Backend {
     void (*rope_forward)(float *x, int B, int T, int H, int S, int off, int D, int pos0, float theta);
     // dx in place: the transpose (inverse) rotation. Not accumulating: it rewrites dx.
     void (*rope_backward)(float *dx, int B, int T, int H, int S, int off, int D, int pos0, float theta);
+    // The same rotation for N independent rows (decoding: one token of each of N sequences):
+    // x is (N, H, S) and row n sits at position pos[n] (int32, backend memory).
+    void (*rope_rows_forward)(float *x, int N, int H, int S, int off, int D, const int *pos, float theta);
 
     // ---- causal softmax attention with grouped heads ----
     // q (B, T, NH, DQK), k (B, T, NKV, DQK), v (B, T, NKV, DV); query head h reads kv head
@@ -92,6 +110,18 @@ typedef struct Backend {
     void (*attention_backward)(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                const float *att, const float *q, const float *k, const float *v,
                                int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+
+    // ---- attention of one query row per sequence over a paged cache (decoding) ----
+    // n sequences; q (n, NH, DK + DK2); sequence i attends its first lens[i] tokens (host array),
+    // stored in blocks block_table[i * max_blocks + j] (host array). The key of token t for
+    // query head h is [k head g (DK) | k2 (DK2, one head shared by all; absent when k2 is NULL)]
+    // with g = h / (NH / NKV); its value is v head g (DV). v may be the same stream as k (the
+    // absorbed latent form: the latent is both). out (n, NH, DV) = softmax(scale q.k) v.
+    // Deterministic: the tokens are cut into chunks that do not depend on the thread count and
+    // combined in order.
+    void (*paged_attention)(float *out, const float *q, const PagedStream *k, const PagedStream *k2,
+                            const PagedStream *v, const int *block_table, int max_blocks, const int *lens,
+                            int n, int NH, int NKV, int DK, int DK2, int DV, float scale);
 
     // ---- SwiGLU: out = silu(gate) * up, elementwise over n ----
     void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);

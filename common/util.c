@@ -42,6 +42,12 @@ void *xcalloc(size_t count, size_t size) {
     return p;
 }
 
+void *xrealloc(void *p, size_t bytes) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q) die("out of memory allocating %zu bytes: use a smaller model, batch or sequence", bytes);
+    return q;
+}
+
 char *xstrdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = xmalloc(n);

@@ -15,6 +15,7 @@ void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t count, size_t size);
+void *xrealloc(void *p, size_t bytes);
 char *xstrdup(const char *s);
 
 // Seconds since an arbitrary fixed point (monotonic clock).

@@ -32,6 +32,8 @@ static const Backend cpu_backend = {
 
     .rope_forward = cpu_rope_forward,
     .rope_backward = cpu_rope_backward,
+    .rope_rows_forward = cpu_rope_rows_forward,
+    .paged_attention = cpu_paged_attention,
 
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,

@@ -113,6 +113,19 @@ static void emu_rope_backward(float *dx, int B, int T, int H, int S, int off, in
     round_cols(dx, S, off, B * T * H, D);
 }
 
+static void emu_rope_rows_forward(float *x, int N, int H, int S, int off, int D, const int *pos, float theta) {
+    cpu_rope_rows_forward(x, N, H, S, off, D, pos, theta);
+    round_cols(x, S, off, N * H, D);
+}
+
+// Decoding reads the cache as stored (its codec decides the precision); the output is stored in bf16.
+static void emu_paged_attention(float *out, const float *q, const PagedStream *k, const PagedStream *k2,
+                                const PagedStream *v, const int *block_table, int max_blocks, const int *lens,
+                                int n, int NH, int NKV, int DK, int DK2, int DV, float scale) {
+    cpu_paged_attention(out, q, k, k2, v, block_table, max_blocks, lens, n, NH, NKV, DK, DK2, DV, scale);
+    round_n(out, (size_t)n * NH * DV);
+}
+
 // ---- attention: bf16 P and dS inside, bf16 out / dq / dk / dv, fp32 att ----
 
 static void emu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
@@ -244,6 +257,8 @@ static const Backend cpu_bf16_backend = {
 
     .rope_forward = emu_rope_forward,
     .rope_backward = emu_rope_backward,
+    .rope_rows_forward = emu_rope_rows_forward,
+    .paged_attention = emu_paged_attention,
 
     .attention_forward = emu_attention_forward,
     .attention_backward = emu_attention_backward,

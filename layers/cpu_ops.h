@@ -8,6 +8,8 @@
 
 #include <stddef.h>
 
+#include "backend/backend.h"
+
 // ---- memory (cpu_memory.c) ----
 void *cpu_alloc(size_t bytes);
 void cpu_release(void *p);
@@ -41,6 +43,12 @@ void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
 // ---- RoPE (cpu_rope.c) ----
 void cpu_rope_forward(float *x, int B, int T, int H, int S, int off, int D, int pos0, float theta);
 void cpu_rope_backward(float *dx, int B, int T, int H, int S, int off, int D, int pos0, float theta);
+void cpu_rope_rows_forward(float *x, int N, int H, int S, int off, int D, const int *pos, float theta);
+
+// ---- attention over a paged cache, one query per sequence (cpu_paged_attention.c) ----
+void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const PagedStream *k2,
+                         const PagedStream *v, const int *block_table, int max_blocks, const int *lens,
+                         int n, int NH, int NKV, int DK, int DK2, int DV, float scale);
 
 // ---- causal grouped-head attention (cpu_attention.c) ----
 void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,

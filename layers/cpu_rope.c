@@ -57,3 +57,22 @@ void cpu_rope_forward(float *x, int B, int T, int H, int S, int off, int D, int 
 void cpu_rope_backward(float *dx, int B, int T, int H, int S, int off, int D, int pos0, float theta) {
     rope_rotate(dx, B, T, H, S, off, D, pos0, theta, -1.0f);
 }
+
+// N rows, each at its own position (decoding): angles per row, formed in double as above.
+void cpu_rope_rows_forward(float *x, int N, int H, int S, int off, int D, const int *pos, float theta) {
+    assert(D % 2 == 0 && off >= 0 && off + D <= S);
+    const int half = D / 2;
+    #pragma omp parallel for schedule(static) if (N > 1)
+    for (int n = 0; n < N; n++) {
+        for (int i = 0; i < half; i++) {
+            const double a = (double)pos[n] * pow((double)theta, -2.0 * i / D);
+            const float c = (float)cos(a), s = (float)sin(a);
+            for (int h = 0; h < H; h++) {
+                float *p = x + ((size_t)n * H + h) * S + off;
+                const float x0 = p[i], x1 = p[i + half];
+                p[i] = x0 * c - x1 * s;
+                p[i + half] = x1 * c + x0 * s;
+            }
+        }
+    }
+}

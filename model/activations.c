@@ -52,7 +52,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
     for (int l = 0; l < L; l++) {
         LayerActs *x = &m->la[l];
         memset(x, 0xff, sizeof(*x));   // every index -1 until added
-        int producer = config_is_producer(c, l);
+        int producer = m->cache.role[l].producer;
         x->res_in = act(a, DT_STORE, N, C, "layers.%d.res_in", l);
         x->h_attn = act(a, DT_STORE, N, C, "layers.%d.h_attn", l);
         x->rstd_attn = act(a, DT_F32, N, 1, "layers.%d.rstd_attn", l);
@@ -67,7 +67,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
                 x->kv_a = act(a, DT_STORE, N, R + DR, "layers.%d.kv_a", l);
                 x->c_raw = act(a, DT_STORE, N, R, "layers.%d.c_raw", l);
                 x->rstd_c = act(a, DT_F32, N, 1, "layers.%d.rstd_c", l);
-            } else if (cache_consumer_owns_krope(c)) {
+            } else if (m->cache.role[l].own_krope) {
                 x->k_rope = act(a, DT_STORE, N, DR, "layers.%d.k_rope", l);
             }
             x->kv = act(a, DT_STORE, N, (int64_t)NH * (D + DV), "layers.%d.kv", l);
@@ -129,12 +129,12 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
 void model_set_batch(Model *m, int B, int T) {
     if (m->B == B && m->T == T) return;
     const Backend *be = m->be;
-    if (m->act) { be->release(m->act); be->release(m->gact); be->release(m->d_inputs); be->release(m->d_targets); }
+    if (m->act) { be->release(m->act); if (m->gact) be->release(m->gact); be->release(m->d_inputs); be->release(m->d_targets); }
     free(m->h_targets); free(m->h_losses);
     model_layout_acts(m, B, T, be->act_bytes);
     int64_t N = (int64_t)B * T;
     m->act = be->alloc(m->acts.bytes_store);
-    m->gact = be->alloc(m->gacts.bytes_store);
+    m->gact = m->inference ? NULL : be->alloc(m->gacts.bytes_store);   // inference keeps no gradients
     m->d_inputs = be->alloc((size_t)N * sizeof(int));
     m->d_targets = be->alloc((size_t)N * sizeof(int));
     m->h_targets = xcalloc((size_t)N, sizeof(int32_t));

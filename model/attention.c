@@ -12,9 +12,27 @@
 static int qk_rope_dim(const ModelConfig *c) { return config_is_latent(c) ? c->qk_rope_head_dim : 0; }
 static float attn_scale(const ModelConfig *c) { return 1.0f / sqrtf((float)(c->head_dim + qk_rope_dim(c))); }
 
+// RoPE on rows of x (N, H, S), dims [off, off + D) of each head: at positions 0..T-1 of each
+// sequence (full-sequence forward), or at m->rope_pos (decoding: one row per sequence).
+static void rope_apply(Model *m, float *x, int H, int S, int off, int D) {
+    const ModelConfig *c = &m->cfg;
+    if (m->rope_pos) m->be->rope_rows_forward(x, m->B * m->T, H, S, off, D, m->rope_pos, c->rope_theta);
+    else m->be->rope_forward(x, m->B, m->T, H, S, off, D, 0, c->rope_theta);
+}
+
+// The cache codec of part p applied where the cache would hold the value: always for the
+// trained int_group latent (straight-through in backward), for every part when evaluating
+// through the cache (m->apply_codecs).
+static void cache_roundtrip(Model *m, int part, float *x) {
+    const Codec *codec = &m->cache.part[part].codec;
+    if (codec_is_exact(codec)) return;
+    if (!m->apply_codecs && !(part == PART_LATENT && codec->kind == CODEC_INT_GROUP)) return;
+    codec_roundtrip(codec, m->be, x, x, m->B * m->T, m->cache.part[part].width);
+}
+
 // ---------------------------------------------------------------- query path (shared by both kinds)
 
-static void query_forward(Model *m, int l) {
+void attention_query_forward(Model *m, int l) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->lp[l];
@@ -30,8 +48,8 @@ static void query_forward(Model *m, int l) {
         be->matmul_forward(A(x->q), A(x->h_attn), P(p->q_proj), N, C, NH * DQK);
     }
     // plain models rotate the whole head; latent models only its last DR dims
-    if (DR) be->rope_forward(A(x->q), B, T, NH, DQK, D, DR, 0, c->rope_theta);
-    else be->rope_forward(A(x->q), B, T, NH, D, 0, D, 0, c->rope_theta);
+    if (DR) rope_apply(m, A(x->q), NH, DQK, D, DR);
+    else rope_apply(m, A(x->q), NH, D, 0, D);
 }
 
 // d(q) in ga.dq (RoPE undone here) -> adds d(h_attn) into ga.dh
@@ -60,18 +78,29 @@ static void query_backward(Model *m, int l) {
 
 // ---------------------------------------------------------------- plain K/V (MHA, GQA, MQA, CLA)
 
-static void plain_forward(Model *m, int l) {
+// Producer: the slot's K (after RoPE) and V from h_attn, as the cache stores them (before its codec).
+static void plain_kv_forward(Model *m, int l) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->lp[l];
     const LayerActs *x = &m->la[l];
     const SlotActs *s = &m->sa[cache_slot_of(&m->cache, l)];
-    int B = m->B, T = m->T, N = B * T, C = c->hidden_size, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
+    int N = m->B * m->T, C = c->hidden_size, NKV = c->num_key_value_heads, D = c->head_dim, DV = c->v_head_dim;
+    be->matmul_forward(A(s->k), A(x->h_attn), P(p->k_proj), N, C, NKV * D);
+    be->matmul_forward(A(s->v), A(x->h_attn), P(p->v_proj), N, C, NKV * DV);
+    rope_apply(m, A(s->k), NKV, D, 0, D);
+}
+
+static void plain_forward(Model *m, int l) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    const LayerActs *x = &m->la[l];
+    const SlotActs *s = &m->sa[cache_slot_of(&m->cache, l)];
+    int B = m->B, T = m->T, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
     int D = c->head_dim, DV = c->v_head_dim;
     if (cache_is_producer(&m->cache, l)) {
-        be->matmul_forward(A(s->k), A(x->h_attn), P(p->k_proj), N, C, NKV * D);
-        be->matmul_forward(A(s->v), A(x->h_attn), P(p->v_proj), N, C, NKV * DV);
-        be->rope_forward(A(s->k), B, T, NKV, D, 0, D, 0, c->rope_theta);
+        cache_roundtrip(m, PART_K, A(s->k));
+        cache_roundtrip(m, PART_V, A(s->v));
     }
     be->attention_forward(A(x->att_out), A(x->att), A(x->q), A(s->k), A(s->v), B, T, NH, NKV, D, DV, attn_scale(c));
 }
@@ -100,41 +129,56 @@ static void plain_backward(Model *m, int l) {
 // ---------------------------------------------------------------- latent K/V (MLA, CLLA*)
 
 // Which up-projection layer l uses: its own, or (latent_kvproj consumers) its producer's.
-static int kv_b_of(const Model *m, int l) {
-    int own = m->lp[l].kv_b_proj;
-    return own >= 0 ? own : m->lp[l - l % m->cfg.share_factor].kv_b_proj;
-}
+static int kv_b_of(const Model *m, int l) { return m->lp[m->cache.role[l].kv_b_layer].kv_b_proj; }
 
 // The rope key layer l attends with: its own (consumers that project one), else the slot's.
 static int krope_act(const Model *m, int l) {
-    int own = m->la[l].k_rope;
-    return own >= 0 ? own : m->sa[cache_slot_of(&m->cache, l)].k_rope;
+    return m->cache.role[l].own_krope ? m->la[l].k_rope : m->sa[cache_slot_of(&m->cache, l)].k_rope;
 }
 static int dkrope_act(const Model *m, int l) {
-    return m->la[l].k_rope >= 0 ? m->ga.dk_rope : m->gsa[cache_slot_of(&m->cache, l)].k_rope;
+    return m->cache.role[l].own_krope ? m->ga.dk_rope : m->gsa[cache_slot_of(&m->cache, l)].k_rope;
 }
 
-static void latent_forward(Model *m, int l) {
+// What layer l writes into the cache, before the codec: a producer's normalized latent and
+// rotated rope key (slot), a consumer's own rotated rope key.
+static void latent_kv_forward(Model *m, int l) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->lp[l];
     const LayerActs *x = &m->la[l];
     const SlotActs *s = &m->sa[cache_slot_of(&m->cache, l)];
-    int B = m->B, T = m->T, N = B * T, C = c->hidden_size, NH = c->num_attention_heads;
-    int D = c->head_dim, DV = c->v_head_dim, R = c->kv_lora_rank, DR = c->qk_rope_head_dim, DQK = D + DR;
+    int N = m->B * m->T, C = c->hidden_size, R = c->kv_lora_rank, DR = c->qk_rope_head_dim;
     if (cache_is_producer(&m->cache, l)) {
-        // kv_a (N, R+DR) = [latent | k_rope]; the slot keeps the normalized, codec-round-tripped
-        // latent (what the cache stores) and the rotated rope key
+        // kv_a (N, R+DR) = [latent | k_rope]
         be->matmul_forward(A(x->kv_a), A(x->h_attn), P(p->kv_a_proj), N, C, R + DR);
         be->copy_cols(A(x->c_raw), R, 0, A(x->kv_a), R + DR, 0, N, R, 0);
         be->rmsnorm_forward(A(s->c), A(x->rstd_c), A(x->c_raw), P(p->kv_a_norm), N, R, c->rms_norm_eps);
-        const Codec *latent = &m->cache.part[PART_LATENT].codec;
-        if (latent->kind == CODEC_INT_GROUP) codec_roundtrip(latent, be, A(s->c), A(s->c), N, R);
         be->copy_cols(A(s->k_rope), DR, 0, A(x->kv_a), R + DR, R, N, DR, 0);
-        be->rope_forward(A(s->k_rope), B, T, 1, DR, 0, DR, 0, c->rope_theta);
-    } else if (p->k_rope_proj >= 0) {
+        rope_apply(m, A(s->k_rope), 1, DR, 0, DR);
+    } else if (m->cache.role[l].own_krope) {
         be->matmul_forward(A(x->k_rope), A(x->h_attn), P(p->k_rope_proj), N, C, DR);
-        be->rope_forward(A(x->k_rope), B, T, 1, DR, 0, DR, 0, c->rope_theta);
+        rope_apply(m, A(x->k_rope), 1, DR, 0, DR);
+    }
+}
+
+void attention_kv_forward(Model *m, int l) {
+    if (config_is_latent(&m->cfg)) latent_kv_forward(m, l);
+    else if (cache_is_producer(&m->cache, l)) plain_kv_forward(m, l);
+}
+
+static void latent_forward(Model *m, int l) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    const LayerActs *x = &m->la[l];
+    const SlotActs *s = &m->sa[cache_slot_of(&m->cache, l)];
+    int B = m->B, T = m->T, N = B * T, NH = c->num_attention_heads;
+    int D = c->head_dim, DV = c->v_head_dim, R = c->kv_lora_rank, DR = c->qk_rope_head_dim, DQK = D + DR;
+    // the slot keeps what the cache would give back: the codec round trip of each part
+    if (cache_is_producer(&m->cache, l)) {
+        cache_roundtrip(m, PART_LATENT, A(s->c));
+        cache_roundtrip(m, PART_KROPE, A(s->k_rope));
+    } else if (m->cache.role[l].own_krope) {
+        cache_roundtrip(m, PART_OWN_KROPE, A(x->k_rope));
     }
     // per-head keys [k_nope | k_rope] and values from kv (N, NH, D+DV) = C W_UKV^T
     be->matmul_forward(A(x->kv), A(s->c), P(kv_b_of(m, l)), N, R, NH * (D + DV));
@@ -164,7 +208,7 @@ static void latent_backward(Model *m, int l) {
                            A(x->q), A(x->k), A(x->v), B, T, NH, NH, DQK, DV, attn_scale(c));
     query_backward(m, l);
     // keys and values back into kv and the rope key (summed over heads, fixed order)
-    int own_rope = x->k_rope >= 0;
+    int own_rope = m->cache.role[l].own_krope;
     if (own_rope) be->zero(DA(ga->dk_rope), (size_t)N * DR * sb);
     float *dkr = DA(dkrope_act(m, l));
     be->zero(DA(ga->dkv), (size_t)N * NH * (D + DV) * sb);
@@ -193,10 +237,15 @@ static void latent_backward(Model *m, int l) {
 
 // ---------------------------------------------------------------- entry points
 
-void attention_block_forward(Model *m, int l) {
-    query_forward(m, l);
+void attention_cached_forward(Model *m, int l) {
     if (config_is_latent(&m->cfg)) latent_forward(m, l);
     else plain_forward(m, l);
+}
+
+void attention_block_forward(Model *m, int l) {
+    attention_query_forward(m, l);
+    attention_kv_forward(m, l);
+    attention_cached_forward(m, l);
 }
 
 void attention_block_backward(Model *m, int l) {

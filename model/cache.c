@@ -1,6 +1,9 @@
 #include "model/cache.h"
 
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,31 +11,16 @@
 #include "backend/bf16.h"
 #include "backend/int_group_math.h"
 
-const char *codec_name(const Codec *c) {
-    switch (c->kind) {
-    case CODEC_FP32: return "fp32";
-    case CODEC_BF16: return "bf16";
-    case CODEC_INT_GROUP: return "int_group";
-    }
-    return "?";
-}
-
-size_t codec_bytes_per_token(const Codec *c, int W) {
-    switch (c->kind) {
-    case CODEC_FP32: return (size_t)W * 4;
-    case CODEC_BF16: return (size_t)W * 2;
-    case CODEC_INT_GROUP:
-        // packed codes (bits per value, rounded up to whole bytes per token) + one bf16 scale per group
-        return ((size_t)W * (size_t)c->bits + 7) / 8 + (size_t)(W / c->group) * 2;
-    }
-    return 0;
-}
-
 // int_group layout per token: [scales: G x bf16][codes: W values of `bits` bits, two's
 // complement, packed little-endian from bit 0 of byte 0].
+static size_t int_group_bytes(const Codec *c, int W) {
+    // packed codes (bits per value, rounded up to whole bytes per token) + one bf16 scale per group
+    return ((size_t)W * (size_t)c->bits + 7) / 8 + (size_t)(W / c->group) * 2;
+}
+
 static void int_group_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W) {
     int G = W / c->group, bits = c->bits;
-    size_t tok = codec_bytes_per_token(c, W);
+    size_t tok = int_group_bytes(c, W);
     for (int n = 0; n < N; n++) {
         uint8_t *o = dst + (size_t)n * tok;
         memset(o, 0, tok);
@@ -57,7 +45,7 @@ static void int_group_encode(const Codec *c, uint8_t *dst, const float *src, int
 
 static void int_group_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W) {
     int G = W / c->group, bits = c->bits;
-    size_t tok = codec_bytes_per_token(c, W);
+    size_t tok = int_group_bytes(c, W);
     for (int n = 0; n < N; n++) {
         const uint8_t *o = src + (size_t)n * tok;
         const uint8_t *codes = o + (size_t)G * 2;
@@ -75,102 +63,307 @@ static void int_group_decode(const Codec *c, float *dst, const uint8_t *src, int
     }
 }
 
-void codec_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W) {
-    size_t n = (size_t)N * W;
-    switch (c->kind) {
-    case CODEC_FP32: memcpy(dst, src, n * 4); break;
-    case CODEC_BF16:
-        for (size_t i = 0; i < n; i++) { uint16_t h = sr_f32_to_bf16_rne(src[i]); dst[2 * i] = (uint8_t)h; dst[2 * i + 1] = (uint8_t)(h >> 8); }
-        break;
-    case CODEC_INT_GROUP: int_group_encode(c, dst, src, N, W); break;
-    }
+static void int_group_roundtrip(const Codec *c, const Backend *be, float *out, const float *in, int N, int W) {
+    be->int_group_roundtrip(out, in, N, W, c->bits, c->group);
 }
 
-void codec_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W) {
+static int int_group_set_param(Codec *c, const char *key, long value, char *err, size_t errlen) {
+    if (!strcmp(key, "bits")) {
+        if (value < 2 || value > 8) { snprintf(err, errlen, "int_group bits=%ld: use 2 to 8", value); return -1; }
+        c->bits = (int)value;
+        return 0;
+    }
+    if (!strcmp(key, "group")) {
+        if (value < 1 || value > 65536) { snprintf(err, errlen, "int_group group=%ld: use 1 to 65536", value); return -1; }
+        c->group = (int)value;
+        return 0;
+    }
+    snprintf(err, errlen, "int_group has no setting '%s': it takes bits and group", key);
+    return -1;
+}
+
+static int int_group_check(const Codec *c, int W, char *err, size_t errlen) {
+    if (c->bits < 2 || c->bits > 8 || c->group < 1) {
+        snprintf(err, errlen, "int_group needs bits (2 to 8) and group, e.g. int_group:bits=4,group=32");
+        return -1;
+    }
+    if (W % c->group) {
+        snprintf(err, errlen, "int_group group=%d does not divide the part's width %d", c->group, W);
+        return -1;
+    }
+    return 0;
+}
+
+static void int_group_format(const Codec *c, char *buf, size_t n) { snprintf(buf, n, "bits=%d,group=%d", c->bits, c->group); }
+
+// ---------------------------------------------------------------- fp32 and bf16
+
+static size_t fp32_bytes(const Codec *c, int W) { return (size_t)W * 4; }
+static void fp32_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W) { memcpy(dst, src, (size_t)N * W * 4); }
+static void fp32_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W) { memcpy(dst, src, (size_t)N * W * 4); }
+static void fp32_roundtrip(const Codec *c, const Backend *be, float *out, const float *in, int N, int W) {
+    if (out != in) be->copy_cols(out, W, 0, in, W, 0, N, W, 0);
+}
+
+static size_t bf16_bytes(const Codec *c, int W) { return (size_t)W * 2; }
+static void bf16_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W) {
     size_t n = (size_t)N * W;
-    switch (c->kind) {
-    case CODEC_FP32: memcpy(dst, src, n * 4); break;
-    case CODEC_BF16:
-        for (size_t i = 0; i < n; i++) dst[i] = sr_bf16_to_f32((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
-        break;
-    case CODEC_INT_GROUP: int_group_decode(c, dst, src, N, W); break;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = sr_f32_to_bf16_rne(src[i]);
+        dst[2 * i] = (uint8_t)h;
+        dst[2 * i + 1] = (uint8_t)(h >> 8);
     }
 }
+static void bf16_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W) {
+    size_t n = (size_t)N * W;
+    for (size_t i = 0; i < n; i++) dst[i] = sr_bf16_to_f32((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
+}
+
+static int no_params(Codec *c, const char *key, long value, char *err, size_t errlen) {
+    snprintf(err, errlen, "codec %s takes no settings (got '%s')", codec_traits(c->kind)->name, key);
+    return -1;
+}
+static int fits_any(const Codec *c, int W, char *err, size_t errlen) { return 0; }
+static void no_format(const Codec *c, char *buf, size_t n) { if (n) buf[0] = 0; }
+
+static const CodecTraits CODECS[N_CODECS] = {
+    [CODEC_FP32] = {"fp32", fp32_bytes, fp32_encode, fp32_decode, fp32_roundtrip, no_params, fits_any, no_format},
+    // bf16 round trips through the host codec in evaluation, so it is exactly what encode/decode give
+    [CODEC_BF16] = {"bf16", bf16_bytes, bf16_encode, bf16_decode, NULL, no_params, fits_any, no_format},
+    [CODEC_INT_GROUP] = {"int_group", int_group_bytes, int_group_encode, int_group_decode, int_group_roundtrip,
+                         int_group_set_param, int_group_check, int_group_format},
+};
+
+const CodecTraits *codec_traits(CodecKind kind) {
+    if ((unsigned)kind >= N_CODECS) die("internal error: codec kind %d", (int)kind);
+    return &CODECS[kind];
+}
+
+const char *codec_name(const Codec *c) { return codec_traits(c->kind)->name; }
+size_t codec_bytes_per_token(const Codec *c, int W) { return codec_traits(c->kind)->bytes_per_token(c, W); }
+void codec_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W) { codec_traits(c->kind)->encode(c, dst, src, N, W); }
+void codec_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W) { codec_traits(c->kind)->decode(c, dst, src, N, W); }
 
 void codec_roundtrip(const Codec *c, const Backend *be, float *out, const float *in, int N, int W) {
+    const CodecTraits *t = codec_traits(c->kind);
+    if (t->roundtrip) { t->roundtrip(c, be, out, in, N, W); return; }
+    // through the host codec, exactly what the cache would store and give back
     size_t n = (size_t)N * W;
-    switch (c->kind) {
-    case CODEC_FP32:
-        if (out != in) be->copy_cols(out, W, 0, in, W, 0, N, W, 0);
-        return;
-    case CODEC_INT_GROUP:
-        be->int_group_roundtrip(out, in, N, W, c->bits, c->group);
-        return;
-    case CODEC_BF16: {
-        // evaluation only: through the host codec, so it is exactly what encode/decode give
-        float *h = xmalloc(n * sizeof(float));
-        uint8_t *bytes = xmalloc(n * 2);
-        be->act_to_host(h, in, n);
-        codec_encode(c, bytes, h, N, W);
-        codec_decode(c, h, bytes, N, W);
-        be->act_from_host(out, h, n);
-        free(bytes);
-        free(h);
-        return;
-    }
-    }
+    float *h = xmalloc(n * sizeof(float));
+    uint8_t *bytes = xmalloc((size_t)N * t->bytes_per_token(c, W));
+    be->act_to_host(h, in, n);
+    t->encode(c, bytes, h, N, W);
+    t->decode(c, h, bytes, N, W);
+    be->act_from_host(out, h, n);
+    free(bytes);
+    free(h);
 }
 
-int cache_consumer_owns_krope(const ModelConfig *m) {
-    return config_is_latent(m) && (m->share == SHARE_LATENT || m->share == SHARE_LATENT_KVPROJ);
+// ---------------------------------------------------------------- specs
+
+int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
+    memset(c, 0, sizeof(*c));
+    const char *colon = strchr(spec, ':');
+    size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
+    int kind = -1;
+    for (int k = 0; k < N_CODECS; k++)
+        if (strlen(CODECS[k].name) == nlen && !strncmp(CODECS[k].name, spec, nlen)) kind = k;
+    if (kind < 0) {
+        snprintf(err, errlen, "unknown cache codec '%.*s': use fp32, bf16 or int_group:bits=B,group=G", (int)nlen, spec);
+        return -1;
+    }
+    c->kind = (CodecKind)kind;
+    if (kind == CODEC_INT_GROUP) { c->bits = 4; c->group = 32; }   // the paper's setting unless told
+    if (!colon) return 0;
+    char buf[256];
+    if (strlen(colon + 1) >= sizeof(buf)) { snprintf(err, errlen, "codec spec '%s' is too long", spec); return -1; }
+    strcpy(buf, colon + 1);
+    for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) { snprintf(err, errlen, "codec setting '%s' in '%s' is not key=value", kv, spec); return -1; }
+        *eq = 0;
+        char *end;
+        errno = 0;
+        long v = strtol(eq + 1, &end, 10);
+        if (!eq[1] || *end || errno) {
+            snprintf(err, errlen, "codec setting %s=%s in '%s' is not a whole number", kv, eq + 1, spec);
+            return -1;
+        }
+        if (CODECS[kind].set_param(c, kv, v, err, errlen) != 0) return -1;
+    }
+    return 0;
 }
+
+void codec_format(const Codec *c, char *buf, size_t n) {
+    char params[128];
+    const CodecTraits *t = codec_traits(c->kind);
+    t->format(c, params, sizeof(params));
+    snprintf(buf, n, "%s%s%s", t->name, params[0] ? ":" : "", params);
+}
+
+static const char *const PART_NAMES[N_PARTS] = {"k", "v", "latent", "k_rope", "own_k_rope"};
+const char *cache_part_name(int part) { return part >= 0 && part < N_PARTS ? PART_NAMES[part] : "?"; }
+
+static int set_part_codec(CacheLayout *cl, int p, const Codec *c, char *err, size_t errlen) {
+    char why[256];
+    if (codec_traits(c->kind)->check(c, cl->part[p].width, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "cache part %s (width %d): %s", PART_NAMES[p], cl->part[p].width, why);
+        return -1;
+    }
+    cl->part[p].codec = *c;
+    return 0;
+}
+
+int cache_layout_apply_spec(CacheLayout *cl, const char *spec, char *err, size_t errlen) {
+    const char *eq = strchr(spec, '='), *colon = strchr(spec, ':');
+    Codec c;
+    if (!eq || (colon && colon < eq)) {   // one codec for every present part
+        if (codec_parse(&c, spec, err, errlen) != 0) return -1;
+        for (int p = 0; p < N_PARTS; p++)
+            if (cl->part[p].present && set_part_codec(cl, p, &c, err, errlen) != 0) return -1;
+        return 0;
+    }
+    int part = -1;
+    for (int p = 0; p < N_PARTS; p++)
+        if (strlen(PART_NAMES[p]) == (size_t)(eq - spec) && !strncmp(PART_NAMES[p], spec, (size_t)(eq - spec))) part = p;
+    if (part < 0 || !cl->part[part].present) {
+        char names[128] = "";
+        for (int p = 0; p < N_PARTS; p++)
+            if (cl->part[p].present) { strcat(names, names[0] ? ", " : ""); strcat(names, PART_NAMES[p]); }
+        snprintf(err, errlen, "cache part '%.*s' is not stored by this model: its parts are %s", (int)(eq - spec), spec, names);
+        return -1;
+    }
+    if (codec_parse(&c, eq + 1, err, errlen) != 0) return -1;
+    return set_part_codec(cl, part, &c, err, errlen);
+}
+
+cJSON *cache_layout_to_json(const CacheLayout *cl) {
+    cJSON *o = cJSON_CreateObject();
+    char buf[160];
+    for (int p = 0; p < N_PARTS; p++) {
+        if (!cl->part[p].present) continue;
+        codec_format(&cl->part[p].codec, buf, sizeof(buf));
+        cJSON_AddStringToObject(o, PART_NAMES[p], buf);
+    }
+    return o;
+}
+
+int cache_layout_from_json(CacheLayout *cl, const ModelConfig *m, const cJSON *j, char *err, size_t errlen) {
+    cache_layout(cl, m);
+    if (!cJSON_IsObject(j)) { snprintf(err, errlen, "\"cache\" must be an object {\"part\": \"codec\"}"); return -1; }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, j) {
+        if (!cJSON_IsString(it)) { snprintf(err, errlen, "cache.%s must be a codec spec string", it->string); return -1; }
+        char spec[320];
+        snprintf(spec, sizeof(spec), "%s=%s", it->string, it->valuestring);
+        if (cache_layout_apply_spec(cl, spec, err, errlen) != 0) return -1;
+    }
+    for (int p = 0; p < N_PARTS; p++)
+        if (cl->part[p].present && !cJSON_GetObjectItemCaseSensitive(j, PART_NAMES[p])) {
+            snprintf(err, errlen, "cache section lacks part '%s' (every stored part names its codec)", PART_NAMES[p]);
+            return -1;
+        }
+    return 0;
+}
+
+// ---------------------------------------------------------------- layout and roles
 
 void cache_layout(CacheLayout *cl, const ModelConfig *m) {
     memset(cl, 0, sizeof(*cl));
-    cl->n_layers = m->num_hidden_layers;
-    cl->share_factor = m->share_factor;
+    int L = m->num_hidden_layers, F = m->share_factor, latent = config_is_latent(m);
+    cl->n_layers = L;
+    cl->share_factor = F;
     cl->share = m->share;
-    cl->n_slots = (m->num_hidden_layers + m->share_factor - 1) / m->share_factor;
+    cl->n_slots = L / F + (L % F != 0);
     Codec bf16 = {CODEC_BF16, 0, 0};
-    if (!config_is_latent(m)) {
+    if (!latent) {
         cl->part[PART_K] = (CachePart){1, m->num_key_value_heads * m->head_dim, bf16};
         cl->part[PART_V] = (CachePart){1, m->num_key_value_heads * m->v_head_dim, bf16};
-        return;
+    } else {
+        Codec lat = bf16;
+        if (m->latent_quant_bits) lat = (Codec){CODEC_INT_GROUP, m->latent_quant_bits, m->latent_quant_group};
+        cl->part[PART_LATENT] = (CachePart){1, m->kv_lora_rank, lat};
+        cl->part[PART_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16};
     }
-    Codec latent = bf16;
-    if (m->latent_quant_bits) latent = (Codec){CODEC_INT_GROUP, m->latent_quant_bits, m->latent_quant_group};
-    cl->part[PART_LATENT] = (CachePart){1, m->kv_lora_rank, latent};
-    cl->part[PART_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16};
-    if (m->share_factor > 1 && cache_consumer_owns_krope(m))
-        cl->part[PART_OWN_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16};
+    // consumers of share=latent and latent_kvproj project their own rope key; latent_krope and
+    // MLA (F = 1) read the slot's
+    int consumer_krope = latent && F > 1 && (m->share == SHARE_LATENT || m->share == SHARE_LATENT_KVPROJ);
+    if (consumer_krope) cl->part[PART_OWN_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16};
+
+    cl->role = xcalloc((size_t)L, sizeof(LayerRole));
+    cl->streams = xcalloc((size_t)L * 2, sizeof(CacheStream));
+    for (int l = 0; l < L; l++) {
+        LayerRole *r = &cl->role[l];
+        int producer_layer = l - l % F;
+        r->slot = l / F;
+        r->producer = l == producer_layer;
+        r->own_krope = consumer_krope && !r->producer;
+        r->kv_b_layer = latent && !r->producer && m->share == SHARE_LATENT_KVPROJ ? producer_layer : l;
+        for (int p = 0; p < N_PARTS; p++) r->stream[p] = -1;
+        if (r->producer) {
+            for (int p = 0; p < N_PARTS; p++) {
+                if (!cl->part[p].present || p == PART_OWN_KROPE) continue;
+                cl->streams[cl->n_streams] = (CacheStream){p, l};
+                r->stream[p] = cl->n_streams++;
+            }
+        } else {
+            memcpy(r->stream, cl->role[producer_layer].stream, sizeof(r->stream));
+            if (r->own_krope) {
+                cl->streams[cl->n_streams] = (CacheStream){PART_OWN_KROPE, l};
+                r->stream[PART_KROPE] = cl->n_streams++;
+            }
+        }
+    }
+}
+
+void cache_layout_free(CacheLayout *cl) {
+    free(cl->role);
+    free(cl->streams);
+    cl->role = NULL;
+    cl->streams = NULL;
+}
+
+void cache_layout_copy(CacheLayout *dst, const CacheLayout *src) {
+    *dst = *src;
+    dst->role = xmalloc((size_t)src->n_layers * sizeof(LayerRole));
+    memcpy(dst->role, src->role, (size_t)src->n_layers * sizeof(LayerRole));
+    dst->streams = xmalloc((size_t)(src->n_streams ? src->n_streams : 1) * sizeof(CacheStream));
+    memcpy(dst->streams, src->streams, (size_t)src->n_streams * sizeof(CacheStream));
+}
+
+size_t cache_stream_bytes_per_token(const CacheLayout *cl, int s) {
+    const CachePart *part = &cl->part[cl->streams[s].part];
+    return codec_bytes_per_token(&part->codec, part->width);
+}
+
+size_t cache_layout_bytes_per_token(const CacheLayout *cl) {
+    size_t total = 0;
+    for (int s = 0; s < cl->n_streams; s++) total += cache_stream_bytes_per_token(cl, s);
+    return total;
 }
 
 void cache_bytes_per_token(const ModelConfig *m, CacheBytes *out) {
     CacheLayout cl;
     cache_layout(&cl, m);
     int L = m->num_hidden_layers;
-    double total = 0, paper = 0;
+    double paper = 0;
     for (int l = 0; l < L; l++) {
-        int producer = cache_is_producer(&cl, l);
-        for (int p = 0; p < N_PARTS; p++) {
-            const CachePart *part = &cl.part[p];
-            if (!part->present || (p == PART_OWN_KROPE) == producer) continue;
-            total += (double)codec_bytes_per_token(&part->codec, part->width);
-        }
         // The paper's Table 4 figure, per layer on average: K and V in bf16 bytes for MHA/GQA;
         // elements (not bytes) of latent + k_rope for MLA/CLLA, consumers' own k_rope included;
         // for CLLA-quant only the packed latent codes (no k_rope, no scales).
+        int producer = cl.role[l].producer;
         if (!config_is_latent(m)) {
             if (producer) paper += 2.0 * (cl.part[PART_K].width + cl.part[PART_V].width);
         } else if (m->latent_quant_bits) {
             if (producer) paper += m->kv_lora_rank * m->latent_quant_bits / 8.0;
         } else {
             if (producer) paper += m->kv_lora_rank + m->qk_rope_head_dim;
-            else if (cl.part[PART_OWN_KROPE].present) paper += m->qk_rope_head_dim;
+            else if (cl.role[l].own_krope) paper += m->qk_rope_head_dim;
         }
     }
-    out->total = total;
-    out->per_layer = total / L;
+    out->total = (double)cache_layout_bytes_per_token(&cl);
+    out->per_layer = out->total / L;
     out->paper = paper / L;
     out->mha_total = (double)L * m->num_attention_heads * (m->head_dim + m->v_head_dim) * 2.0;
+    cache_layout_free(&cl);
 }

@@ -14,13 +14,33 @@
 #include "backend/backend.h"
 #include "model/config.h"
 
-typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP } CodecKind;
+struct cJSON;
+
+typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, N_CODECS } CodecKind;
 
 typedef struct Codec {
     CodecKind kind;
     int bits, group;      // int_group only
 } Codec;
 
+// What a codec is, as a table indexed by kind (every function of this header dispatches
+// through it; a new codec is one more row). encode/decode work on host bytes; roundtrip on
+// backend buffers (NULL: through the host encode/decode); scores, for codecs that score a
+// query against encoded keys without decoding them, is NULL for the codecs here.
+typedef struct CodecTraits {
+    const char *name;
+    size_t (*bytes_per_token)(const Codec *c, int W);
+    void (*encode)(const Codec *c, uint8_t *dst, const float *src, int N, int W);
+    void (*decode)(const Codec *c, float *dst, const uint8_t *src, int N, int W);
+    void (*roundtrip)(const Codec *c, const Backend *be, float *out, const float *in, int N, int W);
+    // settings: key=value pairs of a spec; 0 on success, -1 with a message
+    int (*set_param)(Codec *c, const char *key, long value, char *err, size_t errlen);
+    // does the codec fit vectors of width W (and are its settings complete)? 0 yes, -1 with a message
+    int (*check)(const Codec *c, int W, char *err, size_t errlen);
+    void (*format)(const Codec *c, char *buf, size_t n);   // the settings part of the spec ("" if none)
+} CodecTraits;
+
+const CodecTraits *codec_traits(CodecKind kind);
 const char *codec_name(const Codec *c);
 // Bytes one token's vector of width W occupies, every overhead counted (scales).
 size_t codec_bytes_per_token(const Codec *c, int W);
@@ -29,6 +49,8 @@ void codec_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W);
 void codec_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W);
 // Backend buffers: out = decode(encode(in)). out may equal in.
 void codec_roundtrip(const Codec *c, const Backend *be, float *out, const float *in, int N, int W);
+// Is the codec the identity on fp32 values (nothing to apply)?
+static inline int codec_is_exact(const Codec *c) { return c->kind == CODEC_FP32; }
 
 enum { PART_K = 0, PART_V, PART_LATENT, PART_KROPE, PART_OWN_KROPE, N_PARTS };
 
@@ -38,18 +60,43 @@ typedef struct CachePart {
     Codec codec;
 } CachePart;
 
+// The role of one layer in the cache layer: the single place where sharing is decided
+// (DESIGN section 1). Params, activations, the training forward and the decoder read it.
+typedef struct LayerRole {
+    int slot;             // the cache slot the layer attends over
+    int producer;         // 1: the layer computes the slot's payload and writes it
+    int kv_b_layer;       // latent: whose kv_b_proj up-projects the latent (own, or the producer's: latent_kvproj)
+    int own_krope;        // latent consumer: projects and stores its own k_rope (share latent, latent_kvproj)
+    int stream[N_PARTS];  // the cache stream the layer reads for each part (-1: none); PART_KROPE
+                          // is the rope key it attends with: the slot's, or its own stream
+} LayerRole;
+
+// A stream: one part's tokens as written by one layer (a producer's K, V, latent, k_rope; a
+// consumer's own k_rope). The decoder stores one block pool per stream; nothing is stored twice.
+typedef struct CacheStream {
+    int part;             // PART_*
+    int layer;            // the layer that writes it
+} CacheStream;
+
 typedef struct CacheLayout {
     int n_layers, n_slots, share_factor, share;
     CachePart part[N_PARTS];   // PART_OWN_KROPE: stored by each consumer that projects its own
+    LayerRole *role;           // [n_layers]
+    CacheStream *streams;      // [n_streams]
+    int n_streams;
 } CacheLayout;
 
-// The training-time layout of a config: bf16 storage, the latent in int_group when
-// latent_quant_bits > 0.
+// The served layout of a config (what the cache stores by default): K/V, k_rope in bf16, the
+// latent in bf16 or, when latent_quant_bits > 0, in int_group (the trained quantizer).
+// Allocates the role and stream tables: cache_layout_free releases them.
 void cache_layout(CacheLayout *cl, const ModelConfig *m);
-static inline int cache_slot_of(const CacheLayout *cl, int layer) { return layer / cl->share_factor; }
-static inline int cache_is_producer(const CacheLayout *cl, int layer) { return layer % cl->share_factor == 0; }
-// Does consumer layer l store its own k_rope? (CLLA share=latent and latent_kvproj)
-int cache_consumer_owns_krope(const ModelConfig *m);
+void cache_layout_free(CacheLayout *cl);
+void cache_layout_copy(CacheLayout *dst, const CacheLayout *src);
+static inline int cache_slot_of(const CacheLayout *cl, int layer) { return cl->role[layer].slot; }
+static inline int cache_is_producer(const CacheLayout *cl, int layer) { return cl->role[layer].producer; }
+// Bytes per token of stream s, and of all streams (the whole model).
+size_t cache_stream_bytes_per_token(const CacheLayout *cl, int s);
+size_t cache_layout_bytes_per_token(const CacheLayout *cl);
 
 // Codec specs, as on the command line and in an export package's "cache" section:
 // "fp32", "bf16", "int_group:bits=4,group=32". 0 on success; -1 with a message in err.
@@ -67,7 +114,7 @@ struct cJSON *cache_layout_to_json(const CacheLayout *cl);
 int cache_layout_from_json(CacheLayout *cl, const ModelConfig *m, const struct cJSON *j, char *err, size_t errlen);
 
 typedef struct CacheBytes {
-    double total;            // bytes per token, whole model, everything stored
+    double total;            // bytes per token, whole model, everything stored (the served layout)
     double per_layer;        // total / num_hidden_layers
     double paper;            // per layer, the paper's Table 4 convention (see docs/CACHE.md)
     double mha_total;        // plain MHA of the same shape, bf16

@@ -93,8 +93,6 @@ cJSON *config_to_json(const Config *cfg);
 
 // Derived sizes.
 static inline int config_is_latent(const ModelConfig *m) { return m->kv_lora_rank > 0; }
-// Does layer l produce a cache slot (or only consume one)?
-static inline int config_is_producer(const ModelConfig *m, int l) { return l % m->share_factor == 0; }
 static inline int config_is_moe_layer(const ModelConfig *m, int l) {
     return m->n_routed_experts > 0 && l >= m->first_k_dense_layers;
 }

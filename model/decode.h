@@ -42,5 +42,11 @@ size_t decoder_cache_bytes(const Decoder *d);
 // total for the same layout).
 size_t decoder_bytes_per_token(const Decoder *d);
 const CacheLayout *decoder_layout(const Decoder *d);
+// The stored vector of stream s (model/cache.h) at position pos of sequence seq, decoded (tests).
+void decoder_read(const Decoder *d, int s, int seq, int pos, float *out);
+
+// The model's full-sequence forward applies the codecs of `layout` (same model) where the cache
+// would hold each part, when m->apply_codecs is set (evaluation through the cache).
+void model_use_cache_codecs(Model *m, const CacheLayout *layout);
 
 #endif

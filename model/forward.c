@@ -58,6 +58,10 @@ static int count_targets(const int32_t *targets, int n) {
 int model_last_count(const Model *m) { return count_targets(m->h_targets, m->B * m->T); }
 
 float model_forward(Model *m, const int32_t *inputs, const int32_t *targets) {
+    return model_forward_with(m, inputs, targets, NULL, NULL);
+}
+
+float model_forward_with(Model *m, const int32_t *inputs, const int32_t *targets, AttendFn attend, void *ctx) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, L = c->num_hidden_layers, C = c->hidden_size;
@@ -71,7 +75,8 @@ float model_forward(Model *m, const int32_t *inputs, const int32_t *targets) {
         const LayerActs *x = &m->la[l];
         // attention block
         be->rmsnorm_forward(A(x->h_attn), A(x->rstd_attn), A(x->res_in), P(p->input_norm), N, C, c->rms_norm_eps);
-        attention_block_forward(m, l);
+        if (attend) attend(m, l, ctx);
+        else attention_block_forward(m, l);
         be->matmul_forward(A(m->tmp_c), A(x->att_out), P(p->o_proj), N, NH * DV, C);
         be->add_forward(A(x->res_mid), A(x->res_in), A(m->tmp_c), (size_t)N * C);
         // FFN block: out = FFN(RMSNorm(res_mid)) written to tmp_c

@@ -102,6 +102,10 @@ typedef struct Model {
     void *gact;
     int *d_inputs, *d_targets;   // backend copies of the current batch
     int32_t *h_targets;          // host copy (counts, ignore index)
+    // inference (model/decode.c, evaluation through the cache)
+    int inference;               // 1: no gradient buffers, no MoE capacity (every token keeps its experts)
+    int apply_codecs;            // 1: the full forward applies every cache part's codec round trip
+    const int *rope_pos;         // non-NULL: one row per sequence, at these positions (backend int32)
     float *h_losses;             // host copy of per-token losses
 } Model;
 

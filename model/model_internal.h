@@ -15,6 +15,18 @@
 // Attention block of layer l: reads la[l].h_attn, writes la[l].att_out (forward); given
 // d(att_out) in ga.datt_out, adds d(h_attn) into ga.dh and parameter gradients (backward).
 void attention_block_forward(Model *m, int l);
+// Its parts, for the decoder (model/decode.c): the query (la[l].q, after RoPE) and what layer l
+// writes into the cache (slot K/V, or latent and rope key, or its own rope key), before the codec.
+void attention_query_forward(Model *m, int l);
+void attention_kv_forward(Model *m, int l);
+// The rest of the block after those two: the codec round trip of what the cache holds, then
+// the full-sequence attention over it.
+void attention_cached_forward(Model *m, int l);
+
+// One forward over the model's batch with `attend` in place of the full-sequence attention
+// block (it reads la[l].h_attn and writes la[l].att_out). model_forward is this with NULL.
+typedef void (*AttendFn)(Model *m, int l, void *ctx);
+float model_forward_with(Model *m, const int32_t *inputs, const int32_t *targets, AttendFn attend, void *ctx);
 void attention_block_backward(Model *m, int l);
 
 #endif

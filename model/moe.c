@@ -225,7 +225,7 @@ void moe_forward(Model *m, int l) {
     be->moe_router_forward(A(s->logits), h, P(p->router), N, C, E);
     be->moe_topk_forward(A(x->probs), A(x->lse), AI(x->topk_idx), A(x->topk_w), A(s->logits), N, E, K, c->norm_topk_prob);
     be->moe_dispatch(AI(x->counts), AI(x->expert_off), AI(x->row_token), AI(x->assign_row), A(x->probs),
-                     AI(x->topk_idx), N, E, K, moe_capacity(c, N));
+                     AI(x->topk_idx), N, E, K, m->inference ? 0 : moe_capacity(c, N));
     be->moe_aux_forward(A(s->aux), A(x->probs), A(x->lse), AI(x->counts), N, E, K, c->moe_aux_loss_coef, c->moe_z_loss_coef);
     be->download(off, AI(x->expert_off), (size_t)(E + 1) * sizeof(int));
     be->download(s->h_counts + (size_t)l * E, AI(x->counts), (size_t)E * sizeof(int));

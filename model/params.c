@@ -34,7 +34,8 @@ static void add_attention_params(Model *m, int l) {
     TensorTable *tt = &m->params;
     LayerParams *p = &m->lp[l];
     int C = c->hidden_size, NH = c->num_attention_heads, D = c->head_dim, DV = c->v_head_dim;
-    int producer = config_is_producer(c, l);
+    const LayerRole *role = &m->cache.role[l];
+    int producer = role->producer;
     if (!config_is_latent(c)) {
         p->q_proj = add_matrix(tt, l, (int64_t)NH * D, C, "model.layers.%d.self_attn.q_proj.weight", l);
         if (producer) {
@@ -54,10 +55,10 @@ static void add_attention_params(Model *m, int l) {
         if (producer) {
             p->kv_a_proj = add_matrix(tt, l, (int64_t)R + DR, C, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
             p->kv_a_norm = add_norm(tt, l, R, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
-        } else if (cache_consumer_owns_krope(c)) {
+        } else if (role->own_krope) {
             p->k_rope_proj = add_matrix(tt, l, DR, C, "model.layers.%d.self_attn.k_rope_proj.weight", l);
         }
-        if (producer || c->share != SHARE_LATENT_KVPROJ)
+        if (role->kv_b_layer == l)
             p->kv_b_proj = add_matrix(tt, l, (int64_t)NH * (D + DV), R, "model.layers.%d.self_attn.kv_b_proj.weight", l);
     }
     p->o_proj = add_matrix(tt, l, C, (int64_t)NH * DV, "model.layers.%d.self_attn.o_proj.weight", l);
@@ -123,6 +124,7 @@ void model_free(Model *m) {
     const Backend *be = m->be;
     if (!be) {   // table only (model_build_table)
         free(m->lp); free(m->la); free(m->sa); free(m->gsa);
+        cache_layout_free(&m->cache);
         moe_free(m);
         table_free(&m->params); table_free(&m->acts); table_free(&m->gacts);
         memset(m, 0, sizeof(*m));
@@ -140,6 +142,7 @@ void model_free(Model *m) {
     free(m->lp);
     free(m->la);
     free(m->sa);
+    cache_layout_free(&m->cache);
     free(m->gsa);
     moe_free(m);
     table_free(&m->params);

@@ -77,7 +77,7 @@ train_case() {  # train_case NAME: the model of step case NAME trained 5 steps (
 int_group_case() {  # the C quantizer (compiled from libclla_core.a) against the twin's, bit for bit
     local cc=${CC:-cc}
     command -v "$cc" >/dev/null || { echo "no C compiler ($cc) to build the probe"; return 1; }
-    "$cc" -O2 -I"$SRC" -o "$TMP/int_group_probe" "$REF/int_group_probe.c" "$BUILD/libclla_core.a" -lm -fopenmp &&
+    "$cc" -O2 -I"$SRC" -o "$TMP/int_group_probe" "$REF/int_group_probe.c" "$BUILD/libclla_core.a" -lcjson -lm -fopenmp &&
         "$PY" "$TWIN" check-int-group --probe "$TMP/int_group_probe"
 }
 

@@ -1,0 +1,400 @@
+// Incremental decoding through the cache layer: paged storage, prefill, one-token steps.
+// The model's own forward runs both (model_forward_with); only attention differs in a step,
+// where each layer's query attends over the stored tokens (docs/INFERENCE.md).
+//
+// Storage: one pool of blocks per cache stream (model/cache.h: a producer's K, V, latent, rope
+// key; a consumer's own rope key), DECODE_BLOCK_TOKENS tokens per block in the stream's codec.
+// A block id names the same block in every stream, so one block table per sequence serves all
+// layers. Blocks are allocated when a sequence first needs them and kept for reuse when it is
+// released: the bytes held grow with the tokens stored, rounded up to whole blocks.
+//
+// Absorbed latent attention (MLA, CLLA; see docs/INFERENCE.md): with W_UK_h, W_UV_h the rows of
+// kv_b_proj that make head h's key and value from the latent C,
+//   q_h . k_t = q_nope_h . (W_UK_h c_t) + q_rope_h . k_rope_t = (W_UK_h^T q_nope_h) . c_t + ...
+//   out_h = sum_t p_t W_UV_h c_t = W_UV_h (sum_t p_t c_t),
+// so a step attends with one "key head" [c | k_rope] of width R + DR and value c (width R),
+// read straight from the cache, and never up-projects the cached tokens.
+#include "model/decode.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "model/model_internal.h"
+
+struct Decoder {
+    Model *m;
+    CacheLayout cl;
+    int max_seqs, max_len, max_blocks;   // max_blocks: per sequence
+    // storage: blocks[s][id], the same ids in every stream
+    uint8_t ***blocks;
+    int cap_ids, n_ids;
+    int *free_ids, n_free;
+    int *table;            // [max_seqs * max_blocks]
+    int *len;              // [max_seqs]
+    PagedStream *ps;       // [n_streams]
+    // the current step
+    int n;
+    const int *seq;
+    int *h_pos, *d_pos;    // [max_seqs] positions of the step's rows (host, backend)
+    int *step_table, *step_lens;
+    float *row;            // host staging for one layer's rows: (max rows, widest part)
+    size_t row_cap;
+    // absorbed latent attention: scratch and per-head weights (latent models only)
+    TensorTable scratch;
+    void *scratch_buf;
+    int qn, ql, qabs, olat, ol, oh;   // scratch entries, max_seqs rows
+    int *uk, *uv;                     // [L * NH]: W_UK_h (D, R), W_UV_h (DV, R) of layer l's kv_b
+    int saved_inference, saved_apply;
+};
+
+#define P(i) ((float *)table_ptr_store(&m->params, m->w, (i)))
+#define A(i) ((float *)table_ptr_store(&m->acts, m->act, (i)))
+#define S(i) ((float *)table_ptr_store(&d->scratch, d->scratch_buf, (i)))
+
+static void stream_decode(const void *codec, float *dst, const uint8_t *src, int n, int width) {
+    codec_decode((const Codec *)codec, dst, src, n, width);
+}
+
+// ---------------------------------------------------------------- storage
+
+// A block id with storage in every stream: a released one, or a new one.
+static int block_take(Decoder *d) {
+    if (d->n_free) return d->free_ids[--d->n_free];
+    if (d->n_ids == d->cap_ids) {
+        int cap = d->cap_ids ? 2 * d->cap_ids : 16;
+        for (int s = 0; s < d->cl.n_streams; s++) {
+            d->blocks[s] = xrealloc(d->blocks[s], (size_t)cap * sizeof(uint8_t *));
+            d->ps[s].blocks = d->blocks[s];
+        }
+        d->free_ids = xrealloc(d->free_ids, (size_t)cap * sizeof(int));
+        d->cap_ids = cap;
+    }
+    int id = d->n_ids++;
+    for (int s = 0; s < d->cl.n_streams; s++)
+        d->blocks[s][id] = xmalloc(cache_stream_bytes_per_token(&d->cl, s) * DECODE_BLOCK_TOKENS);
+    return id;
+}
+
+// Makes room for token position pos of sequence seq (a new block at each block boundary).
+static void reserve(Decoder *d, int seq, int pos) {
+    if (pos % DECODE_BLOCK_TOKENS == 0) d->table[(size_t)seq * d->max_blocks + pos / DECODE_BLOCK_TOKENS] = block_take(d);
+}
+
+static uint8_t *token_ptr(Decoder *d, int s, int seq, int pos) {
+    int id = d->table[(size_t)seq * d->max_blocks + pos / DECODE_BLOCK_TOKENS];
+    return d->blocks[s][id] + (size_t)(pos % DECODE_BLOCK_TOKENS) * cache_stream_bytes_per_token(&d->cl, s);
+}
+
+// The model buffer holding what stream s's layer wrote in the last forward.
+static float *stream_source(Decoder *d, int s) {
+    Model *m = d->m;
+    const CacheStream *st = &d->cl.streams[s];
+    const SlotActs *sa = &m->sa[d->cl.role[st->layer].slot];
+    switch (st->part) {
+    case PART_K: return A(sa->k);
+    case PART_V: return A(sa->v);
+    case PART_LATENT: return A(sa->c);
+    case PART_KROPE: return A(sa->k_rope);
+    case PART_OWN_KROPE: return A(m->la[st->layer].k_rope);
+    }
+    die("internal error: stream part %d", st->part);
+}
+
+// Encodes rows of the streams layer l writes: row r of the model's batch goes to sequence
+// seq_of_row(r), position pos_of_row(r); rows with pos < 0 are skipped.
+static void write_layer(Decoder *d, int l, int rows, const int *row_seq, const int *row_pos) {
+    Model *m = d->m;
+    for (int s = 0; s < d->cl.n_streams; s++) {
+        if (d->cl.streams[s].layer != l) continue;
+        const CachePart *part = &d->cl.part[d->cl.streams[s].part];
+        size_t need = (size_t)rows * part->width;
+        if (need > d->row_cap) { d->row = xrealloc(d->row, need * sizeof(float)); d->row_cap = need; }
+        m->be->act_to_host(d->row, stream_source(d, s), need);
+        for (int r = 0; r < rows; r++) {
+            if (row_pos[r] < 0) continue;
+            codec_encode(&part->codec, token_ptr(d, s, row_seq[r], row_pos[r]), d->row + (size_t)r * part->width, 1, part->width);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- setup
+
+Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_len) {
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    if (!be->paged_attention || !be->rope_rows_forward)
+        die("backend '%s' has no paged_attention/rope_rows_forward op: decoding runs on --device cpu or cpu-bf16", be->name);
+    if (max_seqs < 1) die("decoder: at least one sequence (got %d)", max_seqs);
+    if (max_len < 1 || max_len > c->max_position_embeddings)
+        die("decoder: sequence length %d outside 1..max_position_embeddings (%d)", max_len, c->max_position_embeddings);
+    Decoder *d = xcalloc(1, sizeof(Decoder));
+    d->m = m;
+    if (layout) cache_layout_copy(&d->cl, layout);
+    else cache_layout(&d->cl, c);
+    if (d->cl.n_layers != c->num_hidden_layers || d->cl.share_factor != c->share_factor)
+        die("decoder: the cache layout was made for another model");
+    d->max_seqs = max_seqs;
+    d->max_len = max_len;
+    d->max_blocks = (max_len + DECODE_BLOCK_TOKENS - 1) / DECODE_BLOCK_TOKENS;
+    d->blocks = xcalloc((size_t)d->cl.n_streams, sizeof(uint8_t **));
+    d->table = xcalloc((size_t)max_seqs * d->max_blocks, sizeof(int));
+    d->len = xcalloc((size_t)max_seqs, sizeof(int));
+    d->ps = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(PagedStream));
+    for (int s = 0; s < d->cl.n_streams; s++) {
+        const CachePart *part = &d->cl.part[d->cl.streams[s].part];
+        d->ps[s] = (PagedStream){part->width, cache_stream_bytes_per_token(&d->cl, s), DECODE_BLOCK_TOKENS, NULL,
+                                 &part->codec, stream_decode, part->codec.kind == CODEC_FP32};
+    }
+    d->h_pos = xcalloc((size_t)max_seqs, sizeof(int));
+    d->d_pos = be->alloc((size_t)max_seqs * sizeof(int));
+    d->step_table = xcalloc((size_t)max_seqs * d->max_blocks, sizeof(int));
+    d->step_lens = xcalloc((size_t)max_seqs, sizeof(int));
+    d->saved_inference = m->inference;
+    d->saved_apply = m->apply_codecs;
+    m->inference = 1;
+
+    if (config_is_latent(c)) {
+        int L = c->num_hidden_layers, NH = c->num_attention_heads, D = c->head_dim, DV = c->v_head_dim;
+        int R = c->kv_lora_rank, DR = c->qk_rope_head_dim;
+        int64_t N = max_seqs;
+        TensorTable *tt = &d->scratch;
+        int64_t sh[2];
+#define ADD(rows, cols, ...) (sh[0] = (rows), sh[1] = (cols), table_addf(tt, -1, 0, DT_STORE, 2, sh, __VA_ARGS__))
+        d->qn = ADD(N, D, "qn%d", 0);
+        d->ql = ADD(N, R, "ql%d", 0);
+        d->qabs = ADD(N, (int64_t)NH * (R + DR), "qabs%d", 0);
+        d->olat = ADD(N, (int64_t)NH * R, "olat%d", 0);
+        d->ol = ADD(N, R, "ol%d", 0);
+        d->oh = ADD(N, DV, "oh%d", 0);
+        d->uk = xcalloc((size_t)L * NH, sizeof(int));
+        d->uv = xcalloc((size_t)L * NH, sizeof(int));
+        for (int l = 0; l < L; l++)
+            for (int h = 0; h < NH; h++) {
+                if (d->cl.role[l].kv_b_layer != l) { d->uk[l * NH + h] = d->uv[l * NH + h] = -1; continue; }
+                d->uk[l * NH + h] = ADD(D, R, "uk.%d", l * NH + h);
+                d->uv[l * NH + h] = ADD(DV, R, "uv.%d", l * NH + h);
+            }
+#undef ADD
+        table_layout(tt, be->act_bytes);
+        d->scratch_buf = be->alloc(tt->bytes_store);
+        // W_UK_h, W_UV_h: rows [h (D+DV), h (D+DV) + D) and [.. + D, .. + D + DV) of kv_b (NH (D+DV), R),
+        // copied as one row of D*R (DV*R) elements
+        for (int l = 0; l < L; l++) {
+            if (d->cl.role[l].kv_b_layer != l) continue;
+            float *kvb = P(m->lp[l].kv_b_proj);
+            for (int h = 0; h < NH; h++) {
+                size_t row0 = (size_t)h * (D + DV) * R;
+                be->copy_cols(S(d->uk[l * NH + h]), D * R, 0, kvb, (int)((size_t)NH * (D + DV) * R), (int)row0, 1, D * R, 0);
+                be->copy_cols(S(d->uv[l * NH + h]), DV * R, 0, kvb, (int)((size_t)NH * (D + DV) * R),
+                              (int)(row0 + (size_t)D * R), 1, DV * R, 0);
+            }
+        }
+    }
+    return d;
+}
+
+void decoder_free(Decoder *d) {
+    if (!d) return;
+    Model *m = d->m;
+    for (int s = 0; s < d->cl.n_streams; s++) {
+        for (int i = 0; i < d->n_ids; i++) free(d->blocks[s][i]);
+        free(d->blocks[s]);
+    }
+    free(d->blocks);
+    free(d->free_ids);
+    free(d->table);
+    free(d->len);
+    free(d->ps);
+    free(d->h_pos);
+    m->be->release(d->d_pos);
+    free(d->step_table);
+    free(d->step_lens);
+    free(d->row);
+    if (d->scratch_buf) m->be->release(d->scratch_buf);
+    table_free(&d->scratch);
+    free(d->uk);
+    free(d->uv);
+    m->inference = d->saved_inference;
+    m->apply_codecs = d->saved_apply;
+    m->rope_pos = NULL;
+    cache_layout_free(&d->cl);
+    free(d);
+}
+
+// ---------------------------------------------------------------- attention of a step
+
+static void step_attend(Model *m, int l, void *ctx) {
+    Decoder *d = ctx;
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    const LayerRole *role = &d->cl.role[l];
+    int n = d->n, NH = c->num_attention_heads, D = c->head_dim, DV = c->v_head_dim;
+    attention_query_forward(m, l);
+    attention_kv_forward(m, l);
+    write_layer(d, l, n, d->seq, d->h_pos);
+    const LayerActs *x = &m->la[l];
+    if (!config_is_latent(c)) {
+        float scale = 1.0f / sqrtf((float)D);
+        be->paged_attention(A(x->att_out), A(x->q), &d->ps[role->stream[PART_K]], NULL, &d->ps[role->stream[PART_V]],
+                            d->step_table, d->max_blocks, d->step_lens, n, NH, c->num_key_value_heads, D, 0, DV, scale);
+        return;
+    }
+    int R = c->kv_lora_rank, DR = c->qk_rope_head_dim, DQK = D + DR, kvb = role->kv_b_layer;
+    float scale = 1.0f / sqrtf((float)DQK);
+    // q_abs head h = [W_UK_h^T q_nope_h | q_rope_h]
+    for (int h = 0; h < NH; h++) {
+        be->copy_cols(S(d->qn), D, 0, A(x->q), NH * DQK, h * DQK, n, D, 0);
+        be->zero(S(d->ql), (size_t)n * R * be->act_bytes);
+        be->matmul_backward(S(d->ql), NULL, S(d->qn), NULL, S(d->uk[kvb * NH + h]), n, R, D);   // (n, D) @ (D, R)
+        be->copy_cols(S(d->qabs), NH * (R + DR), h * (R + DR), S(d->ql), R, 0, n, R, 0);
+        be->copy_cols(S(d->qabs), NH * (R + DR), h * (R + DR) + R, A(x->q), NH * DQK, h * DQK + D, n, DR, 0);
+    }
+    const PagedStream *lat = &d->ps[role->stream[PART_LATENT]];
+    be->paged_attention(S(d->olat), S(d->qabs), lat, &d->ps[role->stream[PART_KROPE]], lat, d->step_table,
+                        d->max_blocks, d->step_lens, n, NH, 1, R, DR, R, scale);
+    // out_h = W_UV_h (sum_t p_t c_t)
+    for (int h = 0; h < NH; h++) {
+        be->copy_cols(S(d->ol), R, 0, S(d->olat), NH * R, h * R, n, R, 0);
+        be->matmul_forward(S(d->oh), S(d->ol), S(d->uv[kvb * NH + h]), n, R, DV);
+        be->copy_cols(A(x->att_out), NH * DV, h * DV, S(d->oh), DV, 0, n, DV, 0);
+    }
+}
+
+// ---------------------------------------------------------------- prefill and steps
+
+typedef struct PrefillRows {
+    Decoder *d;
+    int rows;
+    const int *row_seq, *row_pos;
+} PrefillRows;
+
+// Prefill's attention: the full-sequence block, with what each layer computed for the cache
+// encoded before the block applies the codec round trip (so the cache holds the encoding of
+// the value itself, not of its round trip).
+static void prefill_attend(Model *m, int l, void *ctx) {
+    PrefillRows *pr = ctx;
+    attention_query_forward(m, l);
+    attention_kv_forward(m, l);
+    write_layer(pr->d, l, pr->rows, pr->row_seq, pr->row_pos);
+    attention_cached_forward(m, l);
+}
+
+static void logits_to_host(Decoder *d, int rows, const int *row_of, float *logits) {
+    Model *m = d->m;
+    int V = m->cfg.vocab_size;
+    size_t all = (size_t)m->B * m->T * V;
+    float *h = xmalloc(all * sizeof(float));
+    m->be->act_to_host(h, A(m->logits), all);
+    for (int i = 0; i < rows; i++) memcpy(logits + (size_t)i * V, h + (size_t)row_of[i] * V, (size_t)V * sizeof(float));
+    free(h);
+}
+
+static void check_seq(const Decoder *d, int seq) {
+    if (seq < 0 || seq >= d->max_seqs) die("decoder: sequence id %d outside 0..%d", seq, d->max_seqs - 1);
+}
+
+void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const *prompts, const int *lens,
+                     float *logits) {
+    Model *m = d->m;
+    if (n < 1 || n > d->max_seqs) die("decoder: prefill of %d sequences (1..%d)", n, d->max_seqs);
+    int T = 0;
+    for (int i = 0; i < n; i++) {
+        check_seq(d, seq_ids[i]);
+        if (d->len[seq_ids[i]]) die("decoder: sequence %d is not empty: prefill starts a sequence", seq_ids[i]);
+        if (lens[i] < 1 || lens[i] > d->max_len) die("decoder: prompt of %d tokens (1..%d)", lens[i], d->max_len);
+        if (lens[i] > T) T = lens[i];
+        for (int j = 0; j < i; j++)
+            if (seq_ids[j] == seq_ids[i]) die("decoder: sequence %d twice in one prefill", seq_ids[i]);
+    }
+    // right-padded batch: causal attention keeps the padding out of every real position
+    int32_t *in = xcalloc((size_t)n * T, sizeof(int32_t));
+    int *row_seq = xmalloc((size_t)n * T * sizeof(int)), *row_pos = xmalloc((size_t)n * T * sizeof(int));
+    int *last = xmalloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) {
+        memcpy(in + (size_t)i * T, prompts[i], (size_t)lens[i] * sizeof(int32_t));
+        for (int t = 0; t < T; t++) {
+            row_seq[(size_t)i * T + t] = seq_ids[i];
+            row_pos[(size_t)i * T + t] = t < lens[i] ? t : -1;
+        }
+        for (int t = 0; t < lens[i]; t++) reserve(d, seq_ids[i], t);
+        last[i] = i * T + lens[i] - 1;
+    }
+    model_set_batch(m, n, T);
+    m->rope_pos = NULL;
+    m->apply_codecs = 1;   // prefill attends over what the cache gives back, as later steps do
+    PrefillRows pr = {d, n * T, row_seq, row_pos};
+    model_forward_with(m, in, NULL, prefill_attend, &pr);
+    m->apply_codecs = d->saved_apply;
+    for (int i = 0; i < n; i++) d->len[seq_ids[i]] = lens[i];
+    if (logits) logits_to_host(d, n, last, logits);
+    free(in);
+    free(row_seq);
+    free(row_pos);
+    free(last);
+}
+
+void decoder_step(Decoder *d, int n, const int *seq_ids, const int32_t *tokens, float *logits) {
+    Model *m = d->m;
+    if (n < 1 || n > d->max_seqs) die("decoder: step of %d sequences (1..%d)", n, d->max_seqs);
+    for (int i = 0; i < n; i++) {
+        int s = seq_ids[i];
+        check_seq(d, s);
+        if (d->len[s] < 1) die("decoder: sequence %d is empty: prefill it first", s);
+        if (d->len[s] >= d->max_len) die("decoder: sequence %d is full (%d tokens)", s, d->max_len);
+        for (int j = 0; j < i; j++)
+            if (seq_ids[j] == s) die("decoder: sequence %d twice in one step", s);
+    }
+    d->n = n;
+    d->seq = seq_ids;
+    for (int i = 0; i < n; i++) {
+        int s = seq_ids[i];
+        d->h_pos[i] = d->len[s];
+        reserve(d, s, d->len[s]);
+        d->step_lens[i] = d->len[s] + 1;
+        memcpy(d->step_table + (size_t)i * d->max_blocks, d->table + (size_t)s * d->max_blocks, (size_t)d->max_blocks * sizeof(int));
+    }
+    m->be->upload(d->d_pos, d->h_pos, (size_t)n * sizeof(int));
+    model_set_batch(m, n, 1);
+    m->rope_pos = d->d_pos;
+    model_forward_with(m, tokens, NULL, step_attend, d);
+    m->rope_pos = NULL;
+    for (int i = 0; i < n; i++) d->len[seq_ids[i]]++;
+    if (logits) {
+        int *rows = xmalloc((size_t)n * sizeof(int));
+        for (int i = 0; i < n; i++) rows[i] = i;
+        logits_to_host(d, n, rows, logits);
+        free(rows);
+    }
+}
+
+int decoder_seq_len(const Decoder *d, int seq) {
+    check_seq(d, seq);
+    return d->len[seq];
+}
+
+void decoder_release(Decoder *d, int seq) {
+    check_seq(d, seq);
+    int blocks = (d->len[seq] + DECODE_BLOCK_TOKENS - 1) / DECODE_BLOCK_TOKENS;
+    for (int b = 0; b < blocks; b++) d->free_ids[d->n_free++] = d->table[(size_t)seq * d->max_blocks + b];
+    d->len[seq] = 0;
+}
+
+size_t decoder_bytes_per_token(const Decoder *d) { return cache_layout_bytes_per_token(&d->cl); }
+size_t decoder_cache_bytes(const Decoder *d) { return (size_t)d->n_ids * DECODE_BLOCK_TOKENS * decoder_bytes_per_token(d); }
+const CacheLayout *decoder_layout(const Decoder *d) { return &d->cl; }
+
+void decoder_read(const Decoder *d, int s, int seq, int pos, float *out) {
+    check_seq(d, seq);
+    if (s < 0 || s >= d->cl.n_streams || pos < 0 || pos >= d->len[seq]) die("decoder_read: no stream %d position %d", s, pos);
+    const CachePart *part = &d->cl.part[d->cl.streams[s].part];
+    int id = d->table[(size_t)seq * d->max_blocks + pos / DECODE_BLOCK_TOKENS];
+    codec_decode(&part->codec, out, d->blocks[s][id] + (size_t)(pos % DECODE_BLOCK_TOKENS) * d->ps[s].token_bytes, 1, part->width);
+}
+
+void model_use_cache_codecs(Model *m, const CacheLayout *layout) {
+    if (layout->n_layers != m->cache.n_layers || layout->share_factor != m->cache.share_factor)
+        die("internal error: a cache layout of another model");
+    for (int p = 0; p < N_PARTS; p++) m->cache.part[p].codec = layout->part[p].codec;
+}

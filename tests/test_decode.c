@@ -1,0 +1,220 @@
+// Incremental decoding through the cache (model/decode.c) against the full-sequence forward.
+//
+// For every attention preset, share factors that do not divide the layer count, every share
+// mode, int_group latents of 2, 4 and 8 bits, and MoE on and off: a batch of three sequences
+// of different lengths (crossing at least three cache blocks) is prefilled to different
+// points, then decoded token by token with the same tokens (teacher forcing). Every position's
+// logits must equal the full forward's (which applies the same codecs where the cache holds a
+// value) within 1e-4. Also: the cached CLLA-quant codes decode bit for bit to the latent the
+// training forward used; the bytes the decoder holds are the tokens stored times the per-token
+// figure of `clla info` (model/cache.c), rounded up to whole blocks; codecs encode their own
+// round trip to the same bytes except int_group at 8 bits (why prefill encodes the value before
+// its round trip, model/decode.c); released blocks are reused.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "model/decode.h"
+
+static int passed, failed;
+
+static void check(int ok, const char *what, const char *name) {
+    if (ok) passed++;
+    else { failed++; printf("FAIL %s: %s\n", name, what); }
+}
+
+typedef struct Case {
+    const char *name;
+    const char *json;
+    const char *codecs;   // cache_layout_apply_spec specs, ';'-separated (NULL: all fp32 but a quantized latent)
+} Case;
+
+#define BASE "\"vocab_size\":37,\"hidden_size\":24,\"num_attention_heads\":4,\"head_dim\":6,\"intermediate_size\":20," \
+             "\"initializer_range\":0.25,\"rope_theta\":100,\"max_position_embeddings\":256,"
+#define LAT "\"kv_lora_rank\":16,\"qk_rope_head_dim\":4,"
+#define MOE "\"n_routed_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":12,\"n_shared_experts\":1,\"moe_capacity_factor\":1.0,"
+static const Case CASES[] = {
+    {"mha", "{" BASE "\"attention\":\"mha\",\"num_hidden_layers\":2}", NULL},
+    {"gqa", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", NULL},
+    {"mqa moe", "{" BASE MOE "\"attention\":\"mqa\",\"num_hidden_layers\":2}", NULL},
+    {"cla F=2 L=3", "{" BASE "\"attention\":\"cla\",\"num_hidden_layers\":3}", NULL},
+    {"gqa_cla F=3 L=4", "{" BASE "\"attention\":\"gqa_cla\",\"num_key_value_heads\":2,\"share_factor\":3,\"num_hidden_layers\":4}", NULL},
+    {"mla q_lora dv!=d", "{" BASE LAT "\"attention\":\"mla\",\"q_lora_rank\":8,\"v_head_dim\":5,\"num_hidden_layers\":2}", NULL},
+    {"clla F=2 L=3", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", NULL},
+    {"clla_share_krope F=3 L=4", "{" BASE LAT "\"attention\":\"clla_share_krope\",\"share_factor\":3,\"num_hidden_layers\":4}", NULL},
+    {"clla_share_kvproj F=4 L=5", "{" BASE LAT "\"attention\":\"clla_share_kvproj\",\"share_factor\":4,\"num_hidden_layers\":5}", NULL},
+    {"clla_quant 4 bits moe", "{" BASE LAT MOE "\"attention\":\"clla_quant\",\"latent_quant_group\":8,\"num_hidden_layers\":3}", NULL},
+    {"clla_quant 2 bits", "{" BASE LAT "\"attention\":\"clla_quant\",\"latent_quant_bits\":2,\"latent_quant_group\":8,\"num_hidden_layers\":3}", NULL},
+    {"clla_quant 8 bits F=3", "{" BASE LAT "\"attention\":\"clla_quant\",\"latent_quant_bits\":8,\"latent_quant_group\":16,\"share_factor\":3,\"num_hidden_layers\":4}", NULL},
+    {"clla_quant_share_kvproj", "{" BASE LAT "\"attention\":\"clla_quant_share_kvproj\",\"latent_quant_group\":16,\"num_hidden_layers\":3}", NULL},
+    // the served defaults: bf16 parts (both paths apply the same bf16 rounding)
+    {"gqa bf16 cache", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", "bf16"},
+    {"clla bf16 krope, int4 latent", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", "bf16;latent=int_group:bits=4,group=8"},
+};
+
+#define NSEQ 3
+#define TMAX 61
+static const int LENS[NSEQ] = {61, 44, 53};          // > 3 blocks of 16
+static const int SPLITS[][NSEQ] = {{1, 5, 17}, {33, 1, 16}, {60, 43, 52}};   // prompt lengths
+
+static void layout_for(CacheLayout *cl, const Model *m, const char *specs) {
+    cache_layout(cl, &m->cfg);
+    char err[256];
+    // fp32 everywhere unless told: the comparison is exact up to summation order; a quantized
+    // latent keeps its trained int_group codec
+    for (int p = 0; p < N_PARTS; p++)
+        if (cl->part[p].present && !(p == PART_LATENT && cl->part[p].codec.kind == CODEC_INT_GROUP))
+            cl->part[p].codec = (Codec){CODEC_FP32, 0, 0};
+    if (!specs) return;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", specs);
+    for (char *save = NULL, *s = strtok_r(buf, ";", &save); s; s = strtok_r(NULL, ";", &save))
+        if (cache_layout_apply_spec(cl, s, err, sizeof(err)) != 0) { printf("bad spec %s: %s\n", s, err); exit(1); }
+}
+
+static void run_case(const Case *cs, int ci) {
+    Config cfg;
+    config_from_json(&cfg, cs->json, cs->name, 0, NULL);
+    Model m;
+    model_build(&m, &cfg.model, backend_cpu());
+    model_init_weights(&m, 100 + ci);
+    int V = cfg.model.vocab_size;
+    CacheLayout cl;
+    layout_for(&cl, &m, cs->codecs);
+
+    int32_t tok[NSEQ][TMAX];
+    Rng r;
+    rng_seed(&r, 7 + ci);
+    for (int i = 0; i < NSEQ; i++)
+        for (int t = 0; t < TMAX; t++) tok[i][t] = t < LENS[i] ? (int32_t)(rng_next(&r) % (uint64_t)V) : 0;
+
+    // the full forward, with the same codecs where the cache would hold a value
+    m.inference = 1;
+    model_use_cache_codecs(&m, &cl);
+    m.apply_codecs = 1;
+    model_set_batch(&m, NSEQ, TMAX);
+    model_forward(&m, &tok[0][0], NULL);
+    float *full = malloc((size_t)NSEQ * TMAX * V * sizeof(float));
+    m.be->act_to_host(full, table_ptr_store(&m.acts, m.act, m.logits), (size_t)NSEQ * TMAX * V);
+    // the latent the training forward used (first slot), for the bit-for-bit check
+    int R = cfg.model.kv_lora_rank;
+    float *slot_c = NULL;
+    if (R) {
+        slot_c = malloc((size_t)NSEQ * TMAX * R * sizeof(float));
+        m.be->act_to_host(slot_c, table_ptr_store(&m.acts, m.act, m.sa[0].c), (size_t)NSEQ * TMAX * R);
+    }
+    m.apply_codecs = 0;
+
+    double worst = 0;
+    float *lg = malloc((size_t)NSEQ * V * sizeof(float));
+    for (size_t sp = 0; sp < sizeof(SPLITS) / sizeof(SPLITS[0]); sp++) {
+        Decoder *d = decoder_new(&m, &cl, NSEQ, TMAX);
+        int ids[NSEQ] = {0, 1, 2};
+        const int32_t *prompts[NSEQ] = {tok[0], tok[1], tok[2]};
+        decoder_prefill(d, NSEQ, ids, prompts, SPLITS[sp], lg);
+        for (int i = 0; i < NSEQ; i++)
+            for (int v = 0; v < V; v++) {
+                double e = fabs(lg[(size_t)i * V + v] - full[((size_t)i * TMAX + SPLITS[sp][i] - 1) * V + v]);
+                if (e > worst) worst = e;
+            }
+        // step every sequence that still has tokens, a shrinking batch
+        for (;;) {
+            int n = 0, sid[NSEQ];
+            int32_t next[NSEQ];
+            for (int i = 0; i < NSEQ; i++) {
+                int len = decoder_seq_len(d, i);
+                if (len < LENS[i]) { sid[n] = i; next[n] = tok[i][len]; n++; }
+            }
+            if (!n) break;
+            decoder_step(d, n, sid, next, lg);
+            for (int k = 0; k < n; k++) {
+                int pos = decoder_seq_len(d, sid[k]) - 1;
+                for (int v = 0; v < V; v++) {
+                    double e = fabs(lg[(size_t)k * V + v] - full[((size_t)sid[k] * TMAX + pos) * V + v]);
+                    if (e > worst) worst = e;
+                }
+            }
+        }
+        if (sp == 0) {
+            // bytes: tokens stored times the per-token figure, whole blocks
+            size_t blocks = 0;
+            for (int i = 0; i < NSEQ; i++) blocks += (size_t)(LENS[i] + DECODE_BLOCK_TOKENS - 1) / DECODE_BLOCK_TOKENS;
+            check(decoder_cache_bytes(d) == blocks * DECODE_BLOCK_TOKENS * decoder_bytes_per_token(d),
+                  "cache bytes = whole blocks x bytes per token", cs->name);
+            check(decoder_bytes_per_token(d) == cache_layout_bytes_per_token(&cl), "bytes per token = the layout's", cs->name);
+            // released blocks are reused: a new sequence after a release allocates nothing
+            size_t before = decoder_cache_bytes(d);
+            decoder_release(d, 1);
+            int one = 1, l1 = 40;
+            const int32_t *p1[1] = {tok[1]};
+            decoder_prefill(d, 1, &one, p1, &l1, NULL);
+            check(decoder_cache_bytes(d) == before, "released blocks reused", cs->name);
+        }
+        decoder_free(d);
+    }
+    // a prefill of the whole sequences (the full forward's shape): the cached latent decodes bit
+    // for bit to the latent the training forward used (CLLA-quant: its int_group codes)
+    if (R) {
+        Decoder *d = decoder_new(&m, &cl, NSEQ, TMAX);
+        int ids[NSEQ] = {0, 1, 2};
+        const int32_t *prompts[NSEQ] = {tok[0], tok[1], tok[2]};
+        decoder_prefill(d, NSEQ, ids, prompts, LENS, NULL);
+        int s_lat = decoder_layout(d)->role[0].stream[PART_LATENT];
+        float *v = malloc((size_t)R * sizeof(float));
+        int exact = 1;
+        for (int i = 0; i < NSEQ; i++)
+            for (int t = 0; t < LENS[i]; t++) {
+                decoder_read(d, s_lat, i, t, v);
+                if (memcmp(v, slot_c + ((size_t)i * TMAX + t) * R, (size_t)R * sizeof(float))) exact = 0;
+            }
+        check(exact, "cached latent decodes bit for bit to the forward's", cs->name);
+        free(v);
+        decoder_free(d);
+    }
+    check(worst <= 1e-4, "decoded logits equal the full forward's", cs->name);
+    printf("%-32s bytes/token %5zu  max |decode - full| %.2e\n", cs->name, cache_layout_bytes_per_token(&cl), worst);
+    free(lg);
+    free(full);
+    free(slot_c);
+    cache_layout_free(&cl);
+    model_free(&m);
+}
+
+// Encoding a round-tripped value gives the same bytes for these codecs; int_group at 8 bits is
+// the counterexample (a bf16 scale rounded up by up to 2^-8 can leave the largest code at
+// Imax - 1, and the next scale is smaller), which is why prefill encodes before the round trip.
+static void check_idempotent(void) {
+    const char *specs[] = {"fp32", "bf16", "int_group:bits=2,group=8", "int_group:bits=4,group=32"};
+    int W = 64, N = 50;
+    Rng r;
+    rng_seed(&r, 3);
+    float *x = malloc((size_t)N * W * sizeof(float)), *y = malloc((size_t)N * W * sizeof(float));
+    for (int i = 0; i < N * W; i++) x[i] = (float)((rng_next(&r) % 20001) - 10000) * 1e-3f * (i % 7 == 0 ? 30.0f : 1.0f);
+    for (size_t k = 0; k < sizeof(specs) / sizeof(specs[0]); k++) {
+        Codec c;
+        char err[128];
+        if (codec_parse(&c, specs[k], err, sizeof(err))) { check(0, err, specs[k]); continue; }
+        size_t tb = codec_bytes_per_token(&c, W);
+        uint8_t *a = malloc(tb * N), *b = malloc(tb * N);
+        codec_encode(&c, a, x, N, W);
+        codec_decode(&c, y, a, N, W);
+        codec_encode(&c, b, y, N, W);
+        check(!memcmp(a, b, tb * N), "encode(decode(encode(x))) == encode(x)", specs[k]);
+        char back[64];
+        codec_format(&c, back, sizeof(back));
+        check(!strcmp(back, specs[k]), "spec formats back to itself", specs[k]);
+        free(a);
+        free(b);
+    }
+    free(x);
+    free(y);
+}
+
+int main(void) {
+    check_idempotent();
+    for (size_t ci = 0; ci < sizeof(CASES) / sizeof(CASES[0]); ci++) run_case(&CASES[ci], (int)ci);
+    printf("test_decode: %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
