@@ -225,6 +225,12 @@ typedef struct Backend {
                                        const float *const *weights, const int *expert_off, int E, int C, int OC);
 } Backend;
 
+// Feature groups of ops: what every model needs, MoE layers, incremental decoding.
+enum { BACKEND_OPS_CORE = 1, BACKEND_OPS_MOE = 2, BACKEND_OPS_DECODE = 4 };
+// The name of the first op of `groups` that be's table leaves NULL, or NULL when all are there
+// (backend/backend_ops.c). Models and the decoder refuse a backend that lacks one, naming it.
+const char *backend_missing_op(const Backend *be, int groups);
+
 // The CPU reference backend (layers/). Always available.
 const Backend *backend_cpu(void);
 // The CPU backend in bf16 emulation (layers/backend_cpu_bf16.c): the CPU ops, with every

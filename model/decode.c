@@ -124,8 +124,8 @@ static void write_layer(Decoder *d, int l, int rows, const int *row_seq, const i
 Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_len) {
     const ModelConfig *c = &m->cfg;
     const Backend *be = m->be;
-    if (!be->paged_attention || !be->rope_rows_forward)
-        die("backend '%s' has no paged_attention/rope_rows_forward op: decoding runs on --device cpu or cpu-bf16", be->name);
+    const char *missing = backend_missing_op(be, BACKEND_OPS_DECODE);
+    if (missing) die("backend '%s' lacks the decoding op '%s': decode with --device cpu or cpu-bf16", be->name, missing);
     if (max_seqs < 1) die("decoder: at least one sequence (got %d)", max_seqs);
     if (max_len < 1 || max_len > c->max_position_embeddings)
         die("decoder: sequence length %d outside 1..max_position_embeddings (%d)", max_len, c->max_position_embeddings);

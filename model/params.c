@@ -95,6 +95,8 @@ void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) {
 }
 
 void model_build(Model *m, const ModelConfig *cfg, const Backend *be) {
+    const char *missing = backend_missing_op(be, BACKEND_OPS_CORE | (cfg->n_routed_experts > 0 ? BACKEND_OPS_MOE : 0));
+    if (missing) die("backend '%s' lacks the op '%s' this model needs: use --device cpu", be->name, missing);
     model_build_table(m, cfg, be->act_bytes);
     m->be = be;
     const TensorTable *tt = &m->params;

@@ -212,7 +212,20 @@ static void check_idempotent(void) {
     free(y);
 }
 
+// A backend without the decoding ops is refused by name; the CPU backends have every op.
+static void check_backend_ops(void) {
+    Backend b = *backend_cpu();
+    check(backend_missing_op(&b, BACKEND_OPS_CORE | BACKEND_OPS_MOE | BACKEND_OPS_DECODE) == NULL, "cpu has every op", "ops");
+    check(backend_missing_op(backend_cpu_bf16(), BACKEND_OPS_CORE | BACKEND_OPS_MOE | BACKEND_OPS_DECODE) == NULL,
+          "cpu-bf16 has every op", "ops");
+    b.paged_attention = NULL;
+    const char *miss = backend_missing_op(&b, BACKEND_OPS_DECODE);
+    check(miss && !strcmp(miss, "paged_attention"), "a missing decoding op is named", "ops");
+    check(backend_missing_op(&b, BACKEND_OPS_CORE) == NULL, "core ops do not need decoding ops", "ops");
+}
+
 int main(void) {
+    check_backend_ops();
     check_idempotent();
     for (size_t ci = 0; ci < sizeof(CASES) / sizeof(CASES[0]); ci++) run_case(&CASES[ci], (int)ci);
     printf("test_decode: %d passed, %d failed\n", passed, failed);
