@@ -34,11 +34,11 @@ struct Decoder {
     int *table;            // [max_seqs * max_blocks]
     int *len;              // [max_seqs]
     PagedStream *ps;       // [n_streams]
-    // the current step
-    int n;
-    const int *seq;
-    int *h_pos, *d_pos;    // [max_seqs] positions of the step's rows (host, backend)
-    int *step_table, *step_lens;
+    // the rows of the current step (one token each; several may belong to one sequence)
+    int max_rows, n;
+    int *row_seq;          // [max_rows]
+    int *h_pos, *d_pos;    // [max_rows] positions of the rows (host, backend)
+    int *step_table, *step_lens;   // [max_rows * max_blocks], [max_rows]: what each row attends
     float *row;            // host staging for one layer's rows: (max rows, widest part)
     size_t row_cap;
     // absorbed latent attention: scratch and per-head weights (latent models only)
@@ -147,10 +147,12 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
         d->ps[s] = (PagedStream){part->width, cache_stream_bytes_per_token(&d->cl, s), DECODE_BLOCK_TOKENS, NULL,
                                  &part->codec, stream_decode, part->codec.kind == CODEC_FP32};
     }
-    d->h_pos = xcalloc((size_t)max_seqs, sizeof(int));
-    d->d_pos = be->alloc((size_t)max_seqs * sizeof(int));
-    d->step_table = xcalloc((size_t)max_seqs * d->max_blocks, sizeof(int));
-    d->step_lens = xcalloc((size_t)max_seqs, sizeof(int));
+    d->max_rows = max_seqs > DECODE_CHUNK_ROWS ? max_seqs : DECODE_CHUNK_ROWS;
+    d->row_seq = xcalloc((size_t)d->max_rows, sizeof(int));
+    d->h_pos = xcalloc((size_t)d->max_rows, sizeof(int));
+    d->d_pos = be->alloc((size_t)d->max_rows * sizeof(int));
+    d->step_table = xcalloc((size_t)d->max_rows * d->max_blocks, sizeof(int));
+    d->step_lens = xcalloc((size_t)d->max_rows, sizeof(int));
     d->saved_inference = m->inference;
     d->saved_apply = m->apply_codecs;
     m->inference = 1;
@@ -158,7 +160,7 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
     if (config_is_latent(c)) {
         int L = c->num_hidden_layers, NH = c->num_attention_heads, D = c->head_dim, DV = c->v_head_dim;
         int R = c->kv_lora_rank, DR = c->qk_rope_head_dim;
-        int64_t N = max_seqs;
+        int64_t N = d->max_rows;
         TensorTable *tt = &d->scratch;
         int64_t sh[2];
 #define ADD(rows, cols, ...) (sh[0] = (rows), sh[1] = (cols), table_addf(tt, -1, 0, DT_STORE, 2, sh, __VA_ARGS__))
@@ -207,6 +209,7 @@ void decoder_free(Decoder *d) {
     free(d->table);
     free(d->len);
     free(d->ps);
+    free(d->row_seq);
     free(d->h_pos);
     m->be->release(d->d_pos);
     free(d->step_table);
@@ -233,7 +236,7 @@ static void step_attend(Model *m, int l, void *ctx) {
     int n = d->n, NH = c->num_attention_heads, D = c->head_dim, DV = c->v_head_dim;
     attention_query_forward(m, l);
     attention_kv_forward(m, l);
-    write_layer(d, l, n, d->seq, d->h_pos);
+    write_layer(d, l, n, d->row_seq, d->h_pos);
     const LayerActs *x = &m->la[l];
     if (!config_is_latent(c)) {
         float scale = 1.0f / sqrtf((float)D);
@@ -335,8 +338,34 @@ void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const
     free(last);
 }
 
-void decoder_step(Decoder *d, int n, const int *seq_ids, const int32_t *tokens, float *logits) {
+// Runs n rows (row_seq, and positions in h_pos, set by the caller) through the model: each row
+// writes its cache values at its position, then attends over its sequence's tokens up to and
+// including its own. Rows of one sequence come in position order.
+static void run_rows(Decoder *d, int n, const int32_t *tokens, float *logits) {
     Model *m = d->m;
+    d->n = n;
+    for (int i = 0; i < n; i++) {
+        int s = d->row_seq[i];
+        reserve(d, s, d->h_pos[i]);
+        d->step_lens[i] = d->h_pos[i] + 1;
+    }
+    for (int i = 0; i < n; i++)   // after every reserve: the rows of one sequence share its table
+        memcpy(d->step_table + (size_t)i * d->max_blocks, d->table + (size_t)d->row_seq[i] * d->max_blocks,
+               (size_t)d->max_blocks * sizeof(int));
+    m->be->upload(d->d_pos, d->h_pos, (size_t)n * sizeof(int));
+    model_set_batch(m, n, 1);
+    m->rope_pos = d->d_pos;
+    model_forward_with(m, tokens, NULL, step_attend, d);
+    m->rope_pos = NULL;
+    if (logits) {
+        int *rows = xmalloc((size_t)n * sizeof(int));
+        for (int i = 0; i < n; i++) rows[i] = i;
+        logits_to_host(d, n, rows, logits);
+        free(rows);
+    }
+}
+
+void decoder_step(Decoder *d, int n, const int *seq_ids, const int32_t *tokens, float *logits) {
     if (n < 1 || n > d->max_seqs) die("decoder: step of %d sequences (1..%d)", n, d->max_seqs);
     for (int i = 0; i < n; i++) {
         int s = seq_ids[i];
@@ -345,27 +374,32 @@ void decoder_step(Decoder *d, int n, const int *seq_ids, const int32_t *tokens, 
         if (d->len[s] >= d->max_len) die("decoder: sequence %d is full (%d tokens)", s, d->max_len);
         for (int j = 0; j < i; j++)
             if (seq_ids[j] == s) die("decoder: sequence %d twice in one step", s);
-    }
-    d->n = n;
-    d->seq = seq_ids;
-    for (int i = 0; i < n; i++) {
-        int s = seq_ids[i];
+        d->row_seq[i] = s;
         d->h_pos[i] = d->len[s];
-        reserve(d, s, d->len[s]);
-        d->step_lens[i] = d->len[s] + 1;
-        memcpy(d->step_table + (size_t)i * d->max_blocks, d->table + (size_t)s * d->max_blocks, (size_t)d->max_blocks * sizeof(int));
     }
-    m->be->upload(d->d_pos, d->h_pos, (size_t)n * sizeof(int));
-    model_set_batch(m, n, 1);
-    m->rope_pos = d->d_pos;
-    model_forward_with(m, tokens, NULL, step_attend, d);
-    m->rope_pos = NULL;
+    run_rows(d, n, tokens, logits);
     for (int i = 0; i < n; i++) d->len[seq_ids[i]]++;
-    if (logits) {
-        int *rows = xmalloc((size_t)n * sizeof(int));
-        for (int i = 0; i < n; i++) rows[i] = i;
-        logits_to_host(d, n, rows, logits);
-        free(rows);
+}
+
+void decoder_extend(Decoder *d, int seq, const int32_t *tokens, int n, float *logits) {
+    check_seq(d, seq);
+    if (n < 1 || d->len[seq] + n > d->max_len)
+        die("decoder: extending sequence %d of %d tokens by %d exceeds %d", seq, d->len[seq], n, d->max_len);
+    for (int done = 0; done < n;) {
+        int c = n - done < d->max_rows ? n - done : d->max_rows;
+        for (int i = 0; i < c; i++) {
+            d->row_seq[i] = seq;
+            d->h_pos[i] = d->len[seq] + i;
+        }
+        int last = done + c == n;
+        float *rows_logits = last && logits ? xmalloc((size_t)c * d->m->cfg.vocab_size * sizeof(float)) : NULL;
+        run_rows(d, c, tokens + done, rows_logits);
+        if (rows_logits) {
+            memcpy(logits, rows_logits + (size_t)(c - 1) * d->m->cfg.vocab_size, (size_t)d->m->cfg.vocab_size * sizeof(float));
+            free(rows_logits);
+        }
+        d->len[seq] += c;
+        done += c;
     }
 }
 

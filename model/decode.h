@@ -16,6 +16,7 @@
 #include "model/model.h"
 
 #define DECODE_BLOCK_TOKENS 16   // tokens per cache block
+#define DECODE_CHUNK_ROWS 128    // rows per forward when a sequence is extended by many tokens
 
 typedef struct Decoder Decoder;
 
@@ -32,6 +33,12 @@ void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const
 // One token per sequence: tokens[i] is appended to sequence seq_ids[i] (distinct ids, each
 // non-empty and shorter than max_len). logits (n, V), host: the next-token logits.
 void decoder_step(Decoder *d, int n, const int *seq_ids, const int32_t *tokens, float *logits);
+
+// Appends n tokens to sequence seq (empty or not) through the cache, DECODE_CHUNK_ROWS rows per
+// forward: each token attends over the stored tokens and those before it in the chunk, as a
+// step would, and no T x T matrix exists (chunked prefill of long contexts). logits (V), host,
+// may be NULL: the next-token logits after the last token.
+void decoder_extend(Decoder *d, int seq, const int32_t *tokens, int n, float *logits);
 
 int decoder_seq_len(const Decoder *d, int seq);
 // Frees a sequence's blocks for reuse (its length becomes 0).

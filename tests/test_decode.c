@@ -9,7 +9,8 @@
 // training forward used; the bytes the decoder holds are the tokens stored times the per-token
 // figure of `clla info` (model/cache.c), rounded up to whole blocks; codecs encode their own
 // round trip to the same bytes except int_group at 8 bits (why prefill encodes the value before
-// its round trip, model/decode.c); released blocks are reused.
+// its round trip, model/decode.c); released blocks are reused; decoder_extend (chunked
+// prefill through the cache) gives the same logits.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,6 +152,25 @@ static void run_case(const Case *cs, int ci) {
             const int32_t *p1[1] = {tok[1]};
             decoder_prefill(d, 1, &one, p1, &l1, NULL);
             check(decoder_cache_bytes(d) == before, "released blocks reused", cs->name);
+        }
+        decoder_free(d);
+    }
+    // extend (chunked prefill without the full forward): in two pieces from empty, the logits
+    // after the last token of each piece equal the full forward's
+    {
+        Decoder *d = decoder_new(&m, &cl, NSEQ, TMAX);
+        for (int i = 0; i < NSEQ; i++) {
+            int cut = SPLITS[1][i];
+            decoder_extend(d, i, tok[i], cut, lg);
+            for (int v = 0; v < V; v++) {
+                double e = fabs(lg[v] - full[((size_t)i * TMAX + cut - 1) * V + v]);
+                if (e > worst) worst = e;
+            }
+            decoder_extend(d, i, tok[i] + cut, LENS[i] - cut, lg);
+            for (int v = 0; v < V; v++) {
+                double e = fabs(lg[v] - full[((size_t)i * TMAX + LENS[i] - 1) * V + v]);
+                if (e > worst) worst = e;
+            }
         }
         decoder_free(d);
     }
