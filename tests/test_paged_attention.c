@@ -1,0 +1,131 @@
+// The paged_attention op (layers/cpu_paged_attention.c) against a naive double-precision loop:
+// grouped heads, a shared second key part (the rope key of the absorbed latent form), the value
+// stream being the key stream, lengths of 1 token to several chunks (so the chunk merge runs),
+// blocks scattered in storage, an int_group-coded stream through its decode callback; and the
+// same bits for 1 and 2 threads. (No backward: decoding has none.)
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "layers/cpu_ops.h"
+#include "model/cache.h"
+
+#define BT 16
+
+static int passed, failed;
+
+static float urand(Rng *r) { return (float)((double)(rng_next(r) >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+typedef struct Stream {
+    PagedStream ps;
+    uint8_t **blocks;
+    Codec codec;
+    float *values;   // (n_blocks * BT, width) decoded values by block id, what attention must see
+} Stream;
+
+static void codec_cb(const void *codec, float *dst, const uint8_t *src, int n, int width) {
+    codec_decode((const Codec *)codec, dst, src, n, width);
+}
+
+static void stream_make(Stream *s, int n_blocks, int width, const Codec *c, Rng *r) {
+    s->codec = *c;
+    size_t tb = codec_bytes_per_token(c, width);
+    s->blocks = malloc((size_t)n_blocks * sizeof(uint8_t *));
+    s->values = malloc((size_t)n_blocks * BT * width * sizeof(float));
+    float *x = malloc((size_t)BT * width * sizeof(float));
+    for (int b = 0; b < n_blocks; b++) {
+        for (int i = 0; i < BT * width; i++) x[i] = 2.0f * urand(r);
+        s->blocks[b] = malloc(tb * BT);
+        codec_encode(c, s->blocks[b], x, BT, width);
+        codec_decode(c, s->values + (size_t)b * BT * width, s->blocks[b], BT, width);
+    }
+    free(x);
+    s->ps = (PagedStream){width, tb, BT, s->blocks, &s->codec, codec_cb, c->kind == CODEC_FP32};
+}
+
+static void stream_free(Stream *s, int n_blocks) {
+    for (int b = 0; b < n_blocks; b++) free(s->blocks[b]);
+    free(s->blocks);
+    free(s->values);
+}
+
+static const float *tok(const Stream *s, const int *table, int t) {
+    return s->values + ((size_t)table[t / BT] * BT + t % BT) * s->ps.width;
+}
+
+static void run(const char *name, int NH, int NKV, int DK, int DK2, int DV, int v_is_k, const Codec *kc) {
+    const int n = 4, lens[4] = {1, 17, 300, 700}, max_blocks = (700 + BT - 1) / BT, n_blocks = n * max_blocks;
+    Rng r;
+    rng_seed(&r, 11);
+    Stream k, k2, v;
+    Codec fp32 = {CODEC_FP32, 0, 0};
+    stream_make(&k, n_blocks, NKV * DK, kc, &r);
+    if (DK2) stream_make(&k2, n_blocks, DK2, &fp32, &r);
+    if (!v_is_k) stream_make(&v, n_blocks, NKV * DV, &fp32, &r);
+    const Stream *vs = v_is_k ? &k : &v;
+    // a scattered block table: a random permutation of the ids
+    int *table = malloc((size_t)n * max_blocks * sizeof(int));
+    for (int i = 0; i < n_blocks; i++) table[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)(rng_next(&r) % (uint64_t)(i + 1)), t = table[i];
+        table[i] = table[j];
+        table[j] = t;
+    }
+    int DQ = DK + DK2;
+    float *q = malloc((size_t)n * NH * DQ * sizeof(float));
+    for (int i = 0; i < n * NH * DQ; i++) q[i] = urand(&r);
+    float *out = malloc((size_t)n * NH * DV * sizeof(float)), *out1 = malloc((size_t)n * NH * DV * sizeof(float));
+    float scale = 1.0f / sqrtf((float)DQ);
+    omp_set_num_threads(2);
+    cpu_paged_attention(out, q, &k.ps, DK2 ? &k2.ps : NULL, &vs->ps, table, max_blocks, lens, n, NH, NKV, DK, DK2, DV, scale);
+    omp_set_num_threads(1);
+    cpu_paged_attention(out1, q, &k.ps, DK2 ? &k2.ps : NULL, &vs->ps, table, max_blocks, lens, n, NH, NKV, DK, DK2, DV, scale);
+    omp_set_num_threads(2);
+    double worst = 0;
+    double *p = malloc(700 * sizeof(double));
+    for (int i = 0; i < n; i++) {
+        const int *ti = table + (size_t)i * max_blocks;
+        for (int h = 0; h < NH; h++) {
+            int g = h / (NH / NKV);
+            const float *qh = q + ((size_t)i * NH + h) * DQ;
+            double mx = -INFINITY, sum = 0;
+            for (int t = 0; t < lens[i]; t++) {
+                double s = 0;
+                for (int d = 0; d < DK; d++) s += (double)qh[d] * tok(&k, ti, t)[g * DK + d];
+                for (int d = 0; d < DK2; d++) s += (double)qh[DK + d] * tok(&k2, ti, t)[d];
+                p[t] = s * scale;
+                mx = p[t] > mx ? p[t] : mx;
+            }
+            for (int t = 0; t < lens[i]; t++) { p[t] = exp(p[t] - mx); sum += p[t]; }
+            for (int d = 0; d < DV; d++) {
+                double o = 0;
+                for (int t = 0; t < lens[i]; t++) o += p[t] * tok(vs, ti, t)[g * DV + d];
+                double e = fabs(o / sum - out[((size_t)i * NH + h) * DV + d]);
+                worst = e > worst ? e : worst;
+            }
+        }
+    }
+    int ok = worst <= 2e-6, same = !memcmp(out, out1, (size_t)n * NH * DV * sizeof(float));
+    printf("%s paged_attention %-34s max |op - double| %.2e, 1 vs 2 threads %s\n", ok && same ? "ok  " : "FAIL", name, worst,
+           same ? "identical" : "DIFFER");
+    passed += ok + same;
+    failed += !ok + !same;
+    free(p); free(q); free(out); free(out1); free(table);
+    stream_free(&k, n_blocks);
+    if (DK2) stream_free(&k2, n_blocks);
+    if (!v_is_k) stream_free(&v, n_blocks);
+}
+
+int main(void) {
+    Codec fp32 = {CODEC_FP32, 0, 0}, bf16 = {CODEC_BF16, 0, 0}, int4 = {CODEC_INT_GROUP, 4, 8};
+    run("mha NH=4 D=8", 4, 4, 8, 0, 8, 0, &fp32);
+    run("gqa NH=8 NKV=2 DK=16 DV=12", 8, 2, 16, 0, 12, 0, &fp32);
+    run("mqa NH=8 NKV=1, bf16 keys", 8, 1, 16, 0, 16, 0, &bf16);
+    run("absorbed latent R=16 DR=4, v=k", 4, 1, 16, 4, 16, 1, &fp32);
+    run("absorbed latent, int4 latent", 4, 1, 16, 4, 16, 1, &int4);
+    printf("test_paged_attention: %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
