@@ -12,6 +12,15 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N
         for (size_t i = 0; i < (size_t)N * OC; i++) out[i] = 0.0f;
         return;
     }
+    if (N <= 4) {
+        // a few rows (decoding): OpenBLAS's sgemm packs the whole weight for them and runs about
+        // 10x slower than a matrix-vector product per row, which reads the weight once
+        // (bench/bench_decode.c; measured with OpenBLAS 0.3.21)
+        for (int n = 0; n < N; n++)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, weight, C, inp + (size_t)n * C, 1, 0.0f,
+                        out + (size_t)n * OC, 1);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
                 1.0f, inp, C, weight, C, 0.0f, out, OC);
 }

@@ -4,7 +4,7 @@
 // The tokens of a sequence are cut into chunks of CHUNK_BLOCKS blocks. A chunk is one work item:
 // its tokens are decoded into a small fp32 scratch (per thread; never the whole cache), then for
 // each kv head the scores of the heads that share it and their weighted values are two
-// matmuls through OpenBLAS (single-threaded inside the OpenMP region, DESIGN section 3):
+// matmuls (or, for a few heads, matrix-vector products) through OpenBLAS (single-threaded inside the OpenMP region, DESIGN section 3):
 //   S (group, ntok) = scale * Q_g K_g^T     (+ Q2_g K2^T for the shared rope key)
 //   acc (group, DV) = exp(S - rowmax) V_g
 // The chunks of a sequence are merged in chunk order with their row maxima and sums (the
@@ -20,6 +20,9 @@
 #include "common/util.h"
 
 #define CHUNK_BLOCKS 16
+// Query heads per kv head up to which each head's products are matrix-vector products: OpenBLAS's
+// sgemm with a handful of rows packs its operand and runs several times slower (bench/bench_decode.c).
+#define GEMV_MAX_ROWS 4
 
 // Tokens [0, nt) of the chunk's blocks, decoded into dst (nt, width).
 static void read_chunk(const PagedStream *s, const int *blocks, int nt, float *dst) {
@@ -68,11 +71,22 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             float *st = state + (size_t)it * per_item;
             for (int g = 0; g < NKV; g++) {
                 const float *qg = q + ((size_t)i * NH + (size_t)g * group) * DQ;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, nt, DK, scale, qg, DQ,
-                            kbuf + (size_t)g * DK, k->width, 0.0f, sc, nt);
-                if (k2)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, nt, DK2, scale, qg + DK, DQ,
-                                k2buf, k2->width, 1.0f, sc, nt);
+                float *acc = st + 2 * NH + (size_t)g * group * DV;
+                if (group > GEMV_MAX_ROWS) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, nt, DK, scale, qg, DQ,
+                                kbuf + (size_t)g * DK, k->width, 0.0f, sc, nt);
+                    if (k2)
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, nt, DK2, scale, qg + DK, DQ,
+                                    k2buf, k2->width, 1.0f, sc, nt);
+                } else {
+                    for (int r = 0; r < group; r++) {
+                        cblas_sgemv(CblasRowMajor, CblasNoTrans, nt, DK, scale, kbuf + (size_t)g * DK, k->width,
+                                    qg + (size_t)r * DQ, 1, 0.0f, sc + (size_t)r * nt, 1);
+                        if (k2)
+                            cblas_sgemv(CblasRowMajor, CblasNoTrans, nt, DK2, scale, k2buf, k2->width,
+                                        qg + (size_t)r * DQ + DK, 1, 1.0f, sc + (size_t)r * nt, 1);
+                    }
+                }
                 for (int r = 0; r < group; r++) {
                     float *s = sc + (size_t)r * nt, mx = s[0], sum = 0.0f;
                     for (int t = 1; t < nt; t++) mx = s[t] > mx ? s[t] : mx;
@@ -80,8 +94,13 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                     st[g * group + r] = mx;
                     st[NH + g * group + r] = sum;
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, DV, nt, 1.0f, sc, nt,
-                            vbuf + (size_t)g * DV, v->width, 0.0f, st + 2 * NH + (size_t)g * group * DV, DV);
+                if (group > GEMV_MAX_ROWS)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, DV, nt, 1.0f, sc, nt,
+                                vbuf + (size_t)g * DV, v->width, 0.0f, acc, DV);
+                else
+                    for (int r = 0; r < group; r++)
+                        cblas_sgemv(CblasRowMajor, CblasTrans, nt, DV, 1.0f, vbuf + (size_t)g * DV, v->width,
+                                    sc + (size_t)r * nt, 1, 0.0f, acc + (size_t)r * DV, 1);
             }
         }
         free(kbuf);
