@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/rng.h"
 #include "common/util.h"
 #include "model/model_internal.h"
 
@@ -431,4 +432,22 @@ void model_use_cache_codecs(Model *m, const CacheLayout *layout) {
     if (layout->n_layers != m->cache.n_layers || layout->share_factor != m->cache.share_factor)
         die("internal error: a cache layout of another model");
     for (int p = 0; p < N_PARTS; p++) m->cache.part[p].codec = layout->part[p].codec;
+}
+
+void decoder_fill_synthetic(Decoder *d, int seq, int n, uint64_t seed) {
+    check_seq(d, seq);
+    if (n < 0 || d->len[seq] + n > d->max_len) die("decoder: synthetic fill of %d tokens exceeds %d", n, d->max_len);
+    Rng r;
+    rng_seed(&r, seed);
+    for (int t = 0; t < n; t++) {
+        int pos = d->len[seq] + t;
+        reserve(d, seq, pos);
+        for (int s = 0; s < d->cl.n_streams; s++) {
+            const CachePart *part = &d->cl.part[d->cl.streams[s].part];
+            if ((size_t)part->width > d->row_cap) { d->row = xrealloc(d->row, (size_t)part->width * sizeof(float)); d->row_cap = (size_t)part->width; }
+            for (int j = 0; j < part->width; j++) d->row[j] = rng_normal(&r);
+            codec_encode(&part->codec, token_ptr(d, s, seq, pos), d->row, 1, part->width);
+        }
+    }
+    d->len[seq] += n;
 }

@@ -40,6 +40,11 @@ void decoder_step(Decoder *d, int n, const int *seq_ids, const int32_t *tokens, 
 // may be NULL: the next-token logits after the last token.
 void decoder_extend(Decoder *d, int seq, const int32_t *tokens, int n, float *logits);
 
+// Benchmarks: appends n positions to sequence seq whose cache entries are random vectors (unit
+// normal) encoded with each stream's codec, without running the model: a long context in
+// seconds, for timing steps (their time does not depend on the values).
+void decoder_fill_synthetic(Decoder *d, int seq, int n, uint64_t seed);
+
 int decoder_seq_len(const Decoder *d, int seq);
 // Frees a sequence's blocks for reuse (its length becomes 0).
 void decoder_release(Decoder *d, int seq);

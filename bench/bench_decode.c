@@ -1,0 +1,214 @@
+// bench_decode: decoding through the cache, per attention preset, against the machine's own
+// roofline measured in the same run (DESIGN section 8: only ratios taken together mean much).
+//
+//   build/bench/bench_decode [--presets mha,gqa,...] [--contexts 1024,4096,16384] [--batches 1,8]
+//                            [--steps N] [--cache-codec SPEC] [--threads N] [--json]
+//
+// Model: d512, 8 layers, 8 heads of 64, SwiGLU 1408, vocab 8192; latent presets: latent 256,
+// rope key 32 (the ratios of the paper's 1B shape). Weights random (timing does not depend on them).
+//
+// Per preset: prefill tokens/s of a 1024-token prompt, through the full forward (decoder_prefill)
+// and in chunks through the cache (decoder_extend). Per (context, batch): the cache is filled with
+// encoded random vectors (decoder_fill_synthetic) and `steps` decode steps are timed (after one
+// warm-up); printed: ms per step, the cache bytes each step reads, and the roofline
+//   max(bytes moved / copy bandwidth, FLOPs / sgemm rate)
+// where bytes moved = cache bytes read + the weights (read once a step) and FLOPs =
+// 2 x batch x (matmul weights) + the attention's dot products. Copy bandwidth: memcpy of 512 MiB
+// (read + written bytes per second), sgemm: cblas_sgemm at 2048^3, both best of 3.
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "common/args.h"
+#include "common/util.h"
+#include "model/decode.h"
+
+static const ArgSpec SPECS[] = {
+    {"presets", 1, "comma-separated presets (default: all eleven)"},
+    {"contexts", 1, "comma-separated context lengths (default 1024,4096,16384)"},
+    {"batches", 1, "comma-separated batch sizes (default 1,8)"},
+    {"steps", 1, "timed decode steps per point (default 3)"},
+    {"cache-codec", 1, "codec spec applied over each preset's served layout, e.g. fp32 or latent=int_group:bits=4,group=32"},
+    {"threads", 1, "OpenMP/OpenBLAS threads (default: OMP_NUM_THREADS or all cores)"},
+    {"json", 0, "one JSON object per line instead of the table"},
+};
+#define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
+
+static const char *ALL_PRESETS = "mha,gqa,mqa,mla,cla,gqa_cla,clla,clla_share_krope,clla_share_kvproj,clla_quant,clla_quant_share_kvproj";
+
+static int parse_list(const char *s, int *out, int max, const char *what) {
+    int n = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *end;
+        long v = strtol(t, &end, 10);
+        if (*end || v < 1 || v > 1 << 20 || n == max) die("--%s: '%s' is not a list of at most %d positive integers", what, s, max);
+        out[n++] = (int)v;
+    }
+    if (!n) die("--%s is empty", what);
+    return n;
+}
+
+static double copy_bandwidth(void) {
+    size_t n = (size_t)512 << 20;
+    char *a = xmalloc(n), *b = xmalloc(n);
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_seconds();
+        memcpy(b, a, n);
+        double bw = 2.0 * (double)n / (now_seconds() - t0);
+        best = bw > best ? bw : best;
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+static double sgemm_rate(void) {
+    int n = 2048;
+    float *a = xcalloc((size_t)n * n, sizeof(float)), *b = xcalloc((size_t)n * n, sizeof(float)), *c = xcalloc((size_t)n * n, sizeof(float));
+    for (size_t i = 0; i < (size_t)n * n; i++) { a[i] = (float)(i % 97) * 1e-2f; b[i] = (float)(i % 89) * 1e-2f; }
+    double best = 0;
+    for (int r = 0; r < 4; r++) {
+        double t0 = now_seconds();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        double rate = 2.0 * n * n * (double)n / (now_seconds() - t0);
+        if (r && rate > best) best = rate;
+    }
+    free(a); free(b); free(c);
+    return best;
+}
+
+// FLOPs of one decode step per sequence at context ctx: every weight matmul (2 per weight
+// element; the embedding is a gather), the absorption of the latent models, attention.
+static double step_flops(const Model *m, int ctx) {
+    const ModelConfig *c = &m->cfg;
+    double w = 0;
+    for (int i = 0; i < m->params.n; i++) if (m->params.t[i].ndim == 2 && i != m->embed) w += (double)m->params.t[i].numel;
+    if (m->lm_head == m->embed) w += (double)c->vocab_size * c->hidden_size;
+    double f = 2.0 * w;
+    int L = c->num_hidden_layers, NH = c->num_attention_heads;
+    if (config_is_latent(c)) {
+        double R = c->kv_lora_rank, DR = c->qk_rope_head_dim;
+        f += L * 2.0 * NH * (c->head_dim * R + c->v_head_dim * R);    // W_UK into q, W_UV after
+        f += L * 2.0 * NH * (double)ctx * (R + DR + R);                // scores over [c | k_rope], values c
+    } else {
+        f += L * 2.0 * NH * (double)ctx * (c->head_dim + c->v_head_dim);
+    }
+    return f;
+}
+
+int main(int argc, char **argv) {
+    Args a;
+    args_parse(&a, argc, argv, SPECS, N_SPECS,
+               "usage: bench_decode [--presets LIST] [--contexts LIST] [--batches LIST] [--steps N] [--json]\n"
+               "Decode ms per step per preset, context and batch, against the roofline measured in the same run.",
+               NULL, NULL, 0);
+    const char *th = args_get(&a, SPECS, N_SPECS, "threads");
+    if (th) omp_set_num_threads(atoi(th));
+    int contexts[8], batches[8], steps = 3;
+    int nc = parse_list(args_get(&a, SPECS, N_SPECS, "contexts") ? args_get(&a, SPECS, N_SPECS, "contexts") : "1024,4096,16384", contexts, 8, "contexts");
+    int nb = parse_list(args_get(&a, SPECS, N_SPECS, "batches") ? args_get(&a, SPECS, N_SPECS, "batches") : "1,8", batches, 8, "batches");
+    if (args_get(&a, SPECS, N_SPECS, "steps")) { int s[1]; parse_list(args_get(&a, SPECS, N_SPECS, "steps"), s, 1, "steps"); steps = s[0]; }
+    const char *codec_spec = args_get(&a, SPECS, N_SPECS, "cache-codec");
+    int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
+    int max_ctx = 0;
+    for (int i = 0; i < nc; i++) max_ctx = contexts[i] > max_ctx ? contexts[i] : max_ctx;
+
+    double bw = copy_bandwidth(), sg = sgemm_rate();
+    if (!json)
+        printf("machine: copy bandwidth %.2f GB/s (memcpy, read + write), sgemm %.1f GFLOP/s, %d threads\n\n"
+               "%-24s %6s %5s %9s %11s %11s %9s %11s\n", bw / 1e9, sg / 1e9, omp_get_max_threads(),
+               "preset", "ctx", "batch", "ms/step", "cache MB/st", "roofline ms", "x roof", "bytes/token");
+    else
+        printf("{\"machine\":{\"copy_GBps\":%.3f,\"sgemm_GFLOPs\":%.2f,\"threads\":%d}}\n", bw / 1e9, sg / 1e9, omp_get_max_threads());
+
+    char presets[512];
+    snprintf(presets, sizeof(presets), "%s", args_get(&a, SPECS, N_SPECS, "presets") ? args_get(&a, SPECS, N_SPECS, "presets") : ALL_PRESETS);
+    for (char *save = NULL, *preset = strtok_r(presets, ",", &save); preset; preset = strtok_r(NULL, ",", &save)) {
+        char json_cfg[1024];
+        snprintf(json_cfg, sizeof(json_cfg),
+                 "{\"attention\":\"%s\",\"vocab_size\":8192,\"hidden_size\":512,\"num_hidden_layers\":8,"
+                 "\"num_attention_heads\":8,\"head_dim\":64,\"v_head_dim\":64,\"intermediate_size\":1408,"
+                 "\"max_position_embeddings\":%d,\"tie_word_embeddings\":false%s,\"train\":{\"seq_len\":1024}}",
+                 preset, max_ctx + steps + 2 > 1024 ? max_ctx + steps + 2 : 1024,
+                 strstr(preset, "la") && strcmp(preset, "cla") && strcmp(preset, "gqa_cla")
+                     ? ",\"kv_lora_rank\":256,\"qk_rope_head_dim\":32,\"q_lora_rank\":0" : "");
+        Config cfg;
+        config_from_json(&cfg, json_cfg, preset, 0, NULL);
+        Model m;
+        model_build(&m, &cfg.model, backend_cpu());
+        model_init_weights(&m, 1);
+        CacheLayout cl;
+        cache_layout(&cl, &cfg.model);
+        char err[256];
+        if (codec_spec && cache_layout_apply_spec(&cl, codec_spec, err, sizeof(err)) != 0) die("--cache-codec: %s", err);
+        double wbytes = (double)m.params.numel * 4.0;
+
+        // prefill of one 1024-token prompt: full forward, and chunked through the cache
+        int P = 1024, V = cfg.model.vocab_size;
+        int32_t *prompt = xmalloc((size_t)P * sizeof(int32_t));
+        for (int i = 0; i < P; i++) prompt[i] = (int32_t)((i * 7919) % V);
+        float *lg = xmalloc((size_t)V * 8 * sizeof(float));
+        Decoder *d = decoder_new(&m, &cl, 1, P + 1);
+        int seq0 = 0;
+        const int32_t *pp[1] = {prompt};
+        double t0 = now_seconds();
+        decoder_prefill(d, 1, &seq0, pp, &P, lg);
+        double pf_full = P / (now_seconds() - t0);
+        decoder_release(d, 0);
+        t0 = now_seconds();
+        decoder_extend(d, 0, prompt, P, lg);
+        double pf_chunk = P / (now_seconds() - t0);
+        decoder_free(d);
+        size_t bpt = cache_layout_bytes_per_token(&cl);
+        if (json)
+            printf("{\"preset\":\"%s\",\"prefill_tokens\":%d,\"prefill_full_tok_s\":%.1f,\"prefill_chunked_tok_s\":%.1f,\"bytes_per_token\":%zu}\n",
+                   preset, P, pf_full, pf_chunk, bpt);
+        else
+            printf("%-24s prefill 1024 tokens: %.0f tok/s (full forward), %.0f tok/s (chunked through the cache)\n",
+                   preset, pf_full, pf_chunk);
+
+        for (int ci = 0; ci < nc; ci++)
+            for (int bi = 0; bi < nb; bi++) {
+                int ctx = contexts[ci], B = batches[bi];
+                d = decoder_new(&m, &cl, B, ctx + steps + 2);
+                int ids[64];
+                int32_t toks[64];
+                for (int i = 0; i < B; i++) { ids[i] = i; toks[i] = (int32_t)(i + 1); decoder_fill_synthetic(d, i, ctx, 7 + (uint64_t)i); }
+                float *lgb = xmalloc((size_t)V * B * sizeof(float));
+                decoder_step(d, B, ids, toks, lgb);   // warm-up
+                double best = 1e30;
+                for (int s = 0; s < steps; s++) {
+                    t0 = now_seconds();
+                    decoder_step(d, B, ids, toks, lgb);
+                    double dt = now_seconds() - t0;
+                    best = dt < best ? dt : best;
+                }
+                double cache_read = (double)B * (ctx + 2) * (double)bpt;
+                double roof = fmax((cache_read + wbytes) / bw, B * step_flops(&m, ctx + 2) / sg);
+                if (json)
+                    printf("{\"preset\":\"%s\",\"context\":%d,\"batch\":%d,\"ms_per_step\":%.3f,\"cache_bytes_read\":%.0f,"
+                           "\"roofline_ms\":%.3f,\"x_roofline\":%.3f,\"bytes_per_token\":%zu}\n",
+                           preset, ctx, B, best * 1e3, cache_read, roof * 1e3, best / roof, bpt);
+                else
+                    printf("%-24s %6d %5d %9.2f %11.1f %11.2f %9.2f %11zu\n", preset, ctx, B, best * 1e3, cache_read / 1e6,
+                           roof * 1e3, best / roof, bpt);
+                fflush(stdout);
+                free(lgb);
+                decoder_free(d);
+            }
+        free(prompt);
+        free(lg);
+        cache_layout_free(&cl);
+        model_free(&m);
+    }
+    return 0;
+}
