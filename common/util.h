@@ -42,4 +42,11 @@ int make_dirs(const char *path);
 // Joins a directory and a file name into a new string.
 char *path_join(const char *dir, const char *name);
 
+// ---- byte sizes (issue 12: --shard-size)
+// Parses a byte size as HF's max_shard_size: a whole number with an optional unit, B, KB,
+// MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), case-insensitive:
+// "2GB", "500MB", "1048576". Returns 0 and the size in *out (> 0), or -1 when s is anything
+// else (a fraction, an unknown unit, 0, an overflow).
+int parse_byte_size(const char *s, unsigned long long *out);
+
 #endif
