@@ -94,6 +94,15 @@ for src in sh sh/model.safetensors.index.json; do
     else fail "train.init_from=$src" tr.log; fi
 done
 
+if "$CLLA" train --config m.json --quiet --shard-size 10KB --out trsh > tr.log 2>&1 && [ -f trsh/model.safetensors.index.json ] &&
+   [ ! -e trsh/model.safetensors ] && "$CLLA" train --config m.json --quiet --out tr1 > tr2.log 2>&1 &&
+   [ "$(loss_of trsh)" = "$(loss_of tr1)" ] && [ -n "$(loss_of tr1)" ]; then
+    ok "train --shard-size writes the final model as shards that score as the single file"
+else fail "train --shard-size" tr.log; fi
+expect_error "train --shard-size 2.5GB is refused before training" "shard-size '2.5GB' is not a size" \
+    "$CLLA" train --config m.json --quiet --shard-size 2.5GB --out trbad
+[ -e trbad ] && fail "a refused train --shard-size left trbad/ behind"
+
 # a save replaces the other layout: single over shards, shards over single, fewer shards
 cp -r sh re
 "$CLLA" init --config m.json --out re > /dev/null 2>&1
