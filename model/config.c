@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "model/hf_config.h"
 
 typedef enum { K_INT, K_LLONG, K_ULLONG, K_FLOAT, K_BOOL, K_STR, K_SHARE } KeyType;
 
@@ -446,5 +447,5 @@ cJSON *config_to_json(const Config *cfg) {
     cJSON *t = cJSON_CreateObject();
     for (size_t i = 0; i < N_TRAIN_KEYS; i++) cJSON_AddItemToObject(t, TRAIN_KEYS[i].name, value_to_json(&cfg->train, &TRAIN_KEYS[i]));
     cJSON_AddItemToObject(o, "train", t);
-    return o;
+    return config_add_hf_identity(o, &cfg->model);   // model_type, architectures (model/hf_config.c)
 }

@@ -147,5 +147,41 @@ for bad in 1.5GB 0 5XB GB -1 99999999999999999999; do
 done
 [ -e bss ] && fail "a refused --shard-size left bss/ behind"
 
+# ---------------------------------------------------------------- (b) config.json identity
+cat > identity.py <<'EOF'
+import json, sys
+path, mtype, arch, dskey, gone = sys.argv[1:]
+j = json.load(open(path))
+keys = list(j)
+assert keys[:2] == ["model_type", "architectures"], keys[:3]
+assert j["model_type"] == mtype and j["architectures"] == [arch], (j["model_type"], j["architectures"])
+assert isinstance(j.get("train"), dict) and "seq_len" in j["train"], "run settings under train"
+if dskey: assert dskey in j and gone not in j, (dskey, gone, keys)
+EOF
+# name | preset and knobs | model_type | a DeepSeek-V2 key written | the clla key it replaces
+while IFS='|' read -r name knobs mtype dskey gone; do
+    printf '{"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,\n "intermediate_size": 48, %s}\n' "$knobs" > "id_$name.json"
+    if ! "$CLLA" init --config "id_$name.json" --out "id_$name" > /dev/null 2> id.err; then fail "init $name" id.err; continue; fi
+    arch=LlamaForCausalLM; [ "$mtype" = clla ] && arch=CllaForCausalLM
+    if python3 identity.py "id_$name/config.json" "$mtype" "$arch" "$dskey" "$gone" > py.log 2>&1 &&
+       "$CLLA" init --config "id_$name/config.json" --out "rt_$name" > /dev/null 2> py.log &&
+       cmp -s "id_$name/config.json" "rt_$name/config.json" && cmp -s "id_$name/model.safetensors" "rt_$name/model.safetensors"; then
+        ok "$name: config.json says $mtype, $arch${dskey:+, $dskey}; it reads back to the same config and weights"
+    else fail "$name: config.json identity or round trip" py.log; fi
+done <<'EOF'
+mha|"attention": "mha"|llama||
+gqa|"attention": "gqa", "num_key_value_heads": 2|llama||
+gqa_vdim|"attention": "gqa", "num_key_value_heads": 2, "v_head_dim": 4|clla||
+cla|"attention": "cla", "share_factor": 2|clla||
+mla|"attention": "mla", "kv_lora_rank": 16, "qk_rope_head_dim": 4|clla|qk_nope_head_dim|head_dim
+clla_quant|"attention": "clla_quant", "kv_lora_rank": 32, "qk_rope_head_dim": 4|clla|qk_nope_head_dim|head_dim
+gqa_moe|"attention": "gqa", "num_key_value_heads": 2, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "first_k_dense_layers": 1|clla|first_k_dense_replace|first_k_dense_layers
+EOF
+# a checkpoint's config.json is written by the same function
+if "$CLLA" train --config m.json --quiet --save-every 1 --out ck > ck.log 2>&1 &&
+   python3 identity.py ck/checkpoints/step_00000002/config.json llama LlamaForCausalLM "" "" > py.log 2>&1; then
+    ok "a checkpoint's config.json carries model_type and architectures too"
+else cat ck.log >> py.log; fail "checkpoint config.json" py.log; fi
+
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
