@@ -56,7 +56,7 @@ double now_seconds(void) {
 }
 
 char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen_read(path);
     if (!f) return NULL;
     if (fseeko(f, 0, SEEK_END) != 0) { fclose(f); return NULL; }
     off_t size = ftello(f);
@@ -133,6 +133,20 @@ char *path_join(const char *dir, const char *name) {
     char *s = xmalloc(n);
     snprintf(s, n, "%s/%s", dir, name);
     return s;
+}
+
+// ---- opening files to read (issue 12)
+
+FILE *fopen_read(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        errno = EISDIR;
+        return NULL;
+    }
+    return f;
 }
 
 // ---- byte sizes (issue 12: --shard-size)

@@ -32,7 +32,7 @@ int cmd_init(int argc, char **argv) {
     const char *shard = args_get(&a, SPECS, N_SPECS, "shard-size");
     unsigned long long shard_bytes = 0;
     if (shard && parse_byte_size(shard, &shard_bytes) != 0)
-        die("clla init: --shard-size '%s' is not a size: give a whole number with a unit, e.g. 2GB, 500MB or 64MiB", shard);
+        die("--shard-size '%s' is not a size: give a whole number with a unit, e.g. 2GB, 500MB or 64MiB", shard);
     Config cfg;
     config_load(&cfg, cfg_path, a.n_sets, a.sets);
     Model model;

@@ -2,6 +2,7 @@
 // "unknown key" error, so a knob is declared once.
 #include "model/config.h"
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -357,7 +358,7 @@ void config_from_json(Config *cfg, const char *json, const char *origin, int n_s
 void config_load(Config *cfg, const char *path, int n_sets, char **sets) {
     size_t len;
     char *text = read_file(path, &len);
-    if (!text) die("cannot read config '%s': check the path", path);
+    if (!text) die("cannot read config '%s': %s: check the path", path, strerror(errno));
     config_from_json(cfg, text, path, n_sets, sets);
     free(text);
 }

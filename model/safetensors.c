@@ -125,7 +125,7 @@ int st_parse_header(StFile *sf, const char *hdr, uint64_t hdr_len, uint64_t file
 
 int st_open(StFile *sf, const char *path, char *err, size_t errlen) {
     memset(sf, 0, sizeof(*sf));
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen_read(path);
     if (!f) return fail(err, errlen, "cannot open: %s", strerror(errno));
     unsigned char lenbuf[8];
     if (fseeko(f, 0, SEEK_END) != 0) { fclose(f); return fail(err, errlen, "cannot seek"); }

@@ -183,5 +183,35 @@ if "$CLLA" train --config m.json --quiet --save-every 1 --out ck > ck.log 2>&1 &
     ok "a checkpoint's config.json carries model_type and architectures too"
 else cat ck.log >> py.log; fail "checkpoint config.json" py.log; fi
 
+# ---------------------------------------------------------------- (c) directories and symlink loops
+# Every command that reads a file, given a directory or a symlink loop: one line that says so
+# (strerror's "Is a directory" / "Too many levels of symbolic links"), never a crash or an
+# "out of memory" from the size a directory seeks to.
+mkdir -p adir
+ln -s loop_b loop_a
+ln -s loop_a loop_b
+printf 'some text for a tokenizer\n' > c.txt
+"$CLLA" tokenizer train --vocab-size 270 --pattern gpt2 --out t.tok c.txt > /dev/null 2>&1 || fail "tokenizer train on c.txt"
+for p in adir loop_a; do
+    want="Is a directory"; [ "$p" = loop_a ] && want="Too many levels of symbolic links"
+    expect_error "config $p" "$p.*$want" "$CLLA" info --config "$p"
+    expect_error "tokenizer file $p" "$p.*$want" "$CLLA" tokenizer encode --tokenizer "$p" --text hi
+    expect_error "encode --file $p" "$p.*$want" "$CLLA" tokenizer encode --tokenizer t.tok --file "$p"
+    expect_error "corpus file $p" "$p.*$want" "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out x.tok "$p"
+    expect_error "import-gpt2 --encoder $p" "$p.*$want" "$CLLA" tokenizer import-gpt2 --encoder "$p" --bpe "$p" --out x.tok
+    iwant=$want; [ "$p" = adir ] && iwant="is a directory without model.safetensors"
+    expect_error "train.init_from $p" "$p.*$iwant" "$CLLA" train --config m.json --quiet --set train.init_from="$WORK/$p" --out r_$p
+done
+expect_error "train.data symlink loop" "loop_a.*Too many levels of symbolic links" \
+    "$CLLA" train --config m.json --quiet --set train.data="$WORK/loop_a" --out r_loop
+expect_error "eval --data symlink loop" "loop_a.*Too many levels of symbolic links" \
+    "$CLLA" eval --checkpoint one --data loop_a
+expect_error "prep --verify symlink loop" "loop_a.*Too many levels of symbolic links" "$CLLA" prep --verify loop_a
+mkdir -p shards_dir/x.bin
+expect_error "a directory named like a shard" "x.bin" "$CLLA" prep --verify shards_dir
+mkdir -p sh_dirshard && cp sh/config.json sh/model.safetensors.index.json sh/model-*.safetensors sh_dirshard/ && rm sh_dirshard/"$second" && mkdir sh_dirshard/"$second"
+expect_error "a directory where a shard is expected" "$second.*Is a directory" "$CLLA" eval --checkpoint sh_dirshard --data tok.bin
+[ -n "$(ls -d r_* 2> /dev/null)" ] && fail "a refused train left a run directory: $(ls -d r_*)"
+
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
