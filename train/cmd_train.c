@@ -111,7 +111,7 @@ int cmd_train(int argc, char **argv) {
     const char *shard = args_get(&a, SPECS, N_SPECS, "shard-size");
     unsigned long long shard_bytes = 0;
     if (shard && parse_byte_size(shard, &shard_bytes) != 0)
-        die("clla train: --shard-size '%s' is not a size: give a whole number with a unit, e.g. 2GB, 500MB or 64MiB", shard);
+        die("--shard-size '%s' is not a size: give a whole number with a unit, e.g. 2GB, 500MB or 64MiB", shard);
     tc->save_every = int_option(&a, "save-every", tc->save_every);
     tc->keep_checkpoints = int_option(&a, "keep", tc->keep_checkpoints);
     int stop_at = int_option(&a, "stop-at", 0);
