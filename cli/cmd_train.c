@@ -32,6 +32,7 @@ static const ArgSpec SPECS[] = {
     {"resume", 1, "auto (newest complete checkpoint of the run directory, if any) or a checkpoint directory"},
     {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps"},
     {"zero", 1, "data parallel: 0 = replicated AdamW state, 1 = ZeRO-1 sharded (overrides train.zero_stage)"},
+    {"shard-size", 1, "write the final model as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -107,6 +108,10 @@ int cmd_train(int argc, char **argv) {
     if (out) snprintf(tc->out_dir, sizeof(tc->out_dir), "%s", out);
     if (!tc->data[0]) die("%s: train.data is not set: point it at a token file (--set train.data=FILE)", cfg_path);
     int quiet = args_get(&a, SPECS, N_SPECS, "quiet") != NULL;
+    const char *shard = args_get(&a, SPECS, N_SPECS, "shard-size");
+    unsigned long long shard_bytes = 0;
+    if (shard && parse_byte_size(shard, &shard_bytes) != 0)
+        die("--shard-size '%s' is not a size: give a whole number with a unit, e.g. 2GB, 500MB or 64MiB", shard);
     tc->save_every = int_option(&a, "save-every", tc->save_every);
     tc->keep_checkpoints = int_option(&a, "keep", tc->keep_checkpoints);
     int stop_at = int_option(&a, "stop-at", 0);
@@ -194,7 +199,7 @@ int cmd_train(int argc, char **argv) {
     if (stop_at && stop_at <= st.step)
         die("--stop-at %d is not after the checkpoint's step %d: give a later step or drop --stop-at", stop_at, st.step);
 
-    RunFiles rf = {0};
+    RunFiles rf = {.shard_bytes = shard_bytes};
     if (!rank0) {
         // no run files
     } else if (ckpt[0]) {
@@ -328,7 +333,7 @@ int cmd_train(int argc, char **argv) {
         const float *masters = grad_sync_full_masters(&gs, &model);   // collective
         if (rank0) {
             run_files_save_model(&rf, &cfg, &model, masters);
-            fprintf(stderr, "saved %s/model.safetensors and config.json\n", tc->out_dir);
+            fprintf(stderr, "saved %s/%s and config.json\n", tc->out_dir, shard_bytes ? "model.safetensors (or its shards)" : "model.safetensors");
         }
     }
 

@@ -62,7 +62,7 @@ double now_seconds(void) {
 }
 
 char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen_read(path);
     if (!f) return NULL;
     if (fseeko(f, 0, SEEK_END) != 0) { fclose(f); return NULL; }
     off_t size = ftello(f);
@@ -139,4 +139,46 @@ char *path_join(const char *dir, const char *name) {
     char *s = xmalloc(n);
     snprintf(s, n, "%s/%s", dir, name);
     return s;
+}
+
+// ---- opening files to read (issue 12)
+
+FILE *fopen_read(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        errno = EISDIR;
+        return NULL;
+    }
+    return f;
+}
+
+// ---- byte sizes (issue 12: --shard-size)
+
+int parse_byte_size(const char *s, unsigned long long *out) {
+    static const struct { const char *unit; unsigned long long mult; } UNITS[] = {
+        {"", 1}, {"b", 1}, {"kb", 1000ull}, {"mb", 1000000ull}, {"gb", 1000000000ull}, {"tb", 1000000000000ull},
+        {"kib", 1ull << 10}, {"mib", 1ull << 20}, {"gib", 1ull << 30}, {"tib", 1ull << 40},
+    };
+    unsigned long long v = 0;
+    const char *p = s;
+    if (*p < '0' || *p > '9') return -1;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (~0ull - 9) / 10) return -1;
+        v = v * 10 + (unsigned long long)(*p - '0');
+    }
+    char unit[8];
+    size_t k = 0;
+    for (; p[k] && k < sizeof(unit) - 1; k++) unit[k] = (char)(p[k] >= 'A' && p[k] <= 'Z' ? p[k] - 'A' + 'a' : p[k]);
+    if (p[k]) return -1;
+    unit[k] = 0;
+    for (size_t i = 0; i < sizeof(UNITS) / sizeof(UNITS[0]); i++) {
+        if (strcmp(unit, UNITS[i].unit)) continue;
+        if (v == 0 || v > ~0ull / UNITS[i].mult) return -1;
+        *out = v * UNITS[i].mult;
+        return 0;
+    }
+    return -1;
 }

@@ -22,7 +22,8 @@ char *xstrdup(const char *s);
 double now_seconds(void);
 
 // Reads a whole file into a NUL-terminated buffer; *len receives the byte count
-// (excluding the NUL). Returns NULL (errno set) when the file cannot be read.
+// (excluding the NUL). Returns NULL (errno set) when the file cannot be read; a directory
+// fails with EISDIR (see fopen_read).
 char *read_file(const char *path, size_t *len);
 
 // Atomic file output: atomic_open() opens "<path>.tmp.<pid>"; atomic_commit() flushes,
@@ -42,5 +43,19 @@ int make_dirs(const char *path);
 
 // Joins a directory and a file name into a new string.
 char *path_join(const char *dir, const char *name);
+
+// ---- opening files to read (issue 12)
+// fopen(path, "rb") that refuses what is not a file: glibc opens a directory for reading and
+// it then "reads" as an error or seeks to a size of 2^63, so a directory fails here with
+// errno EISDIR. Other failures keep fopen's errno (ELOOP for a symlink loop, ENOENT, ...), so
+// callers print strerror(errno): "Is a directory", "Too many levels of symbolic links".
+FILE *fopen_read(const char *path);
+
+// ---- byte sizes (issue 12: --shard-size)
+// Parses a byte size as HF's max_shard_size: a whole number with an optional unit, B, KB,
+// MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), case-insensitive:
+// "2GB", "500MB", "1048576". Returns 0 and the size in *out (> 0), or -1 when s is anything
+// else (a fraction, an unknown unit, 0, an overflow).
+int parse_byte_size(const char *s, unsigned long long *out);
 
 #endif

@@ -33,7 +33,7 @@ static int ends_with(const char *s, const char *suffix) {
 
 DocReader *doc_open(const char *path, const DocOptions *opt) {
     DocReader *r = xcalloc(1, sizeof(*r));
-    r->f = fopen(path, "rb");
+    r->f = fopen_read(path);   // a directory fails here with EISDIR, not as a read error
     if (!r->f) die("cannot read corpus file '%s': %s", path, strerror(errno));
     r->path = xstrdup(path);
     r->jsonl = ends_with(path, ".jsonl") || ends_with(path, ".json");

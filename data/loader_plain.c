@@ -3,6 +3,7 @@
 // tokens[pos + b*T, pos + b*T + T], then the cursor advances by B*T and wraps to 0 when
 // fewer than B*T+1 tokens remain. The PyTorch twin reproduces exactly this order.
 // (rank/world and seed do not apply: every rank reads the same batches.)
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,7 +22,7 @@ struct PlainLoader {
 PlainLoader *plain_open(const char *path, const LoaderOptions *opt) {
     size_t bytes = 0;
     char *buf = read_file(path, &bytes);
-    if (!buf) die("cannot read token file '%s': check the path (train.data / --data)", path);
+    if (!buf) die("cannot read token file '%s': %s (train.data / --data)", path, strerror(errno));
     if (bytes % 4 != 0)
         die("token file '%s' has %zu bytes, not a multiple of 4: expected raw little-endian uint32 token ids", path, bytes);
     long long n = (long long)(bytes / 4);

@@ -1,5 +1,6 @@
 // Resolving a data path to shard files: a file, a directory's *.bin files, or a glob.
 #include <dirent.h>
+#include <errno.h>
 #include <glob.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@ static int ends_with(const char *s, const char *suffix) {
 // The *.bin files of a directory, sorted by name.
 static char **list_dir(const char *dir, int *n) {
     DIR *d = opendir(dir);
-    if (!d) die("cannot list data directory '%s'", dir);
+    if (!d) die("cannot list data directory '%s': %s", dir, strerror(errno));
     char **v = NULL;
     int cap = 0;
     *n = 0;
@@ -50,7 +51,9 @@ static char **expand_glob(const char *pattern, int *n) {
 
 char **shard_list(const char *path, int *n) {
     struct stat st;
-    if (stat(path, &st) == 0) {
+    int found = stat(path, &st) == 0;
+    int e = errno;
+    if (found) {
         if (S_ISDIR(st.st_mode)) return list_dir(path, n);
         char **v = xmalloc(sizeof(*v));
         v[0] = xstrdup(path);
@@ -58,5 +61,6 @@ char **shard_list(const char *path, int *n) {
         return v;
     }
     if (strpbrk(path, "*?[")) return expand_glob(path, n);
+    if (e != ENOENT) die("cannot open data path '%s': %s", path, strerror(e));   // ELOOP, EACCES, ...
     die("data path '%s' does not exist: give a shard file, a directory of *.bin shards or a glob", path);
 }

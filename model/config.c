@@ -2,12 +2,14 @@
 // "unknown key" error, so a knob is declared once.
 #include "model/config.h"
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
+#include "model/hf_config.h"
 
 typedef enum { K_INT, K_LLONG, K_ULLONG, K_FLOAT, K_BOOL, K_STR, K_SHARE } KeyType;
 
@@ -356,7 +358,7 @@ void config_from_json(Config *cfg, const char *json, const char *origin, int n_s
 void config_load(Config *cfg, const char *path, int n_sets, char **sets) {
     size_t len;
     char *text = read_file(path, &len);
-    if (!text) die("cannot read config '%s': check the path", path);
+    if (!text) die("cannot read config '%s': %s: check the path", path, strerror(errno));
     config_from_json(cfg, text, path, n_sets, sets);
     free(text);
 }
@@ -446,5 +448,5 @@ cJSON *config_to_json(const Config *cfg) {
     cJSON *t = cJSON_CreateObject();
     for (size_t i = 0; i < N_TRAIN_KEYS; i++) cJSON_AddItemToObject(t, TRAIN_KEYS[i].name, value_to_json(&cfg->train, &TRAIN_KEYS[i]));
     cJSON_AddItemToObject(o, "train", t);
-    return o;
+    return config_add_hf_identity(o, &cfg->model);   // model_type, architectures (model/hf_config.c)
 }

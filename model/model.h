@@ -122,13 +122,18 @@ void model_free(Model *m);
 // Seeded initialization: norms 1, matrices N(0, initializer_range), residual output
 // projections (o_proj, down_proj) N(0, initializer_range / sqrt(2 L)) (GPT-2 scheme).
 void model_init_weights(Model *m, unsigned long long seed);
-// Loads every parameter from a safetensors file, validating names, shapes and dtypes.
+// Loads every parameter from a safetensors file, an HF sharded set (its index .json) or a
+// model directory holding either (model/safetensors.h: st_set_open), validating names,
+// shapes and dtypes.
 void model_load(Model *m, const char *path);
 // Writes the fp32 masters to a safetensors file (atomically). Not on sharded masters (internal
 // error): the data-parallel trainer assembles them and calls model_save_masters.
 void model_save(Model *m, const char *path);
 // The same from `masters`, a backend buffer holding the whole flat fp32 layout.
 void model_save_masters(Model *m, const float *masters, const char *path);
+// The same into directory dir: dir/model.safetensors, or HF shards of at most shard_bytes
+// each with model.safetensors.index.json (shard_bytes 0: one file). See st_save_dir.
+void model_save_dir(Model *m, const float *masters, const char *dir, unsigned long long shard_bytes);
 // After changing master weights on the host side: refresh the storage copy. On a backend
 // with separate masters each tensor i is stored with store_weights(..., model_weight_seed(seed, i)).
 // Not on sharded masters (internal error): see model_sync_weights_from.

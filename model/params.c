@@ -212,19 +212,19 @@ void model_init_weights(Model *m, unsigned long long seed) {
 
 void model_load(Model *m, const char *path) {
     const TensorTable *tt = &m->params;
-    StFile sf;
-    char err[512];
-    if (st_open(&sf, path, err, sizeof(err)) != 0) die("cannot load weights '%s': %s", path, err);
-    for (int j = 0; j < sf.n; j++)
-        if (table_find(tt, sf.e[j].name) < 0)
+    StSet ss;
+    char err[1024];
+    if (st_set_open(&ss, path, err, sizeof(err)) != 0) die("cannot load weights: %s", err);
+    for (int r = 0; r < ss.n; r++)
+        if (table_find(tt, ss.refs[r].name) < 0)
             die("weights '%s': tensor '%s' does not belong to this config (attention '%s', tie_word_embeddings %d): use the config.json saved with the weights",
-                path, sf.e[j].name, m->cfg.attention, m->cfg.tie_word_embeddings);
+                path, ss.refs[r].name, m->cfg.attention, m->cfg.tie_word_embeddings);
     float *host = xcalloc(tt->bytes_f32 / 4, sizeof(float));
     for (int i = 0; i < tt->n; i++) {
         const TensorInfo *ti = &tt->t[i];
-        int j = st_find(&sf, ti->name);
-        if (j < 0) die("weights '%s': tensor '%s' is missing: use the config.json saved with the weights", path, ti->name);
-        const StEntry *e = &sf.e[j];
+        int r = st_set_find(&ss, ti->name);
+        if (r < 0) die("weights '%s': tensor '%s' is missing: use the config.json saved with the weights", path, ti->name);
+        const StEntry *e = st_set_entry(&ss, r);
         int same = e->ndim == ti->ndim;
         for (int d = 0; same && d < ti->ndim; d++) same = e->shape[d] == ti->shape[d];
         if (!same) {
@@ -233,10 +233,10 @@ void model_load(Model *m, const char *path) {
             for (int d = 0; d < e->ndim; d++) snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%lld", d ? "," : "", (long long)e->shape[d]);
             die("weights '%s': tensor '%s' has shape [%s], the config needs [%s]: use the config.json saved with the weights", path, ti->name, got, want);
         }
-        if (st_read_f32(&sf, j, (float *)((char *)host + ti->off_f32), err, sizeof(err)) != 0)
+        if (st_set_read_f32(&ss, r, (float *)((char *)host + ti->off_f32), err, sizeof(err)) != 0)
             die("weights '%s': %s", path, err);
     }
-    st_close(&sf);
+    st_set_close(&ss);
     model_set_masters(m, host, 0);
     free(host);
 }
@@ -246,19 +246,38 @@ void model_save(Model *m, const char *path) {
     model_save_masters(m, m->master, path);
 }
 
-void model_save_masters(Model *m, const float *masters, const char *path) {
+static const char *const SAVE_METADATA = "{\"format\":\"pt\",\"producer\":\"clla\"}";
+
+// The table's tensors over a host copy of the masters (the caller frees both).
+static StTensor *host_tensors(Model *m, const float *masters, float **host) {
     const TensorTable *tt = &m->params;
-    float *host = xmalloc(tt->bytes_f32);
-    m->be->download(host, masters, tt->bytes_f32);
+    *host = xmalloc(tt->bytes_f32);
+    m->be->download(*host, masters, tt->bytes_f32);
     StTensor *st = xcalloc((size_t)tt->n, sizeof(StTensor));
     for (int i = 0; i < tt->n; i++) {
         st[i].name = tt->t[i].name;
         st[i].ndim = tt->t[i].ndim;
         for (int d = 0; d < tt->t[i].ndim; d++) st[i].shape[d] = tt->t[i].shape[d];
-        st[i].data = (const float *)((const char *)host + tt->t[i].off_f32);
+        st[i].data = (const float *)((const char *)*host + tt->t[i].off_f32);
     }
+    return st;
+}
+
+void model_save_masters(Model *m, const float *masters, const char *path) {
+    float *host;
+    StTensor *st = host_tensors(m, masters, &host);
     char err[512];
-    int rc = st_save(path, st, tt->n, ST_F32, "{\"format\":\"pt\",\"producer\":\"clla\"}", err, sizeof(err));
+    int rc = st_save(path, st, m->params.n, ST_F32, SAVE_METADATA, err, sizeof(err));
+    free(st);
+    free(host);
+    if (rc != 0) die("%s", err);
+}
+
+void model_save_dir(Model *m, const float *masters, const char *dir, unsigned long long shard_bytes) {
+    float *host;
+    StTensor *st = host_tensors(m, masters, &host);
+    char err[1024];
+    int rc = st_save_dir(dir, st, m->params.n, ST_F32, SAVE_METADATA, shard_bytes, err, sizeof(err));
     free(st);
     free(host);
     if (rc != 0) die("%s", err);

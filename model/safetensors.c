@@ -5,9 +5,13 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "backend/bf16.h"
 #include "common/util.h"
 
 static const char *DTYPE_NAMES[] = {"F32", "BF16", "F16", "F64", "I32", "I64", "U8", "I8", "U16", "U32"};
@@ -122,7 +126,7 @@ int st_parse_header(StFile *sf, const char *hdr, uint64_t hdr_len, uint64_t file
 
 int st_open(StFile *sf, const char *path, char *err, size_t errlen) {
     memset(sf, 0, sizeof(*sf));
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen_read(path);
     if (!f) return fail(err, errlen, "cannot open: %s", strerror(errno));
     unsigned char lenbuf[8];
     if (fseeko(f, 0, SEEK_END) != 0) { fclose(f); return fail(err, errlen, "cannot seek"); }
@@ -155,13 +159,6 @@ int st_find(const StFile *sf, const char *name) {
     return -1;
 }
 
-static float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static float f16_to_f32(uint16_t h) {
     int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
     float v;
@@ -185,20 +182,12 @@ int st_read_f32(StFile *sf, int i, float *out, char *err, size_t errlen) {
     }
     // data is little-endian; this code assumes a little-endian host (x86_64, aarch64)
     for (size_t k = 0; k < n && e->dtype != ST_F32; k++) {
-        if (e->dtype == ST_BF16) { uint16_t h; memcpy(&h, raw + 2 * k, 2); out[k] = bf16_to_f32(h); }
+        if (e->dtype == ST_BF16) { uint16_t h; memcpy(&h, raw + 2 * k, 2); out[k] = sr_bf16_to_f32(h); }
         else if (e->dtype == ST_F16) { uint16_t h; memcpy(&h, raw + 2 * k, 2); out[k] = f16_to_f32(h); }
         else { double d; memcpy(&d, raw + 8 * k, 8); out[k] = (float)d; }
     }
     if (raw != (unsigned char *)out) free(raw);
     return 0;
-}
-
-static uint16_t f32_to_bf16_rne(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) return (uint16_t)((u >> 16) | 0x40);  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
 }
 
 int st_save(const char *path, const StTensor *t, int n, int out_dtype, const char *metadata_json, char *err, size_t errlen) {
@@ -244,7 +233,7 @@ int st_save(const char *path, const StTensor *t, int n, int out_dtype, const cha
         } else {
             tmp = realloc(tmp, numel * 2);
             if (!tmp) die("out of memory writing %s", path);
-            for (size_t k = 0; k < numel; k++) tmp[k] = f32_to_bf16_rne(t[i].data[k]);
+            for (size_t k = 0; k < numel; k++) tmp[k] = sr_f32_to_bf16_rne(t[i].data[k]);
             ok = fwrite(tmp, 2, numel, af.f) == numel;
         }
     }
@@ -256,4 +245,340 @@ int st_save(const char *path, const StTensor *t, int n, int out_dtype, const cha
     }
     if (atomic_commit(&af) != 0) return fail(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
     return 0;
+}
+
+// ---------------------------------------------------------------- sharded sets (HF layout)
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+// A shard named by an index is a plain file name beside the index: never a path elsewhere.
+static int plain_file_name(const char *s) {
+    return s[0] && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+static char *dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return xstrdup(".");
+    if (slash == path) return xstrdup("/");
+    char *d = xstrdup(path);
+    d[slash - path] = 0;
+    return d;
+}
+
+static int is_regular(const char *path) {
+    struct stat stt;
+    return stat(path, &stt) == 0 && S_ISREG(stt.st_mode);
+}
+
+// Reads and checks an index: an object with "weight_map" {name: "file"} and an optional
+// "metadata" object. files receives the distinct shard names in order of first appearance.
+static int index_read(const char *path, cJSON **out, char ***files, int *n_files, char *err, size_t errlen) {
+    *out = NULL;
+    *files = NULL;
+    *n_files = 0;
+    size_t len = 0;
+    char *text = read_file(path, &len);
+    if (!text) return fail(err, errlen, "cannot read index '%s': %s", path, strerror(errno));
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!cJSON_IsObject(root)) { cJSON_Delete(root); return fail(err, errlen, "index '%s' is not a JSON object", path); }
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    const char *why = NULL;
+    if (meta && !cJSON_IsObject(meta)) why = "\"metadata\" is not an object";
+    else if (!cJSON_IsObject(map)) why = "it has no \"weight_map\" object";
+    else if (!map->child) why = "its \"weight_map\" is empty";
+    if (why) { cJSON_Delete(root); return fail(err, errlen, "index '%s': %s", path, why); }
+    int cap = 0;
+    for (const cJSON *it = map->child; it; it = it->next) {
+        if (!cJSON_IsString(it) || !plain_file_name(it->valuestring)) {
+            cJSON_Delete(root);
+            for (int i = 0; i < *n_files; i++) free((*files)[i]);
+            free(*files);
+            *files = NULL;
+            *n_files = 0;
+            return fail(err, errlen, "index '%s': tensor '%s' must map to a file name beside the index", path, it->string);
+        }
+        int seen = 0;
+        for (int i = *n_files - 1; i >= 0 && !seen; i--) seen = !strcmp((*files)[i], it->valuestring);
+        if (seen) continue;
+        if (*n_files == cap) {
+            cap = cap ? 2 * cap : 8;
+            *files = realloc(*files, (size_t)cap * sizeof(char *));
+            if (!*files) die("out of memory reading '%s'", path);
+        }
+        (*files)[(*n_files)++] = xstrdup(it->valuestring);
+    }
+    *out = root;
+    return 0;
+}
+
+static void free_names(char **names, int n) {
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+}
+
+static int cmp_ref(const void *a, const void *b) {
+    return strcmp(((const StRef *)a)->name, ((const StRef *)b)->name);
+}
+
+// The string value of key in a JSON object text, copied into buf ("" when absent).
+static void meta_string(const char *json, const char *key, char *buf, size_t n) {
+    buf[0] = 0;
+    cJSON *j = json ? cJSON_Parse(json) : NULL;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (cJSON_IsString(v)) snprintf(buf, n, "%s", v->valuestring);
+    cJSON_Delete(j);
+}
+
+#define SAVE_ID_KEY "clla_save_id"
+
+static int set_open_index(StSet *s, const char *path, char *err, size_t errlen) {
+    cJSON *root;
+    char **names;
+    int n_names;
+    if (index_read(path, &root, &names, &n_names, err, errlen) != 0) return -1;
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    char index_id[64] = "";
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
+    const cJSON *sid = cJSON_GetObjectItemCaseSensitive(meta, SAVE_ID_KEY);
+    if (cJSON_IsString(sid)) snprintf(index_id, sizeof(index_id), "%s", sid->valuestring);
+    char *dir = dir_of(path);
+    s->files = xcalloc((size_t)n_names, sizeof(StFile));
+    int rc = 0;
+    for (int i = 0; i < n_names && !rc; i++) {
+        char *sp = path_join(dir, names[i]);
+        char why[512];
+        if (st_open(&s->files[i], sp, why, sizeof(why)) != 0) {
+            rc = fail(err, errlen, "shard '%s' of index '%s': %s", sp, path, why);
+        } else {
+            s->n_files++;
+            char shard_id[64];
+            meta_string(s->files[i].metadata_json, SAVE_ID_KEY, shard_id, sizeof(shard_id));
+            if (index_id[0] && shard_id[0] && strcmp(index_id, shard_id))
+                rc = fail(err, errlen, "shard '%s' was written by another save than index '%s' (an interrupted save?): save the model again", sp, path);
+        }
+        free(sp);
+    }
+    free(dir);
+    int total = 0;
+    for (int i = 0; i < s->n_files; i++) total += s->files[i].n;
+    s->refs = xcalloc((size_t)total + 1, sizeof(StRef));
+    for (int i = 0; i < s->n_files && !rc; i++)
+        for (int j = 0; j < s->files[i].n; j++) s->refs[s->n++] = (StRef){s->files[i].e[j].name, i, j};
+    if (!rc) qsort(s->refs, (size_t)s->n, sizeof(StRef), cmp_ref);
+    for (int r = 1; r < s->n && !rc; r++)
+        if (!strcmp(s->refs[r].name, s->refs[r - 1].name))
+            rc = fail(err, errlen, "tensor '%s' is in two shards, '%s' and '%s'", s->refs[r].name,
+                      s->files[s->refs[r - 1].file].path, s->files[s->refs[r].file].path);
+    // every weight_map entry once, in the shard it names; then no shard tensor left unmapped
+    char *seen = xcalloc((size_t)s->n + 1, 1);
+    for (const cJSON *it = map->child; it && !rc; it = it->next) {
+        int r = st_set_find(s, it->string);
+        if (r < 0) rc = fail(err, errlen, "index '%s' maps tensor '%s' to '%s', which does not hold it", path, it->string, it->valuestring);
+        else if (seen[r]) rc = fail(err, errlen, "index '%s' lists tensor '%s' twice", path, it->string);
+        else if (strcmp(names[s->refs[r].file], it->valuestring))
+            rc = fail(err, errlen, "index '%s' maps tensor '%s' to '%s', but it is in '%s'", path, it->string, it->valuestring, s->files[s->refs[r].file].path);
+        else seen[r] = 1;
+    }
+    for (int r = 0; r < s->n && !rc; r++)
+        if (!seen[r]) rc = fail(err, errlen, "tensor '%s' of shard '%s' is not in index '%s'", s->refs[r].name, s->files[s->refs[r].file].path, path);
+    free(seen);
+    free_names(names, n_names);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int st_set_open(StSet *s, const char *path, char *err, size_t errlen) {
+    memset(s, 0, sizeof(*s));
+    struct stat stt;
+    if (stat(path, &stt) != 0) return fail(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    int rc;
+    if (S_ISDIR(stt.st_mode)) {
+        char *single = path_join(path, ST_SINGLE_FILE), *index = path_join(path, ST_INDEX_FILE);
+        int has_single = is_regular(single), has_index = is_regular(index);
+        if (has_single && has_index)
+            rc = fail(err, errlen, "'%s' holds both %s and %s: remove the stale one", path, ST_SINGLE_FILE, ST_INDEX_FILE);
+        else if (!has_single && !has_index)
+            rc = fail(err, errlen, "'%s' is a directory without %s or %s", path, ST_SINGLE_FILE, ST_INDEX_FILE);
+        else
+            rc = st_set_open(s, has_index ? index : single, err, errlen);
+        free(single);
+        free(index);
+        return rc;
+    }
+    if (ends_with(path, ".json")) {
+        rc = set_open_index(s, path, err, errlen);
+    } else {
+        s->files = xcalloc(1, sizeof(StFile));
+        char why[512];
+        rc = st_open(&s->files[0], path, why, sizeof(why));
+        if (rc) {
+            fail(err, errlen, "'%s': %s", path, why);
+        } else {
+            s->n_files = 1;
+            s->refs = xcalloc((size_t)s->files[0].n + 1, sizeof(StRef));
+            for (int j = 0; j < s->files[0].n; j++) s->refs[s->n++] = (StRef){s->files[0].e[j].name, 0, j};
+            qsort(s->refs, (size_t)s->n, sizeof(StRef), cmp_ref);
+        }
+    }
+    if (rc) st_set_close(s);
+    return rc;
+}
+
+void st_set_close(StSet *s) {
+    for (int i = 0; i < s->n_files; i++) st_close(&s->files[i]);
+    free(s->files);
+    free(s->refs);
+    memset(s, 0, sizeof(*s));
+}
+
+int st_set_find(const StSet *s, const char *name) {
+    int lo = 0, hi = s->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(s->refs[mid].name, name);
+        if (!c) return mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+const StEntry *st_set_entry(const StSet *s, int r) { return &s->files[s->refs[r].file].e[s->refs[r].idx]; }
+
+int st_set_read_f32(StSet *s, int r, float *out, char *err, size_t errlen) {
+    return st_read_f32(&s->files[s->refs[r].file], s->refs[r].idx, out, err, errlen);
+}
+
+static uint64_t tensor_bytes(const StTensor *t, size_t es) {
+    uint64_t numel = 1;
+    for (int d = 0; d < t->ndim; d++) numel *= (uint64_t)t->shape[d];
+    return numel * es;
+}
+
+// The metadata object text with the save id added (the caller frees it).
+static char *meta_with_id(const char *metadata_json, const char *id) {
+    cJSON *j = metadata_json ? cJSON_Parse(metadata_json) : cJSON_CreateObject();
+    if (!cJSON_IsObject(j)) { cJSON_Delete(j); j = cJSON_CreateObject(); }
+    cJSON_DeleteItemFromObjectCaseSensitive(j, SAVE_ID_KEY);
+    cJSON_AddStringToObject(j, SAVE_ID_KEY, id);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return text;
+}
+
+// Removes what a previous save left that the new one (keep[0..n_keep)) does not use.
+static void remove_stale(const char *dir, char **old, int n_old, char **keep, int n_keep) {
+    for (int i = 0; i < n_old; i++) {
+        int used = 0;
+        for (int k = 0; k < n_keep && !used; k++) used = !strcmp(old[i], keep[k]);
+        if (used) continue;
+        char *p = path_join(dir, old[i]);
+        if (unlink(p) != 0 && errno != ENOENT) warn("could not remove the stale '%s': %s", p, strerror(errno));
+        free(p);
+    }
+}
+
+int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const char *metadata_json,
+                unsigned long long shard_bytes, char *err, size_t errlen) {
+    size_t es = st_dtype_size(out_dtype);
+    // what the previous save left: the single file, the index and its shards
+    char **old = NULL;
+    int n_old = 0;
+    char *index_path = path_join(dir, ST_INDEX_FILE);
+    if (is_regular(index_path)) {
+        cJSON *root;
+        char why[512];
+        if (index_read(index_path, &root, &old, &n_old, why, sizeof(why)) == 0) cJSON_Delete(root);
+    }
+    old = realloc(old, (size_t)(n_old + 2) * sizeof(char *));
+    if (!old) die("out of memory saving to '%s'", dir);
+    old[n_old++] = xstrdup(ST_SINGLE_FILE);
+    old[n_old++] = xstrdup(ST_INDEX_FILE);
+
+    // HF's packing: tensors in order, a new shard when the next one would not fit
+    int *shard_of = xcalloc((size_t)n + 1, sizeof(int));
+    int n_shards = n ? 1 : 0;
+    uint64_t fill = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t b = tensor_bytes(&t[i], es);
+        if (shard_bytes && fill > 0 && fill + b > shard_bytes) { n_shards++; fill = 0; }
+        fill += b;
+        total += b;
+        shard_of[i] = n_shards - 1;
+    }
+    int rc = 0;
+    if (n_shards <= 1) {
+        char *single = path_join(dir, ST_SINGLE_FILE);
+        rc = st_save(single, t, n, out_dtype, metadata_json, err, errlen);
+        free(single);
+        char *keep[] = {ST_SINGLE_FILE};
+        if (!rc) remove_stale(dir, old, n_old, keep, 1);
+    } else {
+        char id[64];
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        snprintf(id, sizeof(id), "%llx-%lx", (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec, (long)getpid());
+        char *meta = meta_with_id(metadata_json, id);
+        char **names = xcalloc((size_t)n_shards, sizeof(char *)), **partial = xcalloc((size_t)n_shards, sizeof(char *));
+        int written = 0;
+        for (int k = 0, first = 0; k < n_shards && !rc; k++) {
+            int last = first;
+            while (last < n && shard_of[last] == k) last++;
+            char name[64], part[96];
+            snprintf(name, sizeof(name), "model-%05d-of-%05d.safetensors", k + 1, n_shards);
+            snprintf(part, sizeof(part), "%s.partial.%ld", name, (long)getpid());
+            names[k] = xstrdup(name);
+            partial[k] = path_join(dir, part);
+            rc = st_save(partial[k], t + first, last - first, out_dtype, meta, err, errlen);
+            if (!rc) written++;
+            first = last;
+        }
+        for (int k = 0; k < written && !rc; k++) {
+            char *final = path_join(dir, names[k]);
+            if (rename(partial[k], final) != 0) rc = fail(err, errlen, "cannot rename '%s' to '%s': %s", partial[k], final, strerror(errno));
+            else { free(partial[k]); partial[k] = NULL; }
+            free(final);
+        }
+        for (int k = 0; k < written; k++) if (partial[k]) unlink(partial[k]);
+        if (!rc) {
+            cJSON *root = cJSON_CreateObject();
+            cJSON *md = cJSON_AddObjectToObject(root, "metadata");
+            cJSON_AddNumberToObject(md, "total_size", (double)total);
+            cJSON_AddStringToObject(md, SAVE_ID_KEY, id);
+            cJSON *map = cJSON_AddObjectToObject(root, "weight_map");
+            for (int i = 0; i < n; i++) cJSON_AddStringToObject(map, t[i].name, names[shard_of[i]]);
+            char *text = cJSON_Print(root);
+            cJSON_Delete(root);
+            AtomicFile af;
+            if (atomic_open(&af, index_path) != 0) {
+                rc = fail(err, errlen, "cannot create '%s': %s", index_path, strerror(errno));
+            } else if (fputs(text, af.f) < 0 || fputc('\n', af.f) == EOF) {
+                int e = errno;
+                atomic_abort(&af);
+                rc = fail(err, errlen, "writing '%s' failed: %s", index_path, strerror(e));
+            } else if (atomic_commit(&af) != 0) {
+                rc = fail(err, errlen, "writing '%s' failed: %s", index_path, strerror(errno));
+            }
+            free(text);
+        }
+        if (!rc) {
+            char **keep = xcalloc((size_t)n_shards + 1, sizeof(char *));
+            for (int k = 0; k < n_shards; k++) keep[k] = names[k];
+            keep[n_shards] = ST_INDEX_FILE;
+            remove_stale(dir, old, n_old, keep, n_shards + 1);
+            free(keep);
+        }
+        for (int k = 0; k < n_shards; k++) { free(names[k]); free(partial[k]); }
+        free(names);
+        free(partial);
+        free(meta);
+    }
+    free_names(old, n_old);
+    free(shard_of);
+    free(index_path);
+    return rc;
 }

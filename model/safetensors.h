@@ -57,4 +57,39 @@ typedef struct StTensor {
 int st_save(const char *path, const StTensor *t, int n, int out_dtype, const char *metadata_json,
             char *err, size_t errlen);
 
+// A model's weights as users have them: one file, or Hugging Face shards
+// (model.safetensors.index.json {"metadata": {"total_size": N}, "weight_map": {name: file}}
+// beside model-00001-of-0000N.safetensors ...). Every shard is validated as a single file is,
+// every tensor of the index is found in the shard the index names, and no tensor is in two
+// shards or missing from the index.
+#define ST_SINGLE_FILE "model.safetensors"
+#define ST_INDEX_FILE "model.safetensors.index.json"
+typedef struct StRef {
+    const char *name;          // the entry's name (owned by the StFile)
+    int file, idx;             // files[file].e[idx]
+} StRef;
+typedef struct StSet {
+    StFile *files;
+    int n_files;
+    StRef *refs;               // every tensor, sorted by name
+    int n;
+} StSet;
+// path: a .safetensors file, an index .json, or a directory holding model.safetensors or
+// model.safetensors.index.json (not both). Returns 0, or -1 with the reason in err.
+int st_set_open(StSet *s, const char *path, char *err, size_t errlen);
+void st_set_close(StSet *s);
+int st_set_find(const StSet *s, const char *name);       // index into refs, or -1 (binary search)
+const StEntry *st_set_entry(const StSet *s, int r);
+int st_set_read_f32(StSet *s, int r, float *out, char *err, size_t errlen);
+
+// Writes the tensors into directory dir: dir/model.safetensors when shard_bytes is 0 or all
+// tensors fit in one shard (as HF does), else shards of at most shard_bytes data bytes each (a
+// tensor larger than that gets a shard of its own) named model-00001-of-0000N.safetensors and
+// the index. Shards are written under temporary names, renamed when all are complete, then the
+// index; a save id in every shard's __metadata__ and in the index lets the reader refuse a set
+// mixed by an interrupted save. Files of the previous save that the new one does not use
+// (model.safetensors, the old index and shards) are removed after the new one is complete.
+int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const char *metadata_json,
+                unsigned long long shard_bytes, char *err, size_t errlen);
+
 #endif

@@ -110,13 +110,18 @@ def ablations():
     return out
 
 
+QUICKSTART_VOCAB = 4096
+
+
 def tiny(cfg):
     """The same structure at CPU size: hidden 64, 8 layers (so every sharing factor stays distinct), 4 heads of 16, 16 routed experts + 1 shared,
     FFN sizes scaled by 64/1536 (rounded to 16), latent 32, query LoRA 48, RoPE 8."""
     t = json.loads(json.dumps(cfg))
     s = 64 / C
     t["comment"] = "CPU-sized twin of configs/paper (same presets and MoE routing, small shapes): " + cfg["comment"]
-    t.update({"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 8, "max_position_embeddings": 256})
+    # vocab_size: the quickstart's tokenizer (scripts/quickstart.sh: 4096 ids), so a tiny model trains on the
+    # shards the quickstart makes (docs/QUICKSTART.md); tests/test_tiny_configs.sh keeps the two equal.
+    t.update({"vocab_size": QUICKSTART_VOCAB, "hidden_size": 64, "num_hidden_layers": 8, "max_position_embeddings": 256})
     t["num_attention_heads"] = max(1, cfg["num_attention_heads"] // 4)
     t["num_key_value_heads"] = max(1, cfg["num_key_value_heads"] // 4)
     t["head_dim"] = t["v_head_dim"] = max(8, cfg["head_dim"] // 6)

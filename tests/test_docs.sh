@@ -70,5 +70,47 @@ n_untied=$(tensor_names untied/model.safetensors | wc -l)
 [ "$n_untied" -ge 12 ] || missing+=("(only $n_untied tensor names read from the header)")
 check "docs/FORMAT.md names every dense tensor" "${missing[@]}"
 
+# ---------------------------------------------------------------- documented command lines
+# First a planted doc with one bad line of each shape (fenced, indented, a continuation, an
+# mpirun launch, build/clla and $CLLA prefixes, an inline span): each must be reported.
+if ! command -v python3 > /dev/null; then
+    FAIL=$((FAIL + 1)); echo "FAIL documented command lines: python3 is needed to parse the docs"
+else
+    cat > planted.md <<'EOF'
+```bash
+clla train --config c.json --data x.bin
+mpirun -np 2 build/clla eval --model runs/x \
+    --data x.bin
+$CLLA evaluate --checkpoint runs/x
+clla info --config c.json --cache-table   # fine
+```
+
+    ./build/clla tokenizer train --vocab-size 300 --bogus-flag --out t.tok a.txt
+
+Inline: `clla init --config c.json --output DIR`; output lines are not commands:
+```
+clla train: gqa | 19616 params
+clla: error: something
+```
+EOF
+    python3 "$SRC/tests/lib/doc_commands.py" "$CLLA" planted.md > planted.out 2>&1
+    missing=()
+    for want in "planted.md:2: clla train" "--data is not an option of 'clla train'" "planted.md:3: mpirun" \
+                "--model is not an option of 'clla eval'" "'clla evaluate' is not a command" \
+                "--bogus-flag is not an option of 'clla tokenizer'" "--output is not an option of 'clla init'" \
+                "6 clla command lines in 1 files, 5 bad"; do
+        grep -qF -- "$want" planted.out || missing+=("[$want]")
+    done
+    check "the command-line check reports each bad line of a planted doc" "${missing[@]}"
+    [ ${#missing[@]} -eq 0 ] || sed 's/^/    /' planted.out
+
+    if python3 "$SRC/tests/lib/doc_commands.py" "$CLLA" "$SRC/README.md" "$SRC"/docs/*.md > docs_cmd.out 2>&1; then
+        check "every clla command line of README.md and docs/ uses real commands and options ($(tail -n 1 docs_cmd.out))"
+    else
+        check "every clla command line of README.md and docs/ uses real commands and options" "(see below)"
+        sed 's/^/    /' docs_cmd.out
+    fi
+fi
+
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

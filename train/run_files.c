@@ -57,11 +57,10 @@ void write_config_json(const char *path, const Config *cfg) {
 }
 
 void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters) {
-    char *cp = path_join(rf->dir, "config.json"), *mp = path_join(rf->dir, "model.safetensors");
-    model_save_masters(model, masters, mp);
+    char *cp = path_join(rf->dir, "config.json");
+    model_save_dir(model, masters, rf->dir, rf->shard_bytes);
     write_config_json(cp, cfg);
     free(cp);
-    free(mp);
 }
 
 void run_files_close(RunFiles *rf) {
@@ -71,10 +70,9 @@ void run_files_close(RunFiles *rf) {
 }
 
 void load_model_dir(Model *model, Config *cfg, const char *dir, const Backend *be, int n_sets, char **sets) {
-    char *cp = path_join(dir, "config.json"), *mp = path_join(dir, "model.safetensors");
+    char *cp = path_join(dir, "config.json");
     config_load(cfg, cp, n_sets, sets);
     model_build(model, &cfg->model, be);
-    model_load(model, mp);
+    model_load(model, dir);   // model.safetensors or model.safetensors.index.json and its shards
     free(cp);
-    free(mp);
 }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# clla tokenizer's command line refuses what it used to drop or clamp without a word
+# (issue 12): a --vocab-size above the maximum or not a whole number, --special none together
+# with a special token, two inputs at once (encode --text with --file, decode ids with --file).
+# Each refusal is one "clla: error:" line, a non-zero exit and no file written.
+# Needs CLLA (the binary) and SRC (for the fixtures); ctest sets both.
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
+SRC=$(cd "$SRC" && pwd)
+FIX=$SRC/tests/fixtures
+W=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_tokcli.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+cd "$W" || exit 1
+PASS=0
+FAIL=0
+ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
+fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; sed 's/^/    /' err.log 2> /dev/null; }
+# expect_error NAME NEEDLE CMD...: non-zero exit, exactly one error line, containing NEEDLE
+expect_error() {
+    local name=$1 needle=$2
+    shift 2
+    "$@" > out.log 2> err.log
+    local rc=$?
+    if [ $rc -ne 0 ] && [ "$(grep -c 'error:' err.log)" -eq 1 ] && grep -qF -- "$needle" err.log; then ok "$name"
+    else fail "$name (exit $rc, wanted one error line with '$needle')"; fi
+}
+train() { "$CLLA" tokenizer train --pattern gpt2 --out x.tok "$@" "$FIX/english.jsonl"; }
+
+expect_error "--vocab-size 1000000000 is refused, not clamped" "outside 1..4194304" train --vocab-size 1000000000
+expect_error "--vocab-size 4194305 (one above the maximum) is refused" "outside 1..4194304" train --vocab-size 4194305
+expect_error "--vocab-size 99999999999999999999 (overflow) is refused" "not a whole number" train --vocab-size 99999999999999999999
+expect_error "--vocab-size 300k is refused" "not a whole number" train --vocab-size 300k
+expect_error "--vocab-size -5 is refused" "not a whole number" train --vocab-size -5
+expect_error "--special none --special X is refused" "--special none and --special <|x|>" train --vocab-size 300 --special none --special '<|x|>'
+expect_error "--special X --special none is refused" "--special none and --special <|x|>" train --vocab-size 300 --special '<|x|>' --special none
+[ -e x.tok ] && { FAIL=$((FAIL + 1)); echo "FAIL a refused train wrote x.tok"; }
+
+if train --vocab-size 300 > train.log 2>&1; then ok "tokenizer train --vocab-size 300"
+else fail "tokenizer train --vocab-size 300"; fi
+printf 'from the file' > in.txt
+expect_error "encode --text with --file is refused" "--text and --file" \
+    "$CLLA" tokenizer encode --tokenizer x.tok --text hi --file in.txt
+expect_error "encode --file with --text is refused" "--text and --file" \
+    "$CLLA" tokenizer encode --tokenizer x.tok --file in.txt --text hi
+echo 5 6 > ids.txt
+expect_error "decode ids with --file is refused" "--file both" "$CLLA" tokenizer decode --tokenizer x.tok 5 --file ids.txt
+# what stays accepted
+a=$("$CLLA" tokenizer encode --tokenizer x.tok --file in.txt) && b=$("$CLLA" tokenizer encode --tokenizer x.tok --text 'from the file') &&
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok "encode --file alone and --text alone agree" || fail "encode --file / --text alone"
+"$CLLA" tokenizer train --pattern gpt2 --out n.tok --vocab-size 300 --special none "$FIX/english.jsonl" > /dev/null 2>&1 &&
+    ! "$CLLA" tokenizer info --tokenizer n.tok | grep -q '=' && ok "--special none alone gives no special tokens" || fail "--special none alone"
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
