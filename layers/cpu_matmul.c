@@ -33,7 +33,11 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N
 void cpu_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                          const float *weight, int N, int C, int OC) {
     if (N <= 0 || C <= 0 || OC <= 0) return;   // every product is empty: += 0
-    if (dinp)
+    if (dinp && N <= 4) {   // a few rows: matrix-vector products, as in the forward
+        for (int n = 0; n < N; n++)
+            cblas_sgemv(CblasRowMajor, CblasTrans, OC, C, 1.0f, weight, C, dout + (size_t)n * OC, 1, 1.0f,
+                        dinp + (size_t)n * C, 1);
+    } else if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
                     1.0f, dout, OC, weight, C, 1.0f, dinp, C);
     if (dweight)

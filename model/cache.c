@@ -45,7 +45,8 @@ static void int_group_encode(const Codec *c, uint8_t *dst, const float *src, int
 
 static void int_group_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W) {
     int G = W / c->group, bits = c->bits;
-    size_t tok = int_group_bytes(c, W);
+    size_t tok = int_group_bytes(c, W), code_bytes = tok - (size_t)G * 2;
+    const uint32_t mask = (1u << bits) - 1;
     for (int n = 0; n < N; n++) {
         const uint8_t *o = src + (size_t)n * tok;
         const uint8_t *codes = o + (size_t)G * 2;
@@ -54,8 +55,10 @@ static void int_group_decode(const Codec *c, float *dst, const uint8_t *src, int
         for (int g = 0; g < G; g++) {
             float scale = sr_bf16_to_f32((uint16_t)(o[2 * g] | (o[2 * g + 1] << 8)));
             for (int j = 0; j < c->group; j++, bit += (size_t)bits) {
-                uint32_t code = 0;
-                for (int b = 0; b < bits; b++) code |= (uint32_t)(codes[(bit + b) >> 3] >> ((bit + b) & 7) & 1u) << b;
+                // a code of at most 8 bits spans at most two bytes; the second only when it exists
+                size_t byte = bit >> 3;
+                uint32_t window = codes[byte] | (byte + 1 < code_bytes ? (uint32_t)codes[byte + 1] << 8 : 0u);
+                uint32_t code = (window >> (bit & 7)) & mask;
                 int v = (code >> (bits - 1)) & 1u ? (int)code - (1 << bits) : (int)code;   // sign-extend
                 y[g * c->group + j] = (float)v * scale;
             }
