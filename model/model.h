@@ -125,6 +125,10 @@ void model_load(Model *m, const char *path);
 void model_save(Model *m, const char *path);
 // The same from `masters`, a backend buffer holding the whole flat fp32 layout.
 void model_save_masters(Model *m, const float *masters, const char *path);
+// The same from `host`, the whole flat fp32 layout in host memory, as st_dtype (ST_F32, or
+// ST_BF16 rounded to nearest even: inference packages). 0, or -1 with one line in err
+// (nothing left behind).
+int model_save_host(const Model *m, const float *host, const char *path, int st_dtype, char *err, size_t errlen);
 // After changing master weights on the host side: refresh the storage copy. On a backend
 // with separate masters each tensor i is stored with store_weights(..., model_weight_seed(seed, i)).
 // Not on sharded masters (internal error): see model_sync_weights_from.

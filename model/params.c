@@ -242,9 +242,16 @@ void model_save(Model *m, const char *path) {
 }
 
 void model_save_masters(Model *m, const float *masters, const char *path) {
+    float *host = xmalloc(m->params.bytes_f32);
+    m->be->download(host, masters, m->params.bytes_f32);
+    char err[512];
+    int rc = model_save_host(m, host, path, ST_F32, err, sizeof(err));
+    free(host);
+    if (rc != 0) die("%s", err);
+}
+
+int model_save_host(const Model *m, const float *host, const char *path, int st_dtype, char *err, size_t errlen) {
     const TensorTable *tt = &m->params;
-    float *host = xmalloc(tt->bytes_f32);
-    m->be->download(host, masters, tt->bytes_f32);
     StTensor *st = xcalloc((size_t)tt->n, sizeof(StTensor));
     for (int i = 0; i < tt->n; i++) {
         st[i].name = tt->t[i].name;
@@ -252,9 +259,7 @@ void model_save_masters(Model *m, const float *masters, const char *path) {
         for (int d = 0; d < tt->t[i].ndim; d++) st[i].shape[d] = tt->t[i].shape[d];
         st[i].data = (const float *)((const char *)host + tt->t[i].off_f32);
     }
-    char err[512];
-    int rc = st_save(path, st, tt->n, ST_F32, "{\"format\":\"pt\",\"producer\":\"clla\"}", err, sizeof(err));
+    int rc = st_save(path, st, tt->n, st_dtype, "{\"format\":\"pt\",\"producer\":\"clla\"}", err, errlen);
     free(st);
-    free(host);
-    if (rc != 0) die("%s", err);
+    return rc;
 }

@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/util.h"
+#include "backend/bf16.h"
 
 static const char *DTYPE_NAMES[] = {"F32", "BF16", "F16", "F64", "I32", "I64", "U8", "I8", "U16", "U32"};
 static const size_t DTYPE_SIZES[] = {4, 2, 2, 8, 4, 8, 1, 1, 2, 4};
@@ -155,13 +156,6 @@ int st_find(const StFile *sf, const char *name) {
     return -1;
 }
 
-static float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static float f16_to_f32(uint16_t h) {
     int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
     float v;
@@ -185,20 +179,12 @@ int st_read_f32(StFile *sf, int i, float *out, char *err, size_t errlen) {
     }
     // data is little-endian; this code assumes a little-endian host (x86_64, aarch64)
     for (size_t k = 0; k < n && e->dtype != ST_F32; k++) {
-        if (e->dtype == ST_BF16) { uint16_t h; memcpy(&h, raw + 2 * k, 2); out[k] = bf16_to_f32(h); }
+        if (e->dtype == ST_BF16) { uint16_t h; memcpy(&h, raw + 2 * k, 2); out[k] = sr_bf16_to_f32(h); }
         else if (e->dtype == ST_F16) { uint16_t h; memcpy(&h, raw + 2 * k, 2); out[k] = f16_to_f32(h); }
         else { double d; memcpy(&d, raw + 8 * k, 8); out[k] = (float)d; }
     }
     if (raw != (unsigned char *)out) free(raw);
     return 0;
-}
-
-static uint16_t f32_to_bf16_rne(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) return (uint16_t)((u >> 16) | 0x40);  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
 }
 
 int st_save(const char *path, const StTensor *t, int n, int out_dtype, const char *metadata_json, char *err, size_t errlen) {
@@ -244,7 +230,7 @@ int st_save(const char *path, const StTensor *t, int n, int out_dtype, const cha
         } else {
             tmp = realloc(tmp, numel * 2);
             if (!tmp) die("out of memory writing %s", path);
-            for (size_t k = 0; k < numel; k++) tmp[k] = f32_to_bf16_rne(t[i].data[k]);
+            for (size_t k = 0; k < numel; k++) tmp[k] = sr_f32_to_bf16_rne(t[i].data[k]);
             ok = fwrite(tmp, 2, numel, af.f) == numel;
         }
     }
