@@ -31,7 +31,7 @@ static cJSON *read_config(const char *dir, char **text) {
 
 static void check_dir(const char *dir) {
     struct stat sb;
-    if (stat(dir, &sb) != 0) die("model directory '%s': %s", dir, strerror(errno));
+    if (stat(dir, &sb) != 0) die("model directory '%s': %s: pass a run directory, a checkpoint directory or a package", dir, strerror(errno));
     if (!S_ISDIR(sb.st_mode)) die("'%s' is not a directory: pass a run directory, a checkpoint directory or a package", dir);
     if (!is_file(dir, MODEL_DIR_CONFIG))
         die("'%s' has no %s: pass a run directory, a checkpoint directory (<run>/checkpoints/step_N) or a package", dir, MODEL_DIR_CONFIG);
