@@ -30,6 +30,8 @@ check() { if [ "$1" -eq 0 ]; then ok "$2"; else fail "$2"; fi; }   # check STATU
 have_python=0
 command -v python3 > /dev/null && have_python=1
 
+# Does any of the paths exist? (globs that match nothing stay literal and do not)
+any_exists() { local f; for f in "$@"; do [ -e "$f" ] && return 0; done; return 1; }
 # The generated ids of JSON line N (1-based) of a file, as "1,2,3".
 ids_of() { sed -n "${2:-1}p" "$1" | grep -o '"tokens":\[[^]]*\]' | sed 's/.*\[//; s/\]//'; }
 
@@ -142,7 +144,7 @@ check $? "export bf16: $(cat e16.out e16.err | head -n 2)"
 for f in config.json model.safetensors tokenizer.tok; do
     [ -s "pkg32/$f" ] && [ -s "pkg16/$f" ] || fail "package file $f missing"
 done
-ls -d pkg32.* pkg16.* > /dev/null 2>&1 && fail "export left a temporary beside the package" || ok "no temporary left beside the packages"
+any_exists pkg32.* pkg16.* && fail "export left a temporary beside the package" || ok "no temporary left beside the packages"
 grep -q '"format":[[:space:]]*"clla-package"' pkg32/config.json && grep -q '"cache":' pkg32/config.json
 check $? "package config.json has the package and cache sections"
 "$CLLA" generate --model pkg32 --prompt "the cat" --max-new-tokens 16 --json > gen_pkg32.json 2> /dev/null
@@ -182,7 +184,7 @@ check $? "--cache-codec CODEC then PART=CODEC land in the package's cache sectio
 "$CLLA" generate --model pkgq --prompt "the cat" --max-new-tokens 8 > /dev/null 2> q.err && grep -q 'int_group:bits=4,group=8' q.err
 check $? "generate serves the package's codecs: $(tail -n 1 q.err)"
 "$CLLA" export "$CKPT" --out pkg16 --overwrite > /dev/null 2>&1 && grep -q '"dtype":[[:space:]]*"fp32"' pkg16/config.json &&
-    ! ls -d pkg16.* > /dev/null 2>&1
+    ! any_exists pkg16.*
 check $? "--overwrite replaces a package, nothing left beside it"
 
 # ---------------------------------------------------------------- (f) bad input
@@ -237,7 +239,7 @@ check $? "a prompt that is not valid UTF-8: its bytes are encoded, with a warnin
 expect_export_error() {
     local name=$1 pat=$2 out=$3; shift 3
     expect_error "export: $name" "$pat" "$@"
-    if ls -d "$out" "$out".tmp.* "$out".old.* > /dev/null 2>&1; then fail "export: $name: something was written at $out"
+    if any_exists "$out" "$out".tmp.* "$out".old.*; then fail "export: $name: something was written at $out"
     else ok "export: $name: nothing written"; fi
 }
 expect_export_error "unknown dtype" "dtype" p1 "$CLLA" export "$CKPT" --out p1 --dtype fp16
@@ -254,13 +256,13 @@ cp pkg32/model.safetensors before.st
 # a file-size limit of 20 KiB: the weights (over 100 KB) cannot be written
 (ulimit -f 20; exec "$CLLA" export "$CKPT" --out p7) > /dev/null 2> p7.err
 rc=$?
-if [ "$rc" -ne 0 ] && [ "$(grep -c . p7.err)" -eq 1 ] && ! ls -d p7 p7.tmp.* > /dev/null 2>&1; then
+if [ "$rc" -ne 0 ] && [ "$(grep -c . p7.err)" -eq 1 ] && ! any_exists p7 p7.tmp.*; then
     ok "export: a failed write (file-size limit) leaves nothing: $(cat p7.err)"
 else
-    fail "export under a file-size limit: exit $rc, $(ls -d p7* 2> /dev/null), $(head -c 300 p7.err)"
+    fail "export under a file-size limit: exit $rc, $(echo p7*), $(head -c 300 p7.err)"
 fi
 (ulimit -f 20; exec "$CLLA" export "$CKPT" --out pkg32 --overwrite) > /dev/null 2>&1
-cmp -s before.st pkg32/model.safetensors && ! ls -d pkg32.* > /dev/null 2>&1
+cmp -s before.st pkg32/model.safetensors && ! any_exists pkg32.*
 check $? "export: a failed --overwrite keeps the old package whole"
 
 echo "$PASS passed, $FAIL failed"
