@@ -11,6 +11,7 @@
 #  (e) export: fp32 and bf16 packages; the fp32 package generates the run directory's tokens
 #      (greedy and sampled); the bf16 weights are the fp32 masters rounded to nearest even;
 #      --cache-codec lands in the package's "cache" section; --overwrite replaces a package;
+#      clla eval reads a package (the fp32 package's loss is the run's);
 #  (f) bad input: one line "clla: error: ...", exit != 0, and export leaves nothing behind
 #      (no package, no temporary), a file-size limit included.
 # Needs CLLA; python3 for the JSON and bf16 checks (those are skipped with a reason without it).
@@ -178,6 +179,10 @@ EOF
 else
     echo "skip the bf16 rounding check: python3 not found"
 fi
+"$CLLA" eval --checkpoint run --data shards/train --max-batches 2 --json > eval_run.json 2> /dev/null &&
+"$CLLA" eval --checkpoint pkg32 --data shards/train --max-batches 2 --json > eval_pkg.json 2> /dev/null &&
+[ -s eval_run.json ] && cmp -s eval_run.json eval_pkg.json
+check $? "clla eval reads a package: the fp32 package's loss is the run's ($(cat eval_pkg.json))"
 "$CLLA" export run --out pkgq --cache-codec int_group:bits=4,group=8 --cache-codec v=bf16 > /dev/null 2>&1 &&
 grep -q '"k":[[:space:]]*"int_group:bits=4,group=8"' pkgq/config.json && grep -q '"v":[[:space:]]*"bf16"' pkgq/config.json
 check $? "--cache-codec CODEC then PART=CODEC land in the package's cache section"
