@@ -206,13 +206,8 @@ int cmd_export(int argc, char **argv) {
     fsync_dir_of(out);
     if (exists && remove_flat_dir(old) != 0) warn("the replaced package was left at '%s': remove it", old);
 
-    char codecs[512] = "", spec[64];
-    for (int p = 0; p < N_PARTS; p++)
-        if (layout.part[p].present) {
-            codec_format(&layout.part[p].codec, spec, sizeof(spec));
-            snprintf(codecs + strlen(codecs), sizeof(codecs) - strlen(codecs), "%s%s=%s", codecs[0] ? ", " : "",
-                     cache_part_name(p), spec);
-        }
+    char codecs[512];
+    model_dir_describe_cache(&layout, codecs, sizeof(codecs));
     printf("wrote %s: %s %s weights (%lld parameters) from %s %s, cache %s, tokenizer %s\n", out, dtype,
            cfg.model.attention, model_num_params(&model), model_dir_kind_name(md.kind), src, codecs,
            tok_text ? PACKAGE_TOKENIZER : "none");

@@ -125,7 +125,7 @@ typedef struct Seq {
 
 typedef struct Gen {
     const Tokenizer *tok;
-    int max_new, V, V_tok;
+    int max_new, V_tok;
     const int32_t *stop_tokens;
     int n_stop_tokens;
     const char *const *stops;
@@ -322,7 +322,7 @@ int cmd_generate(int argc, char **argv) {
 
     // ---- decode
     const int batch = batch_opt ? (batch_opt < pl.n ? batch_opt : pl.n) : (pl.n < 64 ? pl.n : 64);
-    Gen g = {.tok = tok, .max_new = max_new, .V = V, .stop_tokens = stop_tokens, .n_stop_tokens = n_stop_tokens,
+    Gen g = {.tok = tok, .max_new = max_new, .stop_tokens = stop_tokens, .n_stop_tokens = n_stop_tokens,
              .stops = stops, .n_stops = n_stops, .max_stop_len = max_stop_len, .json = OPT("json") != NULL};
     g.stream = !g.json && pl.n == 1;
     // sample only ids the tokenizer can print (a model's vocab may be padded beyond it)
@@ -390,13 +390,8 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     double total = now_seconds() - t0;
-    char codecs[512] = "", spec[64];
-    const CacheLayout *dl = decoder_layout(dec);
-    for (int p = 0; p < N_PARTS; p++)
-        if (dl->part[p].present) {
-            codec_format(&dl->part[p].codec, spec, sizeof(spec));
-            snprintf(codecs + strlen(codecs), sizeof(codecs) - strlen(codecs), "%s%s=%s", codecs[0] ? " " : "", cache_part_name(p), spec);
-        }
+    char codecs[512];
+    model_dir_describe_cache(decoder_layout(dec), codecs, sizeof(codecs));
     fprintf(stderr,
             "generate: %d prompt%s, %lld prompt tokens in %.3f s (%.1f tok/s prefill), %lld tokens generated, "
             "%lld decoded in %.3f s (%.1f tok/s decode), %.3f s in all\n"

@@ -75,7 +75,10 @@ int args_get_all(const Args *a, const ArgSpec *specs, int n_specs, const char *n
         if (!strcmp(specs[s].name, name)) spec = s;
     if (spec < 0) die("internal: no option named %s", name);
     for (int i = 0; i < a->n_repeats; i++)
-        if (a->repeat_spec[i] == spec && n < max) out[n++] = a->repeat_value[i];
+        if (a->repeat_spec[i] == spec) {
+            if (n == max) die("too many --%s options (%d at most)", name, max);
+            out[n++] = a->repeat_value[i];
+        }
     return n;
 }
 

@@ -30,7 +30,7 @@ const char *args_get(const Args *a, const ArgSpec *specs, int n_specs, const cha
 // outside [lo, hi].
 long long args_int(const char *name, const char *v, long long lo, long long hi);
 double args_double(const char *name, const char *v);
-// Every value of a repeatable option in command-line order; returns the count (at most max).
+// Every value of a repeatable option in command-line order; returns the count (dies above max).
 int args_get_all(const Args *a, const ArgSpec *specs, int n_specs, const char *name, const char **out, int max);
 
 #endif

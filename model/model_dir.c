@@ -129,6 +129,19 @@ void model_dir_free(ModelDir *md) {
     memset(md, 0, sizeof(*md));
 }
 
+void model_dir_describe_cache(const CacheLayout *cl, char *buf, size_t n) {
+    char spec[64];
+    size_t used = 0;
+    buf[0] = 0;
+    for (int p = 0; p < N_PARTS && used < n; p++)
+        if (cl->part[p].present) {
+            codec_format(&cl->part[p].codec, spec, sizeof(spec));
+            int w = snprintf(buf + used, n - used, "%s%s=%s", used ? " " : "", cache_part_name(p), spec);
+            if (w < 0) break;
+            used += (size_t)w;
+        }
+}
+
 cJSON *model_dir_package_json(const Config *cfg, const CacheLayout *cache, const char *dtype, int has_tokenizer) {
     cJSON *o = config_to_json(cfg);
     cJSON_AddItemToObject(o, "cache", cache_layout_to_json(cache));

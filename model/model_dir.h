@@ -43,6 +43,9 @@ const char *model_dir_kind_name(ModelDirKind k);
 void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, const Backend *be, int n_sets, char **sets);
 void model_dir_free(ModelDir *md);
 
+// "part=codec" for every present part of the layout, space-separated (for messages).
+void model_dir_describe_cache(const CacheLayout *cl, char *buf, size_t n);
+
 // The config.json object of a package: the whole config (model keys + "train", kept as the
 // record of how the model was trained), "cache" from the layout and "package":
 // {"format", "version", "dtype", "tokenizer" (file name in the package, or null)}.

@@ -192,6 +192,25 @@ check $? "generate serves the package's codecs: $(tail -n 1 q.err)"
     ! any_exists pkg16.*
 check $? "--overwrite replaces a package, nothing left beside it"
 
+# a latent preset with a quantized cache (CLLA-quant, F = 2, MoE): generate from the init
+# directory and from its package give the same ids; its latent part takes a codec
+"$CLLA" init --config tiny.json --out quant --set attention=clla_quant --set kv_lora_rank=32 --set qk_rope_head_dim=8 \
+    --set head_dim=12 --set latent_quant_group=8 --set n_routed_experts=4 --set num_experts_per_tok=2 \
+    --set moe_intermediate_size=16 > /dev/null 2> quant.err &&
+"$CLLA" export quant --out pkgquant > /dev/null 2>> quant.err &&
+grep -q '"latent":[[:space:]]*"int_group:bits=4,group=8"' pkgquant/config.json &&
+"$CLLA" generate --model quant --prompt "the cat" --max-new-tokens 12 --json > quant_dir.json 2>> quant.err &&
+"$CLLA" generate --model pkgquant --prompt "the cat" --max-new-tokens 12 --json > quant_pkg.json 2>> quant.err &&
+[ -n "$(ids_of quant_dir.json)" ] && [ "$(ids_of quant_dir.json)" = "$(ids_of quant_pkg.json)" ]
+check $? "clla_quant + MoE: the package keeps the int4 latent codec and generates the directory's ids $(tail -n 1 quant.err)"
+"$CLLA" export quant --out pkgquant8 --cache-codec latent=int_group:bits=8,group=16 > /dev/null 2>&1 &&
+grep -q '"latent":[[:space:]]*"int_group:bits=8,group=16"' pkgquant8/config.json &&
+"$CLLA" generate --model pkgquant8 --prompt "the cat" --max-new-tokens 4 > /dev/null 2> q8.err && grep -q 'latent=int_group:bits=8,group=16' q8.err
+check $? "clla_quant: --cache-codec latent=int_group:bits=8,group=16 exported and served"
+expect_error_q() { "$@" > /dev/null 2> bad.err; [ $? -ne 0 ] && [ "$(grep -c . bad.err)" -eq 1 ]; }
+expect_error_q "$CLLA" generate --model quant --prompt a --cache-codec latent=int_group:bits=4,group=7
+check $? "clla_quant: a group that does not divide the latent width is refused: $(cat bad.err)"
+
 # ---------------------------------------------------------------- (f) bad input
 # expect_error NAME PATTERN CMD...: exit != 0, one stderr line "clla: error: ..." matching PATTERN
 expect_error() {
