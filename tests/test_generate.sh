@@ -255,6 +255,12 @@ expect_error "no tokenizer anywhere" "--tokenizer" "$CLLA" generate --model noto
 cp -r pkg32 pkgbad
 sed -i -E 's/("intermediate_size":[[:space:]]*)64/\148/' pkgbad/config.json
 expect_error "package whose config and weights disagree" "shape" "$CLLA" generate --model pkgbad --prompt a
+cp -r pkg32 pkgcodec
+sed -i -E 's/("k":[[:space:]]*)"bf16"/\1"bf17"/' pkgcodec/config.json
+expect_error "package with an unknown codec in its cache section" "bf17" "$CLLA" generate --model pkgcodec --prompt a
+cp -r pkg32 pkgver
+sed -i -E 's/("version":[[:space:]]*)1/\12/' pkgver/config.json
+expect_error "package of another format version" "version" "$CLLA" generate --model pkgver --prompt a
 "${G[@]}" --prompt $'the \xff\xfe cat' --max-new-tokens 4 > utf.out 2> utf.err
 [ $? -eq 0 ] && grep -q 'warning: .*not valid UTF-8' utf.err
 check $? "a prompt that is not valid UTF-8: its bytes are encoded, with a warning: $(head -n 1 utf.err)"
