@@ -9,12 +9,12 @@
 #include "common/util.h"
 #include "data/loader.h"
 #include "model/model.h"
+#include "model/model_dir.h"
 #include "cli/commands.h"
 #include "cli/device.h"
-#include "train/run_files.h"
 
 static const ArgSpec SPECS[] = {
-    {"checkpoint", 1, "model directory with config.json and model.safetensors (required)"},
+    {"checkpoint", 1, "model directory: a run directory, a checkpoint or a package (required)"},
     {"data", 1, "token file (required)"},
     {"batch", 1, "sequences per forward (default train.micro_batch)"},
     {"seq", 1, "tokens per sequence (default train.seq_len)"},
@@ -34,7 +34,8 @@ int cmd_eval(int argc, char **argv) {
     if (!dir || !data) die("clla eval needs --checkpoint DIR and --data FILE: see clla eval --help");
     Config cfg;
     Model model;
-    load_model_dir(&model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
+    ModelDir md;
+    model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
     const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
     const char *mb = args_get(&a, SPECS, N_SPECS, "max-batches");
     int B = bs ? atoi(bs) : cfg.train.micro_batch, T = ts ? atoi(ts) : cfg.train.seq_len;
@@ -62,6 +63,7 @@ int cmd_eval(int argc, char **argv) {
         printf("loss %.4f | perplexity %.3f | %lld tokens in %lld batches of %dx%d\n", loss, exp(loss), tokens, n, B, T);
     free(in); free(tg);
     loader_close(dl);
+    model_dir_free(&md);
     model_free(&model);
     return 0;
 }

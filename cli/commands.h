@@ -10,5 +10,7 @@ int cmd_init(int argc, char **argv);      // cli/cmd_init.c
 int cmd_debug_step(int argc, char **argv);  // tests' entry: one forward+backward dumped (cli/cmd_debug_step.c)
 int cmd_prep(int argc, char **argv);      // cli/cmd_prep.c
 int cmd_tokenizer(int argc, char **argv); // cli/cmd_tokenizer.c
+int cmd_generate(int argc, char **argv);  // cli/cmd_generate.c
+int cmd_export(int argc, char **argv);    // cli/cmd_export.c
 
 #endif

@@ -16,6 +16,8 @@ static const Subcommand SUBCOMMANDS[] = {
     {"train", cmd_train, "train a model from a config on token data"},
     {"eval", cmd_eval, "loss and perplexity of a saved model on token data"},
     {"info", cmd_info, "parameter counts, memory and KV-cache bytes of a config"},
+    {"generate", cmd_generate, "generate text from a model: batched prompts, greedy or sampled, through the KV cache"},
+    {"export", cmd_export, "write an inference package (weights fp32/bf16, cache codecs, tokenizer) from a checkpoint"},
     {"init", cmd_init, "write a freshly initialized model (config.json + model.safetensors)"},
     {"debug-step", cmd_debug_step, "one forward+backward on a batch, dumped for the PyTorch twin"},
 };

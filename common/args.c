@@ -1,5 +1,6 @@
 #include "common/args.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,11 @@ void args_parse(Args *a, int argc, char **argv, const ArgSpec *specs, int n_spec
             a->sets[a->n_sets++] = (char *)value;
         } else {
             a->values[found] = value;
+            if (specs[found].takes_value == ARG_REPEAT) {
+                if (a->n_repeats >= ARGS_MAX_REPEATS) die("too many repeated options (%d at most)", ARGS_MAX_REPEATS);
+                a->repeat_spec[a->n_repeats] = found;
+                a->repeat_value[a->n_repeats++] = value;
+            }
         }
     }
 }
@@ -61,4 +67,34 @@ const char *args_get(const Args *a, const ArgSpec *specs, int n_specs, const cha
     for (int s = 0; s < n_specs; s++)
         if (!strcmp(specs[s].name, name)) return a->values[s];
     die("internal: no option named %s", name);
+}
+
+int args_get_all(const Args *a, const ArgSpec *specs, int n_specs, const char *name, const char **out, int max) {
+    int spec = -1, n = 0;
+    for (int s = 0; s < n_specs; s++)
+        if (!strcmp(specs[s].name, name)) spec = s;
+    if (spec < 0) die("internal: no option named %s", name);
+    for (int i = 0; i < a->n_repeats; i++)
+        if (a->repeat_spec[i] == spec) {
+            if (n == max) die("too many --%s options (%d at most)", name, max);
+            out[n++] = a->repeat_value[i];
+        }
+    return n;
+}
+
+long long args_int(const char *name, const char *v, long long lo, long long hi) {
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || errno) die("--%s '%s' is not a whole number", name, v);
+    if (x < lo || x > hi) die("--%s %lld is out of range: use a whole number in [%lld, %lld]", name, x, lo, hi);
+    return x;
+}
+
+double args_double(const char *name, const char *v) {
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (!*v || *end || errno) die("--%s '%s' is not a number", name, v);
+    return x;
 }

@@ -5,12 +5,18 @@
 
 typedef struct ArgSpec {
     const char *name;      // without the leading dashes
-    int takes_value;       // 0: a flag
+    int takes_value;       // 0: a flag; 1: a value; ARG_REPEAT: a value, repeatable (args_get_all)
     const char *help;      // one line for --help
 } ArgSpec;
 
+#define ARG_REPEAT 2
+#define ARGS_MAX_REPEATS 256
+
 typedef struct Args {
-    const char *values[32];   // per spec: the value ("1" for a set flag), or NULL
+    const char *values[32];   // per spec: the value ("1" for a set flag; a repeatable one's last), or NULL
+    int repeat_spec[ARGS_MAX_REPEATS];          // every ARG_REPEAT value in command-line order
+    const char *repeat_value[ARGS_MAX_REPEATS];
+    int n_repeats;
     char *sets[64];           // every --set value, in order
     int n_sets;
 } Args;
@@ -20,5 +26,11 @@ typedef struct Args {
 void args_parse(Args *a, int argc, char **argv, const ArgSpec *specs, int n_specs, const char *usage,
                 char **positional, int *n_positional, int max_positional);
 const char *args_get(const Args *a, const ArgSpec *specs, int n_specs, const char *name);
+// A number parsed whole or refused: dies naming --name when v is not one, or (integers) when it is
+// outside [lo, hi].
+long long args_int(const char *name, const char *v, long long lo, long long hi);
+double args_double(const char *name, const char *v);
+// Every value of a repeatable option in command-line order; returns the count (dies above max).
+int args_get_all(const Args *a, const ArgSpec *specs, int n_specs, const char *name, const char **out, int max);
 
 #endif

@@ -134,6 +134,10 @@ void model_save_masters(Model *m, const float *masters, const char *path);
 // The same into directory dir: dir/model.safetensors, or HF shards of at most shard_bytes
 // each with model.safetensors.index.json (shard_bytes 0: one file). See st_save_dir.
 void model_save_dir(Model *m, const float *masters, const char *dir, unsigned long long shard_bytes);
+// The same from `host`, the whole flat fp32 layout in host memory, as st_dtype (ST_F32, or
+// ST_BF16 rounded to nearest even: inference packages). 0, or -1 with one line in err
+// (nothing left behind).
+int model_save_host(const Model *m, const float *host, const char *path, int st_dtype, char *err, size_t errlen);
 // After changing master weights on the host side: refresh the storage copy. On a backend
 // with separate masters each tensor i is stored with store_weights(..., model_weight_seed(seed, i)).
 // Not on sharded masters (internal error): see model_sync_weights_from.

@@ -248,34 +248,40 @@ void model_save(Model *m, const char *path) {
 
 static const char *const SAVE_METADATA = "{\"format\":\"pt\",\"producer\":\"clla\"}";
 
-// The table's tensors over a host copy of the masters (the caller frees both).
-static StTensor *host_tensors(Model *m, const float *masters, float **host) {
+// The table's tensors over `host`, the whole flat fp32 layout in host memory (the caller frees
+// the array, not the data).
+static StTensor *host_tensors(const Model *m, const float *host) {
     const TensorTable *tt = &m->params;
-    *host = xmalloc(tt->bytes_f32);
-    m->be->download(*host, masters, tt->bytes_f32);
     StTensor *st = xcalloc((size_t)tt->n, sizeof(StTensor));
     for (int i = 0; i < tt->n; i++) {
         st[i].name = tt->t[i].name;
         st[i].ndim = tt->t[i].ndim;
         for (int d = 0; d < tt->t[i].ndim; d++) st[i].shape[d] = tt->t[i].shape[d];
-        st[i].data = (const float *)((const char *)*host + tt->t[i].off_f32);
+        st[i].data = (const float *)((const char *)host + tt->t[i].off_f32);
     }
     return st;
 }
 
 void model_save_masters(Model *m, const float *masters, const char *path) {
-    float *host;
-    StTensor *st = host_tensors(m, masters, &host);
+    float *host = xmalloc(m->params.bytes_f32);
+    m->be->download(host, masters, m->params.bytes_f32);
     char err[512];
-    int rc = st_save(path, st, m->params.n, ST_F32, SAVE_METADATA, err, sizeof(err));
-    free(st);
+    int rc = model_save_host(m, host, path, ST_F32, err, sizeof(err));
     free(host);
     if (rc != 0) die("%s", err);
 }
 
+int model_save_host(const Model *m, const float *host, const char *path, int st_dtype, char *err, size_t errlen) {
+    StTensor *st = host_tensors(m, host);
+    int rc = st_save(path, st, m->params.n, st_dtype, SAVE_METADATA, err, errlen);
+    free(st);
+    return rc;
+}
+
 void model_save_dir(Model *m, const float *masters, const char *dir, unsigned long long shard_bytes) {
-    float *host;
-    StTensor *st = host_tensors(m, masters, &host);
+    float *host = xmalloc(m->params.bytes_f32);
+    m->be->download(host, masters, m->params.bytes_f32);
+    StTensor *st = host_tensors(m, host);
     char err[1024];
     int rc = st_save_dir(dir, st, m->params.n, ST_F32, SAVE_METADATA, shard_bytes, err, sizeof(err));
     free(st);

@@ -13,6 +13,7 @@
 
 #include "backend/bf16.h"
 #include "common/util.h"
+#include "backend/bf16.h"
 
 static const char *DTYPE_NAMES[] = {"F32", "BF16", "F16", "F64", "I32", "I64", "U8", "I8", "U16", "U32"};
 static const size_t DTYPE_SIZES[] = {4, 2, 2, 8, 4, 8, 1, 1, 2, 4};

@@ -1,0 +1,425 @@
+// clla generate: text from a model through the KV cache (docs/INFERENCE.md, "clla generate").
+// Prompts are decoded together: free decoder slots are filled by one batched prefill of the
+// waiting prompts, then every active sequence advances one token per decoder_step; a sequence
+// that stops frees its slot for the next prompt (continuous batching). Each prompt samples
+// from its own RNG stream (the seed mixed with the prompt's index), so its tokens do not
+// depend on which prompts share its batch.
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/args.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "data/bytes.h"
+#include "data/tokenizer.h"
+#include "data/utf8.h"
+#include "model/decode.h"
+#include "model/model_dir.h"
+#include "model/sampler.h"
+#include "cli/commands.h"
+#include "cli/device.h"
+#include "train/checkpoint.h"
+
+static const ArgSpec SPECS[] = {
+    {"model", 1, "a package (clla export), a run directory or a checkpoint directory (required)"},
+    {"prompt", ARG_REPEAT, "a prompt (repeatable)"},
+    {"prompts", 1, "file of prompts: one per line, or JSONL objects with \"prompt\" when it ends in .jsonl"},
+    {"max-new-tokens", 1, "tokens to generate per prompt at most (default 64)"},
+    {"temperature", 1, "0 = greedy (default); > 0 samples from softmax(logits / T)"},
+    {"top-k", 1, "sample among the k most likely tokens (default 0 = off)"},
+    {"top-p", 1, "sample among the smallest set of tokens with probability >= p (default 1 = off)"},
+    {"seed", 1, "sampling seed (default 0); prompt i draws from its own stream of it"},
+    {"stop", ARG_REPEAT, "stop when the completion contains this text, which is cut off (repeatable)"},
+    {"stop-token", ARG_REPEAT, "stop after generating this token id (repeatable)"},
+    {"ignore-eos", 0, "do not stop at the tokenizer's <|endoftext|>"},
+    {"batch", 1, "sequences decoded together at most (default: every prompt, up to 64)"},
+    {"json", 0, "one JSON object per prompt on stdout (JSON lines)"},
+    {"device", 1, "cpu (default), cpu-bf16 or cuda"},
+    {"tokenizer", 1, "tokenizer file (default: the package's, or the run's train.tokenizer)"},
+    {"cache-codec", ARG_REPEAT, "cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G"},
+};
+#define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
+#define MAX_LIST 256
+
+typedef struct Prompt {
+    char *text;
+    size_t len;
+    char origin[256];    // "--prompt 2", "FILE line 7": for messages
+} Prompt;
+
+typedef struct PromptList {
+    Prompt *p;
+    int n, cap;
+} PromptList;
+
+static void add_prompt(PromptList *pl, const char *text, size_t len, const char *origin) {
+    if (pl->n == pl->cap) {
+        pl->cap = pl->cap ? 2 * pl->cap : 16;
+        pl->p = realloc(pl->p, (size_t)pl->cap * sizeof(Prompt));
+        if (!pl->p) die("out of memory reading prompts");
+    }
+    Prompt *p = &pl->p[pl->n++];
+    p->text = xmalloc(len + 1);
+    memcpy(p->text, text, len);
+    p->text[len] = 0;
+    p->len = len;
+    snprintf(p->origin, sizeof(p->origin), "%s", origin);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+// One prompt per line (empty lines skipped), or with a .jsonl name one JSON object with a
+// "prompt" string per non-empty line.
+static void read_prompts_file(PromptList *pl, const char *path) {
+    size_t len;
+    char *buf = read_file(path, &len);
+    if (!buf) die("cannot read --prompts '%s': %s", path, strerror(errno));
+    const int jsonl = ends_with(path, ".jsonl");
+    long line_no = 0;
+    for (char *line = buf, *next; line < buf + len; line = next) {
+        char *nl = memchr(line, '\n', (size_t)(buf + len - line));
+        size_t n = nl ? (size_t)(nl - line) : (size_t)(buf + len - line);
+        next = line + n + 1;
+        line_no++;
+        if (n && line[n - 1] == '\r') n--;
+        if (n == 0) continue;
+        char origin[256];
+        snprintf(origin, sizeof(origin), "%s line %ld", path, line_no);
+        if (!jsonl) { add_prompt(pl, line, n, origin); continue; }
+        cJSON *o = cJSON_ParseWithLength(line, n);
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+        if (!cJSON_IsObject(o) || !cJSON_IsString(pr))
+            die("%s: not a JSON object with a \"prompt\" string: fix the line (or give plain text in a file not named .jsonl)", origin);
+        add_prompt(pl, pr->valuestring, strlen(pr->valuestring), origin);
+        cJSON_Delete(o);
+    }
+    free(buf);
+}
+
+// ---------------------------------------------------------------- one sequence
+
+enum { RUNNING = 0, STOP_LENGTH, STOP_TOKEN, STOP_STRING };
+static const char *const STOP_NAMES[] = {"running", "length", "stop_token", "stop_string"};
+
+typedef struct Seq {
+    int index;
+    int32_t *prompt;
+    int plen;
+    int32_t *gen;        // generated ids (max_new)
+    int n_gen;
+    ByteVec text;        // the completion's bytes (a stop string cut off)
+    size_t emitted;      // bytes already streamed
+    int stop;            // RUNNING or the reason it ended
+    int slot;            // decoder sequence id while active, else -1
+    int32_t pending;     // sampled, to be fed by the next step
+    Rng rng;
+    double t_start;
+} Seq;
+
+typedef struct Gen {
+    const Tokenizer *tok;
+    int max_new, V_tok;
+    const int32_t *stop_tokens;
+    int n_stop_tokens;
+    const char *const *stops;
+    int n_stops;
+    size_t max_stop_len;
+    int json, stream;
+    Sampler sampler;
+} Gen;
+
+// Appends token id to s: stop token, then its bytes, then stop strings, then the length limit.
+static void take_token(const Gen *g, Seq *s, int32_t id) {
+    s->gen[s->n_gen++] = id;
+    for (int i = 0; i < g->n_stop_tokens; i++)
+        if (g->stop_tokens[i] == id) { s->stop = STOP_TOKEN; return; }
+    size_t blen = 0, before = s->text.n;
+    int special;
+    const uint8_t *b = tok_bytes(g->tok, (uint32_t)id, &blen, &special);
+    if (b) bytevec_append(&s->text, b, blen);
+    for (int i = 0; i < g->n_stops && s->text.n > before; i++) {
+        size_t sl = strlen(g->stops[i]);
+        if (sl > s->text.n) continue;
+        // a match must end in the new bytes: start searching sl - 1 bytes before them
+        size_t from = before >= sl - 1 ? before - (sl - 1) : 0;
+        for (size_t p = from; p + sl <= s->text.n; p++)
+            if (!memcmp(s->text.v + p, g->stops[i], sl)) {
+                s->text.n = p;   // the earliest match wins; cut it and what follows
+                s->stop = STOP_STRING;
+                break;
+            }
+    }
+    if (s->stop == RUNNING && s->n_gen >= g->max_new) s->stop = STOP_LENGTH;
+    if (s->stop == RUNNING) s->pending = id;
+}
+
+// Streams what can no longer become part of a stop string (everything once the sequence ended).
+static void stream_out(const Gen *g, Seq *s) {
+    if (!g->stream) return;
+    size_t hold = s->stop == RUNNING && g->max_stop_len > 0 ? g->max_stop_len - 1 : 0;
+    size_t safe = s->text.n > hold ? s->text.n - hold : 0;
+    if (safe > s->emitted) {
+        if (fwrite(s->text.v + s->emitted, 1, safe - s->emitted, stdout) != safe - s->emitted) die("writing to stdout failed");
+        fflush(stdout);
+        s->emitted = safe;
+    }
+}
+
+static char *sanitized(const uint8_t *b, size_t n) {
+    ByteVec v = {0};
+    utf8_sanitize(&v, b, n);
+    bytevec_append(&v, "", 1);
+    return (char *)v.v;
+}
+
+static void print_finished(const Gen *g, const Seq *s, const Prompt *p, double now) {
+    if (g->stream) {
+        fputc('\n', stdout);
+    } else if (g->json) {
+        cJSON *o = cJSON_CreateObject();
+        char *pt = sanitized((const uint8_t *)p->text, p->len), *ct = sanitized(s->text.v, s->text.n);
+        cJSON_AddNumberToObject(o, "index", s->index);
+        cJSON_AddStringToObject(o, "prompt", pt);
+        cJSON_AddStringToObject(o, "completion", ct);
+        cJSON *ids = cJSON_AddArrayToObject(o, "tokens");
+        for (int i = 0; i < s->n_gen; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(s->gen[i]));
+        cJSON_AddNumberToObject(o, "prompt_tokens", s->plen);
+        cJSON_AddNumberToObject(o, "completion_tokens", s->n_gen);
+        cJSON_AddStringToObject(o, "stop_reason", STOP_NAMES[s->stop]);
+        cJSON_AddNumberToObject(o, "seconds", now - s->t_start);
+        char *line = cJSON_PrintUnformatted(o);
+        printf("%s\n", line);
+        free(line);
+        free(pt);
+        free(ct);
+        cJSON_Delete(o);
+    } else {
+        printf("[%d] ", s->index);
+        if (fwrite(s->text.v, 1, s->text.n, stdout) != s->text.n) die("writing to stdout failed");
+        fputc('\n', stdout);
+    }
+    if (fflush(stdout) != 0 || ferror(stdout)) die("writing to stdout failed");
+}
+
+// ---------------------------------------------------------------- options
+
+static Tokenizer *open_tokenizer(const char *arg, const ModelDir *md, int vocab) {
+    const char *path = arg ? arg : md->tokenizer;
+    if (!path)
+        die("'%s' names no tokenizer (a %s without train.tokenizer): pass --tokenizer FILE", md->dir, model_dir_kind_name(md->kind));
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) die("cannot read tokenizer '%s'%s: %s: pass --tokenizer FILE", path, arg ? "" : " (the model's)", strerror(errno));
+    char err[512];
+    Tokenizer *t = tok_parse(text, len, path, err, sizeof(err));
+    free(text);
+    if (!t) die("%s", err);
+    if (tok_vocab_size(t) > (uint32_t)vocab)
+        die("tokenizer '%s' has %u ids, more than the model's vocab_size %d: pass the tokenizer the model was trained with", path,
+            tok_vocab_size(t), vocab);
+    return t;
+}
+
+int cmd_generate(int argc, char **argv) {
+    Args a;
+    args_parse(&a, argc, argv, SPECS, N_SPECS,
+               "usage: clla generate --model DIR (--prompt TEXT ... | --prompts FILE) [--max-new-tokens N] [--temperature T]\n"
+               "                     [--top-k K] [--top-p P] [--seed S] [--stop TEXT ...] [--stop-token ID ...] [--json]\n"
+               "Continues each prompt through the model's KV cache. One prompt streams its text as it comes; several print\n"
+               "each completion when it ends ([index] text, or a JSON line with --json). Speeds and cache bytes go to stderr.",
+               NULL, NULL, 0);
+#define OPT(name) args_get(&a, SPECS, N_SPECS, name)
+    const char *dir = OPT("model");
+    if (!dir) die("clla generate needs --model DIR: see clla generate --help");
+
+    // ---- settings (all checked before the model is read)
+    const char *v;
+    int max_new = (v = OPT("max-new-tokens")) ? (int)args_int("max-new-tokens", v, 0, 1 << 24) : 64;
+    SamplerParams sp = {0.0f, 0, 1.0f};
+    if ((v = OPT("temperature"))) sp.temperature = (float)args_double("temperature", v);
+    if ((v = OPT("top-k"))) sp.top_k = (int)args_int("top-k", v, -2147483647LL, 2147483647LL);
+    if ((v = OPT("top-p"))) sp.top_p = (float)args_double("top-p", v);
+    char err[1024];
+    if (sampler_check(&sp, err, sizeof(err)) != 0) die("%s", err);
+    unsigned long long seed = (v = OPT("seed")) ? (unsigned long long)args_int("seed", v, 0, 9223372036854775807LL) : 0;
+    int batch_opt = (v = OPT("batch")) ? (int)args_int("batch", v, 1, 4096) : 0;
+    const char *stops[MAX_LIST], *stop_tok_s[MAX_LIST], *prompt_args[MAX_LIST], *codec_specs[MAX_LIST];
+    int n_stops = args_get_all(&a, SPECS, N_SPECS, "stop", stops, MAX_LIST);
+    int n_stop_tok = args_get_all(&a, SPECS, N_SPECS, "stop-token", stop_tok_s, MAX_LIST);
+    int n_prompt_args = args_get_all(&a, SPECS, N_SPECS, "prompt", prompt_args, MAX_LIST);
+    int n_codecs = args_get_all(&a, SPECS, N_SPECS, "cache-codec", codec_specs, MAX_LIST);
+    size_t max_stop_len = 0;
+    for (int i = 0; i < n_stops; i++) {
+        if (!stops[i][0]) die("--stop '': a stop string must not be empty");
+        if (strlen(stops[i]) > max_stop_len) max_stop_len = strlen(stops[i]);
+    }
+    PromptList pl = {0};
+    for (int i = 0; i < n_prompt_args; i++) {
+        char origin[64];
+        snprintf(origin, sizeof(origin), "--prompt %d", i + 1);
+        add_prompt(&pl, prompt_args[i], strlen(prompt_args[i]), origin);
+    }
+    if ((v = OPT("prompts"))) read_prompts_file(&pl, v);
+    if (pl.n == 0) die("no prompt: give --prompt TEXT (repeatable) or --prompts FILE");
+    for (int i = 0; i < pl.n; i++)
+        if (pl.p[i].len == 0) die("%s: the prompt is empty: give at least one character", pl.p[i].origin);
+
+    // ---- model, cache layout, tokenizer
+    if (model_dir_kind(dir) == MODEL_DIR_CHECKPOINT && ckpt_validate(dir, err, sizeof(err)) != 0)
+        die("checkpoint '%s' is damaged: %s", dir, err);
+    Config cfg;
+    Model model;
+    ModelDir md;
+    model_dir_load(&md, &model, &cfg, dir, device_backend(OPT("device")), 0, NULL);
+    CacheLayout layout = md.cache;
+    for (int i = 0; i < n_codecs; i++)
+        if (cache_layout_apply_spec(&layout, codec_specs[i], err, sizeof(err)) != 0) die("--cache-codec '%s': %s", codec_specs[i], err);
+    Tokenizer *tok = open_tokenizer(OPT("tokenizer"), &md, cfg.model.vocab_size);
+    const int V = cfg.model.vocab_size, ctx = cfg.model.max_position_embeddings;
+    int32_t stop_tokens[MAX_LIST + 1];
+    int n_stop_tokens = 0;
+    for (int i = 0; i < n_stop_tok; i++) stop_tokens[n_stop_tokens++] = (int32_t)args_int("stop-token", stop_tok_s[i], 0, V - 1);
+    uint32_t eos = tok_special_id(tok, "<|endoftext|>");
+    if (!OPT("ignore-eos") && eos != TOK_NONE) stop_tokens[n_stop_tokens++] = (int32_t)eos;
+
+    // ---- prompts to tokens, each checked against the context
+    TokEncoder *enc = tok_encoder_new(tok);
+    Seq *seqs = xcalloc((size_t)pl.n, sizeof(Seq));
+    long long prompt_tokens = 0;
+    int max_len = 1;
+    for (int i = 0; i < pl.n; i++) {
+        const Prompt *p = &pl.p[i];
+        size_t bad = utf8_first_invalid((const uint8_t *)p->text, p->len);
+        if (bad < p->len)
+            warn("%s is not valid UTF-8 (byte %zu of %zu): its bytes are encoded as they are", p->origin, bad + 1, p->len);
+        U32Vec ids = {0};
+        tok_encode(enc, p->text, p->len, 1, &ids);
+        if ((long long)ids.n + max_new > ctx)
+            die("%s is %zu tokens; with --max-new-tokens %d that makes %lld, more than the model's context of %d "
+                "(max_position_embeddings): shorten the prompt or lower --max-new-tokens",
+                p->origin, ids.n, max_new, (long long)ids.n + max_new, ctx);
+        Seq *s = &seqs[i];
+        s->index = i;
+        s->plen = (int)ids.n;
+        s->prompt = xmalloc(ids.n * sizeof(int32_t));
+        for (size_t k = 0; k < ids.n; k++) s->prompt[k] = (int32_t)ids.v[k];
+        s->gen = xmalloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t));
+        s->slot = -1;
+        // the prompt's own stream: its tokens do not depend on the batch it is decoded in
+        rng_seed(&s->rng, seed ^ (0x9E3779B97F4A7C15ull * (unsigned long long)(i + 1)));
+        prompt_tokens += s->plen;
+        if (s->plen + max_new > max_len) max_len = s->plen + max_new;
+        free(ids.v);
+    }
+    tok_encoder_free(enc);
+
+    // ---- decode
+    const int batch = batch_opt ? (batch_opt < pl.n ? batch_opt : pl.n) : (pl.n < 64 ? pl.n : 64);
+    Gen g = {.tok = tok, .max_new = max_new, .stop_tokens = stop_tokens, .n_stop_tokens = n_stop_tokens,
+             .stops = stops, .n_stops = n_stops, .max_stop_len = max_stop_len, .json = OPT("json") != NULL};
+    g.stream = !g.json && pl.n == 1;
+    // sample only ids the tokenizer can print (a model's vocab may be padded beyond it)
+    g.V_tok = (int)tok_vocab_size(tok);
+    sampler_init(&g.sampler, &sp, g.V_tok);
+    Decoder *dec = decoder_new(&model, &layout, batch, max_len);
+    Seq **slot = xcalloc((size_t)batch, sizeof(Seq *));
+    float *logits = xmalloc((size_t)batch * V * sizeof(float));
+    int *ids = xmalloc((size_t)batch * sizeof(int)), *lens = xmalloc((size_t)batch * sizeof(int));
+    const int32_t **prompts = xmalloc((size_t)batch * sizeof(int32_t *));
+    int32_t *feed = xmalloc((size_t)batch * sizeof(int32_t));
+    Seq **batch_seqs = xmalloc((size_t)batch * sizeof(Seq *));
+    double t_prefill = 0, t_decode = 0, t0 = now_seconds();
+    long long decoded = 0, generated = 0, peak_tokens = 0;
+    size_t peak_bytes = 0;
+    int next = 0, active = 0;
+    while (next < pl.n || active > 0) {
+        for (int phase = 0; phase < 2; phase++) {
+            // phase 0: prefill waiting prompts into free slots; phase 1: one step of every active sequence
+            int n = 0;
+            for (int k = 0; k < batch; k++) {
+                if (phase == 0 && !slot[k] && next < pl.n) {
+                    Seq *s = &seqs[next++];
+                    s->slot = k;
+                    s->t_start = now_seconds();
+                    slot[k] = s;
+                    active++;
+                    ids[n] = k;
+                    prompts[n] = s->prompt;
+                    lens[n] = s->plen;
+                    batch_seqs[n++] = s;
+                } else if (phase == 1 && slot[k] && slot[k]->stop == RUNNING && slot[k]->n_gen > 0) {
+                    ids[n] = k;
+                    feed[n] = slot[k]->pending;
+                    batch_seqs[n++] = slot[k];
+                }
+            }
+            if (n == 0) continue;
+            double ts = now_seconds();
+            if (phase == 0) decoder_prefill(dec, n, ids, prompts, lens, logits);
+            else decoder_step(dec, n, ids, feed, logits);
+            double te = now_seconds();
+            if (phase == 0) t_prefill += te - ts;
+            else { t_decode += te - ts; decoded += n; }
+            size_t bytes = decoder_cache_bytes(dec);
+            if (bytes >= peak_bytes) {
+                peak_bytes = bytes;
+                long long stored = 0;
+                for (int k = 0; k < batch; k++) if (slot[k]) stored += decoder_seq_len(dec, k);
+                peak_tokens = stored;
+            }
+            for (int i = 0; i < n; i++) {
+                Seq *s = batch_seqs[i];
+                if (max_new == 0) s->stop = STOP_LENGTH;
+                else { take_token(&g, s, sampler_next(&g.sampler, logits + (size_t)i * V, &s->rng)); generated++; }
+                stream_out(&g, s);
+                if (s->stop != RUNNING) {
+                    print_finished(&g, s, &pl.p[s->index], now_seconds());
+                    decoder_release(dec, s->slot);
+                    slot[s->slot] = NULL;
+                    s->slot = -1;
+                    active--;
+                }
+            }
+        }
+    }
+    double total = now_seconds() - t0;
+    char codecs[512];
+    model_dir_describe_cache(decoder_layout(dec), codecs, sizeof(codecs));
+    fprintf(stderr,
+            "generate: %d prompt%s, %lld prompt tokens in %.3f s (%.1f tok/s prefill), %lld tokens generated, "
+            "%lld decoded in %.3f s (%.1f tok/s decode), %.3f s in all\n"
+            "cache: %zu bytes held at the peak (%lld tokens stored), %zu bytes per token (%s)\n",
+            pl.n, pl.n == 1 ? "" : "s", prompt_tokens, t_prefill, t_prefill > 0 ? prompt_tokens / t_prefill : 0.0, generated,
+            decoded, t_decode, t_decode > 0 ? decoded / t_decode : 0.0, total, peak_bytes, peak_tokens,
+            decoder_bytes_per_token(dec), codecs);
+
+    decoder_free(dec);
+    sampler_free(&g.sampler);
+    for (int i = 0; i < pl.n; i++) {
+        free(seqs[i].prompt);
+        free(seqs[i].gen);
+        free(seqs[i].text.v);
+        free(pl.p[i].text);
+    }
+    free(seqs);
+    free(pl.p);
+    free(slot);
+    free(logits);
+    free(ids);
+    free(lens);
+    free(prompts);
+    free(feed);
+    free(batch_seqs);
+    tok_free(tok);
+    model_dir_free(&md);
+    model_free(&model);
+    return 0;
+#undef OPT
+}
