@@ -1096,6 +1096,26 @@ def cmd_train(a):
 
 # ----------------------------------------------------------------------------- main
 
+def cmd_greedy(a):
+    """Greedy continuation of a prompt, recomputing the full forward each step (no cache): what
+    clla generate's incremental decoding must reproduce. Ties go to the lower id (argmax)."""
+    model, _ = load_model_dir(a.model, a.set)
+    ids = [int(x) for x in a.ids.split(",") if x != ""]
+    if not ids:
+        raise ValueError("--ids is empty")
+    margins = []
+    with torch.no_grad():
+        for _ in range(a.n):
+            logits, _ = model(torch.tensor([ids], dtype=torch.int64))
+            last = logits[0, -1]
+            top2 = torch.topk(last, 2).values
+            margins.append(float(top2[0] - top2[1]))
+            ids.append(int(torch.argmax(last)))
+    print(",".join(str(i) for i in ids[len(ids) - a.n:]))
+    print(f"smallest top-2 logit margin {min(margins):.3e}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None):
     torch.set_default_dtype(DTYPE)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -1147,8 +1167,14 @@ def main(argv=None):
     c.add_argument("--quiet", action="store_true", help="accepted (the stand-in prints no step lines)")
     c.add_argument("--set", action="append", default=[])
 
+    c = sub.add_parser("greedy", help="greedy continuation by full recomputation (checks clla generate)")
+    c.add_argument("--model", required=True)
+    c.add_argument("--ids", required=True, help="prompt token ids, comma-separated")
+    c.add_argument("--n", type=int, required=True, help="tokens to generate")
+    c.add_argument("--set", action="append", default=[])
+
     a = p.parse_args(argv)
-    fn = {"check-step": cmd_check_step, "check-train": cmd_check_train, "suggest-clip": cmd_suggest_clip,
+    fn = {"greedy": cmd_greedy, "check-step": cmd_check_step, "check-train": cmd_check_train, "suggest-clip": cmd_suggest_clip,
           "init": cmd_init, "debug-step": cmd_debug_step, "train": cmd_train,
           "check-int-group": cmd_check_int_group}[a.cmd]
     try:
