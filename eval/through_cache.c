@@ -1,0 +1,57 @@
+#include "eval/through_cache.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "model/decode.h"
+
+// -log softmax(logits)[target], in double.
+static double token_loss(const float *logits, int V, int target) {
+    double mx = logits[0], sum = 0;
+    for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
+    for (int v = 0; v < V; v++) sum += exp((double)logits[v] - mx);
+    return log(sum) + mx - (double)logits[target];
+}
+
+void eval_through_cache(Model *m, const CacheLayout *layout, const int32_t *inputs, const int32_t *targets,
+                        int B, int T, CacheLoss *acc) {
+    int V = m->cfg.vocab_size;
+    // full forward, every codec's round trip applied where the cache holds a value
+    int saved_inference = m->inference, saved_apply = m->apply_codecs;
+    m->inference = 1;
+    m->apply_codecs = 1;
+    model_use_cache_codecs(m, layout);
+    model_set_batch(m, B, T);
+    model_forward(m, inputs, NULL);
+    float *logits = xmalloc((size_t)B * T * V * sizeof(float));
+    m->be->act_to_host(logits, table_ptr_store(&m->acts, m->act, m->logits), (size_t)B * T * V);
+    for (int i = 0; i < B * T; i++)
+        if (targets[i] != IGNORE_INDEX) {
+            acc->full_sum += token_loss(logits + (size_t)i * V, V, targets[i]);
+            acc->count++;
+        }
+    m->inference = saved_inference;
+    m->apply_codecs = saved_apply;
+
+    // token by token through the cache: prefill the first token of every window, then steps
+    Decoder *d = decoder_new(m, layout, B, T);
+    int *ids = xmalloc((size_t)B * sizeof(int)), *one = xmalloc((size_t)B * sizeof(int));
+    const int32_t **first = xmalloc((size_t)B * sizeof(int32_t *));
+    int32_t *tok = xmalloc((size_t)B * sizeof(int32_t));
+    for (int b = 0; b < B; b++) { ids[b] = b; one[b] = 1; first[b] = inputs + (size_t)b * T; }
+    for (int t = 0; t < T; t++) {
+        if (t == 0) decoder_prefill(d, B, ids, first, one, logits);
+        else {
+            for (int b = 0; b < B; b++) tok[b] = inputs[(size_t)b * T + t];
+            decoder_step(d, B, ids, tok, logits);
+        }
+        for (int b = 0; b < B; b++) {
+            int32_t target = targets[(size_t)b * T + t];
+            if (target != IGNORE_INDEX) acc->decode_sum += token_loss(logits + (size_t)b * V, V, target);
+        }
+    }
+    decoder_free(d);
+    free(ids); free(one); free(first); free(tok); free(logits);
+}
