@@ -27,6 +27,8 @@ static Backend make_backend_cuda(void) {
     b.rmsnorm_backward = cuda_rmsnorm_backward;
     b.rope_forward = cuda_rope_forward;
     b.rope_backward = cuda_rope_backward;
+    b.rope_rows_forward = cuda_rope_rows_forward;
+    b.paged_attention = cuda_paged_attention;
     b.attention_forward = cuda_attention_forward;
     b.attention_backward = cuda_attention_backward;
     b.swiglu_forward = cuda_swiglu_forward;

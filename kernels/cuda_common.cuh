@@ -115,6 +115,9 @@ enum CudaScratchSlot {
     SCRATCH_MOE_A,        // MoE router backward: fp32 copies of inp and weight, fp32 dinp
     SCRATCH_MOE_B,
     SCRATCH_MOE_C,
+    SCRATCH_DEC_PTRS,     // paged attention: the streams' block pointer tables
+    SCRATCH_DEC_TABLE,    // paged attention: block tables and lengths of the rows
+    SCRATCH_DEC_SCORES,   // paged attention: fp32 scores / probabilities (n, NH, longest)
     SCRATCH_NSLOTS
 };
 void *cuda_scratch(enum CudaScratchSlot slot, size_t bytes);

@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 
+#include "backend/backend.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -46,6 +48,12 @@ void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const
 // ---- RoPE (cuda_rope.cu) ----
 void cuda_rope_forward(float *x, int B, int T, int H, int S, int off, int D, int pos0, float theta);
 void cuda_rope_backward(float *dx, int B, int T, int H, int S, int off, int D, int pos0, float theta);
+
+// ---- decoding (cuda_decode.cu) ----
+void cuda_rope_rows_forward(float *x, int N, int H, int S, int off, int D, const int *pos, float theta);
+void cuda_paged_attention(float *out, const float *q, const PagedStream *k, const PagedStream *k2,
+                          const PagedStream *v, const int *block_table, int max_blocks, const int *lens,
+                          int n, int NH, int NKV, int DK, int DK2, int DV, float scale);
 
 // ---- causal grouped-head attention (cuda_attention.cu) ----
 void cuda_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,

@@ -42,6 +42,7 @@ struct Decoder {
     int *step_table, *step_lens;   // [max_rows * max_blocks], [max_rows]: what each row attends
     float *row;            // host staging for one layer's rows: (max rows, widest part)
     size_t row_cap;
+    uint8_t *tok;          // host staging for one encoded token (the widest stream)
     // absorbed latent attention: scratch and per-head weights (latent models only)
     TensorTable scratch;
     void *scratch_buf;
@@ -73,8 +74,10 @@ static int block_take(Decoder *d) {
         d->cap_ids = cap;
     }
     int id = d->n_ids++;
-    for (int s = 0; s < d->cl.n_streams; s++)
-        d->blocks[s][id] = xmalloc(cache_stream_bytes_per_token(&d->cl, s) * DECODE_BLOCK_TOKENS);
+    for (int s = 0; s < d->cl.n_streams; s++) {
+        d->blocks[s][id] = d->m->be->alloc(cache_stream_bytes_per_token(&d->cl, s) * DECODE_BLOCK_TOKENS);
+        d->ps[s].n_blocks = d->n_ids;
+    }
     return id;
 }
 
@@ -83,7 +86,7 @@ static void reserve(Decoder *d, int seq, int pos) {
     if (pos % DECODE_BLOCK_TOKENS == 0) d->table[(size_t)seq * d->max_blocks + pos / DECODE_BLOCK_TOKENS] = block_take(d);
 }
 
-static uint8_t *token_ptr(Decoder *d, int s, int seq, int pos) {
+static uint8_t *token_ptr(const Decoder *d, int s, int seq, int pos) {
     int id = d->table[(size_t)seq * d->max_blocks + pos / DECODE_BLOCK_TOKENS];
     return d->blocks[s][id] + (size_t)(pos % DECODE_BLOCK_TOKENS) * cache_stream_bytes_per_token(&d->cl, s);
 }
@@ -103,20 +106,26 @@ static float *stream_source(Decoder *d, int s) {
     die("internal error: stream part %d", st->part);
 }
 
+// Encodes one token's vector x into stream s at (seq, pos): on the host, then into the block
+// (backend memory) with one upload.
+static void write_token(Decoder *d, int s, int seq, int pos, const float *x) {
+    const CachePart *part = &d->cl.part[d->cl.streams[s].part];
+    codec_encode(&part->codec, d->tok, x, 1, part->width);
+    d->m->be->upload(token_ptr(d, s, seq, pos), d->tok, cache_stream_bytes_per_token(&d->cl, s));
+}
+
 // Encodes rows of the streams layer l writes: row r of the model's batch goes to sequence
-// seq_of_row(r), position pos_of_row(r); rows with pos < 0 are skipped.
+// row_seq[r], position row_pos[r]; rows with pos < 0 are skipped.
 static void write_layer(Decoder *d, int l, int rows, const int *row_seq, const int *row_pos) {
     Model *m = d->m;
     for (int s = 0; s < d->cl.n_streams; s++) {
         if (d->cl.streams[s].layer != l) continue;
-        const CachePart *part = &d->cl.part[d->cl.streams[s].part];
-        size_t need = (size_t)rows * part->width;
+        int W = d->cl.part[d->cl.streams[s].part].width;
+        size_t need = (size_t)rows * W;
         if (need > d->row_cap) { d->row = xrealloc(d->row, need * sizeof(float)); d->row_cap = need; }
         m->be->act_to_host(d->row, stream_source(d, s), need);
-        for (int r = 0; r < rows; r++) {
-            if (row_pos[r] < 0) continue;
-            codec_encode(&part->codec, token_ptr(d, s, row_seq[r], row_pos[r]), d->row + (size_t)r * part->width, 1, part->width);
-        }
+        for (int r = 0; r < rows; r++)
+            if (row_pos[r] >= 0) write_token(d, s, row_seq[r], row_pos[r], d->row + (size_t)r * W);
     }
 }
 
@@ -143,11 +152,17 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
     d->table = xcalloc((size_t)max_seqs * d->max_blocks, sizeof(int));
     d->len = xcalloc((size_t)max_seqs, sizeof(int));
     d->ps = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(PagedStream));
+    size_t widest = 1;
     for (int s = 0; s < d->cl.n_streams; s++) {
         const CachePart *part = &d->cl.part[d->cl.streams[s].part];
-        d->ps[s] = (PagedStream){part->width, cache_stream_bytes_per_token(&d->cl, s), DECODE_BLOCK_TOKENS, NULL,
-                                 &part->codec, stream_decode, part->codec.kind == CODEC_FP32};
+        const Codec *codec = &part->codec;
+        int kind = codec->kind == CODEC_FP32 ? PAGED_F32 : codec->kind == CODEC_BF16 ? PAGED_BF16
+                 : codec->kind == CODEC_INT_GROUP ? PAGED_INT_GROUP : PAGED_OTHER;
+        d->ps[s] = (PagedStream){part->width, cache_stream_bytes_per_token(&d->cl, s), DECODE_BLOCK_TOKENS, NULL, 0,
+                                 codec, stream_decode, kind == PAGED_F32, kind, codec->bits, codec->group};
+        if (d->ps[s].token_bytes > widest) widest = d->ps[s].token_bytes;
     }
+    d->tok = xmalloc(widest);
     d->max_rows = max_seqs > DECODE_CHUNK_ROWS ? max_seqs : DECODE_CHUNK_ROWS;
     d->row_seq = xcalloc((size_t)d->max_rows, sizeof(int));
     d->h_pos = xcalloc((size_t)d->max_rows, sizeof(int));
@@ -202,7 +217,7 @@ void decoder_free(Decoder *d) {
     if (!d) return;
     Model *m = d->m;
     for (int s = 0; s < d->cl.n_streams; s++) {
-        for (int i = 0; i < d->n_ids; i++) free(d->blocks[s][i]);
+        for (int i = 0; i < d->n_ids; i++) m->be->release(d->blocks[s][i]);
         free(d->blocks[s]);
     }
     free(d->blocks);
@@ -216,6 +231,7 @@ void decoder_free(Decoder *d) {
     free(d->step_table);
     free(d->step_lens);
     free(d->row);
+    free(d->tok);
     if (d->scratch_buf) m->be->release(d->scratch_buf);
     table_free(&d->scratch);
     free(d->uk);
@@ -424,8 +440,8 @@ void decoder_read(const Decoder *d, int s, int seq, int pos, float *out) {
     check_seq(d, seq);
     if (s < 0 || s >= d->cl.n_streams || pos < 0 || pos >= d->len[seq]) die("decoder_read: no stream %d position %d", s, pos);
     const CachePart *part = &d->cl.part[d->cl.streams[s].part];
-    int id = d->table[(size_t)seq * d->max_blocks + pos / DECODE_BLOCK_TOKENS];
-    codec_decode(&part->codec, out, d->blocks[s][id] + (size_t)(pos % DECODE_BLOCK_TOKENS) * d->ps[s].token_bytes, 1, part->width);
+    d->m->be->download(d->tok, token_ptr(d, s, seq, pos), d->ps[s].token_bytes);
+    codec_decode(&part->codec, out, d->tok, 1, part->width);
 }
 
 void model_use_cache_codecs(Model *m, const CacheLayout *layout) {
@@ -443,10 +459,10 @@ void decoder_fill_synthetic(Decoder *d, int seq, int n, uint64_t seed) {
         int pos = d->len[seq] + t;
         reserve(d, seq, pos);
         for (int s = 0; s < d->cl.n_streams; s++) {
-            const CachePart *part = &d->cl.part[d->cl.streams[s].part];
-            if ((size_t)part->width > d->row_cap) { d->row = xrealloc(d->row, (size_t)part->width * sizeof(float)); d->row_cap = (size_t)part->width; }
-            for (int j = 0; j < part->width; j++) d->row[j] = rng_normal(&r);
-            codec_encode(&part->codec, token_ptr(d, s, seq, pos), d->row, 1, part->width);
+            int W = d->cl.part[d->cl.streams[s].part].width;
+            if ((size_t)W > d->row_cap) { d->row = xrealloc(d->row, (size_t)W * sizeof(float)); d->row_cap = (size_t)W; }
+            for (int j = 0; j < W; j++) d->row[j] = (float)rng_normal(&r);
+            write_token(d, s, seq, pos, d->row);
         }
     }
     d->len[seq] += n;

@@ -43,7 +43,8 @@ static void stream_make(Stream *s, int n_blocks, int width, const Codec *c, Rng 
         codec_decode(c, s->values + (size_t)b * BT * width, s->blocks[b], BT, width);
     }
     free(x);
-    s->ps = (PagedStream){width, tb, BT, s->blocks, &s->codec, codec_cb, c->kind == CODEC_FP32};
+    int kind = c->kind == CODEC_FP32 ? PAGED_F32 : c->kind == CODEC_BF16 ? PAGED_BF16 : PAGED_INT_GROUP;
+    s->ps = (PagedStream){width, tb, BT, s->blocks, n_blocks, &s->codec, codec_cb, kind == PAGED_F32, kind, c->bits, c->group};
 }
 
 static void stream_free(Stream *s, int n_blocks) {
