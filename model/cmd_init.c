@@ -15,19 +15,31 @@ static const ArgSpec SPECS[] = {
     {"config", 1, "config JSON (required)"},
     {"out", 1, "output directory (required)"},
     {"set", 1, "override a key (repeatable)"},
+    {"overwrite", 0, "DIR may hold a model or a run: clear what a run wrote there (model, config, metrics, checkpoints/) first"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
 int cmd_init(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
-               "usage: clla init --config FILE --out DIR [--set key=value ...]\n"
-               "Writes DIR/config.json and DIR/model.safetensors initialized from train.seed.",
+               "usage: clla init --config FILE --out DIR [--set key=value ...] [--overwrite]\n"
+               "Writes DIR/config.json and DIR/model.safetensors initialized from train.seed.\n"
+               "A DIR that already holds a model or a run is refused unless --overwrite.",
                NULL, NULL, 0);
     const char *cfg_path = args_get(&a, SPECS, N_SPECS, "config"), *out = args_get(&a, SPECS, N_SPECS, "out");
     if (!cfg_path || !out) die("clla init needs --config FILE and --out DIR: see clla init --help");
     Config cfg;
     config_load(&cfg, cfg_path, a.n_sets, a.sets);
+    // a trained run's files are never replaced by a fresh initialization without a word
+    RunDirContents c;
+    run_dir_inspect(out, NULL, &c);
+    if (!run_dir_is_empty(&c)) {
+        char what[256];
+        run_dir_describe(&c, what, sizeof(what));
+        if (!args_get(&a, SPECS, N_SPECS, "overwrite"))
+            die("'%s' already holds a model or a run (%s): give another --out, or replace it with --overwrite", out, what);
+        run_dir_clear(out, NULL);
+    }
     Model model;
     model_build(&model, &cfg.model, backend_cpu());
     model_init_weights(&model, cfg.train.seed);
