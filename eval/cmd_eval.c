@@ -66,6 +66,7 @@ int cmd_eval(int argc, char **argv) {
     double t0 = now_seconds();
     EvalResult r = evaluate(&model, dl, B, T, max_batches * B, tty ? show_progress : NULL, NULL);
     if (tty) fprintf(stderr, " | %.0f tok/s\n", (double)r.tokens / (now_seconds() - t0));
+    if (r.failed) die("%s", r.err);
     int finite = isfinite(r.loss);
     if (json) {
         // JSON has no NaN or Infinity: a non-finite loss is null (and the exit status says so)

@@ -23,9 +23,11 @@ EvalResult evaluate(Model *model, DataLoader *dl, int B, int T, long long max_wi
     int32_t *in = xmalloc((size_t)B * T * sizeof(int32_t)), *tg = xmalloc((size_t)B * T * sizeof(int32_t));
     double sum = 0;
     loader_reset(dl);
-    for (long long done = 0; done < n;) {
+    for (long long done = 0; done < n && !r.failed;) {
         int rows = n - done < B ? (int)(n - done) : B;
-        for (int b = 0; b < rows; b++) loader_next(dl, in + (size_t)b * T, tg + (size_t)b * T);
+        for (int b = 0; b < rows && !r.failed; b++)
+            r.failed = loader_next_checked(dl, in + (size_t)b * T, tg + (size_t)b * T, r.err, sizeof(r.err)) != 0;
+        if (r.failed) break;
         // a partial batch runs as a smaller batch (not padded: padding rows would take MoE capacity)
         model_set_batch(model, rows, T);
         float loss = model_forward(model, in, tg);
@@ -36,7 +38,7 @@ EvalResult evaluate(Model *model, DataLoader *dl, int B, int T, long long max_wi
         done += rows;
         if (progress) progress(done, n, ctx);
     }
-    r.windows = n;
+    if (!r.failed) r.windows = n;
     r.loss = r.tokens ? sum / (double)r.tokens : 0.0;
     if (B0 > 0 && T0 > 0) model_set_batch(model, B0, T0);
     free(in);

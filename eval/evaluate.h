@@ -17,6 +17,8 @@ typedef struct EvalResult {
     long long tokens;      // targets scored
     long long windows;     // windows (rows) scored
     long long batches;     // forwards run (the last may be partial)
+    int failed;            // a damaged data chunk stopped it: err says which (the numbers are partial)
+    char err[512];
 } EvalResult;
 
 // Opens data for evaluate(): one window per loader step, so every window can be reached.

@@ -46,7 +46,7 @@ int cmd_init(int argc, char **argv) {
     RunFiles rf = {0};
     if (make_dirs(out) != 0) die("cannot create '%s': %s", out, strerror(errno));
     rf.dir = xstrdup(out);
-    run_files_save_model(&rf, &cfg, &model, model.master);
+    run_files_save_model(&rf, &cfg, &model, model.master, NULL);
     free(rf.dir);
     printf("wrote %s/config.json and %s/model.safetensors (%lld parameters)\n", out, out, model_num_params(&model));
     model_free(&model);

@@ -125,6 +125,9 @@ void model_load(Model *m, const char *path);
 void model_save(Model *m, const char *path);
 // The same from `masters`, a backend buffer holding the whole flat fp32 layout.
 void model_save_masters(Model *m, const float *masters, const char *path);
+// The same, returning -1 with one line in err instead of dying (the trainer names its last
+// good checkpoint in the message).
+int model_save_masters_checked(Model *m, const float *masters, const char *path, char *err, size_t errlen);
 // After changing master weights on the host side: refresh the storage copy. On a backend
 // with separate masters each tensor i is stored with store_weights(..., model_weight_seed(seed, i)).
 // Not on sharded masters (internal error): see model_sync_weights_from.

@@ -241,7 +241,7 @@ void model_save(Model *m, const char *path) {
     model_save_masters(m, m->master, path);
 }
 
-void model_save_masters(Model *m, const float *masters, const char *path) {
+int model_save_masters_checked(Model *m, const float *masters, const char *path, char *err, size_t errlen) {
     const TensorTable *tt = &m->params;
     float *host = xmalloc(tt->bytes_f32);
     m->be->download(host, masters, tt->bytes_f32);
@@ -252,9 +252,13 @@ void model_save_masters(Model *m, const float *masters, const char *path) {
         for (int d = 0; d < tt->t[i].ndim; d++) st[i].shape[d] = tt->t[i].shape[d];
         st[i].data = (const float *)((const char *)host + tt->t[i].off_f32);
     }
-    char err[512];
-    int rc = st_save(path, st, tt->n, ST_F32, "{\"format\":\"pt\",\"producer\":\"clla\"}", err, sizeof(err));
+    int rc = st_save(path, st, tt->n, ST_F32, "{\"format\":\"pt\",\"producer\":\"clla\"}", err, errlen);
     free(st);
     free(host);
-    if (rc != 0) die("%s", err);
+    return rc;
+}
+
+void model_save_masters(Model *m, const float *masters, const char *path) {
+    char err[512];
+    if (model_save_masters_checked(m, masters, path, err, sizeof(err)) != 0) die("%s", err);
 }

@@ -95,7 +95,7 @@ fi
 cp r2/model.safetensors r2.model6
 if "$CLLA" train --config c.json --out r2 --quiet --resume auto --set train.max_steps=9 2> r2b.err &&
    grep -q "resuming from r2/checkpoints/step_00000006 at step 6" r2b.err && [ "$(steps_of r2/metrics.jsonl)" = "1 2 3 4 5 6 7 8 9 " ] &&
-   ! cmp -s r2.model6 r2/model.safetensors; then
+   ! cmp -s r2.model6 r2/model.safetensors && ! ls -d r2/checkpoints/abandoned-* > /dev/null 2>&1; then
     ok "(2) a finished run continues from its final checkpoint to step 9"
 else
     fail "(2) continuing a finished run: $(grep -v warning r2b.err | head -n 2 | tr '\n' ' ') | $(steps_of r2/metrics.jsonl)"
@@ -178,6 +178,19 @@ else
     fail "(6) metrics write failure: exit $rc: $last ($n lines, last byte $(tail -c 1 r6/metrics.jsonl | od -An -c))"
 fi
 
+# The final model cannot be written (its name is taken by a directory): the error names the
+# final checkpoint, which holds the same state.
+"$CLLA" train --config c.json --out r6b --quiet --stop-at 3 2> /dev/null
+mkdir r6b/model.safetensors
+"$CLLA" train --config c.json --out r6b --quiet --resume auto 2> r6b.err
+rc=$?
+last=$(tail -n 1 r6b.err)
+if [ "$rc" -eq 1 ] && echo "$last" | grep -q "r6b/model.safetensors.*the last good checkpoint is r6b/checkpoints/step_00000006"; then
+    ok "(6) the final model cannot be written: $last"
+else
+    fail "(6) final model write failure: exit $rc: $last"
+fi
+
 # ---------------------------------------------------------------- shards of two tokenizers
 if "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out a.tok "$SRC/tests/fixtures/english.jsonl" > tok.log 2>&1 &&
    "$CLLA" prep --tokenizer a.tok --out sa --chunk-tokens 512 --val-fraction 0.2 "$SRC/tests/fixtures/english.jsonl" > prep.log 2>&1 &&
@@ -208,6 +221,16 @@ EOF
         ok "(7) damaged chunk at step $st: $last"
     else
         fail "(7) damaged chunk: exit $rc: $last | $(ls r7/checkpoints 2>&1 | tr '\n' ' ')"
+    fi
+    # damaged validation data: validation at step 2 fails, and the state after step 2 is kept
+    "$CLLA" train --config bad.json --out r7b --quiet --set train.data=sa/train --set train.val_data=bad \
+        --set train.val_every=2 --set train.val_batches=1000 2> r7b.err
+    rc=$?
+    last=$(tail -n 1 r7b.err)
+    if [ "$rc" -eq 1 ] && echo "$last" | grep -q "step 2: validation: .*saved as r7b/checkpoints/step_00000002" && [ -d r7b/checkpoints/step_00000002 ]; then
+        ok "(7) damaged validation data: $last"
+    else
+        fail "(7) damaged validation data: exit $rc: $last"
     fi
 fi
 

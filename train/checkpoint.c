@@ -653,7 +653,8 @@ int ckpt_abandon_after(const char *run_dir, int step, const char *const *extra, 
     int todo = 0;
     for (int i = 0; i < n; i++) todo += v[i].step > step;
     struct stat sb;
-    for (int i = 0; extra && extra[i]; i++) todo += stat(extra[i], &sb) == 0;
+    // the extra files (a final model) belong to the abandoned timeline only when it went further
+    for (int i = 0; todo && extra && extra[i]; i++) todo += stat(extra[i], &sb) == 0;
     int rc = 0;
     if (todo) {
         char name[64], *base = path_join(run_dir, CKPT_SUBDIR);

@@ -54,8 +54,8 @@ int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const float 
 int ckpt_find_newest(const char *run_dir, char *path, size_t pathlen, char *err, size_t errlen);
 
 // One timeline per run: moves every step_* directory of run_dir with a step after `step`, and
-// the files named in `extra` (paths, NULL-terminated; those that do not exist are skipped), into
-// run_dir/checkpoints/abandoned-<UTC time>/ (never read by --resume). Returns how many it moved,
+// when there is any, the files named in `extra` too (paths, NULL-terminated; those that do not
+// exist are skipped), into run_dir/checkpoints/abandoned-<UTC time>/ (never read by --resume). Returns how many it moved,
 // with that directory in moved_to, or -1 with err.
 int ckpt_abandon_after(const char *run_dir, int step, const char *const *extra, char *moved_to, size_t moved_len,
                        char *err, size_t errlen);

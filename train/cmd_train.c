@@ -433,11 +433,17 @@ int cmd_train(int argc, char **argv) {
         cJSON_AddNumberToObject(rec, "tokens", (double)bt * n_total * (step + 1));
         if (dist.world > 1) cJSON_AddNumberToObject(rec, "comm_ms", comm * 1e3);   // rank 0's time in collectives
         if (!finite) cJSON_AddBoolToObject(rec, "skipped", 1);
-        int last = step + 1 == tc->max_steps;
+        int last = step + 1 == tc->max_steps, val_bad = 0;
+        char val_err[512] = "";
         if (val_dl && ((tc->val_every && (step + 1) % tc->val_every == 0) || last)) {
-                double vl = evaluate(&model, val_dl, B, T, (long long)tc->val_batches * B, NULL, NULL).loss;
-            cJSON_AddNumberToObject(rec, "val_loss", vl);
-            if (!quiet) fprintf(stderr, "step %d: val loss %.4f (ppl %.2f)\n", step + 1, vl, exp(vl));
+            EvalResult vr = evaluate(&model, val_dl, B, T, (long long)tc->val_batches * B, NULL, NULL);
+            if (vr.failed) {
+                val_bad = 1;
+                snprintf(val_err, sizeof(val_err), "%s", vr.err);
+            } else {
+                cJSON_AddNumberToObject(rec, "val_loss", vr.loss);
+                if (!quiet) fprintf(stderr, "step %d: val loss %.4f (ppl %.2f)\n", step + 1, vr.loss, exp(vr.loss));
+            }
         }
         char werr[1536];
         if (rank0 && metrics_write(rf.metrics_fd, rf.metrics_path, rec, werr, sizeof(werr)) != 0)
@@ -453,6 +459,13 @@ int cmd_train(int argc, char **argv) {
                                                                : "no checkpoint was saved before it: start over with a lower train.lr (--overwrite), and set --save-every");
             die("step %d: the loss or gradient norm is not finite (loss %g, norm %g; %d such step%s in a row, train.max_consecutive_skips = %d): stopping; %s",
                 step + 1, loss, norm, st.consecutive_skips, st.consecutive_skips == 1 ? "" : "s", tc->max_consecutive_skips, safe);
+        }
+        // damaged validation data (read on rank 0): the state after this step is good, keep it
+        if (dist.world > 1) val_bad = dist_max_int(&dist, val_bad);
+        if (val_bad) {
+            save_checkpoint(&cfg, &model, &gs, &opt, &st, train_dl, &dist, &kc);
+            die("step %d: validation: %s; the state after step %d is saved as %s: repair or re-make train.val_data, then continue with --resume auto",
+                step + 1, val_err, step + 1, kc.saved);
         }
         // every rank must take the same branch (the save is collective): the strongest request wins
         int sig_no = dist_max_int(&dist, signals_stop_requested(&sig));
@@ -482,7 +495,7 @@ int cmd_train(int argc, char **argv) {
     } else {
         const float *masters = grad_sync_full_masters(&gs, &model);   // collective
         if (rank0) {
-            run_files_save_model(&rf, &cfg, &model, masters);
+            run_files_save_model(&rf, &cfg, &model, masters, kc.saved[0] ? kc.saved : NULL);
             fprintf(stderr, "saved %s/model.safetensors and config.json\n", tc->out_dir);
         }
     }

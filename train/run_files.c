@@ -184,16 +184,34 @@ void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_pa
     open_metrics(rf, dir, metrics_path, 0);
 }
 
-void write_config_json(const char *path, const Config *cfg) {
+int write_config_json_checked(const char *path, const Config *cfg, char *err, size_t errlen) {
     cJSON *j = config_to_json(cfg);
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
     AtomicFile af;
-    if (atomic_open(&af, path) != 0) die("cannot write '%s': %s", path, strerror(errno));
+    if (atomic_open(&af, path) != 0) {
+        snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+        free(text);
+        return -1;
+    }
     int ok = fputs(text, af.f) >= 0 && fputc('\n', af.f) != EOF;
+    int e = errno;
     free(text);
-    if (!ok) { atomic_abort(&af); die("writing '%s' failed", path); }
-    if (atomic_commit(&af) != 0) die("writing '%s' failed: %s", path, strerror(errno));
+    if (!ok) {
+        atomic_abort(&af);
+        snprintf(err, errlen, "writing '%s' failed: %s", path, strerror(e));
+        return -1;
+    }
+    if (atomic_commit(&af) != 0) {
+        snprintf(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+void write_config_json(const char *path, const Config *cfg) {
+    char err[1536];
+    if (write_config_json_checked(path, cfg, err, sizeof(err)) != 0) die("%s", err);
 }
 
 int model_masters_finite(Model *model, const float *masters, size_t *bad) {
@@ -207,14 +225,16 @@ int model_masters_finite(Model *model, const float *masters, size_t *bad) {
     return ok;
 }
 
-void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters) {
+void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters, const char *last_good) {
     size_t bad;
     if (!model_masters_finite(model, masters, &bad))
         die("not writing %s/model.safetensors: weight element %zu (of the fp32 layout) is not finite: the model diverged",
             rf->dir, bad);
     char *cp = path_join(rf->dir, "config.json"), *mp = path_join(rf->dir, "model.safetensors");
-    model_save_masters(model, masters, mp);
-    write_config_json(cp, cfg);
+    char err[1536];
+    if (model_save_masters_checked(model, masters, mp, err, sizeof(err)) != 0 ||
+        write_config_json_checked(cp, cfg, err, sizeof(err)) != 0)
+        die("%s%s%s", err, last_good ? "; the last good checkpoint is " : "", last_good ? last_good : "");
     free(cp);
     free(mp);
 }

@@ -46,15 +46,18 @@ void run_files_open(RunFiles *rf, const char *dir, const char *metrics_path);
 // (a run killed after its last checkpoint logged steps that will now run again) and opens it
 // for appending.
 void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_path, int resumed_step);
-// Writes dir/config.json and dir/model.safetensors. Refuses (dies) when a weight is not
-// finite: a diverged model is never written as the final one.
+// Writes dir/config.json and dir/model.safetensors (each atomically). Refuses (dies) when a
+// weight is not finite: a diverged model is never written as the final one. A failed write
+// dies naming the file, the cause and last_good (the checkpoint to continue from; NULL: none).
 // masters: the whole fp32 masters in a backend buffer (model->master unless ZeRO-1 sharded them).
-void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters);
+void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters, const char *last_good);
 // 1 when every element of the whole fp32 masters (backend buffer) is finite; else 0 with the
 // first bad element's index in *bad.
 int model_masters_finite(Model *model, const float *masters, size_t *bad);
 // Writes a config.json (model keys + train) atomically; dies on failure.
 void write_config_json(const char *path, const Config *cfg);
+// The same, returning -1 with one line in err.
+int write_config_json_checked(const char *path, const Config *cfg, char *err, size_t errlen);
 void run_files_close(RunFiles *rf);
 // Opens a saved model directory (config.json + model.safetensors) on a backend.
 void load_model_dir(Model *model, Config *cfg, const char *dir, const Backend *be, int n_sets, char **sets);
