@@ -118,6 +118,15 @@ BGPID=$!
 for ((i = 0; i < 400; i++)); do [ -s r3/metrics.jsonl ] && break; sleep 0.05; done
 expect_error "(3) a second training on the same --out" "in use by another training (process $BGPID" -- \
     "$CLLA" train --config long.json --out r3 --quiet --resume auto
+kill -TERM "$BGPID"; wait "$BGPID"
+rc=$?
+BGPID=""
+[ "$rc" -eq 0 ] && [ ! -e r3/train.lock ] && ok "(3) SIGTERM: the first training stops with exit 0 and releases its lock" ||
+    fail "(3) SIGTERM: exit $rc, $(ls r3 | tr '\n' ' ')"
+"$CLLA" train --config long.json --out r3 --quiet --resume auto 2> r3b.err &
+BGPID=$!
+for ((i = 0; i < 400; i++)); do grep -q resuming r3b.err && [ -e r3/train.lock ] && break; sleep 0.05; done
+sleep 0.2
 kill -KILL "$BGPID"; wait "$BGPID" 2> /dev/null; BGPID=""
 if "$CLLA" train --config long.json --out r3 --quiet --overwrite --set train.max_steps=2 2> r3c.err &&
    grep -q "taking over the lock.*left by process" r3c.err && [ ! -e r3/train.lock ]; then
