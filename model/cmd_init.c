@@ -33,17 +33,16 @@ int cmd_init(int argc, char **argv) {
     // a trained run's files are never replaced by a fresh initialization without a word
     RunDirContents c;
     run_dir_inspect(out, NULL, &c);
-    if (!run_dir_is_empty(&c)) {
+    if (!run_dir_is_empty(&c) && !args_get(&a, SPECS, N_SPECS, "overwrite")) {
         char what[256];
         run_dir_describe(&c, what, sizeof(what));
-        if (!args_get(&a, SPECS, N_SPECS, "overwrite"))
-            die("'%s' already holds a model or a run (%s): give another --out, or replace it with --overwrite", out, what);
-        run_dir_clear(out, NULL);
+        die("'%s' already holds a model or a run (%s): give another --out, or replace it with --overwrite", out, what);
     }
     Model model;
     model_build(&model, &cfg.model, backend_cpu());
     model_init_weights(&model, cfg.train.seed);
-    RunFiles rf = {0};
+    if (!run_dir_is_empty(&c)) run_dir_clear(out, NULL);   // --overwrite, once the model is built
+    RunFiles rf = {.metrics_fd = -1};
     if (make_dirs(out) != 0) die("cannot create '%s': %s", out, strerror(errno));
     rf.dir = xstrdup(out);
     run_files_save_model(&rf, &cfg, &model, model.master, NULL);

@@ -80,7 +80,10 @@ snapshot r1 > r1.before
 expect_error "(1) train into a finished run's directory" "already holds a run.*--overwrite" -- \
     "$CLLA" train --config c.json --out r1 --quiet --set train.lr=1e-3
 expect_error "(1) init over a run directory" "already holds.*--overwrite" -- "$CLLA" init --config c.json --out r1
-snapshot r1 | cmp -s - r1.before && ok "(1) the refused commands left r1 untouched" || fail "(1) r1 changed"
+"$CLLA" train --config c.json --out r1 --quiet --overwrite --set train.data=nothere.bin 2> /dev/null &&
+    fail "(1) --overwrite with missing data exited 0"
+snapshot r1 | cmp -s - r1.before && ok "(1) the refused commands (and an --overwrite whose data is missing) left r1 untouched" ||
+    fail "(1) r1 changed"
 if "$CLLA" train --config c.json --out r1 --quiet --overwrite --set train.max_steps=3 2> r1o.err &&
    [ "$(steps_of r1/metrics.jsonl)" = "1 2 3 " ] && [ "$(ls r1/checkpoints)" = "step_00000003" ]; then
     ok "(1) --overwrite clears the earlier run: $(ls r1/checkpoints | tr '\n' ' ')"

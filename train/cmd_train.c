@@ -108,8 +108,9 @@ static int ckpt_inside_run(const char *ckpt, const char *run_dir) {
 
 // Rank 0, before anything is written: which checkpoint this run continues from (ckpt, "" for
 // step 0), refusing what would overwrite or mix another run's files (docs/CHECKPOINTS.md,
-// "Run directories"). --overwrite clears the directory for a new start.
-static void choose_start(const TrainConfig *tc, const char *resume, int overwrite, char *ckpt, size_t ckpt_len) {
+// "Run directories"). Returns 1 when --overwrite must clear the directory: the caller does it
+// once the data and the model have checked out, so a refused start costs nothing.
+static int choose_start(const TrainConfig *tc, const char *resume, int overwrite, char *ckpt, size_t ckpt_len) {
     const char *out = tc->out_dir;
     RunDirContents c;
     run_dir_inspect(out, tc->metrics, &c);
@@ -120,35 +121,34 @@ static void choose_start(const TrainConfig *tc, const char *resume, int overwrit
         if (r == -2)
             die("--resume auto: %s; nothing was changed: resume from a checkpoint you trust with --resume DIR, or start over with --overwrite",
                 err);
-        if (r == 0) return;
+        if (r == 0) return 0;
         if (c.model)
             die("--resume auto: %s holds a finished model but no checkpoint to continue from (its optimizer state was not kept): start a new run from its weights with --set train.init_from=%s/model.safetensors --out NEW_DIR, or start over with --overwrite",
                 out, out);
         // a run killed before its first checkpoint left at most its metrics: they start over
         fprintf(stderr, "clla train: no checkpoint in %s/%s: starting from step 0\n", out, CKPT_SUBDIR);
         ckpt[0] = '\0';
-        return;
+        return 0;
     }
+    int clear = 0;
     if (resume) {
         if (!ckpt_inside_run(resume, out) && !run_dir_is_empty(&c)) {
             if (!overwrite)
                 die("--resume %s: that checkpoint is not one of %s/%s, and %s already holds another run (%s): resume into an empty --out, or clear it with --overwrite",
                     resume, out, CKPT_SUBDIR, out, what);
-            fprintf(stderr, "clla train: --overwrite: removing the earlier run's files from %s (%s)\n", out, what);
-            run_dir_clear(out, tc->metrics);
+            clear = 1;
         } else if (overwrite && !run_dir_is_empty(&c)) {
             die("--overwrite would remove the checkpoint that --resume %s names: drop --overwrite", resume);
         }
         snprintf(ckpt, ckpt_len, "%s", resume);
-        return;
+        return clear;
     }
     ckpt[0] = '\0';
-    if (run_dir_is_empty(&c)) return;
+    if (run_dir_is_empty(&c)) return 0;
     if (!overwrite)
         die("run directory %s already holds a run (%s): continue it with --resume auto, start it over with --overwrite, or train into another --out",
             out, what);
-    fprintf(stderr, "clla train: --overwrite: removing the earlier run's files from %s (%s)\n", out, what);
-    run_dir_clear(out, tc->metrics);
+    return 1;
 }
 
 // The tokenizer hash the run's data must have: train.tokenizer_hash (set by a resumed
@@ -190,7 +190,8 @@ int cmd_train(int argc, char **argv) {
                "Trains the model the config describes on train.data and writes DIR/config.json,\n"
                "DIR/model.safetensors and DIR/metrics.jsonl (one JSON object per step).\n"
                "Checkpoints: DIR/checkpoints/step_N (--save-every, --keep, --resume; docs/CHECKPOINTS.md).\n"
-               "SIGINT/SIGTERM: the current step finishes, a checkpoint is saved, exit 0.",
+               "SIGINT/SIGTERM: the current step finishes, a checkpoint is saved, exit 0.\n"
+               "A DIR that holds another run is refused unless --overwrite; one training per DIR at a time.",
                NULL, NULL, 0);
     const char *cfg_path = args_get(&a, SPECS, N_SPECS, "config");
     if (!cfg_path) die("clla train needs --config FILE: see clla train --help");
@@ -225,9 +226,10 @@ int cmd_train(int argc, char **argv) {
     KnownCkpts kc = {0};
     // rank 0 holds the run directory's lock from here to exit and picks the checkpoint, so that
     // every rank resumes from the same directory
+    int clear_run_dir = 0;
     if (rank0) {
         run_lock_acquire(tc->out_dir);
-        choose_start(tc, resume, overwrite, ckpt, sizeof(ckpt));
+        clear_run_dir = choose_start(tc, resume, overwrite, ckpt, sizeof(ckpt));
     }
     dist_bcast(&dist, ckpt, sizeof(ckpt), 0);
     if (ckpt[0]) {
@@ -299,7 +301,7 @@ int cmd_train(int argc, char **argv) {
             dist_finalize(&dist);
             return 0;
         }
-        if (rank0) {
+        if (rank0 && !clear_run_dir) {
             // one timeline per run: the checkpoints after this one (and a final model made
             // from them) belong to a timeline this run abandons
             char *fm = path_join(tc->out_dir, "model.safetensors"), *fc = path_join(tc->out_dir, "config.json");
@@ -321,6 +323,14 @@ int cmd_train(int argc, char **argv) {
     if (stop_at && stop_at <= st.step)
         die("--stop-at %d is not after the checkpoint's step %d: give a later step or drop --stop-at", stop_at, st.step);
 
+    if (clear_run_dir) {
+        RunDirContents c;
+        char what[256];
+        run_dir_inspect(tc->out_dir, tc->metrics, &c);
+        run_dir_describe(&c, what, sizeof(what));
+        fprintf(stderr, "clla train: --overwrite: removing the earlier run's files from %s (%s)\n", tc->out_dir, what);
+        run_dir_clear(tc->out_dir, tc->metrics);
+    }
     RunFiles rf = {.metrics_fd = -1};
     if (!rank0) {
         // no run files
