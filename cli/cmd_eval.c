@@ -1,13 +1,14 @@
-// clla eval: mean next-token loss and perplexity of a saved model over consecutive
-// windows of a token file.
+// clla eval: mean next-token loss and perplexity of a saved model over the windows of token
+// data, scored by eval/evaluate.c exactly as training-time validation scores them.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "common/args.h"
 #include "common/util.h"
-#include "data/loader.h"
+#include "eval/evaluate.h"
 #include "model/model.h"
 #include "model/model_dir.h"
 #include "cli/commands.h"
@@ -15,20 +16,35 @@
 
 static const ArgSpec SPECS[] = {
     {"checkpoint", 1, "model directory: a run directory, a checkpoint or a package (required)"},
-    {"data", 1, "token file (required)"},
+    {"data", 1, "token file or shards (required)"},
     {"batch", 1, "sequences per forward (default train.micro_batch)"},
     {"seq", 1, "tokens per sequence (default train.seq_len)"},
-    {"max-batches", 1, "stop after this many batches (default: the whole file)"},
+    {"max-batches", 1, "score the first N batches of windows (default: every window)"},
     {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
     {"json", 0, "print one JSON object"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
+// A whole positive number (below `max`) or death naming the option.
+static long long positive_option(const char *name, const char *v, long long max) {
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || x <= 0 || x > max) die("--%s %s: expected a whole number from 1 to %lld", name, v, max);
+    return x;
+}
+
+static void show_progress(long long done, long long total, void *ctx) {
+    (void)ctx;
+    fprintf(stderr, "\reval %lld/%lld windows", done, total);
+}
+
 int cmd_eval(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
                "usage: clla eval --checkpoint DIR --data FILE [--json] [--batch B] [--seq T] [--max-batches N]\n"
-               "Mean next-token loss and perplexity over the file's consecutive windows.",
+               "Mean next-token loss and perplexity over the data's windows, in the order and with the\n"
+               "seed (train.seed) that training-time validation uses; the last batch may be partial.\n"
+               "Exits 1 when the loss is not finite (--json prints it as null).",
                NULL, NULL, 0);
     const char *dir = args_get(&a, SPECS, N_SPECS, "checkpoint"), *data = args_get(&a, SPECS, N_SPECS, "data");
     if (!dir || !data) die("clla eval needs --checkpoint DIR and --data FILE: see clla eval --help");
@@ -38,32 +54,36 @@ int cmd_eval(int argc, char **argv) {
     model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
     const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
     const char *mb = args_get(&a, SPECS, N_SPECS, "max-batches");
-    int B = bs ? atoi(bs) : cfg.train.micro_batch, T = ts ? atoi(ts) : cfg.train.seq_len;
-    if (B <= 0 || T <= 0) die("--batch and --seq must be positive integers");
+    int B = bs ? (int)positive_option("batch", bs, 1 << 20) : cfg.train.micro_batch;
+    int T = ts ? (int)positive_option("seq", ts, 1 << 30) : cfg.train.seq_len;
     if (T > cfg.model.max_position_embeddings) die("--seq %d exceeds max_position_embeddings %d", T, cfg.model.max_position_embeddings);
-    LoaderOptions lo = {.B = B, .T = T, .seed = 0, .rank = 0, .world = 1, .vocab_size = cfg.model.vocab_size};
-    DataLoader *dl = loader_open(data, &lo);
-    long long n = loader_num_batches(dl);
-    if (mb && atoll(mb) > 0 && atoll(mb) < n) n = atoll(mb);
-    model_set_batch(&model, B, T);
-    int32_t *in = xmalloc((size_t)B * T * sizeof(int32_t)), *tg = xmalloc((size_t)B * T * sizeof(int32_t));
-    double sum = 0, t0 = now_seconds();
-    for (long long i = 0; i < n; i++) {
-        loader_next(dl, in, tg);
-        sum += model_forward(&model, in, tg);
-        if (!args_get(&a, SPECS, N_SPECS, "json") && isatty(2))
-            fprintf(stderr, "\reval %lld/%lld batches | %.0f tok/s", i + 1, n, (double)(i + 1) * B * T / (now_seconds() - t0));
+    long long max_batches = mb ? positive_option("max-batches", mb, 1LL << 40) : 0;
+    // data made with another tokenizer than the model's training data is refused by the loader
+    unsigned long long tok_hash = 0;
+    if (cfg.train.tokenizer_hash[0] && loader_parse_tokenizer_hash(cfg.train.tokenizer_hash, &tok_hash) != 0)
+        die("'%s/config.json': train.tokenizer_hash '%s' is not 16 hex digits", dir, cfg.train.tokenizer_hash);
+    DataLoader *dl = eval_open(data, T, cfg.train.seed, cfg.model.vocab_size, tok_hash);
+    int json = args_get(&a, SPECS, N_SPECS, "json") != NULL, tty = !json && isatty(2);
+    double t0 = now_seconds();
+    EvalResult r = evaluate(&model, dl, B, T, max_batches * B, tty ? show_progress : NULL, NULL);
+    if (tty) fprintf(stderr, " | %.0f tok/s\n", (double)r.tokens / (now_seconds() - t0));
+    if (r.failed) die("%s", r.err);
+    int finite = isfinite(r.loss);
+    if (json) {
+        // JSON has no NaN or Infinity: a non-finite loss is null (and the exit status says so)
+        if (finite) printf("{\"loss\":%.6f,\"perplexity\":%.4f", r.loss, exp(r.loss));
+        else printf("{\"loss\":null,\"perplexity\":null");
+        printf(",\"tokens\":%lld,\"windows\":%lld,\"batches\":%lld}\n", r.tokens, r.windows, r.batches);
+    } else {
+        printf("loss %.4f | perplexity %.3f | %lld tokens in %lld windows of %d (%lld batches of up to %d)\n", r.loss,
+               exp(r.loss), r.tokens, r.windows, T, r.batches, B);
     }
-    if (isatty(2)) fprintf(stderr, "\n");
-    double loss = sum / (double)n;
-    long long tokens = n * (long long)B * T;
-    if (args_get(&a, SPECS, N_SPECS, "json"))
-        printf("{\"loss\":%.6f,\"perplexity\":%.4f,\"tokens\":%lld,\"batches\":%lld}\n", loss, exp(loss), tokens, n);
-    else
-        printf("loss %.4f | perplexity %.3f | %lld tokens in %lld batches of %dx%d\n", loss, exp(loss), tokens, n, B, T);
-    free(in); free(tg);
     loader_close(dl);
     model_dir_free(&md);
     model_free(&model);
+    if (!finite) {
+        fflush(stdout);
+        die("the model's loss on '%s' is not finite (%g): its weights have diverged", data, r.loss);
+    }
     return 0;
 }

@@ -18,14 +18,16 @@ static const ArgSpec SPECS[] = {
     {"out", 1, "output directory (required)"},
     {"set", 1, "override a key (repeatable)"},
     {"shard-size", 1, "write the weights as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json"},
+    {"overwrite", 0, "DIR may hold a model or a run: clear what a run wrote there (model, config, metrics, checkpoints/) first"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
 int cmd_init(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
-               "usage: clla init --config FILE --out DIR [--set key=value ...] [--shard-size SIZE]\n"
-               "Writes DIR/config.json and DIR/model.safetensors (or its shards) initialized from train.seed.",
+               "usage: clla init --config FILE --out DIR [--set key=value ...] [--shard-size SIZE] [--overwrite]\n"
+               "Writes DIR/config.json and DIR/model.safetensors (or its shards) initialized from train.seed.\n"
+               "A DIR that already holds a model or a run is refused unless --overwrite.",
                NULL, NULL, 0);
     const char *cfg_path = args_get(&a, SPECS, N_SPECS, "config"), *out = args_get(&a, SPECS, N_SPECS, "out");
     if (!cfg_path || !out) die("clla init needs --config FILE and --out DIR: see clla init --help");
@@ -35,14 +37,23 @@ int cmd_init(int argc, char **argv) {
         die("--shard-size '%s' is not a size: give a whole number with a unit, e.g. 2GB, 500MB or 64MiB", shard);
     Config cfg;
     config_load(&cfg, cfg_path, a.n_sets, a.sets);
+    // a trained run's files are never replaced by a fresh initialization without a word
+    RunDirContents c;
+    run_dir_inspect(out, NULL, &c);
+    if (!run_dir_is_empty(&c) && !args_get(&a, SPECS, N_SPECS, "overwrite")) {
+        char what[256];
+        run_dir_describe(&c, what, sizeof(what));
+        die("'%s' already holds a model or a run (%s): give another --out, or replace it with --overwrite", out, what);
+    }
     Model model;
     model_build(&model, &cfg.model, backend_cpu());
     model_init_weights(&model, cfg.train.seed);
-    RunFiles rf = {0};
+    if (!run_dir_is_empty(&c)) run_dir_clear(out, NULL);   // --overwrite, once the model is built
+    RunFiles rf = {.metrics_fd = -1};
     if (make_dirs(out) != 0) die("cannot create '%s': %s", out, strerror(errno));
     rf.dir = xstrdup(out);
     rf.shard_bytes = shard_bytes;
-    run_files_save_model(&rf, &cfg, &model, model.master);
+    run_files_save_model(&rf, &cfg, &model, model.master, NULL);
     free(rf.dir);
     char *index = path_join(out, ST_INDEX_FILE);
     printf("wrote %s/config.json and %s/%s (%lld parameters)\n", out, out,

@@ -9,6 +9,7 @@
 #include "common/args.h"
 #include "common/util.h"
 #include "data/loader.h"
+#include "eval/evaluate.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "train/checkpoint.h"
@@ -19,6 +20,7 @@
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/run_files.h"
+#include "train/run_start.h"
 #include "train/signals.h"
 
 static const ArgSpec SPECS[] = {
@@ -33,19 +35,9 @@ static const ArgSpec SPECS[] = {
     {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps"},
     {"zero", 1, "data parallel: 0 = replicated AdamW state, 1 = ZeRO-1 sharded (overrides train.zero_stage)"},
     {"shard-size", 1, "write the final model as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json"},
+    {"overwrite", 0, "the run directory may hold another run: clear what it wrote (model, config, metrics, checkpoints/) first"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
-
-// Mean loss over n batches of a loader (no gradients).
-static double evaluate(Model *model, DataLoader *dl, int n, int32_t *in, int32_t *tg) {
-    double sum = 0;
-    loader_reset(dl);
-    for (int i = 0; i < n; i++) {
-        loader_next(dl, in, tg);
-        sum += model_forward(model, in, tg);
-    }
-    return n ? sum / n : 0.0;
-}
 
 // losses[0] is step first + 1 (a resumed run prints the steps it ran).
 static void print_curve_summary(const float *losses, int first, int n) {
@@ -70,19 +62,36 @@ static int int_option(const Args *a, const char *name, int fallback) {
     return (int)x;
 }
 
-// Writes a checkpoint of the state after st->step steps, prunes old ones, and remembers it
-// as the last good one when no skip streak is running. A failed save ends the run.
-// Data parallel: every rank calls it (the save is collective); rank 0 prunes and reports.
+// The checkpoints a run knows about, for the advice its errors give.
+//  saved:   the newest complete checkpoint (after a failed write: where to continue from);
+//  pending: a checkpoint saved outside a skip streak whose weights have not yet given a
+//           finite loss: it becomes `safe` when the next step is finite, and is dropped when
+//           that step is not (its weights are the ones that diverged);
+//  safe:    the newest checkpoint saved before the loss went non-finite.
+typedef struct KnownCkpts {
+    char saved[2048], pending[2048], safe[2048];
+    int saved_step;
+} KnownCkpts;
+
+// Writes a checkpoint of the state after st->step steps and prunes old ones. A failed save, or
+// weights that are not finite, end the run. Data parallel: every rank calls it (the save is
+// collective); rank 0 prunes and reports.
 static void save_checkpoint(const Config *cfg, Model *model, GradSync *gs, const AdamW *opt, TrainState *st,
-                            const DataLoader *dl, Dist *dist, char *last_good, size_t last_good_len) {
+                            const DataLoader *dl, Dist *dist, KnownCkpts *kc) {
     char path[2048], err[1024];
     loader_get_state(dl, &st->data);
     const float *masters = grad_sync_full_masters(gs, model);
+    size_t bad;
+    if (dist->rank == 0 && !model_masters_finite(model, masters, &bad))
+        die("step %d: weight element %zu is not finite: the model diverged; not saving it. The newest checkpoint saved before that is %s",
+            st->step, bad, kc->safe[0] ? kc->safe : "(none: none is safe, start over with a lower train.lr)");
     if (ckpt_save(cfg->train.out_dir, cfg, model, masters, opt, st, dist, path, sizeof(path), err, sizeof(err)) != 0)
         die("saving the checkpoint of step %d failed: %s; the last good checkpoint is %s", st->step, err,
-            last_good[0] ? last_good : "(none)");
+            kc->saved[0] ? kc->saved : "(none)");
     if (dist->rank == 0 && ckpt_prune(cfg->train.out_dir, cfg->train.keep_checkpoints, err, sizeof(err)) < 0) warn("%s", err);
-    if (st->consecutive_skips == 0) snprintf(last_good, last_good_len, "%s", path);
+    snprintf(kc->saved, sizeof(kc->saved), "%s", path);
+    kc->saved_step = st->step;
+    if (st->consecutive_skips == 0) snprintf(kc->pending, sizeof(kc->pending), "%s", path);
     if (dist->rank == 0) fprintf(stderr, "saved checkpoint %s\n", path);
 }
 
@@ -97,7 +106,8 @@ int cmd_train(int argc, char **argv) {
                "Trains the model the config describes on train.data and writes DIR/config.json,\n"
                "DIR/model.safetensors and DIR/metrics.jsonl (one JSON object per step).\n"
                "Checkpoints: DIR/checkpoints/step_N (--save-every, --keep, --resume; docs/CHECKPOINTS.md).\n"
-               "SIGINT/SIGTERM: the current step finishes, a checkpoint is saved, exit 0.",
+               "SIGINT/SIGTERM: the current step finishes, a checkpoint is saved, exit 0.\n"
+               "A DIR that holds another run is refused unless --overwrite; one training per DIR at a time.",
                NULL, NULL, 0);
     const char *cfg_path = args_get(&a, SPECS, N_SPECS, "config");
     if (!cfg_path) die("clla train needs --config FILE: see clla train --help");
@@ -112,6 +122,7 @@ int cmd_train(int argc, char **argv) {
     unsigned long long shard_bytes = 0;
     if (shard && parse_byte_size(shard, &shard_bytes) != 0)
         die("--shard-size '%s' is not a size: give a whole number with a unit, e.g. 2GB, 500MB or 64MiB", shard);
+    const int overwrite = args_get(&a, SPECS, N_SPECS, "overwrite") != NULL;
     tc->save_every = int_option(&a, "save-every", tc->save_every);
     tc->keep_checkpoints = int_option(&a, "keep", tc->keep_checkpoints);
     int stop_at = int_option(&a, "stop-at", 0);
@@ -125,22 +136,30 @@ int cmd_train(int argc, char **argv) {
     if (!rank0) quiet = 1;
     // Resume: the checkpoint is chosen and its config checked before anything is written.
     const char *resume = args_get(&a, SPECS, N_SPECS, "resume");
-    char ckpt[2048] = "", last_good[2048] = "";
-    if (resume && !strcmp(resume, "auto")) {
-        // rank 0 picks, so that every rank resumes from the same directory
-        if (rank0 && ckpt_find_newest(tc->out_dir, ckpt, sizeof(ckpt)) != 0)
-            fprintf(stderr, "clla train: no checkpoint in %s/%s: starting from step 0\n", tc->out_dir, CKPT_SUBDIR);
-        dist_bcast(&dist, ckpt, sizeof(ckpt), 0);
-    } else if (resume) {
+    if (resume && !strcmp(resume, "auto") && overwrite)
+        die("--overwrite starts the run over and --resume auto continues it: give one of them");
+    if (resume && strcmp(resume, "auto")) {
         char err[1024];
         if (ckpt_validate(resume, err, sizeof(err)) != 0) die("cannot resume from '%s': %s", resume, err);
-        snprintf(ckpt, sizeof(ckpt), "%s", resume);
     }
+    char ckpt[2048] = "";
+    KnownCkpts kc = {0};
+    // rank 0 holds the run directory's lock from here to exit and picks the checkpoint, so that
+    // every rank resumes from the same directory
+    int clear_run_dir = 0;
+    if (rank0) {
+        run_lock_acquire(tc->out_dir);
+        clear_run_dir = run_start_choose(tc, resume, overwrite, ckpt, sizeof(ckpt));
+    }
+    dist_bcast(&dist, ckpt, sizeof(ckpt), 0);
     if (ckpt[0]) {
         Config saved;
         ckpt_read_config(ckpt, &saved);
+        // the checkpoint's data tokenizer is what this run's data must have
+        if (!tc->tokenizer_hash[0]) snprintf(tc->tokenizer_hash, sizeof(tc->tokenizer_hash), "%s", saved.train.tokenizer_hash);
         if (rank0) ckpt_compare_config(&saved, &cfg, ckpt);   // dies on a model change: mpirun ends the job
-        snprintf(last_good, sizeof(last_good), "%s", ckpt);
+        snprintf(kc.saved, sizeof(kc.saved), "%s", ckpt);
+        snprintf(kc.pending, sizeof(kc.pending), "%s", ckpt);
     }
     if (tc->threads > 0) omp_set_num_threads(tc->threads);
 
@@ -165,18 +184,23 @@ int cmd_train(int argc, char **argv) {
     LoaderOptions lo = {.B = B * n_micro, .T = T, .seed = tc->seed, .rank = dist.rank, .world = dist.world,
                         .vocab_size = cfg.model.vocab_size, .tokenizer_hash = tok_hash};
     DataLoader *train_dl = loader_open(tc->data, &lo);
+    // The run records its data's tokenizer (from the shards when train.tokenizer is not set);
+    // data of another tokenizer than a resumed run's or an init_from model's is refused.
+    {
+        char from[1200] = "";
+        unsigned long long want = run_start_tokenizer_hash(tc, from, sizeof(from)), have = loader_data_tokenizer_hash(train_dl);
+        if (want && have && want != have)
+            die("train.data '%s' was made with tokenizer %016llx, but %s says %016llx: use data made with that tokenizer (clla prep), or start a new run",
+                tc->data, have, from, want);
+        if (have) loader_format_tokenizer_hash(have, tc->tokenizer_hash);
+        if (!tok_hash) tok_hash = have;
+    }
     if (dist.world > 1 && loader_is_plain(train_dl))
         die("train.data '%s' is a plain uint32 token file, which gives every rank the same batches: make token shards with `clla prep` for %d ranks (docs/FORMAT.md)",
             tc->data, dist.world);
-    // validation runs on rank 0 alone (the others wait in the next step's first collective)
-    LoaderOptions vo = {.B = B, .T = T, .seed = tc->seed, .rank = 0, .world = 1, .vocab_size = cfg.model.vocab_size,
-                        .tokenizer_hash = tok_hash};
-    DataLoader *val_dl = tc->val_data[0] && rank0 ? loader_open(tc->val_data, &vo) : NULL;
-    int val_batches = 0;
-    if (val_dl) {
-        long long avail = loader_num_batches(val_dl);
-        val_batches = tc->val_batches < avail ? tc->val_batches : (int)avail;
-    }
+    // validation runs on rank 0 alone (the others wait in the next step's first collective),
+    // through the evaluation `clla eval` runs: the same windows for the same settings
+    DataLoader *val_dl = tc->val_data[0] && rank0 ? eval_open(tc->val_data, T, tc->seed, cfg.model.vocab_size, tok_hash) : NULL;
 
     Model model;
     model_build(&model, &cfg.model, be);
@@ -189,6 +213,26 @@ int cmd_train(int argc, char **argv) {
         ckpt_load(ckpt, &model, &opt, &st);
         st.seed = tc->seed;
         loader_set_state(train_dl, &st.data);
+        kc.saved_step = st.step;
+        if (st.step >= tc->max_steps) {
+            if (rank0)
+                fprintf(stderr, "clla train: %s is at step %d and train.max_steps is %d: nothing to do (continue a finished run with --set train.max_steps=N)\n",
+                        ckpt, st.step, tc->max_steps);
+            dist_finalize(&dist);
+            return 0;
+        }
+        if (rank0 && !clear_run_dir) {
+            // one timeline per run: the checkpoints after this one (and a final model made
+            // from them) belong to a timeline this run abandons
+            char *fm = path_join(tc->out_dir, "model.safetensors"), *fc = path_join(tc->out_dir, "config.json");
+            const char *extra[] = {fm, fc, NULL};
+            char moved[2048], err[1024];
+            int n = ckpt_abandon_after(tc->out_dir, st.step, extra, moved, sizeof(moved), err, sizeof(err));
+            if (n < 0) die("resuming at step %d: %s", st.step, err);
+            if (n > 0) fprintf(stderr, "clla train: resuming at step %d: moved the later checkpoints of the abandoned timeline into %s\n", st.step, moved);
+            free(fm);
+            free(fc);
+        }
         if (rank0) fprintf(stderr, "clla train: resuming from %s at step %d (%lld steps skipped so far)\n", ckpt, st.step, st.skipped_total);
     } else if (tc->init_from[0]) {
         model_load(&model, tc->init_from);
@@ -199,7 +243,15 @@ int cmd_train(int argc, char **argv) {
     if (stop_at && stop_at <= st.step)
         die("--stop-at %d is not after the checkpoint's step %d: give a later step or drop --stop-at", stop_at, st.step);
 
-    RunFiles rf = {.shard_bytes = shard_bytes};
+    if (clear_run_dir) {
+        RunDirContents c;
+        char what[256];
+        run_dir_inspect(tc->out_dir, tc->metrics, &c);
+        run_dir_describe(&c, what, sizeof(what));
+        fprintf(stderr, "clla train: --overwrite: removing the earlier run's files from %s (%s)\n", tc->out_dir, what);
+        run_dir_clear(tc->out_dir, tc->metrics);
+    }
+    RunFiles rf = {.metrics_fd = -1, .shard_bytes = shard_bytes};
     if (!rank0) {
         // no run files
     } else if (ckpt[0]) {
@@ -227,7 +279,15 @@ int cmd_train(int argc, char **argv) {
     double t_start = now_seconds(), tok_per_s = 0;
     for (int step = start_step; step < tc->max_steps && !stopped; step++) {
         double t0 = now_seconds(), comm0 = dist.comm_seconds;
-        loader_next(train_dl, in, tg);
+        // A damaged data chunk: the state after `step` steps is good, so it is saved first.
+        char data_err[512] = "";
+        int bad_data = loader_next_checked(train_dl, in, tg, data_err, sizeof(data_err)) != 0;
+        if (dist.world > 1) bad_data = dist_max_int(&dist, bad_data);
+        if (bad_data) {
+            if (kc.saved_step != step || !kc.saved[0]) save_checkpoint(&cfg, &model, &gs, &opt, &st, train_dl, &dist, &kc);
+            die("step %d: %s; the state before it is saved as %s: repair or re-make the data (clla prep), then continue with --resume auto",
+                step + 1, data_err[0] ? data_err : "another rank read a damaged data chunk", kc.saved);
+        }
         for (int k = 0; k < n_micro; k++) {
             grad_sync_begin_micro(&gs, &model, k);
             double *row = stats + (size_t)k * N_STATS;
@@ -262,6 +322,13 @@ int cmd_train(int argc, char **argv) {
         double norm = grad_sync_norm(&gs, &model);
         float lr = lr_at(tc, step);
         int finite = isfinite(loss) && isfinite(norm);
+        // the weights of a pending checkpoint gave a finite loss: it is safe to go back to
+        if (finite && kc.pending[0]) {
+            snprintf(kc.safe, sizeof(kc.safe), "%s", kc.pending);
+            kc.pending[0] = '\0';
+        } else if (!finite) {
+            kc.pending[0] = '\0';
+        }
         if (finite) {
             adamw_update_range(&opt, &model, tc, lr, clip_scale(norm, tc->grad_clip));
             grad_sync_gather_params(&gs, &model, adamw_store_seed(tc->seed, opt.t));
@@ -269,8 +336,9 @@ int cmd_train(int argc, char **argv) {
         } else {
             st.consecutive_skips++;
             st.skipped_total++;
-            warn("step %d: non-finite loss or gradient norm (loss %g, norm %g): update skipped (%d in a row, limit train.max_consecutive_skips = %d)",
-                 step + 1, loss, norm, st.consecutive_skips, tc->max_consecutive_skips);
+            if (st.consecutive_skips < tc->max_consecutive_skips)
+                warn("step %d: non-finite loss or gradient norm (loss %g, norm %g): update skipped (%d in a row, limit train.max_consecutive_skips = %d)",
+                     step + 1, loss, norm, st.consecutive_skips, tc->max_consecutive_skips);
         }
         st.step = step + 1;
         st.tokens = bt * n_total * (long long)(step + 1);
@@ -295,24 +363,49 @@ int cmd_train(int argc, char **argv) {
         cJSON_AddNumberToObject(rec, "tokens", (double)bt * n_total * (step + 1));
         if (dist.world > 1) cJSON_AddNumberToObject(rec, "comm_ms", comm * 1e3);   // rank 0's time in collectives
         if (!finite) cJSON_AddBoolToObject(rec, "skipped", 1);
-        int last = step + 1 == tc->max_steps;
+        int last = step + 1 == tc->max_steps, val_bad = 0;
+        char val_err[512] = "";
         if (val_dl && ((tc->val_every && (step + 1) % tc->val_every == 0) || last)) {
-            double vl = evaluate(&model, val_dl, val_batches, in, tg);
-            cJSON_AddNumberToObject(rec, "val_loss", vl);
-            if (!quiet) fprintf(stderr, "step %d: val loss %.4f (ppl %.2f)\n", step + 1, vl, exp(vl));
+            EvalResult vr = evaluate(&model, val_dl, B, T, (long long)tc->val_batches * B, NULL, NULL);
+            if (vr.failed) {
+                val_bad = 1;
+                snprintf(val_err, sizeof(val_err), "%s", vr.err);
+            } else {
+                cJSON_AddNumberToObject(rec, "val_loss", vr.loss);
+                if (!quiet) fprintf(stderr, "step %d: val loss %.4f (ppl %.2f)\n", step + 1, vr.loss, exp(vr.loss));
+            }
         }
-        if (rank0) metrics_write(rf.metrics, rec);
+        char werr[1536];
+        if (rank0 && metrics_write(rf.metrics_fd, rf.metrics_path, rec, werr, sizeof(werr)) != 0)
+            die("step %d: %s; the last good checkpoint is %s", step + 1, werr, kc.saved[0] ? kc.saved : "(none)");
         cJSON_Delete(rec);
-        if (st.consecutive_skips >= tc->max_consecutive_skips)
-            die("step %d: %d consecutive steps with a non-finite loss or gradient norm: stopping; the last good checkpoint is %s (resume from it with --resume and a lower train.lr, or check the data)",
-                step + 1, st.consecutive_skips, last_good[0] ? last_good : "(none: no checkpoint was saved, set --save-every)");
+        // Non-finite steps: the update is skipped; at train.max_consecutive_skips in a row (by
+        // default 1: at once), or when the run would end on one, the run stops. Nothing more is
+        // saved, and the final model is not written.
+        if (st.consecutive_skips >= tc->max_consecutive_skips || (last && st.consecutive_skips > 0)) {
+            char safe[4400];
+            if (kc.safe[0]) snprintf(safe, sizeof(safe), "the newest checkpoint saved before the loss went non-finite is %s (resume from it with --resume %s and a lower train.lr, or check the data)", kc.safe, kc.safe);
+            else snprintf(safe, sizeof(safe), "%s", kc.saved[0] ? "no checkpoint is safe: each was saved after the weights had diverged; start over with a lower train.lr (--overwrite)"
+                                                               : "no checkpoint was saved before it: start over with a lower train.lr (--overwrite), and set --save-every");
+            die("step %d: the loss or gradient norm is not finite (loss %g, norm %g; %d such step%s in a row, train.max_consecutive_skips = %d): stopping; %s",
+                step + 1, loss, norm, st.consecutive_skips, st.consecutive_skips == 1 ? "" : "s", tc->max_consecutive_skips, safe);
+        }
+        // damaged validation data (read on rank 0): the state after this step is good, keep it
+        if (dist.world > 1) val_bad = dist_max_int(&dist, val_bad);
+        if (val_bad) {
+            save_checkpoint(&cfg, &model, &gs, &opt, &st, train_dl, &dist, &kc);
+            die("step %d: validation: %s; the state after step %d is saved as %s: repair or re-make train.val_data, then continue with --resume auto",
+                step + 1, val_err, step + 1, kc.saved);
+        }
         // every rank must take the same branch (the save is collective): the strongest request wins
         int sig_no = dist_max_int(&dist, signals_stop_requested(&sig));
         if (sig_no && rank0) fprintf(stderr, "clla train: %s received: saving a checkpoint after step %d and stopping\n", sig_no == SIGINT ? "SIGINT" : "SIGTERM", step + 1);
         // a stop at the last step is a normal end (final model written) with a checkpoint
         stopped = (sig_no || (stop_at && step + 1 >= stop_at)) && !last;
-        if (stopped || sig_no || (tc->save_every && ((step + 1) % tc->save_every == 0 || last)))
-            save_checkpoint(&cfg, &model, &gs, &opt, &st, train_dl, &dist, last_good, sizeof(last_good));
+        // the last step always saves one: a finished run can be continued (--resume auto with a
+        // larger train.max_steps) from its final weights and optimizer state
+        if (stopped || sig_no || last || (tc->save_every && (step + 1) % tc->save_every == 0))
+            save_checkpoint(&cfg, &model, &gs, &opt, &st, train_dl, &dist, &kc);
         if (!quiet && ((step + 1) % tc->log_every == 0 || last)) {
             char eta[32];
             double elapsed = now_seconds() - t_start;
@@ -332,7 +425,7 @@ int cmd_train(int argc, char **argv) {
     } else {
         const float *masters = grad_sync_full_masters(&gs, &model);   // collective
         if (rank0) {
-            run_files_save_model(&rf, &cfg, &model, masters);
+            run_files_save_model(&rf, &cfg, &model, masters, kc.saved[0] ? kc.saved : NULL);
             fprintf(stderr, "saved %s/%s and config.json\n", tc->out_dir, shard_bytes ? "model.safetensors (or its shards)" : "model.safetensors");
         }
     }

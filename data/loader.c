@@ -1,5 +1,6 @@
 // loader_open(): resolves the path (shard file, directory of shards, glob) and picks the
 // format by magic; the other functions forward to the chosen format.
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -33,9 +34,21 @@ DataLoader *loader_open(const char *path, const LoaderOptions *opt) {
     return dl;
 }
 
+int loader_next_checked(DataLoader *dl, int32_t *inputs, int32_t *targets, char *err, size_t errlen) {
+    if (dl->plain) {
+        plain_next(dl->plain, inputs, targets);
+        return 0;
+    }
+    return shards_next(dl->shards, inputs, targets, err, errlen);
+}
+
 void loader_next(DataLoader *dl, int32_t *inputs, int32_t *targets) {
-    if (dl->plain) plain_next(dl->plain, inputs, targets);
-    else shards_next(dl->shards, inputs, targets);
+    char err[512];
+    if (loader_next_checked(dl, inputs, targets, err, sizeof(err)) != 0) die("%s", err);
+}
+
+unsigned long long loader_data_tokenizer_hash(const DataLoader *dl) {
+    return dl->plain ? 0 : shards_tokenizer_hash(dl->shards);
 }
 
 int loader_is_plain(const DataLoader *dl) { return dl->plain != NULL; }
@@ -68,6 +81,22 @@ void loader_close(DataLoader *dl) {
     shards_close(dl->shards);
     free(dl);
 }
+
+int loader_parse_tokenizer_hash(const char *hex, unsigned long long *hash) {
+    unsigned long long h = 0;
+    int n = 0;
+    for (; hex[n]; n++) {
+        char c = hex[n];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0 || n >= 16) return -1;
+        h = h << 4 | (unsigned)d;
+    }
+    if (n != 16) return -1;
+    *hash = h;
+    return 0;
+}
+
+void loader_format_tokenizer_hash(unsigned long long hash, char buf[24]) { snprintf(buf, 24, "%016llx", hash); }
 
 unsigned long long loader_tokenizer_hash(const char *tokenizer_path) {
     Tokenizer *t = tok_load(tokenizer_path);

@@ -4,6 +4,7 @@
 #ifndef CLLA_DATA_LOADER_H
 #define CLLA_DATA_LOADER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct DataLoader DataLoader;
@@ -30,7 +31,13 @@ typedef struct LoaderState {
 // (docs/FORMAT.md); a single file without the shard magic is read as plain uint32 tokens.
 DataLoader *loader_open(const char *path, const LoaderOptions *opt);
 // Fills inputs (B*T) and targets (B*T): row b is a window of T+1 consecutive tokens.
+// Dies with one line when the batch touches a damaged chunk.
 void loader_next(DataLoader *dl, int32_t *inputs, int32_t *targets);
+// The same, returning -1 with one line in err on a damaged chunk instead of dying (the state
+// stays before that batch), so that a trainer can save its good state first.
+int loader_next_checked(DataLoader *dl, int32_t *inputs, int32_t *targets, char *err, size_t errlen);
+// The tokenizer hash the data was made with (shard header offset 32); 0 for a plain token file.
+unsigned long long loader_data_tokenizer_hash(const DataLoader *dl);
 // Number of micro-batches in one pass over the data (for eval over a file or a fixed
 // validation set: loader_reset() then this many loader_next() calls).
 long long loader_num_batches(const DataLoader *dl);
@@ -43,6 +50,9 @@ void loader_close(DataLoader *dl);
 // those that followed when it was taken. Dies when the fingerprint does not match.
 void loader_get_state(const DataLoader *dl, LoaderState *st);
 void loader_set_state(DataLoader *dl, const LoaderState *st);
+// train.tokenizer_hash text (16 hex digits) <-> the hash. parse: 0, or -1 when malformed.
+int loader_parse_tokenizer_hash(const char *hex, unsigned long long *hash);
+void loader_format_tokenizer_hash(unsigned long long hash, char buf[24]);
 // Tokenizer hash for LoaderOptions.tokenizer_hash, read from a tokenizer file (dies on error).
 unsigned long long loader_tokenizer_hash(const char *tokenizer_path);
 

@@ -15,8 +15,10 @@ void plain_close(PlainLoader *pl);
 typedef struct ShardLoader ShardLoader;
 // paths: the shard files, in order.
 ShardLoader *shards_open(char **paths, int n_paths, const LoaderOptions *opt);
-void shards_next(ShardLoader *sl, int32_t *inputs, int32_t *targets);
+// -1 with err when the batch touches a damaged chunk (the state stays before it).
+int shards_next(ShardLoader *sl, int32_t *inputs, int32_t *targets, char *err, size_t errlen);
 long long shards_num_batches(const ShardLoader *sl);
+unsigned long long shards_tokenizer_hash(const ShardLoader *sl);
 void shards_get_state(const ShardLoader *sl, LoaderState *st);
 void shards_set_state(ShardLoader *sl, const LoaderState *st);
 void shards_close(ShardLoader *sl);

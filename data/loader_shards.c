@@ -53,6 +53,7 @@ typedef struct Producer {
     CachedChunk cache[2 * MIX_CHUNKS + 2];
     uint64_t use_clock;
     ShardReadBuf *rb;
+    char err[512];          // why the last batch could not be made (a damaged chunk)
 } Producer;
 
 struct ShardLoader {
@@ -71,6 +72,7 @@ struct ShardLoader {
     pthread_t thread;
     int running, stop;
     uint64_t produced, consumed;
+    int failed;     // the producer hit a damaged chunk: batches after `produced` never come
     int32_t *ring;  // PREFETCH_DEPTH slots of B * (T+1) tokens
     Producer pr;
 };
@@ -122,6 +124,8 @@ static void load_group(ShardLoader *sl, uint32_t g) {
 
 // ---------------------------------------------------------------- decoded chunk cache
 
+// NULL with pr->err set when the chunk is damaged (the consumer reports it: the trainer saves
+// its state first, so this must not die on the prefetch thread).
 static const uint32_t *get_chunk(ShardLoader *sl, uint32_t shard, uint32_t chunk) {
     Producer *pr = &sl->pr;
     CachedChunk *slot = NULL;
@@ -136,9 +140,8 @@ static const uint32_t *get_chunk(ShardLoader *sl, uint32_t shard, uint32_t chunk
     }
     const Shard *s = &sl->shards[shard];
     if (!slot->data) slot->data = xmalloc((size_t)sl->max_chunk_tokens * sizeof(uint32_t));
-    char err[512];
     slot->valid = 0;
-    if (shard_read_chunk(s, chunk, pr->rb, slot->data, err, sizeof(err)) != 0) die("%s", err);
+    if (shard_read_chunk(s, chunk, pr->rb, slot->data, pr->err, sizeof(pr->err)) != 0) return NULL;
     slot->valid = 1;
     slot->shard = shard;
     slot->chunk = chunk;
@@ -147,7 +150,7 @@ static const uint32_t *get_chunk(ShardLoader *sl, uint32_t shard, uint32_t chunk
 }
 
 // Copies tokens [k*T, k*T + T] of the window's shard into dst.
-static void copy_window(ShardLoader *sl, WindowRef w, int32_t *dst) {
+static int copy_window(ShardLoader *sl, WindowRef w, int32_t *dst) {
     const Shard *s = &sl->shards[w.shard];
     uint64_t pos = w.k * (uint64_t)sl->T, left = (uint64_t)sl->T + 1;
     // Binary search for the chunk holding pos.
@@ -159,6 +162,7 @@ static void copy_window(ShardLoader *sl, WindowRef w, int32_t *dst) {
     }
     for (uint32_t c = lo; left > 0; c++) {
         const uint32_t *data = get_chunk(sl, w.shard, c);
+        if (!data) return -1;
         const ShardChunk *ch = &s->chunks[c];
         uint64_t off = pos - ch->first_token, take = ch->n_tokens - off;
         if (take > left) take = left;
@@ -166,9 +170,10 @@ static void copy_window(ShardLoader *sl, WindowRef w, int32_t *dst) {
         pos += take;
         left -= take;
     }
+    return 0;
 }
 
-static void produce_batch(ShardLoader *sl, int32_t *slot) {
+static int produce_batch(ShardLoader *sl, int32_t *slot) {
     Producer *pr = &sl->pr;
     if (pr->plan_epoch != pr->epoch) build_plan(sl, pr->epoch);
     for (int b = 0; b < sl->B; b++) {
@@ -184,13 +189,14 @@ static void produce_batch(ShardLoader *sl, int32_t *slot) {
             load_group(sl, lo);
             g = lo;
         }
-        copy_window(sl, pr->windows[p - pr->group_start[g]], slot + (size_t)b * (sl->T + 1));
+        if (copy_window(sl, pr->windows[p - pr->group_start[g]], slot + (size_t)b * (sl->T + 1)) != 0) return -1;
     }
     pr->position += sl->gb;
     if (pr->position >= sl->per_epoch) {
         pr->position = 0;
         pr->epoch++;
     }
+    return 0;
 }
 
 static void *prefetch_main(void *arg) {
@@ -203,17 +209,20 @@ static void *prefetch_main(void *arg) {
         uint64_t slot = sl->produced % PREFETCH_DEPTH;
         pthread_mutex_unlock(&sl->mu);
         if (stop) break;
-        produce_batch(sl, sl->ring + slot * slot_len);
+        int bad = produce_batch(sl, sl->ring + slot * slot_len) != 0;
         pthread_mutex_lock(&sl->mu);
-        sl->produced++;
+        if (bad) sl->failed = 1;
+        else sl->produced++;
         pthread_cond_broadcast(&sl->cv);
         pthread_mutex_unlock(&sl->mu);
+        if (bad) break;
     }
     return NULL;
 }
 
 static void start_thread(ShardLoader *sl) {
     sl->stop = 0;
+    sl->failed = 0;
     sl->produced = sl->consumed = 0;
     sl->pr.epoch = sl->epoch;
     sl->pr.position = sl->position;
@@ -310,10 +319,15 @@ ShardLoader *shards_open(char **paths, int n_paths, const LoaderOptions *opt) {
     return sl;
 }
 
-void shards_next(ShardLoader *sl, int32_t *inputs, int32_t *targets) {
+int shards_next(ShardLoader *sl, int32_t *inputs, int32_t *targets, char *err, size_t errlen) {
     size_t slot_len = (size_t)sl->B * (sl->T + 1);
     pthread_mutex_lock(&sl->mu);
-    while (sl->produced == sl->consumed) pthread_cond_wait(&sl->cv, &sl->mu);
+    while (sl->produced == sl->consumed && !sl->failed) pthread_cond_wait(&sl->cv, &sl->mu);
+    if (sl->produced == sl->consumed) {   // failed, and every good batch before it was consumed
+        pthread_mutex_unlock(&sl->mu);
+        snprintf(err, errlen, "%s", sl->pr.err);
+        return -1;
+    }
     const int32_t *w = sl->ring + (sl->consumed % PREFETCH_DEPTH) * slot_len;
     pthread_mutex_unlock(&sl->mu);
     for (int b = 0; b < sl->B; b++) {
@@ -330,9 +344,12 @@ void shards_next(ShardLoader *sl, int32_t *inputs, int32_t *targets) {
         sl->position = 0;
         sl->epoch++;
     }
+    return 0;
 }
 
 long long shards_num_batches(const ShardLoader *sl) { return (long long)(sl->per_epoch / sl->gb); }
+
+unsigned long long shards_tokenizer_hash(const ShardLoader *sl) { return sl->shards[0].tokenizer_hash; }
 
 void shards_get_state(const ShardLoader *sl, LoaderState *st) {
     st->epoch = sl->epoch;

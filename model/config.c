@@ -62,6 +62,7 @@ static const KeyDef TRAIN_KEYS[] = {
     {"data", NULL, K_STR, T_(data), sizeof(((TrainConfig *)0)->data)},
     {"val_data", NULL, K_STR, T_(val_data), sizeof(((TrainConfig *)0)->val_data)},
     {"tokenizer", NULL, K_STR, T_(tokenizer), sizeof(((TrainConfig *)0)->tokenizer)},
+    {"tokenizer_hash", NULL, K_STR, T_(tokenizer_hash), sizeof(((TrainConfig *)0)->tokenizer_hash)},
     {"out_dir", NULL, K_STR, T_(out_dir), sizeof(((TrainConfig *)0)->out_dir)},
     {"init_from", NULL, K_STR, T_(init_from), sizeof(((TrainConfig *)0)->init_from)},
     {"metrics", NULL, K_STR, T_(metrics), sizeof(((TrainConfig *)0)->metrics)},
@@ -212,7 +213,7 @@ static void defaults(Config *cfg) {
     t->seed = 1234;
     t->log_every = 1;
     t->val_batches = 8;
-    t->max_consecutive_skips = 5;
+    t->max_consecutive_skips = 1;   // a non-finite step stops the run at once (docs/CHECKPOINTS.md)
     t->dist_timeout_s = 600;   // torch.distributed's default collective timeout
 }
 

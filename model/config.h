@@ -48,6 +48,8 @@ typedef struct TrainConfig {
     char data[1024];           // training tokens (uint32 file)
     char val_data[1024];       // optional validation tokens
     char tokenizer[1024];      // optional tokenizer file: shards made with another tokenizer are refused
+    char tokenizer_hash[24];   // the training data's tokenizer hash, 16 hex digits ("" = unknown);
+                               // recorded by clla train, checked by eval and init_from
     char out_dir[1024];        // where config.json, model.safetensors and metrics go
     char init_from[1024];      // optional safetensors to start from instead of random init
     char metrics[1024];        // metrics JSONL path ("" = <out_dir>/metrics.jsonl)

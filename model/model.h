@@ -138,6 +138,11 @@ void model_save_dir(Model *m, const float *masters, const char *dir, unsigned lo
 // ST_BF16 rounded to nearest even: inference packages). 0, or -1 with one line in err
 // (nothing left behind).
 int model_save_host(const Model *m, const float *host, const char *path, int st_dtype, char *err, size_t errlen);
+// model_save_masters and model_save_dir, returning -1 with one line in err instead of dying
+// (the trainer names its last good checkpoint in the message).
+int model_save_masters_checked(Model *m, const float *masters, const char *path, char *err, size_t errlen);
+int model_save_dir_checked(Model *m, const float *masters, const char *dir, unsigned long long shard_bytes, char *err,
+                           size_t errlen);
 // After changing master weights on the host side: refresh the storage copy. On a backend
 // with separate masters each tensor i is stored with store_weights(..., model_weight_seed(seed, i)).
 // Not on sharded masters (internal error): see model_sync_weights_from.

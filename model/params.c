@@ -262,15 +262,6 @@ static StTensor *host_tensors(const Model *m, const float *host) {
     return st;
 }
 
-void model_save_masters(Model *m, const float *masters, const char *path) {
-    float *host = xmalloc(m->params.bytes_f32);
-    m->be->download(host, masters, m->params.bytes_f32);
-    char err[512];
-    int rc = model_save_host(m, host, path, ST_F32, err, sizeof(err));
-    free(host);
-    if (rc != 0) die("%s", err);
-}
-
 int model_save_host(const Model *m, const float *host, const char *path, int st_dtype, char *err, size_t errlen) {
     StTensor *st = host_tensors(m, host);
     int rc = st_save(path, st, m->params.n, st_dtype, SAVE_METADATA, err, errlen);
@@ -278,13 +269,31 @@ int model_save_host(const Model *m, const float *host, const char *path, int st_
     return rc;
 }
 
-void model_save_dir(Model *m, const float *masters, const char *dir, unsigned long long shard_bytes) {
+int model_save_masters_checked(Model *m, const float *masters, const char *path, char *err, size_t errlen) {
+    float *host = xmalloc(m->params.bytes_f32);
+    m->be->download(host, masters, m->params.bytes_f32);
+    int rc = model_save_host(m, host, path, ST_F32, err, errlen);
+    free(host);
+    return rc;
+}
+
+void model_save_masters(Model *m, const float *masters, const char *path) {
+    char err[512];
+    if (model_save_masters_checked(m, masters, path, err, sizeof(err)) != 0) die("%s", err);
+}
+
+int model_save_dir_checked(Model *m, const float *masters, const char *dir, unsigned long long shard_bytes, char *err,
+                           size_t errlen) {
     float *host = xmalloc(m->params.bytes_f32);
     m->be->download(host, masters, m->params.bytes_f32);
     StTensor *st = host_tensors(m, host);
-    char err[1024];
-    int rc = st_save_dir(dir, st, m->params.n, ST_F32, SAVE_METADATA, shard_bytes, err, sizeof(err));
+    int rc = st_save_dir(dir, st, m->params.n, ST_F32, SAVE_METADATA, shard_bytes, err, errlen);
     free(st);
     free(host);
-    if (rc != 0) die("%s", err);
+    return rc;
+}
+
+void model_save_dir(Model *m, const float *masters, const char *dir, unsigned long long shard_bytes) {
+    char err[1024];
+    if (model_save_dir_checked(m, masters, dir, shard_bytes, err, sizeof(err)) != 0) die("%s", err);
 }

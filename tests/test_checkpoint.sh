@@ -13,7 +13,8 @@
 #  (e) hand-forged, corrupted and truncated safetensors files (clla eval) and checkpoint
 #      state files (clla train --resume): one clear line and a non-zero exit, never a crash;
 #  (f) resume rules: model-shape changes refused naming the key, run-setting changes stated;
-#      --keep; non-finite steps skipped and the run stopped naming the last good checkpoint.
+#      --keep; non-finite steps skipped up to train.max_consecutive_skips, then the run stopped
+#      saying that no checkpoint is safe.
 # Needs CLLA (the binary); ctest sets it, and SRC for the text fixtures. Prints "N passed, M failed".
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -359,8 +360,10 @@ if [ "$rc" -eq 1 ] && [ "$(grep -c 'error' other.err)" -eq 1 ] && tail -n 1 othe
 else
     fail "resume on other data: exit $rc: $(cat other.err | tr '\n' '|')"
 fi
-# --resume auto skips a damaged newest checkpoint with a warning and takes the one before.
+# --resume auto skips a damaged newest checkpoint with a warning and takes the one before
+# (the copy leaves out step 16, the final checkpoint of the finished run).
 rm -rf auto && mkdir -p auto && cp -r part_gqa/checkpoints auto/ && cp part_gqa/metrics.jsonl auto/
+rm -rf auto/checkpoints/step_00000016
 printf 'x' >> auto/checkpoints/step_00000008/model.safetensors
 "$CLLA" train --config gqa.json --out auto --quiet --resume auto 2> auto.err
 if grep -q "skipping checkpoint 'auto/checkpoints/step_00000008'" auto.err && grep -q "resuming from auto/checkpoints/step_00000006 at step 6" auto.err; then
@@ -376,7 +379,7 @@ expect_error "model shape change on resume" "hidden_size = 32.*hidden_size = 64"
 expect_error "attention change on resume" "num_key_value_heads" -- \
     "$CLLA" train --config gqa.json --out part_gqa --quiet --resume "$GOOD" --set num_key_value_heads=4
 expect_error "--resume of a missing directory" "nothere" -- "$CLLA" train --config gqa.json --out x --resume nothere
-rm -rf rules && mkdir rules && cp -r part_gqa/checkpoints rules/
+rm -rf rules && mkdir rules && cp -r part_gqa/checkpoints rules/ && rm -rf rules/checkpoints/step_00000016
 if "$CLLA" train --config gqa.json --out rules --quiet --resume auto --set train.lr=1e-3 --set train.max_steps=20 2> rules.err &&
    grep -q "train.lr changed from 0.003.* to 0.001" rules.err && grep -q "train.max_steps changed from 16 (checkpoint) to 20" rules.err &&
    [ "$(wc -l < rules/metrics.jsonl)" -eq 12 ]; then
@@ -388,13 +391,15 @@ fi
 kept=$(ls keep/checkpoints | tr '\n' ' ')
 [ "$kept" = "step_00000014 step_00000015 step_00000016 " ] && ok "--keep 3 keeps the newest three: $kept" ||
     fail "--keep 3: $kept"
-# lr 1e30: step 1 blows the weights up, every later step is non-finite and skipped.
+# lr 1e30: step 1 blows the weights up, every later step is non-finite and skipped. Tolerating
+# 3 skips, the run stops at the third; step_00000001 holds the blown-up weights, so no
+# checkpoint is safe (tests/test_run_safety.sh checks the default: a stop at the first).
 "$CLLA" train --config gqa.json --out skip --quiet --save-every 1 --set train.lr=1e30 --set train.min_lr=0 \
     --set train.warmup_steps=0 --set train.max_consecutive_skips=3 2> skip.err
 rc=$?
 last=$(tail -n 1 skip.err)
 skipped=$(grep -c '"skipped":true' skip/metrics.jsonl)
-if [ "$rc" -eq 1 ] && [ "$skipped" -eq 3 ] && echo "$last" | grep -q "3 consecutive steps.*last good checkpoint is skip/checkpoints/step_00000001"; then
+if [ "$rc" -eq 1 ] && [ "$skipped" -eq 3 ] && echo "$last" | grep -q "step 4: .*not finite.*3 such steps in a row.*no checkpoint is safe"; then
     ok "non-finite steps: 3 skipped, then: $last"
 else
     fail "non-finite steps: exit $rc, $skipped skipped: $last"

@@ -105,11 +105,13 @@ expect_error "train --shard-size 2.5GB is refused before training" "shard-size '
 
 # a save replaces the other layout: single over shards, shards over single, fewer shards
 cp -r sh re
-"$CLLA" init --config m.json --out re > /dev/null 2>&1
-if [ "$(ls re)" = "$(printf 'config.json\nmodel.safetensors')" ]; then ok "a single-file save removes the old index and shards"
+if "$CLLA" init --config m.json --out re > /dev/null 2>&1; then fail "init over a sharded model without --overwrite was not refused"
+else ok "init over a sharded model is refused without --overwrite"; fi
+"$CLLA" init --config m.json --out re --overwrite > /dev/null 2>&1
+if [ "$(ls re)" = "$(printf 'config.json\nmodel.safetensors')" ]; then ok "a single-file save (--overwrite) removes the old index and shards"
 else fail "single over shards left: $(ls re | tr '\n' ' ')"; fi
-"$CLLA" init --config m.json --out re --shard-size 10KB > /dev/null 2>&1
-"$CLLA" init --config m.json --out re --shard-size 40KB > /dev/null 2>&1
+"$CLLA" init --config m.json --out re --shard-size 10KB --overwrite > /dev/null 2>&1
+"$CLLA" init --config m.json --out re --shard-size 40KB --overwrite > /dev/null 2>&1
 n=$(ls re | grep -c '^model-')
 if [ ! -e re/model.safetensors ] && [ "$n" -ge 2 ] && [ "$(ls re | grep '^model-' | grep -vc -- "-of-$(printf %05d "$n")")" -eq 0 ] &&
    [ "$(loss_of re)" = "$a" ]; then ok "a sharded save removes model.safetensors and the shards of an earlier save"

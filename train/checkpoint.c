@@ -626,21 +626,69 @@ int ckpt_validate(const char *dir, char *err, size_t errlen) {
     return rc;
 }
 
-int ckpt_find_newest(const char *run_dir, char *path, size_t pathlen) {
+int ckpt_find_newest(const char *run_dir, char *path, size_t pathlen, char *err, size_t errlen) {
     int n;
     StepDir *v = list_steps(run_dir, &n);
-    int rc = -1;
-    char err[1024];
+    int rc = n ? -2 : -1;
+    char why[1024], newest[1200] = "";
     for (int i = n - 1; i >= 0 && rc; i--) {
-        if (ckpt_validate(v[i].name, err, sizeof(err)) == 0) {
+        if (ckpt_validate(v[i].name, why, sizeof(why)) == 0) {
             snprintf(path, pathlen, "%s", v[i].name);
             rc = 0;
         } else {
-            warn("skipping checkpoint '%s': %s", v[i].name, err);
+            if (!newest[0]) snprintf(newest, sizeof(newest), "%s", why);
+            warn("skipping checkpoint '%s': %s", v[i].name, why);
         }
     }
+    if (rc == -2)
+        fail(err, errlen, "every checkpoint in %s/%s is damaged (%d: the newest, %s)", run_dir, CKPT_SUBDIR, n, newest);
     free_steps(v, n);
     return rc;
+}
+
+int ckpt_abandon_after(const char *run_dir, int step, const char *const *extra, char *moved_to, size_t moved_len,
+                       char *err, size_t errlen) {
+    int n;
+    StepDir *v = list_steps(run_dir, &n);
+    int todo = 0;
+    for (int i = 0; i < n; i++) todo += v[i].step > step;
+    struct stat sb;
+    // the extra files (a final model) belong to the abandoned timeline only when it went further
+    for (int i = 0; todo && extra && extra[i]; i++) todo += stat(extra[i], &sb) == 0;
+    int rc = 0;
+    if (todo) {
+        char name[64], *base = path_join(run_dir, CKPT_SUBDIR);
+        time_t now = time(NULL);
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        strftime(name, sizeof(name), "abandoned-%Y%m%dT%H%M%SZ", &tm);
+        char *dst = path_join(base, name);
+        if (make_dirs(dst) != 0) rc = fail(err, errlen, "cannot create '%s': %s", dst, strerror(errno));
+        for (int i = 0; !rc && i < n; i++) {
+            if (v[i].step <= step) continue;
+            const char *leaf = strrchr(v[i].name, '/');
+            char *to = path_join(dst, leaf ? leaf + 1 : v[i].name);
+            if (rename(v[i].name, to) != 0) rc = fail(err, errlen, "cannot move '%s' to '%s': %s", v[i].name, to, strerror(errno));
+            free(to);
+        }
+        for (int i = 0; !rc && extra && extra[i]; i++) {
+            if (stat(extra[i], &sb) != 0) continue;
+            const char *leaf = strrchr(extra[i], '/');
+            char *to = path_join(dst, leaf ? leaf + 1 : extra[i]);
+            if (rename(extra[i], to) != 0) rc = fail(err, errlen, "cannot move '%s' to '%s': %s", extra[i], to, strerror(errno));
+            free(to);
+        }
+        if (!rc) {
+            fsync_dir(dst);
+            fsync_dir(base);
+            fsync_dir(run_dir);
+            snprintf(moved_to, moved_len, "%s", dst);
+        }
+        free(dst);
+        free(base);
+    }
+    free_steps(v, n);
+    return rc ? -1 : todo;
 }
 
 // Is the writer of ".tmp.step_N.<pid>" gone? Our own pid counts as gone: this process is

@@ -47,10 +47,18 @@ typedef struct TrainState {
 int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const float *masters, const AdamW *opt,
               const TrainState *st, Dist *dist, char *path, size_t pathlen, char *err, size_t errlen);
 
-// The newest checkpoint of run_dir that validates (ckpt_validate); ones that do not are
-// reported with warn() and skipped. Returns 0 with the directory in path, or -1 when there
-// is none.
-int ckpt_find_newest(const char *run_dir, char *path, size_t pathlen);
+// The newest checkpoint of run_dir that validates (ckpt_validate); newer ones that do not are
+// reported with warn() and skipped. Returns 0 with the directory in path, -1 when there is no
+// step_* directory at all, or -2 when there are some and none validates (err then names the
+// newest one and its damage, and how many there are).
+int ckpt_find_newest(const char *run_dir, char *path, size_t pathlen, char *err, size_t errlen);
+
+// One timeline per run: moves every step_* directory of run_dir with a step after `step`, and
+// when there is any, the files named in `extra` too (paths, NULL-terminated; those that do not
+// exist are skipped), into run_dir/checkpoints/abandoned-<UTC time>/ (never read by --resume). Returns how many it moved,
+// with that directory in moved_to, or -1 with err.
+int ckpt_abandon_after(const char *run_dir, int step, const char *const *extra, char *moved_to, size_t moved_len,
+                       char *err, size_t errlen);
 
 // Keeps the newest `keep` step_* directories of run_dir and removes the rest (keep <= 0:
 // keeps all). Also removes .tmp.* directories of writers that are no longer running.

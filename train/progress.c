@@ -1,6 +1,10 @@
 #include "train/progress.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 void format_duration(char *buf, size_t len, double s) {
     if (s < 0) s = 0;
@@ -10,10 +14,36 @@ void format_duration(char *buf, size_t len, double s) {
     else snprintf(buf, len, "%lds", t);
 }
 
-void metrics_write(FILE *f, const cJSON *obj) {
-    if (!f) return;
-    char *line = cJSON_PrintUnformatted(obj);
-    fprintf(f, "%s\n", line);
-    fflush(f);
+int metrics_write(int fd, const char *path, const cJSON *obj, char *err, size_t errlen) {
+    if (fd < 0) return 0;
+    char *text = cJSON_PrintUnformatted(obj);
+    size_t n = strlen(text);
+    char *line = malloc(n + 2);
+    if (!line) {
+        free(text);
+        snprintf(err, errlen, "out of memory writing metrics file '%s'", path);
+        return -1;
+    }
+    memcpy(line, text, n);
+    line[n++] = '\n';
+    free(text);
+    // write(2), not stdio: a failed write must not stay in a buffer that a later flush or
+    // fclose would push out after the file was cut back
+    off_t start = lseek(fd, 0, SEEK_END);
+    size_t done = 0;
+    int rc = 0;
+    while (done < n) {
+        ssize_t w = write(fd, line + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : ENOSPC;
+            if (start >= 0 && ftruncate(fd, start) != 0) { /* the reader drops a last line without its newline */ }
+            snprintf(err, errlen, "writing metrics file '%s' failed: %s", path, strerror(e));
+            rc = -1;
+            break;
+        }
+        done += (size_t)w;
+    }
     free(line);
+    return rc;
 }

@@ -3,13 +3,15 @@
 #ifndef CLLA_TRAIN_PROGRESS_H
 #define CLLA_TRAIN_PROGRESS_H
 
-#include <stdio.h>
+#include <stddef.h>
 
 #include <cjson/cJSON.h>
 
 // Formats seconds as "1h02m", "3m05s" or "12s".
 void format_duration(char *buf, size_t len, double seconds);
-// Appends obj as one line to f and flushes (the caller keeps ownership of obj).
-void metrics_write(FILE *f, const cJSON *obj);
+// Appends obj as one line to the metrics file open for appending on fd (the caller keeps
+// ownership of obj). Returns 0, or -1 with one line in err when the write fails (disk full,
+// file-size limit): then the file is cut back to its last whole line, never left mid-line.
+int metrics_write(int fd, const char *path, const cJSON *obj, char *err, size_t errlen);
 
 #endif

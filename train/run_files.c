@@ -1,24 +1,182 @@
 #include "train/run_files.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/util.h"
 
+char *run_metrics_path(const char *dir, const char *metrics_path) {
+    return metrics_path && metrics_path[0] ? xstrdup(metrics_path) : path_join(dir, "metrics.jsonl");
+}
+
+static int exists_in(const char *dir, const char *name) {
+    char *p = path_join(dir, name);
+    struct stat sb;
+    int e = stat(p, &sb) == 0;
+    free(p);
+    return e;
+}
+
+void run_dir_inspect(const char *dir, const char *metrics_path, RunDirContents *c) {
+    memset(c, 0, sizeof(*c));
+    c->model = exists_in(dir, "model.safetensors") || exists_in(dir, "model.safetensors.index.json");
+    c->config = exists_in(dir, "config.json");
+    char *mp = run_metrics_path(dir, metrics_path);
+    struct stat sb;
+    c->metrics = stat(mp, &sb) == 0 && sb.st_size > 0;
+    free(mp);
+    char *cp = path_join(dir, "checkpoints");
+    DIR *d = opendir(cp);
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) c->checkpoints++;
+        closedir(d);
+    }
+    free(cp);
+}
+
+int run_dir_is_empty(const RunDirContents *c) { return !c->model && !c->config && !c->metrics && !c->checkpoints; }
+
+void run_dir_describe(const RunDirContents *c, char *buf, size_t len) {
+    snprintf(buf, len, "%s%s%s", c->model ? "a model, " : "", c->config ? "config.json, " : "",
+             c->metrics ? "a metrics file, " : "");
+    size_t n = strlen(buf);
+    if (c->checkpoints) snprintf(buf + n, len - n, "%d entries in checkpoints/", c->checkpoints);
+    else if (n >= 2) buf[n - 2] = '\0';
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    if (remove(path) != 0 && errno != ENOENT) {
+        warn("cannot remove '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+// An HF shard of a saved model: model-NNNNN-of-NNNNN.safetensors (model/safetensors.h).
+static int is_model_shard(const char *name) {
+    size_t n = strlen(name);
+    return !strncmp(name, "model-", 6) && strstr(name, "-of-") && n > 12 && !strcmp(name + n - 12, ".safetensors");
+}
+
+void run_dir_clear(const char *dir, const char *metrics_path) {
+    const char *names[] = {"model.safetensors", "model.safetensors.index.json", "config.json"};
+    for (int i = 0; i < 3; i++) {
+        char *p = path_join(dir, names[i]);
+        if (unlink(p) != 0 && errno != ENOENT) die("--overwrite: cannot remove '%s': %s", p, strerror(errno));
+        free(p);
+    }
+    DIR *dd = opendir(dir);
+    if (dd) {
+        struct dirent *de;
+        while ((de = readdir(dd)))
+            if (is_model_shard(de->d_name)) {
+                char *p = path_join(dir, de->d_name);
+                if (unlink(p) != 0 && errno != ENOENT) die("--overwrite: cannot remove '%s': %s", p, strerror(errno));
+                free(p);
+            }
+        closedir(dd);
+    }
+    char *mp = run_metrics_path(dir, metrics_path);
+    if (unlink(mp) != 0 && errno != ENOENT) die("--overwrite: cannot remove '%s': %s", mp, strerror(errno));
+    free(mp);
+    char *cp = path_join(dir, "checkpoints");
+    struct stat sb;
+    // depth first, without following links: a link in checkpoints/ is removed, not its target
+    if (stat(cp, &sb) == 0 && nftw(cp, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        die("--overwrite: cannot remove '%s' (see the warning above)", cp);
+    free(cp);
+}
+
+// ---------------------------------------------------------------- the lock
+
+// The one piece of process state here: an atexit handler takes no argument, and the lock must
+// go also when die() ends the process. Set once by run_lock_acquire.
+static struct {
+    char *path, *dir;
+    int fd, created_dir;
+} held = {NULL, NULL, -1, 0};
+
+static void release_lock(void) {
+    if (held.fd < 0) return;
+    // unlink before unlocking: a process that opens the name afterwards gets a new file
+    unlink(held.path);
+    close(held.fd);
+    held.fd = -1;
+    if (held.created_dir) rmdir(held.dir);   // fails, as it should, unless the run left it empty
+}
+
+void run_lock_acquire(const char *dir) {
+    struct stat sb;
+    int existed = stat(dir, &sb) == 0;
+    if (make_dirs(dir) != 0) die("cannot create run directory '%s': %s", dir, strerror(errno));
+    char *path = path_join(dir, RUN_LOCK_FILE);
+    for (int attempt = 0;; attempt++) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) die("cannot create the lock file '%s': %s", path, strerror(errno));
+        char text[128] = "";
+        ssize_t got = pread(fd, text, sizeof(text) - 1, 0);
+        text[got > 0 ? got : 0] = '\0';
+        long pid = strtol(text, NULL, 10);
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            close(fd);
+            if (e == EWOULDBLOCK)
+                die("run directory '%s' is in use by another training (process %ld holds %s): wait for it to end, or train into another --out",
+                    dir, pid, path);
+            die("cannot lock '%s': %s", path, strerror(e));
+        }
+        // the holder may have removed the name between our open and flock: lock the file the name is now
+        struct stat a, b;
+        if (fstat(fd, &a) != 0 || stat(path, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
+            close(fd);
+            if (attempt > 100) die("cannot take the lock '%s': it keeps changing", path);
+            continue;
+        }
+        if (pid > 0 && pid != (long)getpid())
+            fprintf(stderr, "clla train: taking over the lock %s left by process %ld, which is no longer running\n", path, pid);
+        char mine[32];
+        int n = snprintf(mine, sizeof(mine), "%ld\n", (long)getpid());
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, mine, (size_t)n, 0) != n)
+            die("cannot write the lock file '%s': %s", path, strerror(errno));
+        held.path = path;
+        held.dir = xstrdup(dir);
+        held.fd = fd;
+        held.created_dir = !existed;
+        atexit(release_lock);
+        return;
+    }
+}
+
+// ---------------------------------------------------------------- metrics and the model
+
+static void open_metrics(RunFiles *rf, const char *dir, const char *metrics_path, int truncate) {
+    rf->dir = xstrdup(dir);
+    rf->metrics_path = run_metrics_path(dir, metrics_path);
+    rf->metrics_fd = open(rf->metrics_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
+    if (rf->metrics_fd < 0) die("cannot write metrics file '%s': %s", rf->metrics_path, strerror(errno));
+}
+
 void run_files_open(RunFiles *rf, const char *dir, const char *metrics_path) {
     if (make_dirs(dir) != 0) die("cannot create run directory '%s': %s", dir, strerror(errno));
-    rf->dir = xstrdup(dir);
-    char *mp = metrics_path && metrics_path[0] ? xstrdup(metrics_path) : path_join(dir, "metrics.jsonl");
-    rf->metrics = fopen(mp, "w");
-    if (!rf->metrics) die("cannot write metrics file '%s': %s", mp, strerror(errno));
-    free(mp);
+    open_metrics(rf, dir, metrics_path, 1);
 }
 
 void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_path, int resumed_step) {
     if (make_dirs(dir) != 0) die("cannot create run directory '%s': %s", dir, strerror(errno));
-    rf->dir = xstrdup(dir);
-    char *mp = metrics_path && metrics_path[0] ? xstrdup(metrics_path) : path_join(dir, "metrics.jsonl");
+    char *mp = run_metrics_path(dir, metrics_path);
     size_t len = 0;
     char *old = read_file(mp, &len);
     if (old) {
@@ -39,34 +197,70 @@ void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_pa
         if (atomic_commit(&af) != 0) die("rewriting metrics file '%s' failed: %s", mp, strerror(errno));
         free(old);
     }
-    rf->metrics = fopen(mp, "a");
-    if (!rf->metrics) die("cannot write metrics file '%s': %s", mp, strerror(errno));
     free(mp);
+    open_metrics(rf, dir, metrics_path, 0);
 }
 
-void write_config_json(const char *path, const Config *cfg) {
+int write_config_json_checked(const char *path, const Config *cfg, char *err, size_t errlen) {
     cJSON *j = config_to_json(cfg);
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
     AtomicFile af;
-    if (atomic_open(&af, path) != 0) die("cannot write '%s': %s", path, strerror(errno));
+    if (atomic_open(&af, path) != 0) {
+        snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+        free(text);
+        return -1;
+    }
     int ok = fputs(text, af.f) >= 0 && fputc('\n', af.f) != EOF;
+    int e = errno;
     free(text);
-    if (!ok) { atomic_abort(&af); die("writing '%s' failed", path); }
-    if (atomic_commit(&af) != 0) die("writing '%s' failed: %s", path, strerror(errno));
+    if (!ok) {
+        atomic_abort(&af);
+        snprintf(err, errlen, "writing '%s' failed: %s", path, strerror(e));
+        return -1;
+    }
+    if (atomic_commit(&af) != 0) {
+        snprintf(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
-void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters) {
+void write_config_json(const char *path, const Config *cfg) {
+    char err[1536];
+    if (write_config_json_checked(path, cfg, err, sizeof(err)) != 0) die("%s", err);
+}
+
+int model_masters_finite(Model *model, const float *masters, size_t *bad) {
+    size_t n = model->params.bytes_f32 / 4;
+    float *host = xmalloc(model->params.bytes_f32);
+    model->be->download(host, masters, model->params.bytes_f32);
+    int ok = 1;
+    for (size_t i = 0; ok && i < n; i++)
+        if (!isfinite(host[i])) { ok = 0; *bad = i; }
+    free(host);
+    return ok;
+}
+
+void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters, const char *last_good) {
+    size_t bad;
+    if (!model_masters_finite(model, masters, &bad))
+        die("not writing %s/model.safetensors: weight element %zu (of the fp32 layout) is not finite: the model diverged",
+            rf->dir, bad);
     char *cp = path_join(rf->dir, "config.json");
-    model_save_dir(model, masters, rf->dir, rf->shard_bytes);
-    write_config_json(cp, cfg);
+    char err[1536];
+    if (model_save_dir_checked(model, masters, rf->dir, rf->shard_bytes, err, sizeof(err)) != 0 ||
+        write_config_json_checked(cp, cfg, err, sizeof(err)) != 0)
+        die("%s%s%s", err, last_good ? "; the last good checkpoint is " : "", last_good ? last_good : "");
     free(cp);
 }
 
 void run_files_close(RunFiles *rf) {
-    if (rf->metrics) fclose(rf->metrics);
+    if (rf->metrics_fd >= 0 && close(rf->metrics_fd) != 0) warn("closing metrics file '%s': %s", rf->metrics_path, strerror(errno));
     free(rf->dir);
+    free(rf->metrics_path);
     memset(rf, 0, sizeof(*rf));
+    rf->metrics_fd = -1;
 }
 
 void load_model_dir(Model *model, Config *cfg, const char *dir, const Backend *be, int n_sets, char **sets) {

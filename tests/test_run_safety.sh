@@ -1,0 +1,320 @@
+#!/usr/bin/env bash
+# What a run wrote is never lost or mixed with another run's files, and a wrong result is never
+# reported as a right one (issue 12; docs/CHECKPOINTS.md "Run directories", docs/COMMANDS.md):
+#  (1) train into a directory that holds another run, and init over one: refused without
+#      --overwrite (files untouched), cleared with it;
+#  (2) a finished run continues with --resume auto --set train.max_steps=N from its final
+#      checkpoint; without any checkpoint it is refused with the reason; at max_steps: nothing to do;
+#  (3) a second training on the same --out is refused while the first runs; a lock left by a
+#      killed process is taken over with a message;
+#  (4) resuming from an older checkpoint moves the later ones aside (one timeline), and a later
+#      --resume auto does not go back to them; metrics.jsonl stays in step order;
+#  (5) --resume auto with every checkpoint damaged: refused naming the damage, nothing changed;
+#  (6) a failing metrics write (file-size limit): exit 1 naming the file and the last good
+#      checkpoint, metrics.jsonl holds whole lines only;
+#  (7) a damaged data chunk mid-run: the good state is saved as a checkpoint first and named;
+#  (8) a non-finite loss stops the run at once naming the step and the newest safe checkpoint
+#      (or none); no final model; clla eval --json prints null and exits 1 on a NaN loss;
+#  (9) the run records its data's tokenizer hash; eval and init_from refuse other tokenizers' data;
+# (10) validation during training and clla eval score the same windows (same loss), and data
+#      smaller than one batch is scored (a partial batch) by both.
+# Needs CLLA (the binary) and SRC (for tests/fixtures). Prints "N passed, M failed".
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_run_safety.XXXXXX")
+BGPID=""
+cleanup() {
+    [ -n "$BGPID" ] && kill -KILL "$BGPID" 2> /dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+cd "$WORK" || exit 1
+
+PASS=0
+FAIL=0
+ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
+fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
+
+# Little-endian uint32 tokens < MOD from a fixed LCG, in one printf.
+write_tokens() {   # write_tokens FILE COUNT SEED [MOD]
+    local x=$3 s="" i m=${4:-64}
+    for ((i = 0; i < $2; i++)); do
+        x=$(( (x * 1103515245 + 12345) % 2147483648 ))
+        printf -v s '%s\\x%02x\\x00\\x00\\x00' "$s" $(( (x >> 16) % m ))
+    done
+    printf "$s" > "$1"
+}
+write_tokens tok.bin 3000 12345
+
+TRAIN='"seq_len": 32, "warmup_steps": 2, "lr": 3e-3, "min_lr": 3e-4, "seed": 11, "threads": 1, "log_every": 1000'
+MODEL='"attention": "gqa", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64'
+cat > c.json <<EOF
+{$MODEL, "train": {"data": "tok.bin", "max_steps": 6, "micro_batch": 2, $TRAIN}}
+EOF
+
+# expect_error NAME KEYWORD -- cmd...: exit 1, exactly one error line on stderr, containing KEYWORD.
+expect_error() {
+    local name=$1 keyword=$2
+    shift 3
+    "$@" > out.txt 2> err.txt
+    local rc=$?
+    if [ "$rc" -ne 1 ]; then
+        fail "$name: exit $rc (want 1): $(head -c 400 err.txt)"
+    elif [ "$(grep -c 'error' err.txt)" -ne 1 ]; then
+        fail "$name: want one error line: $(head -c 400 err.txt | tr '\n' '|')"
+    elif ! grep -qi -- "$keyword" err.txt; then
+        fail "$name: stderr does not mention '$keyword': $(cat err.txt)"
+    else
+        ok "$name: $(grep error err.txt)"
+    fi
+}
+snapshot() { (cd "$1" && find . -type f ! -name train.lock -exec md5sum {} + | sort); }
+steps_of() { grep -o '"step":[0-9]*' "$1" | cut -d: -f2 | tr '\n' ' '; }
+
+# ---------------------------------------------------------------- (1) another run's directory
+"$CLLA" train --config c.json --out r1 --quiet --save-every 2 2> r1.err || fail "(1) first run failed: $(tail -n 1 r1.err)"
+snapshot r1 > r1.before
+expect_error "(1) train into a finished run's directory" "already holds a run.*--overwrite" -- \
+    "$CLLA" train --config c.json --out r1 --quiet --set train.lr=1e-3
+expect_error "(1) init over a run directory" "already holds.*--overwrite" -- "$CLLA" init --config c.json --out r1
+"$CLLA" train --config c.json --out r1 --quiet --overwrite --set train.data=nothere.bin 2> /dev/null &&
+    fail "(1) --overwrite with missing data exited 0"
+snapshot r1 | cmp -s - r1.before && ok "(1) the refused commands (and an --overwrite whose data is missing) left r1 untouched" ||
+    fail "(1) r1 changed"
+if "$CLLA" train --config c.json --out r1 --quiet --overwrite --set train.max_steps=3 2> r1o.err &&
+   [ "$(steps_of r1/metrics.jsonl)" = "1 2 3 " ] && [ "$(ls r1/checkpoints)" = "step_00000003" ]; then
+    ok "(1) --overwrite clears the earlier run: $(ls r1/checkpoints | tr '\n' ' ')"
+else
+    fail "(1) --overwrite: $(tail -n 1 r1o.err) | $(ls r1/checkpoints | tr '\n' ' ') | $(steps_of r1/metrics.jsonl)"
+fi
+"$CLLA" init --config c.json --out r1 --overwrite > /dev/null 2> init.err && [ ! -e r1/metrics.jsonl ] && [ ! -e r1/checkpoints ] &&
+    ok "(1) init --overwrite replaces the run" || fail "(1) init --overwrite: $(cat init.err)"
+
+# ---------------------------------------------------------------- (2) continue a finished run
+"$CLLA" train --config c.json --out r2 --quiet 2> r2.err || fail "(2) run failed: $(tail -n 1 r2.err)"
+cp r2/model.safetensors r2.model6
+if "$CLLA" train --config c.json --out r2 --quiet --resume auto --set train.max_steps=9 2> r2b.err &&
+   grep -q "resuming from r2/checkpoints/step_00000006 at step 6" r2b.err && [ "$(steps_of r2/metrics.jsonl)" = "1 2 3 4 5 6 7 8 9 " ] &&
+   ! cmp -s r2.model6 r2/model.safetensors && ! ls -d r2/checkpoints/abandoned-* > /dev/null 2>&1; then
+    ok "(2) a finished run continues from its final checkpoint to step 9"
+else
+    fail "(2) continuing a finished run: $(grep -v warning r2b.err | head -n 2 | tr '\n' ' ') | $(steps_of r2/metrics.jsonl)"
+fi
+snapshot r2 > r2.before
+"$CLLA" train --config c.json --out r2 --quiet --resume auto --set train.max_steps=9 2> r2c.err && grep -q "nothing to do" r2c.err &&
+    snapshot r2 | cmp -s - r2.before && ok "(2) at train.max_steps: $(grep -v changed r2c.err)" || fail "(2) resume at max_steps: $(cat r2c.err)"
+rm -rf r2/checkpoints
+snapshot r2 > r2.before
+expect_error "(2) a finished run without checkpoints" "no checkpoint to continue from.*init_from" -- \
+    "$CLLA" train --config c.json --out r2 --quiet --resume auto --set train.max_steps=12
+snapshot r2 | cmp -s - r2.before && ok "(2) the refused resume left r2 untouched" || fail "(2) r2 changed"
+
+# ---------------------------------------------------------------- (3) two trainings at once
+cat > long.json <<EOF
+{$MODEL, "train": {"data": "tok.bin", "max_steps": 100000, "micro_batch": 2, $TRAIN}}
+EOF
+"$CLLA" train --config long.json --out r3 --quiet 2> r3a.err &
+BGPID=$!
+for ((i = 0; i < 400; i++)); do [ -s r3/metrics.jsonl ] && break; sleep 0.05; done
+expect_error "(3) a second training on the same --out" "in use by another training (process $BGPID" -- \
+    "$CLLA" train --config long.json --out r3 --quiet --resume auto
+kill -TERM "$BGPID"; wait "$BGPID"
+rc=$?
+BGPID=""
+[ "$rc" -eq 0 ] && [ ! -e r3/train.lock ] && ok "(3) SIGTERM: the first training stops with exit 0 and releases its lock" ||
+    fail "(3) SIGTERM: exit $rc, $(ls r3 | tr '\n' ' ')"
+"$CLLA" train --config long.json --out r3 --quiet --resume auto 2> r3b.err &
+BGPID=$!
+for ((i = 0; i < 400; i++)); do grep -q resuming r3b.err && [ -e r3/train.lock ] && break; sleep 0.05; done
+sleep 0.2
+kill -KILL "$BGPID"; wait "$BGPID" 2> /dev/null; BGPID=""
+if "$CLLA" train --config long.json --out r3 --quiet --overwrite --set train.max_steps=2 2> r3c.err &&
+   grep -q "taking over the lock.*left by process" r3c.err && [ ! -e r3/train.lock ]; then
+    ok "(3) the lock of a killed run is taken over: $(grep lock r3c.err)"
+else
+    fail "(3) stale lock: $(cat r3c.err | tr '\n' '|') $(ls r3)"
+fi
+
+# ---------------------------------------------------------------- (4) one timeline
+cat > c20.json <<EOF
+{$MODEL, "train": {"data": "tok.bin", "max_steps": 20, "micro_batch": 2, $TRAIN}}
+EOF
+"$CLLA" train --config c20.json --out r4 --quiet --save-every 5 2> r4.err || fail "(4) run failed: $(tail -n 1 r4.err)"
+"$CLLA" train --config c20.json --out r4 --quiet --save-every 5 --resume r4/checkpoints/step_00000010 --stop-at 13 2> r4b.err
+if [ "$(ls r4/checkpoints | grep -c '^step_')" -eq 3 ] && ls -d r4/checkpoints/abandoned-*/step_00000015 > /dev/null 2>&1 &&
+   [ ! -e r4/model.safetensors ] && [ "$(steps_of r4/metrics.jsonl)" = "$(seq -s ' ' 1 13) " ]; then
+    ok "(4) resuming at step 10 moved steps 15 and 20 and the final model aside: $(ls r4/checkpoints | tr '\n' ' ')"
+else
+    fail "(4) after resuming at 10: $(ls r4/checkpoints | tr '\n' ' ') | $(steps_of r4/metrics.jsonl) | $(tail -n 1 r4b.err)"
+fi
+"$CLLA" train --config c20.json --out r4 --quiet --save-every 5 --resume auto 2> r4c.err
+if grep -q "resuming from r4/checkpoints/step_00000013 at step 13" r4c.err && [ "$(steps_of r4/metrics.jsonl)" = "$(seq -s ' ' 1 20) " ]; then
+    ok "(4) --resume auto continues the new timeline at step 13; metrics 1..20 in order"
+else
+    fail "(4) --resume auto after the older resume: $(head -n 2 r4c.err | tr '\n' ' ') | $(steps_of r4/metrics.jsonl)"
+fi
+
+# ---------------------------------------------------------------- (5) every checkpoint damaged
+"$CLLA" train --config c.json --out r5 --quiet --save-every 2 --stop-at 4 2> r5.err
+for d in r5/checkpoints/step_*; do printf 'x' >> "$d/model.safetensors"; done
+snapshot r5 > r5.before
+"$CLLA" train --config c.json --out r5 --quiet --resume auto > /dev/null 2> r5b.err
+rc=$?
+if [ "$rc" -eq 1 ] && tail -n 1 r5b.err | grep -q "every checkpoint in r5/checkpoints is damaged.*step_00000004" && snapshot r5 | cmp -s - r5.before; then
+    ok "(5) all checkpoints damaged: refused, nothing changed: $(tail -n 1 r5b.err)"
+else
+    fail "(5) all checkpoints damaged: exit $rc: $(tail -n 1 r5b.err)"
+fi
+
+# ---------------------------------------------------------------- (6) a failing metrics write
+# A model small enough that its checkpoint files fit under ulimit -f 8 (KiB) while metrics.jsonl
+# (about 200 bytes a step) outgrows it near step 40.
+write_tokens tok16.bin 3000 4242 16
+cat > small.json <<EOF
+{"attention": "gqa", "vocab_size": 16, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+ "num_key_value_heads": 1, "intermediate_size": 16, "max_position_embeddings": 64, "tie_word_embeddings": true,
+ "train": {"data": "tok16.bin", "max_steps": 200, "micro_batch": 2, $TRAIN}}
+EOF
+(ulimit -f 8; exec "$CLLA" train --config small.json --out r6 --quiet --save-every 10) 2> r6.err
+rc=$?
+last=$(tail -n 1 r6.err)
+n=$(wc -l < r6/metrics.jsonl)
+good=$(( n / 10 * 10 ))
+if [ "$rc" -eq 1 ] && echo "$last" | grep -q "writing metrics file 'r6/metrics.jsonl' failed: File too large; the last good checkpoint is r6/checkpoints/$(printf 'step_%08d' $good)" &&
+   [ "$(tail -c 1 r6/metrics.jsonl | od -An -c | tr -d ' ')" = '\n' ] && [ ! -e r6/model.safetensors ]; then
+    ok "(6) metrics write failed at step $((n + 1)): $last; $n whole lines kept"
+else
+    fail "(6) metrics write failure: exit $rc: $last ($n lines, last byte $(tail -c 1 r6/metrics.jsonl | od -An -c))"
+fi
+
+# The final model cannot be written (its name is taken by a directory): the error names the
+# final checkpoint, which holds the same state.
+"$CLLA" train --config c.json --out r6b --quiet --stop-at 3 2> /dev/null
+mkdir r6b/model.safetensors
+"$CLLA" train --config c.json --out r6b --quiet --resume auto 2> r6b.err
+rc=$?
+last=$(tail -n 1 r6b.err)
+if [ "$rc" -eq 1 ] && echo "$last" | grep -q "r6b/model.safetensors.*the last good checkpoint is r6b/checkpoints/step_00000006"; then
+    ok "(6) the final model cannot be written: $last"
+else
+    fail "(6) final model write failure: exit $rc: $last"
+fi
+
+# ---------------------------------------------------------------- shards of two tokenizers
+if "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out a.tok "$SRC/tests/fixtures/english.jsonl" > tok.log 2>&1 &&
+   "$CLLA" prep --tokenizer a.tok --out sa --chunk-tokens 512 --val-fraction 0.2 "$SRC/tests/fixtures/english.jsonl" > prep.log 2>&1 &&
+   "$CLLA" tokenizer train --vocab-size 280 --pattern gpt2 --out b.tok "$SRC/tests/fixtures/english.jsonl" > tok.log 2>&1 &&
+   "$CLLA" prep --tokenizer b.tok --out sb --chunk-tokens 512 --val-fraction 0.2 "$SRC/tests/fixtures/english.jsonl" > prep.log 2>&1; then
+    SHARDS=1
+else
+    SHARDS=0
+    fail "(7, 9, 10) cannot make shards: $(tail -n 2 tok.log prep.log | tr '\n' ' ')"
+fi
+SMODEL='"attention": "gqa", "vocab_size": 320, "hidden_size": 32, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64'
+
+# ---------------------------------------------------------------- (7) a damaged data chunk mid-run
+if [ "$SHARDS" -eq 1 ]; then
+    mkdir -p bad && cp sa/train/shard_000000.bin bad/
+    size=$(stat -c %s bad/shard_000000.bin)
+    printf '\xff\xff\xff\xff' | dd of=bad/shard_000000.bin bs=1 seek=$((size / 2)) conv=notrunc 2> /dev/null
+    cat > bad.json <<EOF
+{$SMODEL, "train": {"data": "bad", "max_steps": 5000, "micro_batch": 2, $TRAIN}}
+EOF
+    "$CLLA" train --config bad.json --out r7 --quiet --save-every 1000 2> r7.err
+    rc=$?
+    last=$(tail -n 1 r7.err)
+    ck=$(echo "$last" | grep -o 'saved as [^:]*' | cut -d' ' -f3)
+    st=$(echo "$last" | grep -o '^clla: error: step [0-9]*' | grep -o '[0-9]*$')
+    if [ "$rc" -eq 1 ] && [ -n "$ck" ] && [ -d "$ck" ] && [ "$ck" = "r7/checkpoints/$(printf 'step_%08d' $((st - 1)))" ] && [ "$st" -gt 1 ]; then
+        ok "(7) damaged chunk at step $st: $last"
+    else
+        fail "(7) damaged chunk: exit $rc: $last | $(ls r7/checkpoints 2>&1 | tr '\n' ' ')"
+    fi
+    # damaged validation data: validation at step 2 fails, and the state after step 2 is kept
+    "$CLLA" train --config bad.json --out r7b --quiet --set train.data=sa/train --set train.val_data=bad \
+        --set train.val_every=2 --set train.val_batches=1000 2> r7b.err
+    rc=$?
+    last=$(tail -n 1 r7b.err)
+    if [ "$rc" -eq 1 ] && echo "$last" | grep -q "step 2: validation: .*saved as r7b/checkpoints/step_00000002" && [ -d r7b/checkpoints/step_00000002 ]; then
+        ok "(7) damaged validation data: $last"
+    else
+        fail "(7) damaged validation data: exit $rc: $last"
+    fi
+fi
+
+# ---------------------------------------------------------------- (8) non-finite loss
+"$CLLA" train --config c.json --out r8 --quiet --save-every 1 --set train.lr=1e30 --set train.min_lr=0 --set train.warmup_steps=0 2> r8.err
+rc=$?
+last=$(tail -n 1 r8.err)
+if [ "$rc" -eq 1 ] && echo "$last" | grep -q "step 2: the loss or gradient norm is not finite.*no checkpoint is safe" &&
+   [ ! -e r8/model.safetensors ] && [ "$(wc -l < r8/metrics.jsonl)" -eq 2 ] && ! grep -qi nan r8/metrics.jsonl; then
+    ok "(8) NaN at step 2 stops at once: $last"
+else
+    fail "(8) NaN at step 2: exit $rc: $last ($(wc -l < r8/metrics.jsonl) metrics lines)"
+fi
+"$CLLA" train --config c.json --out r8b --quiet --save-every 2 --stop-at 4 2> /dev/null
+"$CLLA" train --config c.json --out r8b --quiet --save-every 1 --resume auto --set train.lr=1e30 --set train.min_lr=0 2> r8b.err
+last=$(tail -n 1 r8b.err)
+echo "$last" | grep -q "step 6: .*not finite.*the newest checkpoint saved before the loss went non-finite is r8b/checkpoints/step_00000004" &&
+    ok "(8) the advice names the checkpoint before the divergence: $last" || fail "(8) advice: $last"
+"$CLLA" eval --checkpoint r8b/checkpoints/step_00000005 --data tok.bin --json --max-batches 2 > ev8.json 2> ev8.err
+rc=$?
+if [ "$rc" -eq 1 ] && grep -q '"loss":null' ev8.json && ! grep -qi nan ev8.json; then
+    ok "(8) eval --json of diverged weights: $(cat ev8.json), exit 1"
+else
+    fail "(8) eval of diverged weights: exit $rc: $(cat ev8.json) $(cat ev8.err)"
+fi
+
+# ---------------------------------------------------------------- (9) tokenizer hash
+if [ "$SHARDS" -eq 1 ]; then
+    cat > sa.json <<EOF
+{$SMODEL, "train": {"data": "sa/train", "max_steps": 3, "micro_batch": 2, $TRAIN}}
+EOF
+    "$CLLA" train --config sa.json --out r9 --quiet 2> r9.err || fail "(9) run on shards failed: $(tail -n 1 r9.err)"
+    grep -q '"tokenizer_hash":[[:space:]]*"[0-9a-f]\{16\}"' r9/config.json && ok "(9) the run records its data's tokenizer hash" ||
+        fail "(9) no tokenizer_hash in r9/config.json"
+    expect_error "(9) eval on another tokenizer's shards" "tokenizer" -- "$CLLA" eval --checkpoint r9 --data sb/val
+    expect_error "(9) init_from on another tokenizer's shards" "tokenizer" -- \
+        "$CLLA" train --config sa.json --out r9b --quiet --set train.init_from=r9/model.safetensors --set train.data=sb/train
+    "$CLLA" eval --checkpoint r9 --data sa/val --json > /dev/null 2> ev9.err && ok "(9) eval on the run's own tokenizer's shards works" ||
+        fail "(9) eval on sa/val: $(cat ev9.err)"
+fi
+
+# ---------------------------------------------------------------- (10) one evaluation
+if [ "$SHARDS" -eq 1 ]; then
+    cat > val.json <<EOF
+{$SMODEL, "train": {"data": "sa/train", "val_data": "sa/val", "val_batches": 3, "max_steps": 4, "micro_batch": 2, $TRAIN}}
+EOF
+    "$CLLA" train --config val.json --out r10 --quiet 2> r10.err || fail "(10) run failed: $(tail -n 1 r10.err)"
+    vl=$(tail -n 1 r10/metrics.jsonl | grep -o '"val_loss":[^,}]*' | cut -d: -f2)
+    el=$("$CLLA" eval --checkpoint r10 --data sa/val --max-batches 3 --json 2> ev10.err | grep -o '"loss":[^,}]*' | cut -d: -f2)
+    if [ -n "$vl" ] && [ -n "$el" ] && awk -v a="$vl" -v b="$el" 'BEGIN { d = a - b; exit !(d < 1e-5 && d > -1e-5) }'; then
+        ok "(10) validation $vl == eval $el (same windows)"
+    else
+        fail "(10) validation '$vl' vs eval '$el': $(cat ev10.err)"
+    fi
+fi
+# smaller than one batch: 2 windows of T+1 = 33 tokens, batch 4
+write_tokens tiny_val.bin 70 99
+cat > pv.json <<EOF
+{$MODEL, "train": {"data": "tok.bin", "val_data": "tiny_val.bin", "max_steps": 2, "micro_batch": 4, $TRAIN}}
+EOF
+if "$CLLA" train --config pv.json --out r10b --quiet 2> r10b.err; then
+    vl=$(tail -n 1 r10b/metrics.jsonl | grep -o '"val_loss":[^,}]*' | cut -d: -f2)
+    ev=$("$CLLA" eval --checkpoint r10b --data tiny_val.bin --json 2> ev10b.err)
+    el=$(echo "$ev" | grep -o '"loss":[^,}]*' | cut -d: -f2)
+    if echo "$ev" | grep -q '"windows":2' && [ -n "$vl" ] && awk -v a="$vl" -v b="$el" 'BEGIN { d = a - b; exit !(d < 1e-5 && d > -1e-5) }'; then
+        ok "(10) data smaller than a batch: validation $vl, eval $ev"
+    else
+        fail "(10) partial batch: validation '$vl', eval '$ev' $(cat ev10b.err)"
+    fi
+else
+    fail "(10) training with validation data smaller than a batch: $(tail -n 1 r10b.err)"
+fi
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]

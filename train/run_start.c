@@ -1,0 +1,92 @@
+// Where a training starts: the run directory's rules (train/run_start.h, docs/CHECKPOINTS.md
+// "Run directories").
+#include "train/run_start.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "data/loader.h"
+#include "train/checkpoint.h"
+#include "train/run_files.h"
+
+// Is `ckpt` a directory inside run_dir/checkpoints? (Paths resolved, links followed.)
+static int ckpt_inside_run(const char *ckpt, const char *run_dir) {
+    char a[PATH_MAX], b[PATH_MAX];
+    char *cp = path_join(run_dir, CKPT_SUBDIR);
+    int inside = realpath(ckpt, a) && realpath(cp, b);
+    free(cp);
+    if (!inside) return 0;
+    char *slash = strrchr(a, '/');
+    if (slash) *slash = '\0';
+    return !strcmp(a, b);
+}
+
+int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, char *ckpt, size_t ckpt_len) {
+    const char *out = tc->out_dir;
+    RunDirContents c;
+    run_dir_inspect(out, tc->metrics, &c);
+    char what[256], err[2048];
+    run_dir_describe(&c, what, sizeof(what));
+    if (resume && !strcmp(resume, "auto")) {
+        int r = ckpt_find_newest(out, ckpt, ckpt_len, err, sizeof(err));
+        if (r == -2)
+            die("--resume auto: %s; nothing was changed: resume from a checkpoint you trust with --resume DIR, or start over with --overwrite",
+                err);
+        if (r == 0) return 0;
+        if (c.model)
+            die("--resume auto: %s holds a finished model but no checkpoint to continue from (its optimizer state was not kept): start a new run from its weights with --set train.init_from=%s/model.safetensors --out NEW_DIR, or start over with --overwrite",
+                out, out);
+        // a run killed before its first checkpoint left at most its metrics: they start over
+        fprintf(stderr, "clla train: no checkpoint in %s/%s: starting from step 0\n", out, CKPT_SUBDIR);
+        ckpt[0] = '\0';
+        return 0;
+    }
+    int clear = 0;
+    if (resume) {
+        if (!ckpt_inside_run(resume, out) && !run_dir_is_empty(&c)) {
+            if (!overwrite)
+                die("--resume %s: that checkpoint is not one of %s/%s, and %s already holds another run (%s): resume into an empty --out, or clear it with --overwrite",
+                    resume, out, CKPT_SUBDIR, out, what);
+            clear = 1;
+        } else if (overwrite && !run_dir_is_empty(&c)) {
+            die("--overwrite would remove the checkpoint that --resume %s names: drop --overwrite", resume);
+        }
+        snprintf(ckpt, ckpt_len, "%s", resume);
+        return clear;
+    }
+    ckpt[0] = '\0';
+    if (run_dir_is_empty(&c)) return 0;
+    if (!overwrite)
+        die("run directory %s already holds a run (%s): continue it with --resume auto, start it over with --overwrite, or train into another --out",
+            out, what);
+    return 1;
+}
+
+unsigned long long run_start_tokenizer_hash(const TrainConfig *tc, char *from, size_t from_len) {
+    unsigned long long h = 0;
+    if (tc->tokenizer_hash[0]) {
+        if (loader_parse_tokenizer_hash(tc->tokenizer_hash, &h) != 0)
+            die("train.tokenizer_hash '%s' is not 16 hex digits", tc->tokenizer_hash);
+        snprintf(from, from_len, "train.tokenizer_hash");
+        return h;
+    }
+    if (!tc->init_from[0]) return 0;
+    char *dir = xstrdup(tc->init_from), *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    char *cp = path_join(slash ? dir : ".", "config.json");
+    FILE *f = fopen(cp, "r");
+    if (f) {
+        fclose(f);
+        Config init;
+        config_load(&init, cp, 0, NULL);
+        if (init.train.tokenizer_hash[0] && loader_parse_tokenizer_hash(init.train.tokenizer_hash, &h) != 0)
+            die("'%s': train.tokenizer_hash '%s' is not 16 hex digits", cp, init.train.tokenizer_hash);
+        snprintf(from, from_len, "the model train.init_from starts from (%s)", cp);
+    }
+    free(cp);
+    free(dir);
+    return h;
+}
