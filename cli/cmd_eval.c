@@ -9,6 +9,7 @@
 #include "common/args.h"
 #include "common/util.h"
 #include "eval/evaluate.h"
+#include "eval/through_cache.h"
 #include "model/model.h"
 #include "model/model_dir.h"
 #include "cli/commands.h"
@@ -22,6 +23,8 @@ static const ArgSpec SPECS[] = {
     {"max-batches", 1, "score the first N batches of windows (default: every window)"},
     {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
     {"json", 0, "print one JSON object"},
+    {"through-cache", 0, "score through the KV cache: the full forward with each codec's round trip, and token by token through the decoder"},
+    {"cache-codec", ARG_REPEAT, "with --through-cache: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -33,6 +36,60 @@ static long long positive_option(const char *name, const char *v, long long max)
     return x;
 }
 
+static void show_progress(long long done, long long total, void *ctx);
+
+typedef struct CacheScore {
+    Model *model;
+    const CacheLayout *layout;
+    int T;
+    CacheLoss acc;
+} CacheScore;
+
+static void score_through_cache(const int32_t *in, const int32_t *tg, int rows, void *ctx) {
+    CacheScore *cs = ctx;
+    eval_through_cache(cs->model, cs->layout, in, tg, rows, cs->T, &cs->acc);
+}
+
+// --through-cache: both losses, the cache's bytes per token and codecs.
+static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoader *dl, int B, int T, long long max_batches,
+                      int json, int tty, const char *data) {
+    const char *specs[256];
+    int n_specs = args_get_all(a, SPECS, N_SPECS, "cache-codec", specs, 256);
+    CacheLayout layout;
+    cache_layout_copy(&layout, &md->cache);
+    char err[512];
+    for (int i = 0; i < n_specs; i++)
+        if (cache_layout_apply_spec(&layout, specs[i], err, sizeof(err)) != 0) die("--cache-codec '%s': %s", specs[i], err);
+    CacheScore cs = {model, &layout, T, {0, 0, 0}};
+    EvalResult r = {0};
+    double t0 = now_seconds();
+    eval_for_each_batch(dl, B, T, max_batches * B, score_through_cache, &cs, tty ? show_progress : NULL, NULL, &r);
+    if (tty) fprintf(stderr, " | %.0f tok/s\n", (double)cs.acc.count / (now_seconds() - t0));
+    if (r.failed) die("%s", r.err);
+    double full = cs.acc.count ? cs.acc.full_sum / cs.acc.count : 0, dec = cs.acc.count ? cs.acc.decode_sum / cs.acc.count : 0;
+    char codecs[512];
+    model_dir_describe_cache(&layout, codecs, sizeof(codecs));
+    size_t bpt = cache_layout_bytes_per_token(&layout);
+    int finite = isfinite(full) && isfinite(dec);
+    if (json) {
+        if (finite) printf("{\"loss\":%.6f,\"perplexity\":%.4f,\"loss_decoded\":%.6f,\"perplexity_decoded\":%.4f", full, exp(full), dec, exp(dec));
+        else printf("{\"loss\":null,\"perplexity\":null,\"loss_decoded\":null,\"perplexity_decoded\":null");
+        printf(",\"cache_bytes_per_token\":%zu,\"cache\":\"%s\",\"tokens\":%lld,\"windows\":%lld,\"batches\":%lld}\n", bpt, codecs,
+               cs.acc.count, r.windows, r.batches);
+    } else {
+        printf("through the cache (%s, %zu bytes/token):\n", codecs, bpt);
+        printf("  full forward with the codecs' round trips: loss %.4f | perplexity %.3f\n", full, exp(full));
+        printf("  decoded token by token through the cache:  loss %.4f | perplexity %.3f\n", dec, exp(dec));
+        printf("  %lld tokens in %lld windows of %d\n", cs.acc.count, r.windows, T);
+    }
+    cache_layout_free(&layout);
+    if (!finite) {
+        fflush(stdout);
+        die("the model's loss on '%s' is not finite: its weights have diverged", data);
+    }
+    return 0;
+}
+
 static void show_progress(long long done, long long total, void *ctx) {
     (void)ctx;
     fprintf(stderr, "\reval %lld/%lld windows", done, total);
@@ -42,6 +99,7 @@ int cmd_eval(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
                "usage: clla eval --checkpoint DIR --data FILE [--json] [--batch B] [--seq T] [--max-batches N]\n"
+               "                 [--through-cache [--cache-codec SPEC ...]]\n"
                "Mean next-token loss and perplexity over the data's windows, in the order and with the\n"
                "seed (train.seed) that training-time validation uses; the last batch may be partial.\n"
                "Exits 1 when the loss is not finite (--json prints it as null).",
@@ -64,6 +122,14 @@ int cmd_eval(int argc, char **argv) {
         die("'%s/config.json': train.tokenizer_hash '%s' is not 16 hex digits", dir, cfg.train.tokenizer_hash);
     DataLoader *dl = eval_open(data, T, cfg.train.seed, cfg.model.vocab_size, tok_hash);
     int json = args_get(&a, SPECS, N_SPECS, "json") != NULL, tty = !json && isatty(2);
+    if (args_get(&a, SPECS, N_SPECS, "through-cache")) {
+        int rc = eval_cache(&model, &md, &a, dl, B, T, max_batches, json, tty, data);
+        loader_close(dl);
+        model_dir_free(&md);
+        model_free(&model);
+        return rc;
+    }
+    if (args_get(&a, SPECS, N_SPECS, "cache-codec")) die("--cache-codec applies with --through-cache: add it, or drop --cache-codec");
     double t0 = now_seconds();
     EvalResult r = evaluate(&model, dl, B, T, max_batches * B, tty ? show_progress : NULL, NULL);
     if (tty) fprintf(stderr, " | %.0f tok/s\n", (double)r.tokens / (now_seconds() - t0));

@@ -31,6 +31,13 @@ long long eval_num_windows(const DataLoader *dl);
 // Called after each batch with the windows scored so far (NULL: none).
 typedef void (*EvalProgress)(long long done, long long total, void *ctx);
 
+// The windows evaluate() scores, batch by batch: fn(in, tg, rows, fctx) with rows (B or fewer
+// for the last) windows of T inputs and targets. Counts batches and windows into *r; -1 (and
+// r->failed, r->err) when a damaged data chunk stopped it.
+typedef void (*EvalBatchFn)(const int32_t *in, const int32_t *tg, int rows, void *ctx);
+int eval_for_each_batch(DataLoader *dl, int B, int T, long long max_windows, EvalBatchFn fn, void *fctx,
+                        EvalProgress progress, void *pctx, EvalResult *r);
+
 // Scores the first max_windows windows (0 or more than there are: all) in batches of B rows.
 // The model's batch shape is restored afterwards when it had one.
 EvalResult evaluate(Model *model, DataLoader *dl, int B, int T, long long max_windows, EvalProgress progress, void *ctx);

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# clla eval --through-cache: perplexity with the scored tokens passing through the KV cache.
+#  - the full forward with every codec's round trip and the token-by-token decode agree (1e-4);
+#  - with fp32 everywhere but the trained int4 latent, the loss is plain clla eval's;
+#  - the served layout (bf16 rope keys) and a 2-bit latent change the loss; bytes per token shown;
+#  - --cache-codec without --through-cache, or for a part the model lacks: one line, exit != 0.
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+: "${SRC:?set SRC to the source tree (ctest does this)}"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_eval_cache.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK" || exit 1
+PASS=0
+FAIL=0
+ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
+fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
+field() { grep -o "\"$2\":[-0-9.e]*" "$1" | head -n 1 | cut -d: -f2; }
+near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
+
+"$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out tok.tok "$SRC/tests/fixtures/english.jsonl" > setup.log 2>&1 &&
+"$CLLA" prep --tokenizer tok.tok --out shards --val-fraction 0.2 "$SRC/tests/fixtures/english.jsonl" >> setup.log 2>&1 &&
+cat > m.json <<JSON
+{"attention": "clla_quant", "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+ "head_dim": 8, "kv_lora_rank": 16, "qk_rope_head_dim": 4, "latent_quant_group": 8, "intermediate_size": 48,
+ "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "moe_capacity_factor": 0,
+ "max_position_embeddings": 64, "initializer_range": 0.2, "train": {"seq_len": 24, "micro_batch": 4}}
+JSON
+"$CLLA" init --config m.json --out m >> setup.log 2>&1 || { echo "FAIL setup: $(tail -n 2 setup.log)"; echo "0 passed, 1 failed"; exit 1; }
+E=("$CLLA" eval --checkpoint m --data shards/val --max-batches 2 --json)
+
+"${E[@]}" > plain.json 2> plain.err || fail "plain eval: $(cat plain.err)"
+"${E[@]}" --through-cache --cache-codec k_rope=fp32 --cache-codec own_k_rope=fp32 > f32.json 2> f32.err
+plain=$(field plain.json loss) full=$(field f32.json loss) dec=$(field f32.json loss_decoded)
+if near "$full" "$dec" 1e-4; then ok "fp32 rope keys: full forward $full = decoded $dec"; else fail "fp32: full $full vs decoded $dec ($(cat f32.err))"; fi
+if near "$full" "$plain" 1e-5; then ok "fp32 rope keys + the trained int4 latent score as plain eval ($plain)"; else fail "through-cache $full vs plain $plain"; fi
+
+"${E[@]}" --through-cache > served.json 2> served.err
+full=$(field served.json loss) dec=$(field served.json loss_decoded) bpt=$(field served.json cache_bytes_per_token)
+if near "$full" "$dec" 1e-4; then ok "served layout (bf16 rope keys): full $full = decoded $dec, $bpt bytes/token"; else fail "served: full $full vs decoded $dec"; fi
+grep -q '"cache":"latent=int_group:bits=4,group=8 k_rope=bf16 own_k_rope=bf16"' served.json && ok "the codecs are named" || fail "codecs: $(cat served.json)"
+
+"${E[@]}" --through-cache --cache-codec latent=int_group:bits=2,group=8 > q2.json 2> q2.err
+q2=$(field q2.json loss) q2d=$(field q2.json loss_decoded)
+if near "$q2" "$q2d" 1e-4 && ! near "$q2" "$full" 1e-4; then ok "a 2-bit latent changes the loss ($full -> $q2) and both paths agree"
+else fail "2-bit latent: full $q2 decoded $q2d (4-bit $full)"; fi
+
+if "$CLLA" eval --checkpoint m --data shards/val --cache-codec fp32 > x.out 2> x.err; then fail "--cache-codec without --through-cache accepted"
+else grep -q "through-cache" x.err && ok "--cache-codec without --through-cache: $(cat x.err)" || fail "message: $(cat x.err)"; fi
+if "${E[@]}" --through-cache --cache-codec k=fp32 > x.out 2> x.err; then fail "a part the model lacks accepted"
+else [ "$(wc -l < x.err)" -eq 1 ] && ok "a part the model lacks: $(cat x.err)" || fail "message: $(cat x.err)"; fi
+echo "test_eval_cache: $PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
