@@ -2,10 +2,12 @@
 // import GPT-2's vocabulary, print a tokenizer's facts.
 #include <errno.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/num.h"
 #include "common/util.h"
 #include "data/bpe_train.h"
 #include "data/corpus.h"
@@ -74,7 +76,7 @@ static int do_train(int argc, char **argv) {
     char **files = xmalloc((size_t)argc * sizeof(*files));
     int n_files = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--vocab-size")) vocab = atoll(need_value(argc, argv, &i));
+        if (!strcmp(argv[i], "--vocab-size")) vocab = opt_i64("--vocab-size", need_value(argc, argv, &i), 1, INT64_MAX);
         else if (!strcmp(argv[i], "--pattern")) pattern = need_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--out")) out = need_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--text-key")) dopt.text_key = need_value(argc, argv, &i);

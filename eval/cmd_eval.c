@@ -1,11 +1,13 @@
 // clla eval: mean next-token loss and perplexity of a saved model over consecutive
 // windows of a token file.
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "data/loader.h"
 #include "model/model.h"
@@ -32,18 +34,23 @@ int cmd_eval(int argc, char **argv) {
                NULL, NULL, 0);
     const char *dir = args_get(&a, SPECS, N_SPECS, "checkpoint"), *data = args_get(&a, SPECS, N_SPECS, "data");
     if (!dir || !data) die("clla eval needs --checkpoint DIR and --data FILE: see clla eval --help");
+    // numbers first: a bad one is refused before the model is read
+    const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
+    const char *mb = args_get(&a, SPECS, N_SPECS, "max-batches");
+    int B = bs ? (int)opt_i64("--batch", bs, 1, 2147483647) : 0;
+    int T = ts ? (int)opt_i64("--seq", ts, 1, 2147483647) : 0;
+    long long max_batches = mb ? opt_i64("--max-batches", mb, 1, INT64_MAX) : 0;
     Config cfg;
     Model model;
     load_model_dir(&model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
-    const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
-    const char *mb = args_get(&a, SPECS, N_SPECS, "max-batches");
-    int B = bs ? atoi(bs) : cfg.train.micro_batch, T = ts ? atoi(ts) : cfg.train.seq_len;
-    if (B <= 0 || T <= 0) die("--batch and --seq must be positive integers");
+    if (!B) B = cfg.train.micro_batch;
+    if (!T) T = cfg.train.seq_len;
+    if ((long long)B * T > 2147483647) die("--batch %d x --seq %d is more than 2147483647 tokens per batch: make them smaller", B, T);
     if (T > cfg.model.max_position_embeddings) die("--seq %d exceeds max_position_embeddings %d", T, cfg.model.max_position_embeddings);
     LoaderOptions lo = {.B = B, .T = T, .seed = 0, .rank = 0, .world = 1, .vocab_size = cfg.model.vocab_size};
     DataLoader *dl = loader_open(data, &lo);
     long long n = loader_num_batches(dl);
-    if (mb && atoll(mb) > 0 && atoll(mb) < n) n = atoll(mb);
+    if (max_batches && max_batches < n) n = max_batches;
     model_set_batch(&model, B, T);
     int32_t *in = xmalloc((size_t)B * T * sizeof(int32_t)), *tg = xmalloc((size_t)B * T * sizeof(int32_t));
     double sum = 0, t0 = now_seconds();

@@ -143,7 +143,7 @@ void cache_layout(CacheLayout *cl, const ModelConfig *m) {
     cl->n_layers = m->num_hidden_layers;
     cl->share_factor = m->share_factor;
     cl->share = m->share;
-    cl->n_slots = (m->num_hidden_layers + m->share_factor - 1) / m->share_factor;
+    cl->n_slots = (m->num_hidden_layers - 1) / m->share_factor + 1;   // ceil(L / F), no overflow at F = INT_MAX
     Codec bf16 = {CODEC_BF16, 0, 0};
     if (!config_is_latent(m)) {
         cl->part[PART_K] = (CachePart){1, m->num_key_value_heads * m->head_dim, bf16};

@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "model/cache.h"
 #include "model/model.h"
@@ -92,12 +93,7 @@ int cmd_info(int argc, char **argv) {
     if (!path) die("clla info needs --config FILE: see clla info --help");
     const char *ranks_s = args_get(&a, SPECS, N_SPECS, "ranks");
     int ranks = 1;
-    if (ranks_s) {
-        char *end;
-        long r = strtol(ranks_s, &end, 10);
-        if (!*ranks_s || *end || r < 1 || r > 1000000) die("--ranks %s: expected a whole number of ranks >= 1", ranks_s);
-        ranks = (int)r;
-    }
+    if (ranks_s) ranks = (int)opt_i64("--ranks", ranks_s, 1, 1000000);
     const char *dev = args_get(&a, SPECS, N_SPECS, "device");
     if (dev && strcmp(dev, "cuda") && strcmp(dev, "cpu") && strcmp(dev, "cpu-bf16"))
         die("unknown --device '%s': use cpu, cpu-bf16 or cuda", dev);

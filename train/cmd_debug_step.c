@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "data/loader.h"
 #include "model/model.h"
@@ -35,8 +36,7 @@ int cmd_debug_step(int argc, char **argv) {
     const char *out = args_get(&a, SPECS, N_SPECS, "out");
     if (!dir || !tok || !out) die("clla debug-step needs --model, --tokens and --out: see --help");
     const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
-    int B = bs ? atoi(bs) : 2, T = ts ? atoi(ts) : 16;
-    if (B <= 0 || T <= 0) die("--batch and --seq must be positive integers");
+    int B = bs ? (int)opt_i64("--batch", bs, 1, 2147483647) : 2, T = ts ? (int)opt_i64("--seq", ts, 1, 2147483647) : 16;
     Config cfg;
     Model model;
     load_model_dir(&model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "data/loader.h"
 #include "model/model.h"
@@ -63,10 +64,9 @@ static void print_curve_summary(const float *losses, int first, int n) {
 static int int_option(const Args *a, const char *name, int fallback) {
     const char *v = args_get(a, SPECS, N_SPECS, name);
     if (!v) return fallback;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || x < 0 || x > 2147483647L) die("--%s %s: expected a whole number >= 0", name, v);
-    return (int)x;
+    char opt[64];
+    snprintf(opt, sizeof(opt), "--%s", name);
+    return (int)opt_i64(opt, v, 0, 2147483647);
 }
 
 // Writes a checkpoint of the state after st->step steps, prunes old ones, and remembers it
