@@ -43,15 +43,15 @@
 #endif
 
 static const ArgSpec SPECS[] = {
-    {"dense", 1, "dense model config (default bench/dense_1b.json)"},
-    {"moe", 1, "MoE paper config whose layers are reduced to fit (default configs/paper/clla.json)"},
-    {"steps", 1, "timed steps per model (default 10)"},
-    {"seq", 1, "sequence length for both models (default: each config's train.seq_len)"},
-    {"peak-tflops", 1, "dense bf16 peak of this GPU in TFLOP/s (default: from the built-in table)"},
-    {"only", 1, "dense or moe: run one of the two"},
-    {"set", 1, "override a key of both configs, e.g. train.micro_batch=2 (repeatable)"},
-    {"batch", 1, "dense model: this micro-batch instead of the config's, halved only if it does not fit"},
-    {"json", 0, "print one JSON object per line (device, results, skips) instead of text"},
+    {"dense", 1, "dense model config (default bench/dense_1b.json)", "FILE"},
+    {"moe", 1, "MoE paper config whose layers are reduced to fit (default configs/paper/clla.json)", "FILE"},
+    {"steps", 1, "timed steps per model (default 10)", "N"},
+    {"seq", 1, "sequence length for both models (default: each config's train.seq_len)", "T"},
+    {"peak-tflops", 1, "dense bf16 peak of this GPU in TFLOP/s (default: from the built-in table)", "TFLOPS"},
+    {"only", 1, "dense or moe: run one of the two", "dense|moe"},
+    {"set", 1, "override a key of both configs, e.g. train.micro_batch=2 (repeatable)", "KEY=VALUE"},
+    {"batch", 1, "dense model: this micro-batch instead of the config's, halved only if it does not fit", "B"},
+    {"json", 0, "print one JSON object per line (device, results, skips) instead of text", NULL},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 

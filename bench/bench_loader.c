@@ -18,11 +18,11 @@
 #include "data/shard.h"
 
 static const ArgSpec SPECS[] = {
-    {"data", 1, "shard file, directory or glob (default: a generated 16M-token set)"},
-    {"B", 1, "sequences per micro-batch (default 4, as bench_train)"},
-    {"T", 1, "tokens per sequence (default 512, as bench_train)"},
-    {"world", 1, "ranks sharing the global batch; this process is rank 0 (default 1)"},
-    {"seconds", 1, "how long to measure (default 3)"},
+    {"data", 1, "shard file, directory or glob (default: a generated 16M-token set)", "PATH"},
+    {"B", 1, "sequences per micro-batch (default 4, as bench_train)", "B"},
+    {"T", 1, "tokens per sequence (default 512, as bench_train)", "T"},
+    {"world", 1, "ranks sharing the global batch; this process is rank 0 (default 1)", "N"},
+    {"seconds", 1, "how long to measure (default 3)", "S"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 

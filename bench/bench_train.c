@@ -37,11 +37,11 @@ static const char *DEFAULT_CONFIG =
     " \"train\": {\"seq_len\": 512, \"micro_batch\": 4, \"seed\": 1}}";
 
 static const ArgSpec SPECS[] = {
-    {"config", 1, "config JSON (default: the built-in d512 x 8 layers, seq 512, vocab 8192)"},
-    {"set", 1, "override a key, as in clla train (repeatable)"},
-    {"steps", 1, "timed training steps after one warm-up step (default 5)"},
-    {"threads", 1, "OpenMP/OpenBLAS threads (default: OMP_NUM_THREADS or all cores)"},
-    {"json", 0, "also print one JSON object with every number"},
+    {"config", 1, "config JSON (default: the built-in d512 x 8 layers, seq 512, vocab 8192)", "FILE"},
+    {"set", 1, "override a key, as in clla train (repeatable)", "KEY=VALUE"},
+    {"steps", 1, "timed training steps after one warm-up step (default 5)", "N"},
+    {"threads", 1, "OpenMP/OpenBLAS threads (default: OMP_NUM_THREADS or all cores)", "N"},
+    {"json", 0, "also print one JSON object with every number", NULL},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 

@@ -6,14 +6,24 @@
 
 #include "common/util.h"
 
+static void option_left(const ArgSpec *sp, char *left, size_t n) {
+    const char *mv = sp->metavar ? sp->metavar : "VALUE";
+    snprintf(left, n, "--%s%s%s", sp->name, sp->takes_value ? " " : "", sp->takes_value ? mv : "");
+}
+
 static void print_usage(const char *usage, const ArgSpec *specs, int n) {
+    char left[64];
+    int width = 6;   // "--help"
+    for (int i = 0; i < n; i++) {
+        option_left(&specs[i], left, sizeof(left));
+        if ((int)strlen(left) > width) width = (int)strlen(left);
+    }
     printf("%s\n\noptions:\n", usage);
     for (int i = 0; i < n; i++) {
-        char left[64];
-        snprintf(left, sizeof(left), "--%s%s", specs[i].name, specs[i].takes_value ? " VALUE" : "");
-        printf("  %-26s %s\n", left, specs[i].help);
+        option_left(&specs[i], left, sizeof(left));
+        printf("  %-*s  %s\n", width, left, specs[i].help);
     }
-    printf("  %-26s %s\n", "--help", "show this help");
+    printf("  %-*s  %s\n", width, "--help", "show this help");
 }
 
 void args_parse(Args *a, int argc, char **argv, const ArgSpec *specs, int n_specs, const char *usage,

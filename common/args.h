@@ -7,6 +7,7 @@ typedef struct ArgSpec {
     const char *name;      // without the leading dashes
     int takes_value;       // 0: a flag
     const char *help;      // one line for --help
+    const char *metavar;   // the value's name in --help ("FILE", "N", "auto|DIR"); NULL for a flag
 } ArgSpec;
 
 typedef struct Args {

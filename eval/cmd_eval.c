@@ -16,13 +16,13 @@
 #include "train/run_files.h"
 
 static const ArgSpec SPECS[] = {
-    {"checkpoint", 1, "model directory with config.json and model.safetensors (required)"},
-    {"data", 1, "token file (required)"},
-    {"batch", 1, "sequences per forward (default train.micro_batch)"},
-    {"seq", 1, "tokens per sequence (default train.seq_len)"},
-    {"max-batches", 1, "stop after this many batches (default: the whole file)"},
-    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
-    {"json", 0, "print one JSON object"},
+    {"checkpoint", 1, "model directory with config.json and model.safetensors (required)", "DIR"},
+    {"data", 1, "token file (required)", "PATH"},
+    {"batch", 1, "sequences per forward (default train.micro_batch)", "B"},
+    {"seq", 1, "tokens per sequence (default train.seq_len)", "T"},
+    {"max-batches", 1, "stop after this many batches (default: the whole file)", "N"},
+    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
+    {"json", 0, "print one JSON object", NULL},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 

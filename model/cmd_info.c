@@ -16,12 +16,12 @@
 #include "train/grad_sync.h"
 
 static const ArgSpec SPECS[] = {
-    {"config", 1, "config JSON (required)"},
-    {"set", 1, "override a key (repeatable)"},
-    {"json", 0, "print one JSON object instead of text"},
-    {"device", 1, "storage to plan memory for: cpu (fp32, default), cpu-bf16 (fp32 storage + fp32 masters) or cuda (bf16 + fp32 masters)"},
-    {"cache-table", 0, "KV-cache bytes/token of every attention preset at this config's shape"},
-    {"ranks", 1, "data parallel: also print the AdamW (and, with separate masters, fp32 master) memory per rank for R ranks, without and with ZeRO-1"},
+    {"config", 1, "config JSON (required)", "FILE"},
+    {"set", 1, "override a key (repeatable)", "KEY=VALUE"},
+    {"json", 0, "print one JSON object instead of text", NULL},
+    {"device", 1, "storage to plan memory for: cpu (fp32, default), cpu-bf16 (fp32 storage + fp32 masters) or cuda (bf16 + fp32 masters)", "cpu|cpu-bf16|cuda"},
+    {"cache-table", 0, "KV-cache bytes/token of every attention preset at this config's shape", NULL},
+    {"ranks", 1, "data parallel: also print the AdamW (and, with separate masters, fp32 master) memory per rank for R ranks, without and with ZeRO-1", "R"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 

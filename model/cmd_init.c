@@ -12,9 +12,9 @@
 #include "train/run_files.h"
 
 static const ArgSpec SPECS[] = {
-    {"config", 1, "config JSON (required)"},
-    {"out", 1, "output directory (required)"},
-    {"set", 1, "override a key (repeatable)"},
+    {"config", 1, "config JSON (required)", "FILE"},
+    {"out", 1, "output directory (required)", "DIR"},
+    {"set", 1, "override a key (repeatable)", "KEY=VALUE"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 

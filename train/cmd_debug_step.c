@@ -17,12 +17,12 @@
 #include "train/run_files.h"
 
 static const ArgSpec SPECS[] = {
-    {"model", 1, "model directory with config.json and model.safetensors (required)"},
-    {"tokens", 1, "token file (required); rows are consecutive windows of seq+1 tokens"},
-    {"batch", 1, "sequences B (default 2)"},
-    {"seq", 1, "tokens per sequence T (default 16)"},
-    {"out", 1, "output safetensors (required)"},
-    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
+    {"model", 1, "model directory with config.json and model.safetensors (required)", "DIR"},
+    {"tokens", 1, "token file (required); rows are consecutive windows of seq+1 tokens", "FILE"},
+    {"batch", 1, "sequences B (default 2)", "B"},
+    {"seq", 1, "tokens per sequence T (default 16)", "T"},
+    {"out", 1, "output safetensors (required)", "DIR"},
+    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 

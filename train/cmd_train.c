@@ -23,16 +23,16 @@
 #include "train/signals.h"
 
 static const ArgSpec SPECS[] = {
-    {"config", 1, "config JSON (required)"},
-    {"set", 1, "override a key: --set hidden_size=256, --set train.lr=1e-3 (repeatable)"},
-    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
-    {"out", 1, "run directory (overrides train.out_dir)"},
-    {"quiet", 0, "no per-step lines on stderr (metrics are still written)"},
-    {"save-every", 1, "write a checkpoint every N steps to DIR/checkpoints (overrides train.save_every)"},
-    {"keep", 1, "keep the newest K checkpoints, 0 = all (overrides train.keep_checkpoints)"},
-    {"resume", 1, "auto (newest complete checkpoint of the run directory, if any) or a checkpoint directory"},
-    {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps"},
-    {"zero", 1, "data parallel: 0 = replicated AdamW state, 1 = ZeRO-1 sharded (overrides train.zero_stage)"},
+    {"config", 1, "config JSON (required)", "FILE"},
+    {"set", 1, "override a key: --set hidden_size=256, --set train.lr=1e-3 (repeatable)", "KEY=VALUE"},
+    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
+    {"out", 1, "run directory (overrides train.out_dir)", "DIR"},
+    {"quiet", 0, "no per-step lines on stderr (metrics are still written)", NULL},
+    {"save-every", 1, "write a checkpoint every N steps to DIR/checkpoints (overrides train.save_every)", "N"},
+    {"keep", 1, "keep the newest K checkpoints, 0 = all (overrides train.keep_checkpoints)", "K"},
+    {"resume", 1, "auto (newest complete checkpoint of the run directory, if any) or a checkpoint directory", "auto|DIR"},
+    {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps", "STEP"},
+    {"zero", 1, "data parallel: 0 = replicated AdamW state, 1 = ZeRO-1 sharded (overrides train.zero_stage)", "0|1"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
