@@ -10,6 +10,7 @@
 #include "common/num.h"
 #include "common/util.h"
 #include "data/loader.h"
+#include "model/mem_plan.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "train/checkpoint.h"
@@ -142,6 +143,7 @@ int cmd_train(int argc, char **argv) {
     const Backend *be = device_backend(args_get(&a, SPECS, N_SPECS, "device"));
     // CUDA: this rank's GPU (and the NCCL communicator) before the model allocates anything
     dist_attach_device(&dist, be);
+    mem_check_fits(&cfg, be);   // refuse a run that would be OOM-killed, before allocating (model/mem_plan.h)
     int B = tc->micro_batch, T = tc->seq_len;
     long long bt = (long long)B * T;
     // The global batch is fixed by the config; each rank runs n_micro micro-steps of B rows.
