@@ -99,6 +99,8 @@ cJSON *json_parse_strict(const char *text, size_t len, char *err, size_t errlen)
         }
         const char *at = cJSON_GetErrorPtr();
         size_t off = at && at >= text && at <= text + len ? (size_t)(at - text) : 0;
+        // cJSON can stop one past the offending character: point at the last one it saw
+        while (off > 0 && (off == len || text[off] == ' ' || text[off] == '\t' || text[off] == '\n' || text[off] == '\r')) off--;
         return fail_at(text, off, err, errlen, "JSON syntax error: fix the text here");
     }
     const char *dup = find_duplicate(root);
