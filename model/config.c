@@ -390,7 +390,7 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
         die("%s: unknown attention preset '%s': use one of %s", origin, preset, list);
     }
     // 2. every key
-    int seen_nkv = 0, seen_head_dim = 0, seen_v_head_dim = 0, seen_warmup = 0;
+    int seen_nkv = 0, seen_head_dim = 0, seen_v_head_dim = 0;
     char ignored[512] = "";
     for (const cJSON *it = root->child; it; it = it->next) {
         if (!strcmp(it->string, "attention")) continue;
@@ -401,7 +401,6 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
                 const KeyDef *k = find_key(TRAIN_KEYS, N_TRAIN_KEYS, t->string);
                 if (!k) die_unknown(TRAIN_KEYS, N_TRAIN_KEYS, t->string, origin, "train.", "see docs/CONFIG.md for the run settings");
                 if (cJSON_IsNull(t)) continue;
-                if (!strcmp(k->name, "warmup_steps")) seen_warmup = 1;
                 set_value(&cfg->train, k, t, origin, "train.");
             }
             continue;
@@ -436,11 +435,13 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
     }
     if (!seen_v_head_dim) m->v_head_dim = m->head_dim;
     config_validate(cfg, origin);
-    // a warmup the run never finishes: the learning rate never reaches train.lr (the default
-    // warmup of 10 steps is not worth a line in short test runs)
-    if (seen_warmup && cfg->train.warmup_steps > cfg->train.max_steps)
-        warn("%s: train.warmup_steps = %d is longer than train.max_steps = %d: the learning rate never reaches train.lr = %g",
-             origin, cfg->train.warmup_steps, cfg->train.max_steps, (double)cfg->train.lr);
+}
+
+void config_warn_schedule(const Config *cfg, const char *origin) {
+    const TrainConfig *t = &cfg->train;
+    if (t->warmup_steps > t->max_steps)
+        warn("%s: train.warmup_steps = %d is longer than train.max_steps = %d: the learning rate never reaches train.lr = %g (lower train.warmup_steps)",
+             origin, t->warmup_steps, t->max_steps, (double)t->lr);
 }
 
 void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets) {

@@ -192,11 +192,13 @@ expect_ok "train.data and train.out_dir relative to the config's directory" "$CL
 expect_error "--set paths are relative to the cwd" "data path 'tok_sub.bin'" "" -- "$CLLA" train --config sub/rel.json --out run_cwd --set train.data=tok_sub.bin
 
 echo "# 9. warmup, --version, --help"
-"$CLLA" info --config m.json --set train.warmup_steps=50 > out.txt 2> err.txt
-grep -q "warning: .*train.warmup_steps = 50 is longer than train.max_steps = 2" err.txt && ok "warmup longer than max_steps warns" ||
+"$CLLA" train --config m.json --out run_w1 --quiet --set train.warmup_steps=50 > out.txt 2> err.txt
+grep -q "warning: .*train.warmup_steps = 50 is longer than train.max_steps = 2" err.txt && ok "train: a warmup longer than max_steps warns" ||
     fail "warmup > max_steps: $(cat err.txt)"
-"$CLLA" info --config m.json > out.txt 2> err.txt
-[ ! -s err.txt ] && ok "no warning for a warmup within max_steps" || fail "unexpected stderr: $(cat err.txt)"
+"$CLLA" train --config m.json --out run_w2 --quiet > out.txt 2> err.txt
+! grep -q warmup err.txt && ok "train: no warning for a warmup within max_steps" || fail "unexpected warning: $(cat err.txt)"
+"$CLLA" info --config m.json --set train.warmup_steps=50 > out.txt 2> err.txt
+[ ! -s err.txt ] && ok "info: no schedule warning (it does not train)" || fail "info warned: $(cat err.txt)"
 if "$CLLA" --version > out.txt && grep -qE '^clla [0-9a-z.-]+' out.txt && grep -qE '^build: CUDA (yes|no), MPI (yes|no), NCCL (yes|no), PCRE2 (yes|no)' out.txt; then
     ok "clla --version: $(head -1 out.txt), $(sed -n 2p out.txt)"
 else fail "clla --version: $(cat out.txt)"; fi

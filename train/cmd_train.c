@@ -118,6 +118,7 @@ int cmd_train(int argc, char **argv) {
     Dist dist;
     dist_init(&dist, tc->dist_timeout_s);
     const int rank0 = dist.rank == 0;
+    if (rank0) config_warn_schedule(&cfg, cfg_path);
     if (!rank0) quiet = 1;
     // Resume: the checkpoint is chosen and its config checked before anything is written.
     const char *resume = args_get(&a, SPECS, N_SPECS, "resume");
