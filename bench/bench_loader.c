@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "data/loader.h"
 #include "data/shard.h"
@@ -66,8 +67,9 @@ static void make_data(const char *dir) {
 int main(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS, "usage: bench_loader [options]", NULL, NULL, 0);
-    int B = atoi(get(&a, "B", "4")), T = atoi(get(&a, "T", "512")), world = atoi(get(&a, "world", "1"));
-    double seconds = atof(get(&a, "seconds", "3"));
+    int B = (int)opt_i64("--B", get(&a, "B", "4"), 1, 1 << 20), T = (int)opt_i64("--T", get(&a, "T", "512"), 1, 1 << 24);
+    int world = (int)opt_i64("--world", get(&a, "world", "1"), 1, 1 << 20);
+    double seconds = opt_f64("--seconds", get(&a, "seconds", "3"), 0.001, 1e6);
     const char *data = args_get(&a, SPECS, N_SPECS, "data");
     char tmp[] = "/tmp/bench_loader_XXXXXX";
     if (!data) {

@@ -23,6 +23,7 @@
 
 #include "common/args.h"
 #include "common/rng.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "model/model.h"
 #include "train/device.h"
@@ -91,11 +92,9 @@ int main(int argc, char **argv) {
                "(forward + backward + AdamW) on random tokens; prints tokens/s, model FLOP/s and their ratio.",
                NULL, NULL, 0);
     const char *steps_s = args_get(&a, SPECS, N_SPECS, "steps"), *thr_s = args_get(&a, SPECS, N_SPECS, "threads");
-    int steps = steps_s ? atoi(steps_s) : 5;
-    if (steps < 1) die("--steps must be a positive integer");
+    int steps = steps_s ? (int)opt_i64("--steps", steps_s, 1, 1000000) : 5;
     if (thr_s) {
-        int th = atoi(thr_s);
-        if (th < 1) die("--threads must be a positive integer");
+        int th = (int)opt_i64("--threads", thr_s, 1, CLLA_MAX_THREADS);
         omp_set_num_threads(th);
         openblas_set_num_threads(th);
     }

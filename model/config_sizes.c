@@ -17,13 +17,13 @@
 
 typedef struct Plan {
     const char *origin;
-    const char *big;    // label of the largest per-layer term so far (for the message)
+    const char *big;    // label of the largest term so far (for the message)
     int64_t big_v;
 } Plan;
 
 static void overflow(const Plan *p, const char *label) {
     if (p->big)
-        die("%s: the config's sizes overflow 64-bit arithmetic at %s (the largest per-layer size: %s): reduce those keys",
+        die("%s: the config's sizes overflow 64-bit arithmetic at %s (the largest term: %s): reduce those keys",
             p->origin, label, p->big);
     die("%s: the config's sizes overflow 64-bit arithmetic at %s: reduce those keys", p->origin, label);
 }
@@ -38,10 +38,15 @@ static int64_t mul3(const Plan *p, const char *label, int64_t a, int64_t b, int6
     return mul(p, label, mul(p, label, a, b), c);
 }
 
-// sum += v, remembering the largest term's label
+// sum += v, remembering the largest term's label (for the message)
 static void add(Plan *p, const char *label, int64_t *sum, int64_t v) {
     if (ck_add(*sum, v, sum)) overflow(p, label);
     if (v > p->big_v) { p->big_v = v; p->big = label; }
+}
+
+// sum += v for the totals (bytes of everything), which are not terms worth naming
+static void total(const Plan *p, const char *label, int64_t *sum, int64_t v) {
+    if (ck_add(*sum, v, sum)) overflow(p, label);
 }
 
 // A width the compute code holds in an int.
@@ -108,7 +113,7 @@ void config_check_sizes(const Config *cfg, const char *origin) {
     add(&pl, "vocab_size x hidden_size (embeddings)", &params, mul3(p, "2 x vocab_size x hidden_size", 2, V, C));
     // params, fp32 masters, grads, AdamW m and v: 4 bytes each at most; 256-byte alignment per tensor and copy
     int64_t bytes = mul(p, "the parameter count x 20 bytes (weights, masters, grads, AdamW m and v)", params, 20);
-    add(&pl, "tensor alignment", &bytes, mul(p, "tensor alignment", tensors, 256 * 8));
+    total(p, "tensor alignment", &bytes, mul(p, "tensor alignment", tensors, 256 * 8));
 
     // activations and their gradients per layer (elements), plus the model-level buffers
     int64_t act = 0;
@@ -118,15 +123,17 @@ void config_check_sizes(const Config *cfg, const char *origin) {
     add(&pl, "train.micro_batch x num_attention_heads x train.seq_len^2 (attention scores)", &act,
         mul(p, "train.micro_batch x num_attention_heads x train.seq_len^2", mul3(p, "train.micro_batch x num_attention_heads x train.seq_len", B, NH, T), 2 * T));
     if (E) {
+        int64_t row = 2 * E + 8 * K + 2 + 6 * SI;   // per token: router, top-k, shared expert
+        if (ck_add(row, mul(p, "num_experts_per_tok x (moe_intermediate_size + hidden_size)", K, 6 * MI + 4 * C), &row))
+            overflow(p, "num_experts_per_tok x (moe_intermediate_size + hidden_size)");
         add(&pl, "train.micro_batch x train.seq_len x experts (MoE activations)", &act,
-            mul(p, "train.micro_batch x train.seq_len x expert widths",
-                N, 2 * E + 8 * K + 2 + mul(p, "num_experts_per_tok x (moe_intermediate_size + hidden_size)", K, 6 * MI + 4 * C) + 6 * SI));
+            mul(p, "train.micro_batch x train.seq_len x expert widths", N, row));
         add(&pl, "n_routed_experts", &act, 2 * E + 2);
     }
     int64_t acts = mul(p, "num_hidden_layers x the activations per layer", L, act);
     add(&pl, "train.micro_batch x train.seq_len x vocab_size (logits)", &acts, mul3(p, "train.micro_batch x train.seq_len x vocab_size", N, 2, V + 8 * C + 8));
-    add(&pl, "activation bytes", &bytes, mul(p, "activations x 4 bytes", acts, 4));
+    total(p, "activation bytes", &bytes, mul(p, "activations x 4 bytes", acts, 4));
     if (bytes > INT64_MAX / 2)
-        die("%s: the config needs more than 2^62 bytes to train (the largest per-layer size: %s): reduce those keys", origin,
+        die("%s: the config needs more than 2^62 bytes to train (the largest term: %s): reduce those keys", origin,
             pl.big ? pl.big : "?");
 }
