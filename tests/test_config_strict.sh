@@ -113,6 +113,10 @@ if "$CLLA" info --config m.json --set hidden_size=16777216 --set intermediate_si
    grep -q 'parameters *3377701951897600 total' out.txt; then
     ok "info with hidden and intermediate 2^24: exact, non-negative totals"
 else fail "info with hidden and intermediate 2^24: $(head -c 400 out.txt err.txt)"; fi
+if "$CLLA" info --config m.json --set attention=mha --set hidden_size=1073741824 --set num_attention_heads=1 --set head_dim=2 \
+        --set intermediate_size=8 > out.txt 2> err.txt && grep -q 'parameters *211527139328 total | 74088185856 activated' out.txt; then
+    ok "info with hidden_size 2^30: exact totals (211527139328 parameters)"
+else fail "info with hidden_size 2^30: $(head -c 400 out.txt err.txt)"; fi
 if "$CLLA" info --config m.json --set attention=cla --set share_factor=2147483647 > out.txt 2> err.txt &&
    grep -q 'per layer' out.txt && ! grep -q -- ' -[0-9]' out.txt; then
     ok "share_factor = 2147483647: one slot, no overflow"
