@@ -24,17 +24,18 @@
 #include <cblas.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "model/decode.h"
 
 static const ArgSpec SPECS[] = {
-    {"presets", 1, "comma-separated presets (default: all eleven)"},
-    {"contexts", 1, "comma-separated context lengths (default 1024,4096,16384)"},
-    {"batches", 1, "comma-separated batch sizes (default 1,8)"},
-    {"steps", 1, "timed decode steps per point (default 3)"},
-    {"cache-codec", 1, "codec spec applied over each preset's served layout, e.g. fp32 or latent=int_group:bits=4,group=32"},
-    {"threads", 1, "OpenMP/OpenBLAS threads (default: OMP_NUM_THREADS or all cores)"},
-    {"json", 0, "one JSON object per line instead of the table"},
+    {"presets", 1, "comma-separated presets (default: all eleven)", "LIST"},
+    {"contexts", 1, "comma-separated context lengths (default 1024,4096,16384)", "LIST"},
+    {"batches", 1, "comma-separated batch sizes (default 1,8)", "LIST"},
+    {"steps", 1, "timed decode steps per point (default 3)", "N"},
+    {"cache-codec", 1, "codec spec applied over each preset's served layout, e.g. fp32 or latent=int_group:bits=4,group=32", "SPEC"},
+    {"threads", 1, "OpenMP/OpenBLAS threads (default: OMP_NUM_THREADS or all cores)", "N"},
+    {"json", 0, "one JSON object per line instead of the table", NULL},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -45,9 +46,9 @@ static int parse_list(const char *s, int *out, int max, const char *what) {
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", s);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        char *end;
-        long v = strtol(t, &end, 10);
-        if (*end || v < 1 || v > 1 << 20 || n == max) die("--%s: '%s' is not a list of at most %d positive integers", what, s, max);
+        int64_t v;
+        if (num_parse_i64(t, 1, 1 << 20, &v) != NUM_OK || n == max)
+            die("--%s: '%s' is not a list of at most %d whole numbers from 1 to %d", what, s, max, 1 << 20);
         out[n++] = (int)v;
     }
     if (!n) die("--%s is empty", what);
@@ -112,7 +113,7 @@ int main(int argc, char **argv) {
                "Decode ms per step per preset, context and batch, against the roofline measured in the same run.",
                NULL, NULL, 0);
     const char *th = args_get(&a, SPECS, N_SPECS, "threads");
-    if (th) omp_set_num_threads(atoi(th));
+    if (th) omp_set_num_threads((int)opt_i64("--threads", th, 1, CLLA_MAX_THREADS));
     int contexts[8], batches[8], steps = 3;
     int nc = parse_list(args_get(&a, SPECS, N_SPECS, "contexts") ? args_get(&a, SPECS, N_SPECS, "contexts") : "1024,4096,16384", contexts, 8, "contexts");
     int nb = parse_list(args_get(&a, SPECS, N_SPECS, "batches") ? args_get(&a, SPECS, N_SPECS, "batches") : "1,8", batches, 8, "batches");

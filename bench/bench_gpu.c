@@ -31,6 +31,7 @@
 
 #include "common/args.h"
 #include "common/rng.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -43,15 +44,15 @@
 #endif
 
 static const ArgSpec SPECS[] = {
-    {"dense", 1, "dense model config (default bench/dense_1b.json)"},
-    {"moe", 1, "MoE paper config whose layers are reduced to fit (default configs/paper/clla.json)"},
-    {"steps", 1, "timed steps per model (default 10)"},
-    {"seq", 1, "sequence length for both models (default: each config's train.seq_len)"},
-    {"peak-tflops", 1, "dense bf16 peak of this GPU in TFLOP/s (default: from the built-in table)"},
-    {"only", 1, "dense or moe: run one of the two"},
-    {"set", 1, "override a key of both configs, e.g. train.micro_batch=2 (repeatable)"},
-    {"batch", 1, "dense model: this micro-batch instead of the config's, halved only if it does not fit"},
-    {"json", 0, "print one JSON object per line (device, results, skips) instead of text"},
+    {"dense", 1, "dense model config (default bench/dense_1b.json)", "FILE"},
+    {"moe", 1, "MoE paper config whose layers are reduced to fit (default configs/paper/clla.json)", "FILE"},
+    {"steps", 1, "timed steps per model (default 10)", "N"},
+    {"seq", 1, "sequence length for both models (default: each config's train.seq_len)", "T"},
+    {"peak-tflops", 1, "dense bf16 peak of this GPU in TFLOP/s (default: from the built-in table)", "TFLOPS"},
+    {"only", 1, "dense or moe: run one of the two", "dense|moe"},
+    {"set", 1, "override a key of both configs, e.g. train.micro_batch=2 (repeatable)", "KEY=VALUE"},
+    {"batch", 1, "dense model: this micro-batch instead of the config's, halved only if it does not fit", "B"},
+    {"json", 0, "print one JSON object per line (device, results, skips) instead of text", NULL},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -213,7 +214,8 @@ int main(int argc, char **argv) {
     const char *steps_s = args_get(&a, SPECS, N_SPECS, "steps"), *seq_s = args_get(&a, SPECS, N_SPECS, "seq");
     const char *peak_s = args_get(&a, SPECS, N_SPECS, "peak-tflops"), *only = args_get(&a, SPECS, N_SPECS, "only");
     const char *batch_s = args_get(&a, SPECS, N_SPECS, "batch");
-    const int steps = steps_s ? atoi(steps_s) : 10, seq = seq_s ? atoi(seq_s) : 0, batch = batch_s ? atoi(batch_s) : 0;
+    const int steps = steps_s ? (int)opt_i64("--steps", steps_s, 1, 1000000) : 10;
+    const int seq = seq_s ? (int)opt_i64("--seq", seq_s, 1, 2147483647) : 0, batch = batch_s ? (int)opt_i64("--batch", batch_s, 1, 2147483647) : 0;
     if (steps < 1) die("--steps must be a positive integer");
     if (batch_s && batch < 1) die("--batch must be a positive integer");
     if (seq_s && seq < 1) die("--seq must be a positive integer");
@@ -224,7 +226,7 @@ int main(int argc, char **argv) {
     cudaGetDevice(&dev);
     cudaGetDeviceProperties(&prop, dev);
     const char *how = "--peak-tflops";
-    const double peak = peak_s ? atof(peak_s) : peak_tflops(&prop, &how);
+    const double peak = peak_s ? opt_f64("--peak-tflops", peak_s, 1e-3, 1e9) : peak_tflops(&prop, &how);
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     snprintf(line, sizeof line, "%s (sm_%d%d, %.1f GiB, %.1f GiB free) | bf16 peak %.1f TFLOP/s (%s)", prop.name,

@@ -13,16 +13,17 @@
 #include <unistd.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "data/loader.h"
 #include "data/shard.h"
 
 static const ArgSpec SPECS[] = {
-    {"data", 1, "shard file, directory or glob (default: a generated 16M-token set)"},
-    {"B", 1, "sequences per micro-batch (default 4, as bench_train)"},
-    {"T", 1, "tokens per sequence (default 512, as bench_train)"},
-    {"world", 1, "ranks sharing the global batch; this process is rank 0 (default 1)"},
-    {"seconds", 1, "how long to measure (default 3)"},
+    {"data", 1, "shard file, directory or glob (default: a generated 16M-token set)", "PATH"},
+    {"B", 1, "sequences per micro-batch (default 4, as bench_train)", "B"},
+    {"T", 1, "tokens per sequence (default 512, as bench_train)", "T"},
+    {"world", 1, "ranks sharing the global batch; this process is rank 0 (default 1)", "N"},
+    {"seconds", 1, "how long to measure (default 3)", "S"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -66,8 +67,9 @@ static void make_data(const char *dir) {
 int main(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS, "usage: bench_loader [options]", NULL, NULL, 0);
-    int B = atoi(get(&a, "B", "4")), T = atoi(get(&a, "T", "512")), world = atoi(get(&a, "world", "1"));
-    double seconds = atof(get(&a, "seconds", "3"));
+    int B = (int)opt_i64("--B", get(&a, "B", "4"), 1, 1 << 20), T = (int)opt_i64("--T", get(&a, "T", "512"), 1, 1 << 24);
+    int world = (int)opt_i64("--world", get(&a, "world", "1"), 1, 1 << 20);
+    double seconds = opt_f64("--seconds", get(&a, "seconds", "3"), 0.001, 1e6);
     const char *data = args_get(&a, SPECS, N_SPECS, "data");
     char tmp[] = "/tmp/bench_loader_XXXXXX";
     if (!data) {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/num.h"
 #include "common/util.h"
 #include "backend/backend.h"
 #include "model/config.h"
@@ -61,7 +62,7 @@ static int cmp_double(const void *x, const void *y) {
 
 static int arg_int(int argc, char **argv, const char *name, int def) {
     for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], name)) return atoi(argv[i + 1]);
+        if (!strcmp(argv[i], name)) return (int)opt_i64(name, argv[i + 1], 1, 2147483647);
     return def;
 }
 

@@ -23,6 +23,7 @@
 
 #include "common/args.h"
 #include "common/rng.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "model/model.h"
 #include "cli/device.h"
@@ -37,11 +38,11 @@ static const char *DEFAULT_CONFIG =
     " \"train\": {\"seq_len\": 512, \"micro_batch\": 4, \"seed\": 1}}";
 
 static const ArgSpec SPECS[] = {
-    {"config", 1, "config JSON (default: the built-in d512 x 8 layers, seq 512, vocab 8192)"},
-    {"set", 1, "override a key, as in clla train (repeatable)"},
-    {"steps", 1, "timed training steps after one warm-up step (default 5)"},
-    {"threads", 1, "OpenMP/OpenBLAS threads (default: OMP_NUM_THREADS or all cores)"},
-    {"json", 0, "also print one JSON object with every number"},
+    {"config", 1, "config JSON (default: the built-in d512 x 8 layers, seq 512, vocab 8192)", "FILE"},
+    {"set", 1, "override a key, as in clla train (repeatable)", "KEY=VALUE"},
+    {"steps", 1, "timed training steps after one warm-up step (default 5)", "N"},
+    {"threads", 1, "OpenMP/OpenBLAS threads (default: OMP_NUM_THREADS or all cores)", "N"},
+    {"json", 0, "also print one JSON object with every number", NULL},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -91,11 +92,9 @@ int main(int argc, char **argv) {
                "(forward + backward + AdamW) on random tokens; prints tokens/s, model FLOP/s and their ratio.",
                NULL, NULL, 0);
     const char *steps_s = args_get(&a, SPECS, N_SPECS, "steps"), *thr_s = args_get(&a, SPECS, N_SPECS, "threads");
-    int steps = steps_s ? atoi(steps_s) : 5;
-    if (steps < 1) die("--steps must be a positive integer");
+    int steps = steps_s ? (int)opt_i64("--steps", steps_s, 1, 1000000) : 5;
     if (thr_s) {
-        int th = atoi(thr_s);
-        if (th < 1) die("--threads must be a positive integer");
+        int th = (int)opt_i64("--threads", thr_s, 1, CLLA_MAX_THREADS);
         omp_set_num_threads(th);
         openblas_set_num_threads(th);
     }

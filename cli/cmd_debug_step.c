@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "data/loader.h"
 #include "model/model.h"
@@ -16,12 +17,12 @@
 #include "train/run_files.h"
 
 static const ArgSpec SPECS[] = {
-    {"model", 1, "model directory with config.json and model.safetensors (required)"},
-    {"tokens", 1, "token file (required); rows are consecutive windows of seq+1 tokens"},
-    {"batch", 1, "sequences B (default 2)"},
-    {"seq", 1, "tokens per sequence T (default 16)"},
-    {"out", 1, "output safetensors (required)"},
-    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
+    {"model", 1, "model directory with config.json and model.safetensors (required)", "DIR"},
+    {"tokens", 1, "token file (required); rows are consecutive windows of seq+1 tokens", "FILE"},
+    {"batch", 1, "sequences B (default 2)", "B"},
+    {"seq", 1, "tokens per sequence T (default 16)", "T"},
+    {"out", 1, "output safetensors (required)", "DIR"},
+    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -35,8 +36,7 @@ int cmd_debug_step(int argc, char **argv) {
     const char *out = args_get(&a, SPECS, N_SPECS, "out");
     if (!dir || !tok || !out) die("clla debug-step needs --model, --tokens and --out: see --help");
     const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
-    int B = bs ? atoi(bs) : 2, T = ts ? atoi(ts) : 16;
-    if (B <= 0 || T <= 0) die("--batch and --seq must be positive integers");
+    int B = bs ? (int)opt_i64("--batch", bs, 1, 2147483647) : 2, T = ts ? (int)opt_i64("--seq", ts, 1, 2147483647) : 16;
     Config cfg;
     Model model;
     load_model_dir(&model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "eval/evaluate.h"
 #include "eval/through_cache.h"
@@ -16,25 +17,18 @@
 #include "cli/device.h"
 
 static const ArgSpec SPECS[] = {
-    {"checkpoint", 1, "model directory: a run directory, a checkpoint or a package (required)"},
-    {"data", 1, "token file or shards (required)"},
-    {"batch", 1, "sequences per forward (default train.micro_batch)"},
-    {"seq", 1, "tokens per sequence (default train.seq_len)"},
-    {"max-batches", 1, "score the first N batches of windows (default: every window)"},
-    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
-    {"json", 0, "print one JSON object"},
-    {"through-cache", 0, "score through the KV cache: the full forward with each codec's round trip, and token by token through the decoder"},
-    {"cache-codec", ARG_REPEAT, "with --through-cache: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G"},
+    {"checkpoint", 1, "model directory: a run directory, a checkpoint or a package (required)", "DIR"},
+    {"data", 1, "token file or shards (required)", "PATH"},
+    {"batch", 1, "sequences per forward (default train.micro_batch)", "B"},
+    {"seq", 1, "tokens per sequence (default train.seq_len)", "T"},
+    {"max-batches", 1, "score the first N batches of windows (default: every window)", "N"},
+    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
+    {"json", 0, "print one JSON object", NULL},
+    {"through-cache", 0, "score through the KV cache: the full forward with each codec's round trip, and token by token through the decoder", NULL},
+    {"cache-codec", ARG_REPEAT, "with --through-cache: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G", "SPEC"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
-// A whole positive number (below `max`) or death naming the option.
-static long long positive_option(const char *name, const char *v, long long max) {
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (!*v || *end || x <= 0 || x > max) die("--%s %s: expected a whole number from 1 to %lld", name, v, max);
-    return x;
-}
 
 static void show_progress(long long done, long long total, void *ctx);
 
@@ -106,16 +100,19 @@ int cmd_eval(int argc, char **argv) {
                NULL, NULL, 0);
     const char *dir = args_get(&a, SPECS, N_SPECS, "checkpoint"), *data = args_get(&a, SPECS, N_SPECS, "data");
     if (!dir || !data) die("clla eval needs --checkpoint DIR and --data FILE: see clla eval --help");
+    // numbers first: a bad one is refused before the model is read
+    const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
+    const char *mb = args_get(&a, SPECS, N_SPECS, "max-batches");
+    int B = bs ? (int)opt_i64("--batch", bs, 1, 1 << 20) : 0;
+    int T = ts ? (int)opt_i64("--seq", ts, 1, 1 << 30) : 0;
+    long long max_batches = mb ? opt_i64("--max-batches", mb, 1, 1LL << 40) : 0;
     Config cfg;
     Model model;
     ModelDir md;
     model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
-    const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
-    const char *mb = args_get(&a, SPECS, N_SPECS, "max-batches");
-    int B = bs ? (int)positive_option("batch", bs, 1 << 20) : cfg.train.micro_batch;
-    int T = ts ? (int)positive_option("seq", ts, 1 << 30) : cfg.train.seq_len;
+    if (!B) B = cfg.train.micro_batch;
+    if (!T) T = cfg.train.seq_len;
     if (T > cfg.model.max_position_embeddings) die("--seq %d exceeds max_position_embeddings %d", T, cfg.model.max_position_embeddings);
-    long long max_batches = mb ? positive_option("max-batches", mb, 1LL << 40) : 0;
     // data made with another tokenizer than the model's training data is refused by the loader
     unsigned long long tok_hash = 0;
     if (cfg.train.tokenizer_hash[0] && loader_parse_tokenizer_hash(cfg.train.tokenizer_hash, &tok_hash) != 0)

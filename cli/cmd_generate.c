@@ -25,22 +25,22 @@
 #include "train/checkpoint.h"
 
 static const ArgSpec SPECS[] = {
-    {"model", 1, "a package (clla export), a run directory or a checkpoint directory (required)"},
-    {"prompt", ARG_REPEAT, "a prompt (repeatable)"},
-    {"prompts", 1, "file of prompts: one per line, or JSONL objects with \"prompt\" when it ends in .jsonl"},
-    {"max-new-tokens", 1, "tokens to generate per prompt at most (default 64)"},
-    {"temperature", 1, "0 = greedy (default); > 0 samples from softmax(logits / T)"},
-    {"top-k", 1, "sample among the k most likely tokens (default 0 = off)"},
-    {"top-p", 1, "sample among the smallest set of tokens with probability >= p (default 1 = off)"},
-    {"seed", 1, "sampling seed (default 0); prompt i draws from its own stream of it"},
-    {"stop", ARG_REPEAT, "stop when the completion contains this text, which is cut off (repeatable)"},
-    {"stop-token", ARG_REPEAT, "stop after generating this token id (repeatable)"},
-    {"ignore-eos", 0, "do not stop at the tokenizer's <|endoftext|>"},
-    {"batch", 1, "sequences decoded together at most (default: every prompt, up to 64)"},
-    {"json", 0, "one JSON object per prompt on stdout (JSON lines)"},
-    {"device", 1, "cpu (default), cpu-bf16 or cuda"},
-    {"tokenizer", 1, "tokenizer file (default: the package's, or the run's train.tokenizer)"},
-    {"cache-codec", ARG_REPEAT, "cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G"},
+    {"model", 1, "a package (clla export), a run directory or a checkpoint directory (required)", "DIR"},
+    {"prompt", ARG_REPEAT, "a prompt (repeatable)", "TEXT"},
+    {"prompts", 1, "file of prompts: one per line, or JSONL objects with \"prompt\" when it ends in .jsonl", "FILE"},
+    {"max-new-tokens", 1, "tokens to generate per prompt at most (default 64)", "N"},
+    {"temperature", 1, "0 = greedy (default); > 0 samples from softmax(logits / T)", "T"},
+    {"top-k", 1, "sample among the k most likely tokens (default 0 = off)", "K"},
+    {"top-p", 1, "sample among the smallest set of tokens with probability >= p (default 1 = off)", "P"},
+    {"seed", 1, "sampling seed (default 0); prompt i draws from its own stream of it", "S"},
+    {"stop", ARG_REPEAT, "stop when the completion contains this text, which is cut off (repeatable)", "TEXT"},
+    {"stop-token", ARG_REPEAT, "stop after generating this token id (repeatable)", "ID"},
+    {"ignore-eos", 0, "do not stop at the tokenizer's <|endoftext|>", NULL},
+    {"batch", 1, "sequences decoded together at most (default: every prompt, up to 64)", "B"},
+    {"json", 0, "one JSON object per prompt on stdout (JSON lines)", NULL},
+    {"device", 1, "cpu (default), cpu-bf16 or cuda", "cpu|cpu-bf16|cuda"},
+    {"tokenizer", 1, "tokenizer file (default: the package's, or the run's train.tokenizer)", "FILE"},
+    {"cache-codec", ARG_REPEAT, "cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G", "SPEC"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 #define MAX_LIST 256

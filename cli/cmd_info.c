@@ -7,52 +7,24 @@
 #include <cjson/cJSON.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "model/cache.h"
+#include "model/mem_plan.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "cli/commands.h"
 #include "train/grad_sync.h"
 
 static const ArgSpec SPECS[] = {
-    {"config", 1, "config JSON (required)"},
-    {"set", 1, "override a key (repeatable)"},
-    {"json", 0, "print one JSON object instead of text"},
-    {"device", 1, "storage to plan memory for: cpu (fp32, default), cpu-bf16 (fp32 storage + fp32 masters) or cuda (bf16 + fp32 masters)"},
-    {"cache-table", 0, "KV-cache bytes/token of every attention preset at this config's shape"},
-    {"ranks", 1, "data parallel: also print the AdamW (and, with separate masters, fp32 master) memory per rank for R ranks, without and with ZeRO-1"},
+    {"config", 1, "config JSON (required)", "FILE"},
+    {"set", 1, "override a key (repeatable)", "KEY=VALUE"},
+    {"json", 0, "print one JSON object instead of text", NULL},
+    {"device", 1, "storage to plan memory for: cpu (fp32, default), cpu-bf16 (fp32 storage + fp32 masters) or cuda (bf16 + fp32 masters)", "cpu|cpu-bf16|cuda"},
+    {"cache-table", 0, "KV-cache bytes/token of every attention preset at this config's shape", NULL},
+    {"ranks", 1, "data parallel: also print the AdamW (and, with separate masters, fp32 master) memory per rank for R ranks, without and with ZeRO-1", "R"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
-
-typedef struct Counts {
-    long long total, embedding, activated;
-    double mem_params, mem_master, mem_grads, mem_adam, mem_acts, mem_act_grads;
-    size_t numel_f32;   // flat fp32 layout (ZeRO-1 shards it)
-} Counts;
-
-static void count(const Config *cfg, size_t store_bytes, int separate_master, Counts *c) {
-    Model m;
-    model_build_table(&m, &cfg->model, store_bytes);
-    memset(c, 0, sizeof(*c));
-    for (int i = 0; i < m.params.n; i++) {
-        const TensorInfo *ti = &m.params.t[i];
-        c->total += (long long)ti->numel;
-        if (!strcmp(ti->name, "model.embed_tokens.weight") || !strcmp(ti->name, "lm_head.weight"))
-            c->embedding += (long long)ti->numel;
-    }
-    // activated = every non-embedding parameter a token passes through: all of them in a dense
-    // model; with MoE, the shared experts, the router and K of the E routed experts per layer
-    c->activated = c->total - c->embedding - moe_inactive_params(&m);
-    c->mem_params = (double)m.params.bytes_store;
-    c->mem_master = separate_master ? (double)m.params.bytes_f32 : 0.0;
-    c->mem_grads = (double)m.params.bytes_f32;
-    c->mem_adam = 2.0 * (double)m.params.bytes_f32;
-    c->numel_f32 = m.params.bytes_f32 / 4;
-    model_layout_acts(&m, cfg->train.micro_batch, cfg->train.seq_len, store_bytes);
-    c->mem_acts = (double)m.acts.bytes_store;
-    c->mem_act_grads = (double)m.gacts.bytes_store;
-    model_free(&m);
-}
 
 // Every preset at the config's shape: gqa rows use its num_key_value_heads (or half the heads
 // when the config is MHA); latent rows need kv_lora_rank and qk_rope_head_dim in the config.
@@ -92,12 +64,7 @@ int cmd_info(int argc, char **argv) {
     if (!path) die("clla info needs --config FILE: see clla info --help");
     const char *ranks_s = args_get(&a, SPECS, N_SPECS, "ranks");
     int ranks = 1;
-    if (ranks_s) {
-        char *end;
-        long r = strtol(ranks_s, &end, 10);
-        if (!*ranks_s || *end || r < 1 || r > 1000000) die("--ranks %s: expected a whole number of ranks >= 1", ranks_s);
-        ranks = (int)r;
-    }
+    if (ranks_s) ranks = (int)opt_i64("--ranks", ranks_s, 1, 1000000);
     const char *dev = args_get(&a, SPECS, N_SPECS, "device");
     if (dev && strcmp(dev, "cuda") && strcmp(dev, "cpu") && strcmp(dev, "cpu-bf16"))
         die("unknown --device '%s': use cpu, cpu-bf16 or cuda", dev);
@@ -109,11 +76,11 @@ int cmd_info(int argc, char **argv) {
         print_cache_table(&cfg.model);
         return 0;
     }
-    Counts c;
-    count(&cfg, store, separate, &c);
+    MemPlan c;
+    mem_plan(&cfg, store, separate, &c);
     CacheBytes kv;
     cache_bytes_per_token(&cfg.model, &kv);
-    double mem_total = c.mem_params + c.mem_master + c.mem_grads + c.mem_adam + c.mem_acts + c.mem_act_grads;
+    double mem_total = mem_plan_bytes(&c);
     if (args_get(&a, SPECS, N_SPECS, "json")) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "attention", cfg.model.attention);
@@ -121,12 +88,12 @@ int cmd_info(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "params_activated", (double)c.activated);
         cJSON_AddNumberToObject(o, "params_embedding", (double)c.embedding);
         cJSON *mem = cJSON_AddObjectToObject(o, "train_memory_bytes");
-        cJSON_AddNumberToObject(mem, "params", c.mem_params);
-        cJSON_AddNumberToObject(mem, "master_weights", c.mem_master);
-        cJSON_AddNumberToObject(mem, "grads", c.mem_grads);
-        cJSON_AddNumberToObject(mem, "adamw_m_v", c.mem_adam);
-        cJSON_AddNumberToObject(mem, "activations", c.mem_acts);
-        cJSON_AddNumberToObject(mem, "activation_grads", c.mem_act_grads);
+        cJSON_AddNumberToObject(mem, "params", c.params);
+        cJSON_AddNumberToObject(mem, "master_weights", c.master);
+        cJSON_AddNumberToObject(mem, "grads", c.grads);
+        cJSON_AddNumberToObject(mem, "adamw_m_v", c.adam);
+        cJSON_AddNumberToObject(mem, "activations", c.acts);
+        cJSON_AddNumberToObject(mem, "activation_grads", c.act_grads);
         cJSON_AddNumberToObject(mem, "total", mem_total);
         if (ranks_s) {
             cJSON *dp = cJSON_AddObjectToObject(o, "data_parallel");
@@ -135,7 +102,7 @@ int cmd_info(int argc, char **argv) {
             cJSON_AddNumberToObject(dp, "adamw_m_v_per_rank_zero1", grad_sync_optimizer_bytes(c.numel_f32, ranks, 1));
             cJSON_AddNumberToObject(dp, "master_weights_per_rank_zero0", grad_sync_master_bytes(c.numel_f32, ranks, 0, separate));
             cJSON_AddNumberToObject(dp, "master_weights_per_rank_zero1", grad_sync_master_bytes(c.numel_f32, ranks, 1, separate));
-            cJSON_AddNumberToObject(dp, "total_per_rank_zero1", mem_total - c.mem_adam - c.mem_master +
+            cJSON_AddNumberToObject(dp, "total_per_rank_zero1", mem_total - c.adam - c.master +
                                     grad_sync_optimizer_bytes(c.numel_f32, ranks, 1) +
                                     grad_sync_master_bytes(c.numel_f32, ranks, 1, separate));
         }
@@ -160,12 +127,12 @@ int cmd_info(int argc, char **argv) {
                mc->first_k_dense_layers, mc->num_hidden_layers - 1, (double)mc->moe_capacity_factor,
                mc->moe_capacity_factor > 0 ? "drops over capacity" : "no dropping");
     printf("training memory   (B=%d, T=%d, %s storage)\n", cfg.train.micro_batch, cfg.train.seq_len, store == 2 ? "bf16" : "fp32");
-    printf("  params          %10.1f MiB\n", mib(c.mem_params));
-    if (c.mem_master > 0) printf("  fp32 masters    %10.1f MiB\n", mib(c.mem_master));
-    printf("  grads (fp32)    %10.1f MiB\n", mib(c.mem_grads));
-    printf("  AdamW m, v      %10.1f MiB\n", mib(c.mem_adam));
-    printf("  activations     %10.1f MiB\n", mib(c.mem_acts));
-    printf("  act. gradients  %10.1f MiB\n", mib(c.mem_act_grads));
+    printf("  params          %10.1f MiB\n", mib(c.params));
+    if (c.master > 0) printf("  fp32 masters    %10.1f MiB\n", mib(c.master));
+    printf("  grads (fp32)    %10.1f MiB\n", mib(c.grads));
+    printf("  AdamW m, v      %10.1f MiB\n", mib(c.adam));
+    printf("  activations     %10.1f MiB\n", mib(c.acts));
+    printf("  act. gradients  %10.1f MiB\n", mib(c.act_grads));
     printf("  total           %10.1f MiB\n", mib(mem_total));
     if (ranks_s) {
         double z1 = grad_sync_optimizer_bytes(c.numel_f32, ranks, 1);
@@ -175,7 +142,7 @@ int cmd_info(int argc, char **argv) {
         if (separate)
             printf("                  fp32 masters %.1f MiB (train.zero_stage 0) | %.1f MiB (ZeRO-1)\n",
                    mib(grad_sync_master_bytes(c.numel_f32, ranks, 0, separate)), mib(m1));
-        printf("                  total per rank with ZeRO-1: %.1f MiB\n", mib(mem_total - c.mem_adam - c.mem_master + z1 + m1));
+        printf("                  total per rank with ZeRO-1: %.1f MiB\n", mib(mem_total - c.adam - c.master + z1 + m1));
     }
     printf("KV cache          %.1f bytes/token for the model | %.1f per layer on average | %.2f%% of MHA (%.0f bytes/token, bf16)\n",
            kv.total, kv.per_layer, 100.0 * kv.total / kv.mha_total, kv.mha_total);

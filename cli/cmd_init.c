@@ -14,11 +14,11 @@
 #include "train/run_files.h"
 
 static const ArgSpec SPECS[] = {
-    {"config", 1, "config JSON (required)"},
-    {"out", 1, "output directory (required)"},
-    {"set", 1, "override a key (repeatable)"},
-    {"shard-size", 1, "write the weights as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json"},
-    {"overwrite", 0, "DIR may hold a model or a run: clear what a run wrote there (model, config, metrics, checkpoints/) first"},
+    {"config", 1, "config JSON (required)", "FILE"},
+    {"out", 1, "output directory (required)", "DIR"},
+    {"set", 1, "override a key (repeatable)", "KEY=VALUE"},
+    {"shard-size", 1, "write the weights as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json", "SIZE"},
+    {"overwrite", 0, "DIR may hold a model or a run: clear what a run wrote there (model, config, metrics, checkpoints/) first", NULL},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 

@@ -5,11 +5,13 @@
 #include <errno.h>
 #include <omp.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/num.h"
 #include "common/util.h"
 #include "data/corpus.h"
 #include "data/gpt2_import.h"
@@ -206,14 +208,14 @@ int cmd_prep(int argc, char **argv) {
         else if (!strcmp(a, "--tokenizer")) o.tokenizer = need_value(argc, argv, &i);
         else if (!strcmp(a, "--out")) o.out = need_value(argc, argv, &i);
         else if (!strcmp(a, "--verify")) o.verify = need_value(argc, argv, &i);
-        else if (!strcmp(a, "--val-fraction")) o.val_fraction = atof(need_value(argc, argv, &i));
-        else if (!strcmp(a, "--split-seed")) o.split_seed = strtoull(need_value(argc, argv, &i), NULL, 10);
+        else if (!strcmp(a, "--val-fraction")) o.val_fraction = opt_f64("--val-fraction", need_value(argc, argv, &i), 0, 1);
+        else if (!strcmp(a, "--split-seed")) o.split_seed = opt_u64("--split-seed", need_value(argc, argv, &i), UINT64_MAX);
         else if (!strcmp(a, "--text-key")) o.doc.text_key = need_value(argc, argv, &i);
         else if (!strcmp(a, "--doc-separator")) o.doc.separator = need_value(argc, argv, &i);
-        else if (!strcmp(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)strtoul(need_value(argc, argv, &i), NULL, 10);
-        else if (!strcmp(a, "--shard-tokens")) o.shard_tokens = strtoull(need_value(argc, argv, &i), NULL, 10);
-        else if (!strcmp(a, "--threads")) o.threads = atoi(need_value(argc, argv, &i));
-        else if (!strcmp(a, "--level")) o.level = atoi(need_value(argc, argv, &i));
+        else if (!strcmp(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)opt_u64("--chunk-tokens", need_value(argc, argv, &i), SHARD_MAX_CHUNK_TOKENS);
+        else if (!strcmp(a, "--shard-tokens")) o.shard_tokens = opt_u64("--shard-tokens", need_value(argc, argv, &i), UINT64_MAX);
+        else if (!strcmp(a, "--threads")) o.threads = (int)opt_i64("--threads", need_value(argc, argv, &i), 0, CLLA_MAX_THREADS);
+        else if (!strcmp(a, "--level")) o.level = (int)opt_i64("--level", need_value(argc, argv, &i), INT32_MIN, INT32_MAX);
         else if (a[0] == '-' && a[1]) die("unknown option '%s' for 'clla prep': see 'clla prep --help'", a);
         else files[n_files++] = argv[i];
     }

@@ -2,10 +2,12 @@
 // import GPT-2's vocabulary, print a tokenizer's facts.
 #include <errno.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/num.h"
 #include "common/util.h"
 #include "data/bpe_train.h"
 #include "data/corpus.h"

@@ -7,9 +7,11 @@
 #include <string.h>
 
 #include "common/args.h"
+#include "common/num.h"
 #include "common/util.h"
 #include "data/loader.h"
 #include "eval/evaluate.h"
+#include "model/mem_plan.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "train/checkpoint.h"
@@ -24,18 +26,18 @@
 #include "train/signals.h"
 
 static const ArgSpec SPECS[] = {
-    {"config", 1, "config JSON (required)"},
-    {"set", 1, "override a key: --set hidden_size=256, --set train.lr=1e-3 (repeatable)"},
-    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda"},
-    {"out", 1, "run directory (overrides train.out_dir)"},
-    {"quiet", 0, "no per-step lines on stderr (metrics are still written)"},
-    {"save-every", 1, "write a checkpoint every N steps to DIR/checkpoints (overrides train.save_every)"},
-    {"keep", 1, "keep the newest K checkpoints, 0 = all (overrides train.keep_checkpoints)"},
-    {"resume", 1, "auto (newest complete checkpoint of the run directory, if any) or a checkpoint directory"},
-    {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps"},
-    {"zero", 1, "data parallel: 0 = replicated AdamW state, 1 = ZeRO-1 sharded (overrides train.zero_stage)"},
-    {"shard-size", 1, "write the final model as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json"},
-    {"overwrite", 0, "the run directory may hold another run: clear what it wrote (model, config, metrics, checkpoints/) first"},
+    {"config", 1, "config JSON (required)", "FILE"},
+    {"set", 1, "override a key: --set hidden_size=256, --set train.lr=1e-3 (repeatable)", "KEY=VALUE"},
+    {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
+    {"out", 1, "run directory (overrides train.out_dir)", "DIR"},
+    {"quiet", 0, "no per-step lines on stderr (metrics are still written)", NULL},
+    {"save-every", 1, "write a checkpoint every N steps to DIR/checkpoints (overrides train.save_every)", "N"},
+    {"keep", 1, "keep the newest K checkpoints, 0 = all (overrides train.keep_checkpoints)", "K"},
+    {"resume", 1, "auto (newest complete checkpoint of the run directory, if any) or a checkpoint directory", "auto|DIR"},
+    {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps", "STEP"},
+    {"zero", 1, "data parallel: 0 = replicated AdamW state, 1 = ZeRO-1 sharded (overrides train.zero_stage)", "0|1"},
+    {"shard-size", 1, "write the final model as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json", "SIZE"},
+    {"overwrite", 0, "the run directory may hold another run: clear what it wrote (model, config, metrics, checkpoints/) first", NULL},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -56,10 +58,9 @@ static void print_curve_summary(const float *losses, int first, int n) {
 static int int_option(const Args *a, const char *name, int fallback) {
     const char *v = args_get(a, SPECS, N_SPECS, name);
     if (!v) return fallback;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || x < 0 || x > 2147483647L) die("--%s %s: expected a whole number >= 0", name, v);
-    return (int)x;
+    char opt[64];
+    snprintf(opt, sizeof(opt), "--%s", name);
+    return (int)opt_i64(opt, v, 0, 2147483647);
 }
 
 // The checkpoints a run knows about, for the advice its errors give.
@@ -133,6 +134,7 @@ int cmd_train(int argc, char **argv) {
     Dist dist;
     dist_init(&dist, tc->dist_timeout_s);
     const int rank0 = dist.rank == 0;
+    if (rank0) config_warn_schedule(&cfg, cfg_path);
     if (!rank0) quiet = 1;
     // Resume: the checkpoint is chosen and its config checked before anything is written.
     const char *resume = args_get(&a, SPECS, N_SPECS, "resume");
@@ -166,6 +168,7 @@ int cmd_train(int argc, char **argv) {
     const Backend *be = device_backend(args_get(&a, SPECS, N_SPECS, "device"));
     // CUDA: this rank's GPU (and the NCCL communicator) before the model allocates anything
     dist_attach_device(&dist, be);
+    mem_check_fits(&cfg, be);   // refuse a run that would be OOM-killed, before allocating (model/mem_plan.h)
     int B = tc->micro_batch, T = tc->seq_len;
     long long bt = (long long)B * T;
     // The global batch is fixed by the config; each rank runs n_micro micro-steps of B rows.

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "common/version.h"
 
 typedef struct Subcommand {
     const char *name;
@@ -24,7 +25,7 @@ static const Subcommand SUBCOMMANDS[] = {
 static const int N_SUBCOMMANDS = (int)(sizeof(SUBCOMMANDS) / sizeof(SUBCOMMANDS[0]));
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: clla <command> [options]   (clla <command> --help for its options)\n\ncommands:\n");
+    fprintf(out, "usage: clla <command> [options]   (clla <command> --help for its options; clla --version)\n\ncommands:\n");
     for (int i = 0; i < N_SUBCOMMANDS; i++)
         fprintf(out, "  %-12s %s\n", SUBCOMMANDS[i].name, SUBCOMMANDS[i].summary);
 }
@@ -33,6 +34,10 @@ int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        version_print(stdout);
         return 0;
     }
     for (int i = 0; i < N_SUBCOMMANDS; i++)

@@ -1,20 +1,32 @@
 #include "common/args.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/num.h"
 #include "common/util.h"
 
+static void option_left(const ArgSpec *sp, char *left, size_t n) {
+    const char *mv = sp->metavar ? sp->metavar : "VALUE";
+    snprintf(left, n, "--%s%s%s", sp->name, sp->takes_value ? " " : "", sp->takes_value ? mv : "");
+}
+
 static void print_usage(const char *usage, const ArgSpec *specs, int n) {
+    char left[64];
+    int width = 6;   // "--help"
+    for (int i = 0; i < n; i++) {
+        option_left(&specs[i], left, sizeof(left));
+        if ((int)strlen(left) > width) width = (int)strlen(left);
+    }
     printf("%s\n\noptions:\n", usage);
     for (int i = 0; i < n; i++) {
-        char left[64];
-        snprintf(left, sizeof(left), "--%s%s", specs[i].name, specs[i].takes_value ? " VALUE" : "");
-        printf("  %-26s %s\n", left, specs[i].help);
+        option_left(&specs[i], left, sizeof(left));
+        printf("  %-*s  %s\n", width, left, specs[i].help);
     }
-    printf("  %-26s %s\n", "--help", "show this help");
+    printf("  %-*s  %s\n", width, "--help", "show this help");
 }
 
 void args_parse(Args *a, int argc, char **argv, const ArgSpec *specs, int n_specs, const char *usage,
@@ -82,19 +94,15 @@ int args_get_all(const Args *a, const ArgSpec *specs, int n_specs, const char *n
     return n;
 }
 
+// Through the strict parser (common/num.c), so options parse as config values do.
 long long args_int(const char *name, const char *v, long long lo, long long hi) {
-    char *end = NULL;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (!*v || *end || errno) die("--%s '%s' is not a whole number", name, v);
-    if (x < lo || x > hi) die("--%s %lld is out of range: use a whole number in [%lld, %lld]", name, x, lo, hi);
-    return x;
+    char opt[96];
+    snprintf(opt, sizeof(opt), "--%s", name);
+    return (long long)opt_i64(opt, v, (int64_t)lo, (int64_t)hi);
 }
 
 double args_double(const char *name, const char *v) {
-    char *end = NULL;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (!*v || *end || errno) die("--%s '%s' is not a number", name, v);
-    return x;
+    char opt[96];
+    snprintf(opt, sizeof(opt), "--%s", name);
+    return opt_f64(opt, v, -HUGE_VAL, HUGE_VAL);
 }

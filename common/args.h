@@ -7,6 +7,7 @@ typedef struct ArgSpec {
     const char *name;      // without the leading dashes
     int takes_value;       // 0: a flag; 1: a value; ARG_REPEAT: a value, repeatable (args_get_all)
     const char *help;      // one line for --help
+    const char *metavar;   // the value's name in --help ("FILE", "N", "auto|DIR"); NULL for a flag
 } ArgSpec;
 
 #define ARG_REPEAT 2

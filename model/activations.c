@@ -1,9 +1,11 @@
 // Activation and activation-gradient tables for a (B, T) micro-batch: one allocation
 // per category, every buffer a named table entry.
+#include <limits.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/num.h"
 #include "common/util.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -44,7 +46,11 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
     int L = c->num_hidden_layers, C = c->hidden_size, NH = c->num_attention_heads;
     int D = c->head_dim, DV = c->v_head_dim, I = c->intermediate_size, V = c->vocab_size;
     int latent = config_is_latent(c), R = c->kv_lora_rank, DR = latent ? c->qk_rope_head_dim : 0, Rq = c->q_lora_rank;
-    int64_t N = (int64_t)B * T, att = (int64_t)B * NH * T, DQK = D + DR;
+    // B and T come from the config (bounded by config_check_sizes) or from eval/debug-step
+    // options: checked here too, as the kernels index the N rows with int
+    int64_t N, att, DQK = (int64_t)D + DR;
+    if (B <= 0 || T <= 0 || ck_mul(B, T, &N) || N > INT_MAX || ck_mul(N, NH, &att))
+        die("a batch of %d sequences of %d tokens (%d heads) is too large to lay out: use a smaller batch or sequence", B, T, NH);
 
     TensorTable *a = &m->acts;
     m->la = xcalloc((size_t)L, sizeof(LayerActs));

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/num.h"
 #include "common/util.h"
 #include "backend/bf16.h"
 #include "backend/int_group_math.h"
@@ -185,10 +186,8 @@ int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
         char *eq = strchr(kv, '=');
         if (!eq) { snprintf(err, errlen, "codec setting '%s' in '%s' is not key=value", kv, spec); return -1; }
         *eq = 0;
-        char *end;
-        errno = 0;
-        long v = strtol(eq + 1, &end, 10);
-        if (!eq[1] || *end || errno) {
+        int64_t v;
+        if (num_parse_i64(eq + 1, INT32_MIN, INT32_MAX, &v) != NUM_OK) {
             snprintf(err, errlen, "codec setting %s=%s in '%s' is not a whole number", kv, eq + 1, spec);
             return -1;
         }
@@ -277,7 +276,7 @@ void cache_layout(CacheLayout *cl, const ModelConfig *m) {
     cl->n_layers = L;
     cl->share_factor = F;
     cl->share = m->share;
-    cl->n_slots = L / F + (L % F != 0);
+    cl->n_slots = (L - 1) / F + 1;   // ceil(L / F), no overflow at F = INT_MAX
     Codec bf16 = {CODEC_BF16, 0, 0};
     if (!latent) {
         cl->part[PART_K] = (CachePart){1, m->num_key_value_heads * m->head_dim, bf16};

@@ -3,12 +3,20 @@
 #include "model/config.h"
 
 #include <errno.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "common/json_strict.h"
+#include "common/num.h"
 #include "common/util.h"
+#include "model/config_hf.h"
 #include "model/hf_config.h"
 
 typedef enum { K_INT, K_LLONG, K_ULLONG, K_FLOAT, K_BOOL, K_STR, K_SHARE } KeyType;
@@ -92,16 +100,6 @@ static const KeyDef TRAIN_KEYS[] = {
 #define N_MODEL_KEYS (sizeof(MODEL_KEYS) / sizeof(MODEL_KEYS[0]))
 #define N_TRAIN_KEYS (sizeof(TRAIN_KEYS) / sizeof(TRAIN_KEYS[0]))
 
-// HF config.json keys that do not shape the model: accepted and ignored, so a Llama or
-// DeepSeek-V2 config.json is read as it is.
-static const char *IGNORED_KEYS[] = {
-    "architectures", "auto_map", "bos_token_id", "eos_token_id", "pad_token_id", "model_type",
-    "torch_dtype", "transformers_version", "use_cache", "pretraining_tp", "attention_dropout",
-    "hidden_act", "attention_bias", "mlp_bias", "rope_scaling", "_name_or_path", "topk_method",
-    "scoring_func", "seq_aux", "n_group", "topk_group", "ep_size", "moe_layer_freq",
-    "routed_scaling_factor", "num_nextn_predict_layers", "use_cla", "comment",
-};
-
 static const char *SHARE_NAMES[] = {"kv", "latent", "latent_krope", "latent_kvproj"};
 
 static const KeyDef *find_key(const KeyDef *keys, size_t n, const char *name) {
@@ -110,43 +108,55 @@ static const KeyDef *find_key(const KeyDef *keys, size_t n, const char *name) {
     return NULL;
 }
 
-static int is_ignored(const char *name) {
-    for (size_t i = 0; i < sizeof(IGNORED_KEYS) / sizeof(IGNORED_KEYS[0]); i++)
-        if (!strcmp(IGNORED_KEYS[i], name)) return 1;
-    return 0;
+// "unknown key" with the closest key of the table as a "did you mean".
+static void die_unknown(const KeyDef *keys, size_t n, const char *name, const char *origin, const char *prefix, const char *hint) {
+    const char *cands[2 * (N_MODEL_KEYS > N_TRAIN_KEYS ? N_MODEL_KEYS : N_TRAIN_KEYS)];
+    size_t nc = 0;
+    for (size_t i = 0; i < n; i++) {
+        cands[nc++] = keys[i].name;
+        if (keys[i].alias) cands[nc++] = keys[i].alias;
+    }
+    const char *near = config_closest(name, cands, nc);
+    if (near) die("%s: unknown key '%s%s' (did you mean '%s%s'?): %s", origin, prefix, name, prefix, near, hint);
+    die("%s: unknown key '%s%s': %s", origin, prefix, name, hint);
 }
 
 static void set_value(void *base, const KeyDef *k, const cJSON *v, const char *origin, const char *prefix) {
     char *dst = (char *)base + k->offset;
     const char *name = k->name;
+    char val[64];
     switch (k->type) {
     case K_INT: case K_LLONG: case K_ULLONG: {
         if (!cJSON_IsNumber(v))
-            die("%s: key '%s%s' must be a number", origin, prefix, name);
-        double d = v->valuedouble;
-        if (d != (double)(long long)d) die("%s: key '%s%s' must be a whole number, got %g", origin, prefix, name, d);
-        if (k->type == K_INT) {
-            if (d < -2147483648.0 || d > 2147483647.0) die("%s: key '%s%s' = %g is out of range", origin, prefix, name, d);
-            *(int *)dst = (int)d;
-        } else if (k->type == K_LLONG) {
-            *(long long *)dst = (long long)d;
-        } else {
-            if (d < 0) die("%s: key '%s%s' must not be negative", origin, prefix, name);
-            *(unsigned long long *)dst = (unsigned long long)d;
-        }
+            die("%s: key '%s%s' must be a number, got %s", origin, prefix, name, json_snippet(v, val, sizeof(val)));
+        int64_t lo = k->type == K_INT ? INT_MIN : k->type == K_LLONG ? INT64_MIN : 0;
+        int64_t hi = k->type == K_INT ? INT_MAX : INT64_MAX;
+        int64_t x = 0;
+        int rc = num_f64_to_i64(v->valuedouble, lo, hi, &x);
+        if (rc == NUM_SYNTAX) die("%s: key '%s%s' must be a whole number, got %s", origin, prefix, name, json_snippet(v, val, sizeof(val)));
+        if (rc != NUM_OK)
+            die("%s: key '%s%s' = %s is out of range: use %lld..%lld", origin, prefix, name, json_snippet(v, val, sizeof(val)),
+                (long long)(lo < -9007199254740992LL ? -9007199254740992LL : lo), (long long)(hi > 9007199254740992LL ? 9007199254740992LL : hi));
+        if (k->type == K_INT) *(int *)dst = (int)x;
+        else if (k->type == K_LLONG) *(long long *)dst = (long long)x;
+        else *(unsigned long long *)dst = (unsigned long long)x;
         break;
     }
     case K_FLOAT:
-        if (!cJSON_IsNumber(v)) die("%s: key '%s%s' must be a number", origin, prefix, name);
+        if (!cJSON_IsNumber(v)) die("%s: key '%s%s' must be a number, got %s", origin, prefix, name, json_snippet(v, val, sizeof(val)));
+        // cJSON reads 1e999 as inf: a non-finite or float-overflowing value would train on inf/nan
+        if (!isfinite(v->valuedouble) || fabs(v->valuedouble) > FLT_MAX)
+            die("%s: key '%s%s' = %s is not a finite 32-bit float: use a number of magnitude below %g", origin, prefix, name,
+                json_snippet(v, val, sizeof(val)), (double)FLT_MAX);
         *(float *)dst = (float)v->valuedouble;
         break;
     case K_BOOL:
         if (cJSON_IsBool(v)) *(int *)dst = cJSON_IsTrue(v);
         else if (cJSON_IsNumber(v) && (v->valuedouble == 0 || v->valuedouble == 1)) *(int *)dst = (int)v->valuedouble;
-        else die("%s: key '%s%s' must be true or false", origin, prefix, name);
+        else die("%s: key '%s%s' must be true or false, got %s", origin, prefix, name, json_snippet(v, val, sizeof(val)));
         break;
     case K_STR:
-        if (!cJSON_IsString(v)) die("%s: key '%s%s' must be a string", origin, prefix, name);
+        if (!cJSON_IsString(v)) die("%s: key '%s%s' must be a string, got %s", origin, prefix, name, json_snippet(v, val, sizeof(val)));
         if (strlen(v->valuestring) >= k->size) die("%s: key '%s%s' is longer than %zu characters", origin, prefix, name, k->size - 1);
         strcpy(dst, v->valuestring);
         break;
@@ -258,47 +268,126 @@ int config_apply_preset(ModelConfig *m, const char *name) {
     return 1;
 }
 
-// --set key=value: the value is JSON when it parses as JSON, otherwise a string.
-static void apply_set(cJSON *root, const char *assignment, const char *origin) {
+// A preset switched on the command line (--set attention=X) owns these keys: it removes them
+// from the JSON so that its own values apply; --set keys after it override them again
+// (docs/CONFIG.md, "Switching the preset with --set").
+static void drop_preset_keys(cJSON *root, const Preset *p) {
+    static const char *ALWAYS[] = {"share_factor", "cla_share_factor", "share", "latent_quant_bits"};
+    static const char *PLAIN[] = {"kv_lora_rank", "qk_rope_head_dim", "q_lora_rank"};
+    for (size_t i = 0; i < sizeof(ALWAYS) / sizeof(ALWAYS[0]); i++) cJSON_DeleteItemFromObjectCaseSensitive(root, ALWAYS[i]);
+    if (p->quant_bits) cJSON_DeleteItemFromObjectCaseSensitive(root, "latent_quant_group");
+    if (p->kv_rule != 1) cJSON_DeleteItemFromObjectCaseSensitive(root, "num_key_value_heads");
+    if (!p->latent)
+        for (size_t i = 0; i < sizeof(PLAIN) / sizeof(PLAIN[0]); i++) cJSON_DeleteItemFromObjectCaseSensitive(root, PLAIN[i]);
+}
+
+// --set key=value: the value is JSON when the whole of it parses as JSON, otherwise a string
+// ("2024_shards", "64k"); for a string key any value that is not a JSON string is its text
+// ("--set train.data=2024" is the path "2024").
+static void apply_set(cJSON *root, const char *assignment) {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment) die("--set '%s': expected key=value (for example --set train.lr=1e-3)", assignment);
     char *key = xstrdup(assignment);
     key[eq - assignment] = 0;
     const char *text = eq + 1;
-    cJSON *val = cJSON_Parse(text);
-    if (!val) val = cJSON_CreateString(text);
     cJSON *obj = root;
     char *leaf = key;
     char *dot = strchr(key, '.');
+    const KeyDef *def;
     if (dot) {
         *dot = 0;
         if (strcmp(key, "train") != 0)
             die("--set '%s': only train.<key> may be dotted; model keys are top-level (e.g. --set hidden_size=256)", assignment);
         obj = cJSON_GetObjectItemCaseSensitive(root, "train");
-        if (!obj) { obj = cJSON_CreateObject(); cJSON_AddItemToObject(root, "train", obj); }
+        if (!cJSON_IsObject(obj)) {
+            cJSON_DeleteItemFromObjectCaseSensitive(root, "train");
+            obj = cJSON_AddObjectToObject(root, "train");
+        }
         leaf = dot + 1;
+        def = find_key(TRAIN_KEYS, N_TRAIN_KEYS, leaf);
+    } else {
+        def = find_key(MODEL_KEYS, N_MODEL_KEYS, leaf);
     }
-    (void)origin;
+    cJSON *val = cJSON_ParseWithOpts(text, NULL, 1);
+    int string_key = def && (def->type == K_STR || def->type == K_SHARE);
+    if (!val || (string_key && !cJSON_IsString(val) && !cJSON_IsNull(val))) {
+        cJSON_Delete(val);
+        val = cJSON_CreateString(text);
+    }
+    if (!dot && !strcmp(leaf, "attention") && cJSON_IsString(val)) {
+        const Preset *p = find_preset(val->valuestring);
+        if (p) drop_preset_keys(root, p);
+    }
     if (cJSON_GetObjectItemCaseSensitive(obj, leaf)) cJSON_ReplaceItemInObjectCaseSensitive(obj, leaf, val);
     else cJSON_AddItemToObject(obj, leaf, val);
     free(key);
 }
 
-void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets) {
-    cJSON *root = cJSON_Parse(json);
-    if (!root) {
-        const char *where = cJSON_GetErrorPtr();
-        die("%s: not valid JSON near offset %ld: fix the syntax", origin, where ? (long)(where - json) : -1L);
-    }
+static cJSON *parse_config(const char *text, size_t len, const char *origin) {
+    char err[256];
+    cJSON *root = json_parse_strict(text, len, err, sizeof(err));
+    if (!root) die("%s: %s", origin, err);
     if (!cJSON_IsObject(root)) die("%s: the top level must be a JSON object", origin);
-    for (int i = 0; i < n_sets; i++) apply_set(root, sets[i], origin);
+    return root;
+}
 
+// Relative paths of the file's run settings are relative to the file's directory; they are
+// made absolute so that the config.json a run writes means the same wherever it is read.
+static const char *PATH_KEYS[] = {"data", "val_data", "tokenizer", "init_from", "out_dir", "metrics"};
+
+static void resolve_paths(cJSON *root, const char *config_path) {
+    cJSON *train = cJSON_GetObjectItemCaseSensitive(root, "train");
+    if (!cJSON_IsObject(train)) return;
+    char *copy = xstrdup(config_path);
+    char *slash = strrchr(copy, '/');
+    const char *dir = ".";
+    if (slash) { *slash = 0; dir = slash == copy ? "/" : copy; }
+    char *base = NULL;
+    if (dir[0] == '/') {
+        base = xstrdup(dir);
+    } else {
+        char *cwd = getcwd(NULL, 0);
+        if (!cwd) die("%s: cannot resolve its relative paths: the current directory is unreadable", config_path);
+        base = !strcmp(dir, ".") ? xstrdup(cwd) : path_join(cwd, dir);
+        free(cwd);
+    }
+    for (size_t i = 0; i < sizeof(PATH_KEYS) / sizeof(PATH_KEYS[0]); i++) {
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(train, PATH_KEYS[i]);
+        if (!cJSON_IsString(v) || !v->valuestring[0] || v->valuestring[0] == '/') continue;
+        char *abs = path_join(base, v->valuestring);
+        cJSON_ReplaceItemInObjectCaseSensitive(train, PATH_KEYS[i], cJSON_CreateString(abs));
+        free(abs);
+    }
+    free(base);
+    free(copy);
+}
+
+// The paths still relative after resolve_paths (from --set, or defaults such as out_dir's
+// runs/default) mean the current directory: made absolute too, so the config.json a run
+// writes reads back to the same paths from anywhere.
+static void absolutize_cwd_paths(TrainConfig *t, const char *origin) {
+    char *fields[] = {t->data, t->val_data, t->tokenizer, t->init_from, t->out_dir, t->metrics};
+    char *cwd = NULL;
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        if (!fields[i][0] || fields[i][0] == '/') continue;
+        if (!cwd && !(cwd = getcwd(NULL, 0))) die("%s: cannot resolve its relative paths: the current directory is unreadable", origin);
+        char *abs = path_join(cwd, fields[i]);
+        if (strlen(abs) >= sizeof(t->data)) die("%s: the path '%s' is longer than %zu bytes", origin, abs, sizeof(t->data) - 1);
+        strcpy(fields[i], abs);
+        free(abs);
+    }
+    free(cwd);
+}
+
+// Reads the (already --set) JSON into cfg. A key whose value is null is absent (HF writes
+// "q_lora_rank": null for "none").
+static void read_config(Config *cfg, const cJSON *root, const char *origin) {
     defaults(cfg);
     ModelConfig *m = &cfg->model;
     // 1. preset first, so explicit keys override its knobs
     const cJSON *att = cJSON_GetObjectItemCaseSensitive(root, "attention");
     const char *preset = NULL;
-    if (att) {
+    if (att && !cJSON_IsNull(att)) {
         if (!cJSON_IsString(att)) die("%s: key 'attention' must be a preset name string", origin);
         preset = att->valuestring;
     } else {
@@ -321,27 +410,42 @@ void config_from_json(Config *cfg, const char *json, const char *origin, int n_s
     }
     // 2. every key
     int seen_nkv = 0, seen_head_dim = 0, seen_v_head_dim = 0;
+    char ignored[512] = "";
     for (const cJSON *it = root->child; it; it = it->next) {
         if (!strcmp(it->string, "attention")) continue;
         if (!strcmp(it->string, "train")) {
+            if (cJSON_IsNull(it)) continue;
             if (!cJSON_IsObject(it)) die("%s: key 'train' must be an object of run settings", origin);
             for (const cJSON *t = it->child; t; t = t->next) {
                 const KeyDef *k = find_key(TRAIN_KEYS, N_TRAIN_KEYS, t->string);
-                if (!k) die("%s: unknown key 'train.%s': see docs/CONFIG.md for the run settings", origin, t->string);
+                if (!k) die_unknown(TRAIN_KEYS, N_TRAIN_KEYS, t->string, origin, "train.", "see docs/CONFIG.md for the run settings");
+                if (cJSON_IsNull(t)) continue;
                 set_value(&cfg->train, k, t, origin, "train.");
             }
             continue;
         }
         const KeyDef *k = find_key(MODEL_KEYS, N_MODEL_KEYS, it->string);
         if (!k) {
-            if (is_ignored(it->string)) continue;
-            die("%s: unknown key '%s': see docs/CONFIG.md for the model keys (run settings go under \"train\")", origin, it->string);
+            if (!strcmp(it->string, "comment")) continue;   // notes in our own configs
+            if (config_hf_key(root, it, origin)) {
+                // the identity keys every config.json carries (clla writes them too,
+                // model/hf_config.c): accepted without a word
+                if (!strcmp(it->string, "model_type") || !strcmp(it->string, "architectures")) continue;
+                size_t n = strlen(ignored);
+                if (n + strlen(it->string) + 8 < sizeof(ignored))
+                    snprintf(ignored + n, sizeof(ignored) - n, "%s%s", n ? ", " : "", it->string);
+                continue;
+            }
+            die_unknown(MODEL_KEYS, N_MODEL_KEYS, it->string, origin, "",
+                        "see docs/CONFIG.md for the model keys (run settings go under \"train\")");
         }
+        if (cJSON_IsNull(it)) continue;
         if (!strcmp(k->name, "num_key_value_heads")) seen_nkv = 1;
         if (!strcmp(k->name, "head_dim")) seen_head_dim = 1;
         if (!strcmp(k->name, "v_head_dim")) seen_v_head_dim = 1;
         set_value(m, k, it, origin, "");
     }
+    if (ignored[0]) fprintf(stderr, "clla: %s: ignoring keys that do not change the model here: %s\n", origin, ignored);
     // 3. knobs derived from the preset when the config leaves them out
     const Preset *p = find_preset(m->attention);
     if (m->num_attention_heads > 0) {
@@ -352,16 +456,34 @@ void config_from_json(Config *cfg, const char *json, const char *origin, int n_s
             die("%s: preset '%s' needs num_key_value_heads (a divisor of num_attention_heads = %d)", origin, p->name, m->num_attention_heads);
     }
     if (!seen_v_head_dim) m->v_head_dim = m->head_dim;
-    cJSON_Delete(root);
     config_validate(cfg, origin);
+}
+
+void config_warn_schedule(const Config *cfg, const char *origin) {
+    const TrainConfig *t = &cfg->train;
+    if (t->warmup_steps > t->max_steps)
+        warn("%s: train.warmup_steps = %d is longer than train.max_steps = %d: the learning rate never reaches train.lr = %g (lower train.warmup_steps)",
+             origin, t->warmup_steps, t->max_steps, (double)t->lr);
+}
+
+void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets) {
+    cJSON *root = parse_config(json, strlen(json), origin);
+    for (int i = 0; i < n_sets; i++) apply_set(root, sets[i]);
+    read_config(cfg, root, origin);
+    cJSON_Delete(root);
 }
 
 void config_load(Config *cfg, const char *path, int n_sets, char **sets) {
     size_t len;
     char *text = read_file(path, &len);
     if (!text) die("cannot read config '%s': %s: check the path", path, strerror(errno));
-    config_from_json(cfg, text, path, n_sets, sets);
+    cJSON *root = parse_config(text, len, path);
     free(text);
+    resolve_paths(root, path);
+    for (int i = 0; i < n_sets; i++) apply_set(root, sets[i]);
+    read_config(cfg, root, path);
+    cJSON_Delete(root);
+    absolutize_cwd_paths(&cfg->train, path);
 }
 
 #define NEED(cond, ...) do { if (!(cond)) die(__VA_ARGS__); } while (0)
@@ -370,6 +492,11 @@ void config_validate(const Config *cfg, const char *origin) {
     const ModelConfig *m = &cfg->model;
     const TrainConfig *t = &cfg->train;
     const Preset *p = find_preset(m->attention);
+    if (!p) die("%s: unknown attention preset '%s'", origin, m->attention);
+    // no knob is negative (a negative width would wrap in the size arithmetic)
+    for (size_t i = 0; i < N_MODEL_KEYS; i++)
+        if (MODEL_KEYS[i].type == K_INT && *(const int *)((const char *)m + MODEL_KEYS[i].offset) < 0)
+            die("%s: %s = %d must not be negative", origin, MODEL_KEYS[i].name, *(const int *)((const char *)m + MODEL_KEYS[i].offset));
     NEED(m->vocab_size > 0, "%s: vocab_size must be set (> 0)", origin);
     NEED(m->hidden_size > 0, "%s: hidden_size must be set (> 0)", origin);
     NEED(m->num_hidden_layers > 0, "%s: num_hidden_layers must be set (> 0)", origin);
@@ -432,10 +559,13 @@ void config_validate(const Config *cfg, const char *origin) {
     NEED(t->log_every >= 1, "%s: train.log_every must be >= 1", origin);
     NEED(t->val_every >= 0 && t->val_batches >= 0, "%s: train.val_every and train.val_batches must be >= 0", origin);
     NEED(t->threads >= 0, "%s: train.threads must be >= 0 (0 = OpenMP default)", origin);
+    NEED(t->threads <= CLLA_MAX_THREADS, "%s: train.threads = %d is more than %d: use at most %d (this machine has %ld cores; 0 = all)",
+         origin, t->threads, CLLA_MAX_THREADS, CLLA_MAX_THREADS, sysconf(_SC_NPROCESSORS_ONLN));
     NEED(t->save_every >= 0 && t->keep_checkpoints >= 0, "%s: train.save_every and train.keep_checkpoints must be >= 0 (0 = off / keep all)", origin);
     NEED(t->max_consecutive_skips >= 1, "%s: train.max_consecutive_skips must be >= 1", origin);
     NEED(t->zero_stage == 0 || t->zero_stage == 1, "%s: train.zero_stage must be 0 (replicated AdamW state) or 1 (ZeRO-1, sharded)", origin);
     NEED(t->dist_timeout_s >= 0, "%s: train.dist_timeout_s must be >= 0 (0 = no timeout)", origin);
+    config_check_sizes(cfg, origin);
 }
 
 cJSON *config_model_to_json(const ModelConfig *m) {

@@ -84,10 +84,17 @@ typedef struct Config {
 void config_load(Config *cfg, const char *path, int n_sets, char **sets);
 // Same, from JSON text (tests). `origin` names the source in error messages.
 void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets);
+// Warns (one line) when train.warmup_steps is longer than train.max_steps: the learning rate
+// never reaches train.lr. The trainer calls it; reading a config for info or eval does not.
+void config_warn_schedule(const Config *cfg, const char *origin);
 // Applies a preset's knobs (mha, gqa, mqa, ...). Returns 0 for an unknown name.
 int config_apply_preset(ModelConfig *m, const char *preset);
 // Checks every shape rule; dies with a message naming the key on failure.
 void config_validate(const Config *cfg, const char *origin);
+// Bounds every size derived from the config (parameters, activations, their bytes, the widths
+// the kernels keep in int) with checked 64-bit arithmetic; dies naming the keys whose product
+// overflows (model/config_sizes.c). config_validate calls it.
+void config_check_sizes(const Config *cfg, const char *origin);
 // The model config as a JSON object with HF keys (what config.json holds); the caller frees.
 cJSON *config_model_to_json(const ModelConfig *m);
 // The whole config (model keys + "train").

@@ -70,7 +70,7 @@ void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) {
     m->cfg = *cfg;
     const ModelConfig *c = &m->cfg;
     int L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size;
-    m->n_slots = (L + c->share_factor - 1) / c->share_factor;
+    m->n_slots = (L - 1) / c->share_factor + 1;   // ceil(L / F) without overflowing at F = INT_MAX
     cache_layout(&m->cache, c);
     TensorTable *tt = &m->params;
     m->embed = add_matrix(tt, -1, c->vocab_size, C, "model.embed_tokens.weight", 0);

@@ -1,17 +1,68 @@
 #include "model/tensor_table.h"
 
+#include <limits.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/num.h"
 #include "common/util.h"
+
+// FNV-1a, finalized: the table is built once per model, so a simple hash with a half-full index suffices.
+static size_t name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    // FNV's low bits (the ones the mask keeps) mix poorly: fold the high bits in (murmur3's finalizer)
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return (size_t)h;
+}
+
+// An index slot holds (hash's high 32 bits << 32) | (table index + 1); 0 is empty. The tag
+// spares most probes a string compare (and a cache miss into the table) in big tables.
+static uint64_t slot_of(size_t h, int i) { return ((uint64_t)h & 0xffffffff00000000ull) | (uint64_t)(uint32_t)(i + 1); }
+
+static void index_insert(TensorTable *tt, size_t h, int i) {
+    size_t mask = tt->index_cap - 1, k = h & mask;
+    while (tt->index[k]) k = (k + 1) & mask;
+    tt->index[k] = slot_of(h, i);
+}
+
+// Keeps the index at most half full (capacity a power of two), rebuilding it (all n entries)
+// on growth: returns 1 when it did.
+static int index_grow(TensorTable *tt) {
+    if ((size_t)tt->n * 2 < tt->index_cap) return 0;
+    size_t cap = tt->index_cap ? tt->index_cap : 128;
+    while ((size_t)tt->n * 2 >= cap) cap *= 2;
+    free(tt->index);
+    tt->index = xcalloc(cap, sizeof(uint64_t));
+    tt->index_cap = cap;
+    for (int i = 0; i < tt->n; i++) index_insert(tt, name_hash(tt->t[i].name), i);
+    return 1;
+}
+
+static int find_hashed(const TensorTable *tt, const char *name, size_t h) {
+    if (!tt->index_cap) return -1;
+    size_t mask = tt->index_cap - 1;
+    uint64_t tag = (uint64_t)h & 0xffffffff00000000ull;
+    for (size_t k = h & mask; tt->index[k]; k = (k + 1) & mask) {
+        if ((tt->index[k] & 0xffffffff00000000ull) != tag) continue;
+        int i = (int)(uint32_t)tt->index[k] - 1;
+        if (!strcmp(tt->t[i].name, name)) return i;
+    }
+    return -1;
+}
 
 int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype, int ndim, const int64_t *shape) {
     if (strlen(name) >= TENSOR_NAME_MAX) die("internal: tensor name too long: %s", name);
     if (ndim < 1 || ndim > TENSOR_MAX_DIMS) die("internal: tensor %s has %d dims", name, ndim);
-    if (table_find(tt, name) >= 0) die("internal: duplicate tensor name %s", name);
+    size_t h = name_hash(name);
+    if (find_hashed(tt, name, h) >= 0) die("internal: duplicate tensor name %s", name);
     if (tt->n == tt->cap) {
+        if (tt->cap > INT_MAX / 2) die("tensor table: more than %d tensors: use fewer layers or experts", INT_MAX / 2);
         tt->cap = tt->cap ? 2 * tt->cap : 64;
         TensorInfo *nt = realloc(tt->t, (size_t)tt->cap * sizeof(TensorInfo));
         if (!nt) die("out of memory growing the tensor table");
@@ -21,17 +72,22 @@ int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype
     memset(ti, 0, sizeof(*ti));
     snprintf(ti->name, sizeof(ti->name), "%s", name);
     ti->ndim = ndim;
-    ti->numel = 1;
+    int64_t numel = 1;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] <= 0) die("internal: tensor %s has a non-positive dim", name);
         ti->shape[d] = shape[d];
-        ti->numel *= (size_t)shape[d];
+        if (ck_mul(numel, shape[d], &numel)) die("tensor %s: its element count overflows 64 bits: the config is too large", name);
     }
+    int64_t total;
+    if (ck_add((int64_t)tt->numel, numel, &total)) die("tensor %s: the table's element count overflows 64 bits: the config is too large", name);
+    ti->numel = (size_t)numel;
     ti->layer = layer;
     ti->decay = decay;
     ti->dtype = dtype;
-    tt->numel += ti->numel;
-    return tt->n++;
+    tt->numel = (size_t)total;
+    tt->n++;
+    if (!index_grow(tt)) index_insert(tt, h, tt->n - 1);
+    return tt->n - 1;
 }
 
 int table_addf(TensorTable *tt, int layer, int decay, int dtype, int ndim, const int64_t *shape, const char *fmt, ...) {
@@ -43,13 +99,15 @@ int table_addf(TensorTable *tt, int layer, int decay, int dtype, int ndim, const
     return table_add(tt, name, layer, decay, dtype, ndim, shape);
 }
 
-int table_find(const TensorTable *tt, const char *name) {
-    for (int i = 0; i < tt->n; i++)
-        if (!strcmp(tt->t[i].name, name)) return i;
-    return -1;
-}
+int table_find(const TensorTable *tt, const char *name) { return find_hashed(tt, name, name_hash(name)); }
 
-static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+// x + bytes rounded up to 256, or die: the layout must never wrap (it sizes real allocations).
+static size_t place(size_t x, size_t numel, size_t elem_bytes, const char *name) {
+    int64_t bytes, end;
+    if (ck_mul((int64_t)numel, (int64_t)elem_bytes, &bytes) || ck_add((int64_t)x, bytes, &end) || ck_add(end, 255, &end))
+        die("tensor %s: the table's byte size overflows 64 bits: the config is too large", name);
+    return (size_t)end & ~(size_t)255;
+}
 
 void table_layout(TensorTable *tt, size_t store_bytes) {
     size_t s = 0, f = 0;
@@ -58,8 +116,8 @@ void table_layout(TensorTable *tt, size_t store_bytes) {
         size_t eb = ti->dtype == DT_F32 ? 4 : store_bytes;
         ti->off_store = s;
         ti->off_f32 = f;
-        s = align256(s + ti->numel * eb);
-        f = align256(f + ti->numel * 4);
+        s = place(s, ti->numel, eb, ti->name);
+        f = place(f, ti->numel, 4, ti->name);
     }
     tt->bytes_store = s;
     tt->bytes_f32 = f;
@@ -67,5 +125,6 @@ void table_layout(TensorTable *tt, size_t store_bytes) {
 
 void table_free(TensorTable *tt) {
     free(tt->t);
+    free(tt->index);
     memset(tt, 0, sizeof(*tt));
 }

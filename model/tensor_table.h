@@ -28,6 +28,8 @@ typedef struct TensorInfo {
 typedef struct TensorTable {
     TensorInfo *t;
     int n, cap;
+    uint64_t *index;      // open-addressing hash of names -> table index (model/tensor_table.c)
+    size_t index_cap;
     size_t bytes_store;   // total of the storage layout (after table_layout)
     size_t bytes_f32;     // total of the fp32 layout
     size_t numel;         // total elements
@@ -38,8 +40,8 @@ int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype
 // printf-style name helpers: table_addf(tt, layer, decay, dtype, ndim, shape, "model.layers.%d.x", l)
 int table_addf(TensorTable *tt, int layer, int decay, int dtype, int ndim, const int64_t *shape, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
-int table_find(const TensorTable *tt, const char *name);   // -1 when absent
-// Computes byte offsets: storage elements of store_bytes (DT_F32 tensors always 4), each
+int table_find(const TensorTable *tt, const char *name);   // -1 when absent; O(1) (hashed names)
+// Computes byte offsets (checked: dies rather than wrap; config_check_sizes refuses such configs first): storage elements of store_bytes (DT_F32 tensors always 4), each
 // tensor aligned to 256 bytes (GPU-friendly, and harmless on the CPU).
 void table_layout(TensorTable *tt, size_t store_bytes);
 void table_free(TensorTable *tt);

@@ -16,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/num.h"
 #include "common/util.h"
 #include "data/bytes.h"
 #include "model/safetensors.h"
@@ -88,7 +89,8 @@ static int fsync_dir(const char *dir) {
 // save, so a test can kill the process while the temporary directory is half-written.
 static void test_pause(void) {
     const char *s = getenv("CLLA_TEST_CKPT_PAUSE_MS");
-    long ms = s ? atol(s) : 0;
+    int64_t ms = 0;
+    if (s && num_parse_i64(s, 0, 3600000, &ms) != NUM_OK) ms = 0;
     if (ms <= 0) return;
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -250,10 +252,8 @@ static int get_u64(const cJSON *obj, const char *key, uint64_t *out, const char 
     const cJSON *v = need(obj, key, path, err, errlen);
     if (!v) return -1;
     const char *s = cJSON_IsString(v) ? v->valuestring : NULL;
-    char *end = NULL;
-    errno = 0;
-    unsigned long long x = s && *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
-    if (!s || !end || *end || errno || *s < '0' || *s > '9')
+    uint64_t x = 0;
+    if (!s || num_parse_u64(s, UINT64_MAX, &x) != NUM_OK)
         return fail(err, errlen, "'%s': field '%s' must be a decimal string of a 64-bit unsigned number", path, key);
     *out = x;
     return 0;
@@ -696,7 +696,8 @@ int ckpt_abandon_after(const char *run_dir, int step, const char *const *extra, 
 static int writer_gone(const char *name) {
     const char *dot = strrchr(name, '.');
     if (!dot || !dot[1]) return 1;
-    long pid = strtol(dot + 1, NULL, 10);
+    int64_t pid = 0;
+    if (num_parse_i64(dot + 1, 1, INT32_MAX, &pid) != NUM_OK) return 1;
     if (pid <= 0 || pid == (long)getpid()) return 1;
     return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
@@ -769,10 +770,9 @@ int ckpt_compare_config(const Config *saved, const Config *cur, const char *dir)
 // Unsigned decimal metadata value of an optimizer file (they are strings in safetensors).
 static unsigned long long meta_u64(const cJSON *meta, const char *key, const char *path) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
-    char *end = NULL;
-    unsigned long long x = cJSON_IsString(v) && v->valuestring[0] >= '0' && v->valuestring[0] <= '9'
-                               ? strtoull(v->valuestring, &end, 10) : 0;
-    if (!end || *end) die("cannot resume: '%s': metadata '%s' is missing or not a whole number (damaged optimizer file)", path, key);
+    uint64_t x = 0;
+    if (!cJSON_IsString(v) || num_parse_u64(v->valuestring, UINT64_MAX, &x) != NUM_OK)
+        die("cannot resume: '%s': metadata '%s' is missing or not a whole number (damaged optimizer file)", path, key);
     return x;
 }
 

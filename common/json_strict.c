@@ -1,0 +1,128 @@
+#include "common/json_strict.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void line_col(const char *text, size_t off, int *line, int *col) {
+    *line = 1;
+    *col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (text[i] == '\n') { (*line)++; *col = 1; }
+        else (*col)++;
+    }
+}
+
+static cJSON *fail_at(const char *text, size_t off, char *err, size_t errlen, const char *what) {
+    int line, col;
+    line_col(text, off, &line, &col);
+    snprintf(err, errlen, "line %d, column %d: %s", line, col, what);
+    return NULL;
+}
+
+// Deepest nesting of objects and arrays (strings skipped), and where it first goes past limit.
+static int too_deep(const char *text, size_t len, int limit, size_t *where) {
+    int depth = 0, in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = text[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = 0;
+        } else if (c == '"') {
+            in_str = 1;
+        } else if (c == '{' || c == '[') {
+            if (++depth > limit) { *where = i; return 1; }
+        } else if (c == '}' || c == ']') {
+            depth--;
+        }
+    }
+    return 0;
+}
+
+static int cmp_names(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+// The first duplicated key of any object in the tree, or NULL.
+static const char *find_duplicate(const cJSON *v) {
+    if (!cJSON_IsObject(v) && !cJSON_IsArray(v)) return NULL;
+    size_t n = 0;
+    for (const cJSON *c = v->child; c; c = c->next) {
+        const char *d = find_duplicate(c);
+        if (d) return d;
+        n++;
+    }
+    if (!cJSON_IsObject(v) || n < 2) return NULL;
+    const char **names = malloc(n * sizeof(*names));
+    if (!names) return NULL;
+    size_t k = 0;
+    for (const cJSON *c = v->child; c; c = c->next) names[k++] = c->string;
+    qsort(names, n, sizeof(*names), cmp_names);
+    const char *dup = NULL;
+    for (size_t i = 1; i < n && !dup; i++)
+        if (!strcmp(names[i - 1], names[i])) dup = names[i];
+    free(names);
+    return dup;
+}
+
+// Offset of the second occurrence of "name" as a key (for the message's line and column).
+static size_t key_offset(const char *text, size_t len, const char *name) {
+    size_t nl = strlen(name), seen = 0;
+    for (size_t i = 0; i + nl + 2 <= len; i++) {
+        if (text[i] != '"' || strncmp(text + i + 1, name, nl) != 0 || text[i + 1 + nl] != '"') continue;
+        size_t j = i + nl + 2;
+        while (j < len && (text[j] == ' ' || text[j] == '\t' || text[j] == '\n' || text[j] == '\r')) j++;
+        if (j < len && text[j] == ':' && ++seen == 2) return i;
+    }
+    return 0;
+}
+
+cJSON *json_parse_strict(const char *text, size_t len, char *err, size_t errlen) {
+    size_t nul = strlen(text);
+    if (nul < len) return fail_at(text, nul, err, errlen, "a NUL byte: this is not a JSON text file");
+    size_t where;
+    if (too_deep(text, len, CJSON_NESTING_LIMIT, &where)) {
+        char what[128];
+        snprintf(what, sizeof(what), "nested deeper than the %d levels the JSON parser allows", CJSON_NESTING_LIMIT);
+        return fail_at(text, where, err, errlen, what);
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+    if (!root) {
+        // parsed as a prefix? then the value is fine and something follows it
+        cJSON *prefix = cJSON_ParseWithOpts(text, &end, 0);
+        if (prefix) {
+            cJSON_Delete(prefix);
+            while (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r') end++;
+            return fail_at(text, (size_t)(end - text), err, errlen, "text after the end of the JSON value: remove it");
+        }
+        const char *at = cJSON_GetErrorPtr();
+        size_t off = at && at >= text && at <= text + len ? (size_t)(at - text) : 0;
+        // cJSON can stop one past the offending character: point at the last one it saw
+        while (off > 0 && (off == len || text[off] == ' ' || text[off] == '\t' || text[off] == '\n' || text[off] == '\r')) off--;
+        return fail_at(text, off, err, errlen, "JSON syntax error: fix the text here");
+    }
+    const char *dup = find_duplicate(root);
+    if (dup) {
+        char what[160];
+        snprintf(what, sizeof(what), "duplicate key '%.100s': a key may appear once per object", dup);
+        fail_at(text, key_offset(text, len, dup), err, errlen, what);
+        cJSON_Delete(root);
+        return NULL;
+    }
+    return root;
+}
+
+const char *json_snippet(const cJSON *v, char *buf, size_t n) {
+    if (cJSON_IsNumber(v) && !isfinite(v->valuedouble)) {   // cJSON prints these as null
+        snprintf(buf, n, "%s", isnan(v->valuedouble) ? "nan" : v->valuedouble > 0 ? "inf" : "-inf");
+        return buf;
+    }
+    char *s = cJSON_PrintUnformatted(v);
+    if (!s) { snprintf(buf, n, "?"); return buf; }
+    if (strlen(s) < n) snprintf(buf, n, "%s", s);
+    else if (n > 4) snprintf(buf, n, "%.*s...", (int)(n - 4), s);
+    cJSON_free(s);
+    return buf;
+}

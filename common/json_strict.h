@@ -1,0 +1,20 @@
+// Strict JSON for files a user writes (configs): cJSON reads a prefix and ignores what follows
+// ("64k" is 64), keeps duplicate keys (the first wins when looked up, the last when iterated)
+// and reports every failure as a bare offset. This reads the whole text or refuses it with the
+// line and column: syntax errors, text after the value, duplicate keys in an object, NUL
+// bytes, and nesting deeper than cJSON allows (said as such, not as a syntax error).
+#ifndef CLLA_COMMON_JSON_STRICT_H
+#define CLLA_COMMON_JSON_STRICT_H
+
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+// Parses text[0..len). Returns the tree (the caller frees it with cJSON_Delete), or NULL with
+// "line L, column C: <problem>" in err.
+cJSON *json_parse_strict(const char *text, size_t len, char *err, size_t errlen);
+
+// The JSON text of a value for messages, shortened to fit buf ("..." when cut).
+const char *json_snippet(const cJSON *v, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,36 @@
+// The training memory plan of a config (what `clla info` prints) and the check that it fits
+// in the memory this process may use, made before anything big is allocated (issue 12: a run
+// that does not fit was OOM-killed without a word).
+#ifndef CLLA_MODEL_MEM_PLAN_H
+#define CLLA_MODEL_MEM_PLAN_H
+
+#include <stddef.h>
+
+#include "backend/backend.h"
+#include "model/config.h"
+
+typedef struct MemPlan {
+    long long total, embedding, activated;     // parameter counts
+    double params, master, grads, adam, acts, act_grads;   // bytes by category
+    size_t numel_f32;                          // flat fp32 layout (ZeRO-1 shards it)
+} MemPlan;
+
+// Builds the tables (no allocation of the model) for train.micro_batch x train.seq_len.
+// store_bytes: 4 (fp32 storage) or 2 (bf16); separate_master: fp32 masters apart from storage.
+void mem_plan(const Config *cfg, size_t store_bytes, int separate_master, MemPlan *p);
+double mem_plan_bytes(const MemPlan *p);   // the sum of the categories
+
+// Bytes of memory this process may still use: MemAvailable (/proc/meminfo), lowered to the
+// cgroup's limit minus its usage (v2 memory.max/memory.current, v1 memory.limit_in_bytes/
+// memory.usage_in_bytes) where one is set. Returns 0 when nothing can be read. `how` gets the
+// figures it used, for messages.
+unsigned long long mem_available(char *how, size_t howlen);
+// MemAvailable of a /proc/meminfo text, in bytes (0 when absent).
+unsigned long long mem_parse_meminfo(const char *text);
+
+// Dies with the plan and the available memory when a run of cfg on be does not fit in host
+// memory (the CPU backends; CUDA keeps the big buffers on the GPU). CLLA_TEST_MEM_AVAILABLE
+// (bytes) stands in for the measured figure in tests.
+void mem_check_fits(const Config *cfg, const Backend *be);
+
+#endif

@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# Issue 12, configs and command lines, through the binary:
+#  1. numbers are parsed whole or refused, on the command line and in configs (one line naming
+#     the option or key and the value); non-finite floats refused; a --set value that is not
+#     JSON is a string;
+#  2. config JSON: duplicate keys, text after the object, too-deep nesting, syntax errors with
+#     line and column;
+#  3. sizes that overflow are refused naming keys (no crash, nothing written), big valid sizes
+#     print non-negative totals, share_factor = INT_MAX works;
+#  4. info at 100,000 layers finishes quickly (hashed tensor table);
+#  5. thread counts are capped with a message;
+#  6. HF config.json files (tests/fixtures/hf) load as they are or are refused naming the key
+#     clla does not implement; scaled-down DeepSeek-V2-Lite and Llama models build and train;
+#     null = absent; metadata keys listed once; typos get a "did you mean";
+#  7. --set attention=X resets the knobs the preset owns;
+#  8. paths in a config resolve against its directory, --set paths against the cwd;
+#  9. a warmup longer than max_steps warns; clla --version; --help names every value;
+# 10. a run whose memory plan exceeds the available memory is refused with both numbers.
+# Needs CLLA (the binary) and SRC (the source tree); ctest sets both.
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+: "${SRC:?set SRC to the source tree (ctest does this)}"
+HF=$SRC/tests/fixtures/hf
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_config_strict.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK" || exit 1
+
+PASS=0
+FAIL=0
+ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
+fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
+
+# expect_error NAME 'REGEX' [OUTDIR] -- CMD...: non-zero exit, exactly one line on stderr matching
+# REGEX (grep -E), OUTDIR (if given) not created.
+expect_error() {
+    local name=$1 re=$2 outdir=$3
+    shift 4
+    "$@" > out.txt 2> err.txt
+    local rc=$? lines
+    lines=$(grep -c . err.txt)
+    if [ "$rc" -eq 0 ]; then fail "$name: exited 0"
+    elif [ "$rc" -gt 128 ]; then fail "$name: killed by signal $((rc - 128)): $(head -c 300 err.txt)"
+    elif [ "$lines" -ne 1 ]; then fail "$name: $lines lines on stderr, want 1: $(head -c 400 err.txt | tr '\n' '|')"
+    elif ! grep -qE -- "$re" err.txt; then fail "$name: stderr does not match '$re': $(cat err.txt)"
+    elif [ -n "$outdir" ] && [ -e "$outdir" ]; then fail "$name: left '$outdir' behind"
+    else ok "$name: $(cut -c1-150 err.txt)"; fi
+}
+
+# expect_ok NAME CMD...: exit 0
+expect_ok() {
+    local name=$1
+    shift
+    if "$@" > out.txt 2> err.txt; then ok "$name"
+    else fail "$name: exit $?: $(head -c 400 err.txt | tr '\n' '|')"; fi
+}
+
+# little-endian uint32 tokens, ids < 64, enough for a few batches
+: > tok.bin
+for i in $(seq 0 299); do printf "\\x$(printf %02x $(( (i * 37 + 11) % 64 )))\\x00\\x00\\x00" >> tok.bin; done
+
+cat > m.json <<'EOF'
+{"attention": "gqa", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+ "train": {"data": "tok.bin", "seq_len": 16, "micro_batch": 2, "max_steps": 2, "warmup_steps": 1, "threads": 1}}
+EOF
+
+echo "# 1. numbers"
+expect_error "--set hidden_size=64k" "'hidden_size'.*\"64k\"" "" -- "$CLLA" info --config m.json --set hidden_size=64k
+expect_error "--set hidden_size=0x40" "'hidden_size'.*\"0x40\"" "" -- "$CLLA" info --config m.json --set hidden_size=0x40
+expect_error "--set train.lr=3e-3," "'train.lr'.*\"3e-3,\"" "" -- "$CLLA" info --config m.json --set train.lr=3e-3,
+expect_error "--set tie_word_embeddings=trueish" "'tie_word_embeddings'.*trueish" "" -- "$CLLA" info --config m.json --set tie_word_embeddings=trueish
+expect_error "--set train.lr=1e999" "'train.lr'.*inf.*finite" "" -- "$CLLA" info --config m.json --set train.lr=1e999
+expect_error "--set rms_norm_eps=1e999" "'rms_norm_eps'.*finite" "" -- "$CLLA" info --config m.json --set rms_norm_eps=1e999
+expect_error "--set train.lr=nan" "'train.lr'.*nan" "" -- "$CLLA" info --config m.json --set train.lr=nan
+expect_error "--set hidden_size=4294967328" "'hidden_size' = 4294967328 is out of range" "" -- "$CLLA" info --config m.json --set hidden_size=4294967328
+expect_error "--set hidden_size=32.5" "'hidden_size' must be a whole number, got 32.5" "" -- "$CLLA" info --config m.json --set hidden_size=32.5
+expect_error "float beyond fp32 in a file" "'initializer_range'.*finite" "" -- "$CLLA" info --config m.json --set initializer_range=1e39
+expect_error "eval --seq 4294967328" "--seq 4294967328" "" -- "$CLLA" eval --checkpoint nothere --data tok.bin --seq 4294967328
+expect_error "eval --batch 4abc" "--batch '4abc'" "" -- "$CLLA" eval --checkpoint nothere --data tok.bin --batch 4abc
+expect_error "eval --max-batches 1e3" "--max-batches '1e3'" "" -- "$CLLA" eval --checkpoint nothere --data tok.bin --max-batches 1e3
+expect_error "info --ranks 0x10" "--ranks '0x10'" "" -- "$CLLA" info --config m.json --ranks 0x10
+expect_error "train --save-every 5x" "--save-every '5x'" "run_se" -- "$CLLA" train --config m.json --out run_se --save-every 5x
+expect_error "train --stop-at ' 3'" "--stop-at ' 3'" "run_sa" -- "$CLLA" train --config m.json --out run_sa --stop-at " 3"
+expect_error "prep --val-fraction 3e-3," "--val-fraction '3e-3,'" "" -- "$CLLA" prep --val-fraction 3e-3, x.txt
+expect_error "prep --chunk-tokens 64k" "--chunk-tokens '64k'" "" -- "$CLLA" prep --chunk-tokens 64k x.txt
+expect_error "tokenizer train --vocab-size 4abc" "--vocab-size '4abc'" "" -- "$CLLA" tokenizer train --vocab-size 4abc --pattern gpt2 --out t.tok x.txt
+"$CLLA" info --config m.json --set train.data=2024_shards > out.txt 2> err.txt &&
+    ok "--set train.data=2024_shards is a string" || fail "--set train.data=2024_shards: $(cat err.txt)"
+expect_error "--set train.data=2024 is the path 2024" "data path '$WORK/2024'" "run_p" -- "$CLLA" train --config m.json --out run_p --set train.data=2024
+
+echo "# 2. JSON"
+printf '{"vocab_size": 64,\n "vocab_size": 65}\n' > dup.json
+expect_error "duplicate key" "line 2, column 2: duplicate key 'vocab_size'" "" -- "$CLLA" info --config dup.json
+printf '{"train": {"lr": 1e-3, "lr": 2e-3}}' > dup2.json
+expect_error "duplicate train key" "duplicate key 'lr'" "" -- "$CLLA" info --config dup2.json
+sed 's/}}$/}} x/' m.json > trail.json
+expect_error "text after the object" "line 3, column [0-9]+: text after the end" "" -- "$CLLA" info --config trail.json
+printf '{"a": %s1%s}' "$(printf '[%.0s' $(seq 1100))" "$(printf ']%.0s' $(seq 1100))" > deep.json
+expect_error "too deep" "nested deeper than the 1000 levels" "" -- "$CLLA" info --config deep.json
+printf '{"vocab_size": 64,\n  "hidden_size": 32,,\n}' > syn.json
+expect_error "syntax error with line and column" "line 2, column 21: JSON syntax error" "" -- "$CLLA" info --config syn.json
+
+echo "# 3. sizes"
+cat > crash.json <<'EOF'
+{"attention":"mha","vocab_size":8,"hidden_size":134217728,"num_hidden_layers":6,"num_attention_heads":1,"head_dim":2,"v_head_dim":2,"intermediate_size":1908874350,"tie_word_embeddings":true}
+EOF
+expect_error "init of a 4.6e18-parameter config" "overflow.*intermediate_size x hidden_size" "crash_out" -- "$CLLA" init --config crash.json --out crash_out
+expect_error "info with hidden and intermediate 2^30" "hidden_size|head_dim|intermediate_size" "" -- \
+    "$CLLA" info --config m.json --set hidden_size=1073741824 --set intermediate_size=1073741824
+if "$CLLA" info --config m.json --set hidden_size=16777216 --set intermediate_size=16777216 --set num_attention_heads=1024 \
+        --set num_key_value_heads=512 > out.txt 2> err.txt && ! grep -q -- ' -[0-9]' out.txt &&
+   grep -q 'parameters *3377701951897600 total' out.txt; then
+    ok "info with hidden and intermediate 2^24: exact, non-negative totals"
+else fail "info with hidden and intermediate 2^24: $(head -c 400 out.txt err.txt)"; fi
+if "$CLLA" info --config m.json --set attention=mha --set hidden_size=1073741824 --set num_attention_heads=1 --set head_dim=2 \
+        --set intermediate_size=8 > out.txt 2> err.txt && grep -q 'parameters *211527139328 total | 74088185856 activated' out.txt; then
+    ok "info with hidden_size 2^30: exact totals (211527139328 parameters)"
+else fail "info with hidden_size 2^30: $(head -c 400 out.txt err.txt)"; fi
+if "$CLLA" info --config m.json --set attention=cla --set share_factor=2147483647 > out.txt 2> err.txt &&
+   grep -q 'per layer' out.txt && ! grep -q -- ' -[0-9]' out.txt; then
+    ok "share_factor = 2147483647: one slot, no overflow"
+else fail "share_factor = 2147483647: $(head -c 400 out.txt err.txt)"; fi
+expect_error "micro_batch x seq_len beyond int" "train.micro_batch x train.seq_len" "" -- \
+    "$CLLA" info --config m.json --set train.micro_batch=2147483647 --set train.seq_len=16
+expect_error "negative knob" "n_shared_experts = -1 must not be negative" "" -- "$CLLA" info --config m.json --set n_shared_experts=-1
+
+echo "# 4. big tables"
+start=$(date +%s)
+if timeout 60 "$CLLA" info --config m.json --set num_hidden_layers=100000 > out.txt 2> err.txt; then
+    secs=$(( $(date +%s) - start ))
+    if [ "$secs" -le 15 ]; then ok "info at 100,000 layers in ${secs} s"; else fail "info at 100,000 layers took ${secs} s"; fi
+else fail "info at 100,000 layers: exit $? (timeout 60 s = 124)"; fi
+
+echo "# 5. threads"
+expect_error "train.threads = 100000" "train.threads = 100000 is more than 1024" "run_th" -- "$CLLA" train --config m.json --out run_th --set train.threads=100000
+expect_error "prep --threads 100000" "--threads 100000: out of range, use 0..1024" "" -- "$CLLA" prep --threads 100000 x.txt
+
+echo "# 6. Hugging Face config.json files"
+"$CLLA" info --config "$HF/llama2_7b.json" > out.txt 2> err.txt
+if [ $? = 0 ] && [ "$(grep -c . err.txt)" = 1 ] && grep -q 'ignoring keys that do not change the model here: .*torch_dtype' err.txt &&
+   grep -q 'parameters *6738415616 total' out.txt; then
+    ok "Llama-2-7B config.json loads as is (6738415616 parameters), ignored keys listed on one line"
+else fail "Llama-2-7B config.json: $(head -c 400 out.txt err.txt)"; fi
+expect_error "DeepSeek-V2-Lite: rope_scaling (YaRN) refused by name" "key 'rope_scaling' = \\{\"beta_fast\".* changes the model and clla does not implement it: RoPE scaling" "" -- "$CLLA" info --config "$HF/deepseek_v2_lite.json"
+"$CLLA" info --config "$HF/deepseek_v2_lite.json" --set rope_scaling=null > out.txt 2> err.txt
+if [ $? = 0 ] && grep -q 'attention mla' out.txt && grep -q 'parameters *15706484224 total' out.txt; then
+    ok "DeepSeek-V2-Lite without rope_scaling: mla, q_lora_rank null = none, 15706484224 parameters"
+else fail "DeepSeek-V2-Lite with rope_scaling=null: $(head -c 400 out.txt err.txt)"; fi
+expect_error "Llama-3.2-1B: rope_scaling (llama3) refused" "key 'rope_scaling'.*llama3" "" -- "$CLLA" info --config "$HF/llama3_2_1b.json"
+expect_error "Mistral-7B: active sliding window refused" "key 'sliding_window' = 4096 changes the model" "" -- "$CLLA" info --config "$HF/mistral_7b.json"
+expect_ok "Mistral-7B with sliding_window null" "$CLLA" info --config "$HF/mistral_7b.json" --set sliding_window=null
+expect_ok "inactive sliding window (use_sliding_window false)" "$CLLA" info --config "$HF/llama2_7b.json" --set sliding_window=4096 --set use_sliding_window=false
+expect_error "attention_bias true" "key 'attention_bias' = true" "" -- "$CLLA" info --config "$HF/llama2_7b.json" --set attention_bias=true
+expect_error "mlp_bias true" "key 'mlp_bias' = true" "" -- "$CLLA" info --config "$HF/llama2_7b.json" --set mlp_bias=true
+expect_error "hidden_act gelu" "key 'hidden_act' = \"gelu\"" "" -- "$CLLA" info --config "$HF/llama2_7b.json" --set hidden_act=gelu
+expect_error "misspelled key: did you mean" "unknown key 'hiden_size' \(did you mean 'hidden_size'\?\)" "" -- "$CLLA" info --config m.json --set hiden_size=32
+expect_error "misspelled train key: did you mean" "unknown key 'train.warmup_step' \(did you mean 'train.warmup_steps'\?\)" "" -- "$CLLA" info --config m.json --set train.warmup_step=3
+expect_error "unknown key far from any" "unknown key 'frobnicate': see docs" "" -- "$CLLA" info --config m.json --set frobnicate=1
+DS=(--set rope_scaling=null --set vocab_size=64 --set hidden_size=32 --set num_hidden_layers=2 --set num_attention_heads=2
+    --set kv_lora_rank=16 --set qk_rope_head_dim=8 --set qk_nope_head_dim=8 --set v_head_dim=8 --set intermediate_size=48
+    --set n_routed_experts=4 --set n_shared_experts=1 --set num_experts_per_tok=2 --set moe_intermediate_size=16
+    --set max_position_embeddings=64 --set train.data="$WORK/tok.bin" --set train.seq_len=16 --set train.micro_batch=2
+    --set train.max_steps=2 --set train.threads=1)
+expect_ok "DeepSeek-V2-Lite scaled down: clla train runs" "$CLLA" train --config "$HF/deepseek_v2_lite.json" "${DS[@]}" --out ds_run --quiet
+[ -s ds_run/model.safetensors ] && ok "DeepSeek-V2-Lite scaled down: model written" || fail "DeepSeek-V2-Lite scaled down: no model"
+LL=(--set vocab_size=64 --set hidden_size=32 --set num_hidden_layers=2 --set num_attention_heads=4 --set num_key_value_heads=4
+    --set intermediate_size=48 --set max_position_embeddings=64 --set train.data="$WORK/tok.bin" --set train.seq_len=16
+    --set train.micro_batch=2 --set train.max_steps=2 --set train.threads=1)
+expect_ok "Llama-2-7B scaled down: clla train runs" "$CLLA" train --config "$HF/llama2_7b.json" "${LL[@]}" --out ll_run --quiet
+
+echo "# 7. --set attention=X"
+nkv() { "$CLLA" info --config "$@" --json 2> /dev/null | grep -o '"fraction_of_mha":[0-9.]*' | cut -d: -f2; }
+[ "$(nkv m.json --set attention=mha)" = 1 ] && ok "--set attention=mha on a gqa config with num_key_value_heads: MHA cache" ||
+    fail "--set attention=mha: fraction of MHA $(nkv m.json --set attention=mha) $(cat err.txt)"
+[ "$(nkv m.json --set attention=mha --set attention=gqa --set num_key_value_heads=1)" = 0.25 ] &&
+    ok "later --set keys override the preset's" || fail "--set after attention: $(nkv m.json --set attention=mha --set attention=gqa --set num_key_value_heads=1)"
+[ "$(nkv m.json --set num_key_value_heads=1 --set attention=mqa)" = 0.25 ] && ok "--set attention=mqa" || fail "--set attention=mqa"
+cat > lat.json <<'EOF'
+{"attention": "clla", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+ "kv_lora_rank": 16, "qk_rope_head_dim": 8, "intermediate_size": 48, "share_factor": 2}
+EOF
+[ "$(nkv lat.json --set attention=gqa --set num_key_value_heads=2)" = 0.5 ] && ok "latent config to gqa: latent keys reset" ||
+    fail "latent config to gqa: $("$CLLA" info --config lat.json --set attention=gqa --set num_key_value_heads=2 2>&1 | head -2)"
+sed 's/"gqa"/"mha"/' m.json > mha_nkv.json
+expect_error "in a file, an explicit key still overrides the preset (and is checked)" "preset 'mha' has num_key_value_heads" "" -- "$CLLA" info --config mha_nkv.json
+
+echo "# 8. paths relative to the config file"
+mkdir -p sub
+cp tok.bin sub/tok_sub.bin
+sed 's/"tok.bin"/"tok_sub.bin"/; s/"threads": 1}/"threads": 1, "out_dir": "run_rel"}/' m.json > sub/rel.json
+expect_ok "train.data and train.out_dir relative to the config's directory" "$CLLA" train --config sub/rel.json --quiet
+[ -s sub/run_rel/model.safetensors ] && grep -q "\"data\":[[:space:]]*\"/.*sub/tok_sub.bin\"" sub/run_rel/config.json &&
+    ok "run written next to the config; config.json holds the absolute data path" ||
+    fail "relative out_dir/data: $(ls sub; grep '"data"' sub/run_rel/config.json 2>&1)"
+expect_error "--set paths are relative to the cwd" "data path '$WORK/tok_sub.bin'" "" -- "$CLLA" train --config sub/rel.json --out run_cwd --set train.data=tok_sub.bin
+
+echo "# 9. warmup, --version, --help"
+"$CLLA" train --config m.json --out run_w1 --quiet --set train.warmup_steps=50 > out.txt 2> err.txt
+grep -q "warning: .*train.warmup_steps = 50 is longer than train.max_steps = 2" err.txt && ok "train: a warmup longer than max_steps warns" ||
+    fail "warmup > max_steps: $(cat err.txt)"
+"$CLLA" train --config m.json --out run_w2 --quiet > out.txt 2> err.txt
+! grep -q warmup err.txt && ok "train: no warning for a warmup within max_steps" || fail "unexpected warning: $(cat err.txt)"
+"$CLLA" info --config m.json --set train.warmup_steps=50 > out.txt 2> err.txt
+[ ! -s err.txt ] && ok "info: no schedule warning (it does not train)" || fail "info warned: $(cat err.txt)"
+if "$CLLA" --version > out.txt && grep -qE '^clla [0-9a-z.-]+' out.txt && grep -qE '^build: CUDA (yes|no), MPI (yes|no), NCCL (yes|no), PCRE2 (yes|no)' out.txt; then
+    ok "clla --version: $(head -1 out.txt), $(sed -n 2p out.txt)"
+else fail "clla --version: $(cat out.txt)"; fi
+bad=""
+for c in train eval info init debug-step; do
+    "$CLLA" "$c" --help | grep -qE -- '--[a-z-]+ VALUE( |$)' && bad="$bad $c"
+done
+[ -z "$bad" ] && ok "--help names every option's value (no VALUE)" || fail "--help still prints VALUE for:$bad"
+
+echo "# 10. memory plan"
+expect_error "plan larger than the available memory" "needs .* \(clla info's training memory .*\) but only .* available" "run_mem" -- \
+    env CLLA_TEST_MEM_AVAILABLE=1000 "$CLLA" train --config m.json --out run_mem
+expect_error "plan larger than this machine (8 TiB of logits)" "needs [0-9.]+ GiB .* but only .* available to this process \(MemAvailable" "run_big" -- \
+    "$CLLA" train --config m.json --out run_big --set vocab_size=1048576 --set train.micro_batch=1024 --set train.seq_len=1024 --set max_position_embeddings=1024
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
