@@ -11,7 +11,9 @@
 #  (d) a grid point the config refuses is listed and skipped, the other points run, exit != 0;
 #  (e) bad input, one line and nothing written: a grid key that is not a config key, an OUT
 #      holding a different sweep;
-#  (f) --launcher slurm writes one sbatch script per run and submits nothing without --submit.
+#  (f) --launcher slurm writes one sbatch script per run and submits nothing without --submit;
+#  (g) --launcher mpirun --ranks 2 trains through launch/run_single_node.sh (skipped with the
+#      reason without mpirun or an MPI build).
 # Needs CLLA, SRC and Debian's python3 (/usr/bin/python3, the tool's interpreter).
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -221,6 +223,22 @@ s=F/slurm/gqa__s1.sbatch
     [ ! -e F/runs/gqa__s1 ]
 check $? "--launcher slurm writes one sbatch script per run (ranks, extra #SBATCH lines, --resume auto), prints the sbatch commands, trains nothing (rc $rc)"
 [ "$rc" -eq 0 ] || indent f.out f.err
+
+# ---------------------------------------------------------------- (g) mpirun
+# Two ranks through launch/run_single_node.sh: the global batch doubles, so --tokens 1536 is
+# 6 steps of 2 x 128 tokens.
+if ! command -v mpirun > /dev/null; then
+    echo "skip: --launcher mpirun: mpirun not found (apt-get install openmpi-bin)"
+elif ! ldd "$CLLA" 2> /dev/null | grep -q libmpi; then
+    echo "skip: --launcher mpirun: $CLLA was built without MPI"
+else
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
+        "$SWEEP" --out G --launcher mpirun --ranks 2 gqa.json --tokens 1536 --no-plots > g.out 2> g.err
+    rc=$?
+    [ "$rc" -eq 0 ] && grep -q 'run_single_node.sh 2 gqa.json' G/logs/gqa.log && grep -q '^gqa,gqa,gqa.json,7,finished,6,6,1536,' G/results.csv
+    check $? "--launcher mpirun --ranks 2 trains through launch/run_single_node.sh, 6 steps of 256 tokens (rc $rc)"
+    [ "$rc" -eq 0 ] || indent g.out g.err G/logs/gqa.log
+fi
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
