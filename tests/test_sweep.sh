@@ -13,7 +13,8 @@
 #      holding a different sweep;
 #  (f) --launcher slurm writes one sbatch script per run and submits nothing without --submit;
 #  (g) --launcher mpirun --ranks 2 trains through launch/run_single_node.sh (skipped with the
-#      reason without mpirun or an MPI build).
+#      reason without mpirun or an MPI build);
+#  (h) Ctrl-C: clla saves a checkpoint of its current step, the sweep exits 130.
 # Needs CLLA, SRC and Debian's python3 (/usr/bin/python3, the tool's interpreter).
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -223,6 +224,21 @@ s=F/slurm/gqa__s1.sbatch
     [ ! -e F/runs/gqa__s1 ]
 check $? "--launcher slurm writes one sbatch script per run (ranks, extra #SBATCH lines, --resume auto), prints the sbatch commands, trains nothing (rc $rc)"
 [ "$rc" -eq 0 ] || indent f.out f.err
+
+# ---------------------------------------------------------------- (h) Ctrl-C
+# SIGINT to the sweep reaches clla train once (it saves a checkpoint of its current step and
+# exits 0); the sweep then collects, says so and exits 130. Two signals would kill clla at once.
+"$SWEEP" --out H gqa.json --max-steps 100000 --save-every 100 --no-plots > h.out 2> h.err &
+pid=$!
+for _ in $(seq 200); do [ -d H/runs/gqa/checkpoints/step_00000100 ] && break; sleep 0.1; done
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" -eq 130 ] && grep -q '^interrupted: run the same command again to resume' h.out &&
+    grep -q 'SIGINT received: saving a checkpoint' H/logs/gqa.log && grep -q '^gqa,gqa,gqa.json,7,unfinished,' H/results.csv &&
+    [ "$(ls -d H/runs/gqa/checkpoints/step_* | tail -n 1)" = "H/runs/gqa/checkpoints/step_$(printf %08d "$(grep -c . H/runs/gqa/metrics.jsonl)")" ]
+check $? "Ctrl-C: clla saves its current step, the sweep collects and exits 130 (rc $rc)"
+[ "$rc" -eq 130 ] || indent h.out h.err H/logs/gqa.log
 
 # ---------------------------------------------------------------- (g) mpirun
 # Two ranks through launch/run_single_node.sh: the global batch doubles, so --tokens 1536 is
