@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# launch/sweep (docs/SWEEPS.md) on two tiny configs (GQA and CLLA-quant) for a few steps:
+# launch/sweep (docs/SWEEPS.md) on two tiny configs (GQA, and CLLA-quant with MoE) for a few steps:
 #  (a) two configs x two seeds to a token budget: results.csv has one row per run with the
-#      expected columns, the loss of every finished run and clla info's parameters and cache
+#      expected columns, the losses of every finished run (LM loss: without MoE aux) and clla info's parameters and cache
 #      bytes; results.md has the per-point table (mean and std over seeds); PNG and SVG plots;
 #  (b) a run stopped mid-way (a wrapper adds --stop-at 3 to its first training, as a preemption
 #      would stop it) is resumed from its checkpoint by the second invocation: its first metrics
@@ -53,7 +53,8 @@ EOF
 cat > clla.json <<EOF
 {"attention": "clla_quant", "vocab_size": 320, "hidden_size": 32, "num_hidden_layers": 2,
  "num_attention_heads": 2, "head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
- "intermediate_size": 64, "max_position_embeddings": 64, "train": {$TRAIN}}
+ "intermediate_size": 64, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+ "moe_aux_loss_coef": 0.01, "max_position_embeddings": 64, "train": {$TRAIN}}
 EOF
 # clla, logging every call; the first training of the run named STOP_RUN stops after step 3
 # with a checkpoint, exactly as SIGTERM from a scheduler stops it (docs/CHECKPOINTS.md).
@@ -100,7 +101,10 @@ for name, r in rows.items():
     recs = [json.loads(l) for l in open(f"A/runs/{name}/metrics.jsonl")]
     if r["status"] == "finished":
         assert r["steps"] == "8" and r["tokens"] == "1024", r
-        assert float(r["val_loss"]) == recs[-1]["val_loss"] and float(r["train_loss"]) == recs[-1]["loss"], (r, recs[-1])
+        # the LM loss: a MoE model's "loss" includes its aux loss, which validation leaves out
+        lm = recs[-1]["lm_loss"] if r["point"] == "clla" else recs[-1]["loss"]
+        assert r["point"] == "gqa" or recs[-1]["lm_loss"] != recs[-1]["loss"], recs[-1]
+        assert float(r["val_loss"]) == recs[-1]["val_loss"] and float(r["train_loss"]) == lm, (r, recs[-1])
     else:
         assert r["steps"] == "3" and r["val_loss"] == "", r
 print("rows ok:", ", ".join(f"{k} {v['status']} {v['val_loss'] or '-'}" for k, v in rows.items()))
