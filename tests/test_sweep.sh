@@ -12,6 +12,7 @@
 #  (e) bad input, one line and nothing written: a grid key that is not a config key, an OUT
 #      holding a different sweep;
 #  (f) --launcher slurm writes one sbatch script per run and submits nothing without --submit;
+#      with --submit (stand-ins for sbatch and squeue) each once, not again while it is queued;
 #  (g) --launcher mpirun --ranks 2 trains through launch/run_single_node.sh (skipped with the
 #      reason without mpirun or an MPI build);
 #  (h) Ctrl-C: clla saves a checkpoint of its current step, the sweep exits 130.
@@ -228,6 +229,28 @@ s=F/slurm/gqa__s1.sbatch
     [ ! -e F/runs/gqa__s1 ]
 check $? "--launcher slurm writes one sbatch script per run (ranks, extra #SBATCH lines, --resume auto), prints the sbatch commands, trains nothing (rc $rc)"
 [ "$rc" -eq 0 ] || indent f.out f.err
+# --submit with stand-ins for sbatch and squeue: each script is submitted once; while squeue
+# lists its job, the next --submit does not submit it again.
+mkdir -p fakebin
+cat > fakebin/sbatch <<'EOF'
+#!/usr/bin/env bash
+echo "$*" >> "$WORK/sbatch.log"; echo "$((1000 + $(wc -l < "$WORK/sbatch.log")));cluster"
+EOF
+cat > fakebin/squeue <<'EOF'
+#!/usr/bin/env bash
+echo PENDING
+EOF
+chmod +x fakebin/sbatch fakebin/squeue
+F=(--out F --launcher slurm --ranks 2 --sbatch=--gpus-per-task=1 gqa.json --seeds 1,2 --max-steps 4 --submit)
+WORK=$WORK PATH="$WORK/fakebin:$PATH" "$SWEEP" "${F[@]}" > f2.out 2> f2.err
+rc2=$?
+WORK=$WORK PATH="$WORK/fakebin:$PATH" "$SWEEP" "${F[@]}" > f3.out 2> f3.err
+rc3=$?
+[ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] && [ "$(wc -l < sbatch.log)" -eq 2 ] && grep -q -- '--parsable .*/F/slurm/gqa__s1.sbatch' sbatch.log &&
+    grep -q 'gqa__s2: submitted as job 1002;cluster' f2.out && [ "$(cat F/slurm/gqa__s2.jobid)" = 1002 ] &&
+    grep -q 'gqa__s1: job 1001 is PENDING: not submitted again' f3.out
+check $? "--submit submits each script once and not again while squeue lists its job (rc $rc2, $rc3)"
+[ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] || indent f2.out f2.err f3.out f3.err
 
 # ---------------------------------------------------------------- (h) Ctrl-C
 # SIGINT to the sweep reaches clla train once (it saves a checkpoint of its current step and
