@@ -170,7 +170,7 @@ typedef struct Backend {
     // N tokens, E routed experts, top-K per token. Router buffers are fp32 on every backend
     // (the routing decisions must not depend on bf16 rounding); index buffers are int32; the
     // expert-sorted row buffers (R = N*K rows at most) are act buffers. Routing is deterministic
-    // (DESIGN section 6): top-k ties go to the lower expert index; capacity drops the lowest
+    // (docs/DESIGN.md section 6): top-k ties go to the lower expert index; capacity drops the lowest
     // probabilities first and, among equal ones, the later token.
     //
     // Router logits in fp32: logits (N, E) f32 = inp (N, C) @ weight (E, C)^T.

@@ -3,7 +3,7 @@
 // the router's softmax backward (semantics: the moe_* entries of backend/backend.h). The CPU
 // backend uses them as its ops; the CUDA backend runs them on host copies (kernels/cuda_moe.cu).
 //
-// Determinism (DESIGN section 6): every reduction runs in a fixed order, each output row is
+// Determinism (docs/DESIGN.md section 6): every reduction runs in a fixed order, each output row is
 // written by exactly one thread, and the routing decisions are pure functions of the fp32
 // probabilities: top-k ties go to the lower expert index, capacity drops take the lowest
 // probability first and, among equal probabilities, the later token.

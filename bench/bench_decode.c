@@ -1,5 +1,5 @@
 // bench_decode: decoding through the cache, per attention preset, against the machine's own
-// roofline measured in the same run (DESIGN section 8: only ratios taken together mean much).
+// roofline measured in the same run (docs/DESIGN.md section 8: only ratios taken together mean much).
 //
 //   build/bench/bench_decode [--presets mha,gqa,...] [--contexts 1024,4096,16384] [--batches 1,8]
 //                            [--steps N] [--cache-codec SPEC] [--threads N] [--json]

@@ -1,5 +1,5 @@
 // bench_train: CPU training throughput of one config, as a fraction of the machine's own
-// cblas_sgemm rate measured in the same run (DESIGN section 8: machines are noisy, so
+// cblas_sgemm rate measured in the same run (docs/DESIGN.md section 8: machines are noisy, so
 // only ratios measured together mean anything).
 //
 //   build/bench/bench_train [--config FILE] [--set key=value ...] [--steps N] [--threads N] [--json]

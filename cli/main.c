@@ -1,4 +1,4 @@
-// clla: one binary, one subcommand per job (DESIGN section 5).
+// clla: one binary, one subcommand per job (docs/DESIGN.md section 5).
 #include <stdio.h>
 #include <string.h>
 

@@ -3,7 +3,7 @@
 // top-k, capacity dropping, auxiliary losses) are backend/moe_routing.c, shared with the CUDA
 // backend. backend/backend.h defines the semantics.
 //
-// Determinism (DESIGN section 6): every reduction runs in a fixed order, each output row is
+// Determinism (docs/DESIGN.md section 6): every reduction runs in a fixed order, each output row is
 // written by exactly one thread, and the routing decisions are pure functions of the fp32
 // probabilities: top-k ties go to the lower expert index, capacity drops take the lowest
 // probability first and, among equal probabilities, the later token.
@@ -92,7 +92,7 @@ void cpu_moe_combine_backward(float *dexpert_out, float *dtopk_w, const float *d
 // barriers per call, so E experts would cost far more than the same rows in a few experts.
 // Instead the experts' work is cut into tiles that OpenMP threads take dynamically, each tile
 // one single-threaded sgemm (OpenBLAS runs single-threaded inside an OpenMP region: one level
-// of threads at a time, DESIGN section 3). Tiles: blocks of rows for out and dinp (rows are
+// of threads at a time, docs/DESIGN.md section 3). Tiles: blocks of rows for out and dinp (rows are
 // independent), blocks of output channels for dweight (each block sums over all of the expert's
 // rows in one sgemm, so the reduction order is fixed and no two threads write the same element).
 // The tiling depends only on the sizes and the thread count: bitwise reproducible.

@@ -4,7 +4,7 @@
 // The tokens of a sequence are cut into chunks of CHUNK_BLOCKS blocks. A chunk is one work item:
 // its tokens are decoded into a small fp32 scratch (per thread; never the whole cache), then for
 // each kv head the scores of the heads that share it and their weighted values are two
-// matmuls (or, for a few heads, matrix-vector products) through OpenBLAS (single-threaded inside the OpenMP region, DESIGN section 3):
+// matmuls (or, for a few heads, matrix-vector products) through OpenBLAS (single-threaded inside the OpenMP region, docs/DESIGN.md section 3):
 //   S (group, ntok) = scale * Q_g K_g^T     (+ Q2_g K2^T for the shared rope key)
 //   acc (group, DV) = exp(S - rowmax) V_g
 // The chunks of a sequence are merged in chunk order with their row maxima and sums (the

@@ -1,4 +1,4 @@
-// The attention design space (DESIGN section 1), forward and backward, for one layer:
+// The attention design space (docs/DESIGN.md section 1), forward and backward, for one layer:
 //  plain:  q, k, v projections (MHA/GQA/MQA); consumers (CLA) read their producer's K/V slot.
 //  latent: query (optionally LoRA), latent C = RMSNorm(H W_DKV) in the cache slot (int_group
 //          codec round trip when quantized, straight-through backward), K_nope and V up-projected

@@ -1,4 +1,4 @@
-// The cache layer (DESIGN section 2), shared by training and inference.
+// The cache layer (docs/DESIGN.md section 2), shared by training and inference.
 //  - the slot map: which layer produces a slot, which layers read it (share_factor, share);
 //  - the payload parts per slot and token: K and V (MHA/GQA/CLA), or the latent C plus
 //    k_rope (MLA/CLLA), plus the k_rope of consumers that project their own;
@@ -61,7 +61,7 @@ typedef struct CachePart {
 } CachePart;
 
 // The role of one layer in the cache layer: the single place where sharing is decided
-// (DESIGN section 1). Params, activations, the training forward and the decoder read it.
+// (docs/DESIGN.md section 1). Params, activations, the training forward and the decoder read it.
 typedef struct LayerRole {
     int slot;             // the cache slot the layer attends over
     int producer;         // 1: the layer computes the slot's payload and writes it

@@ -227,7 +227,7 @@ static void defaults(Config *cfg) {
     t->dist_timeout_s = 600;   // torch.distributed's default collective timeout
 }
 
-// Preset knobs (DESIGN section 1). -1 for n_kv_heads_rule means "as configured".
+// Preset knobs (docs/DESIGN.md section 1). -1 for n_kv_heads_rule means "as configured".
 typedef struct Preset {
     const char *name;
     int latent;        // needs kv_lora_rank > 0

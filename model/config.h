@@ -1,5 +1,5 @@
 // Model and run configuration: a JSON file with HF-style model keys at the top level
-// and run settings under "train" (DESIGN section 4). A config names an attention
+// and run settings under "train" (docs/DESIGN.md section 4). A config names an attention
 // preset ("attention": "gqa", ...) and may override any knob of it.
 #ifndef CLLA_MODEL_CONFIG_H
 #define CLLA_MODEL_CONFIG_H

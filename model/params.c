@@ -27,7 +27,7 @@ static void layer_params_none(LayerParams *p) {
     memset(p, 0xff, sizeof(*p));   // every index -1
 }
 
-// Attention tensors of layer l (DESIGN section 1): plain (MHA/GQA/MQA/CLA) or latent (MLA/CLLA);
+// Attention tensors of layer l (docs/DESIGN.md section 1): plain (MHA/GQA/MQA/CLA) or latent (MLA/CLLA);
 // producers own what they share, consumers only what they keep.
 static void add_attention_params(Model *m, int l) {
     const ModelConfig *c = &m->cfg;

@@ -14,10 +14,11 @@ declare -A ALLOWED=(
   [layers]="common backend layers"
   [kernels]="common backend kernels"
   [data]="common data"
-  [model]="common backend model"
-  [eval]="common backend data model eval"
-  [train]="common backend kernels data model eval train"
-  [cli]="common backend layers kernels data model eval train cli"
+  [quant]="common quant"
+  [model]="common backend quant model"
+  [eval]="common backend data quant model eval"
+  [train]="common backend kernels data quant model eval train"
+  [cli]="common backend layers kernels data quant model eval train cli"
 )
 
 bad=0 checked=0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The C model against its PyTorch twin (DESIGN section 7; tests/reference/README.md).
+# The C model against its PyTorch twin (docs/DESIGN.md section 7; tests/reference/README.md).
 # For mha, gqa and mqa, tied and untied: clla init, clla debug-step, then twin.py check-step
 # (logits, loss and every gradient within 1e-4 relative in max-norm). Then a 5-step training run
 # (2 micro-batches per step, warmup + cosine, a grad_clip that triggers) checked with check-train.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The attention design space (DESIGN section 1) against the PyTorch twin (tests/reference/):
+# The attention design space (docs/DESIGN.md section 1) against the PyTorch twin (tests/reference/):
 # mla, cla, gqa_cla, clla, clla_share_krope, clla_share_kvproj, clla_quant, clla_quant_share_kvproj
 # with share_factor F = 2, 3, 4, layer counts F does not divide (L=5 with F=2, L=4 with F=3,
 # L=6 with F=4: the last group is shorter, down to a lone producer), with and without query LoRA,

@@ -1,4 +1,4 @@
-// Checkpoints (DESIGN section 4, docs/CHECKPOINTS.md): one directory per step under
+// Checkpoints (docs/DESIGN.md section 4, docs/CHECKPOINTS.md): one directory per step under
 // <run>/checkpoints/, holding config.json, model.safetensors (fp32 masters),
 // optimizer.rank<r>.safetensors (AdamW m and v) and state.json (step, schedule, RNG seeds,
 // data position, skip counters, size and FNV-1a 64 checksum of every other file).

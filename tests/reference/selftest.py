@@ -484,7 +484,7 @@ def test_kvproj_equals_clla():
 
 def test_slot_gradient_sum():
     """A producer's cached payload receives the sum of the gradients of every layer reading it
-    (DESIGN section 1), checked by hand-built finite differences: the slot's latent c (and, for
+    (docs/DESIGN.md section 1), checked by hand-built finite differences: the slot's latent c (and, for
     CLA, K and V) is replaced by a free tensor; d loss / d c by central differences, along random
     directions and for single elements, must equal autograd's total, and the total must equal the
     sum of the per-reader contributions (each reader gets c + z_l with z_l = 0, z_l.grad is its

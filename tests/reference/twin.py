@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch twin of the clla model (DESIGN section 7), in float64.
+"""PyTorch twin of the clla model (docs/DESIGN.md section 7), in float64.
 
 It builds the same model from the same config.json + model.safetensors as the C side and
 checks the C side's outputs:
@@ -25,9 +25,9 @@ Model structure:
       DecoderLayer(input_layernorm, self_attn = make_attention(cfg, l),
                    post_attention_layernorm, mlp = make_ffn(cfg, l))
     lm_head (absent when tied)
-  Attention (DESIGN section 1): DenseAttention (MHA/GQA/MQA, CLA) or LatentAttention (MLA,
+  Attention (docs/DESIGN.md section 1): DenseAttention (MHA/GQA/MQA, CLA) or LatentAttention (MLA,
   CLLA and its share modes, CLLA-quant), chosen by ModelConfig.attention_kind(l). They get a
-  ForwardContext: RoPE tables and the cache slots (DESIGN section 2): a producer layer
+  ForwardContext: RoPE tables and the cache slots (docs/DESIGN.md section 2): a producer layer
   (l % share_factor == 0) puts its payload in slot l // share_factor, consumer layers read it,
   and autograd sums the consumers' gradients into the producer's payload. The CLLA-quant
   quantizer (int_group_quantize) is written in float32 torch arithmetic, independently of the C
@@ -128,7 +128,7 @@ class ModelConfig:
         self.rms_norm_eps = float(_num(d, "rms_norm_eps", 1e-6))     # model/config.c default
         self.rope_theta = float(_num(d, "rope_theta", 10000.0))
         self.tie_word_embeddings = bool(d.get("tie_word_embeddings", False))
-        # the attention design space (DESIGN section 1)
+        # the attention design space (docs/DESIGN.md section 1)
         self.q_lora_rank = int(_num(d, "q_lora_rank"))
         self.kv_lora_rank = int(_num(d, "kv_lora_rank"))
         self.qk_rope_head_dim = int(_num(d, "qk_rope_head_dim"))
