@@ -24,6 +24,82 @@
 // sgemm with a handful of rows packs its operand and runs several times slower (bench/bench_decode.c).
 #define GEMV_MAX_ROWS 4
 
+// ---- fp32 and bf16 streams, read in place: the cache's bytes are read once, with no fp32 copy.
+// Eight independent accumulators (lane j sums elements j, j+8, ...; a fixed order) let the
+// compiler vectorize without reassociating.
+
+static inline float bf16_at(const uint8_t *p, int j) {
+    uint16_t h;
+    memcpy(&h, p + 2 * (size_t)j, 2);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float dot_row(const float *q, const PagedStream *s, const uint8_t *row, int n) {
+    float acc[8] = {0};
+    int d = 0;
+    if (s->kind == PAGED_BF16) {
+        for (; d + 8 <= n; d += 8)
+            for (int j = 0; j < 8; j++) acc[j] += q[d + j] * bf16_at(row, d + j);
+        for (; d < n; d++) acc[0] += q[d] * bf16_at(row, d);
+    } else {
+        const float *r = (const float *)row;
+        for (; d + 8 <= n; d += 8)
+            for (int j = 0; j < 8; j++) acc[j] += q[d + j] * r[d + j];
+        for (; d < n; d++) acc[0] += q[d] * r[d];
+    }
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// acc[d] += p * row[d], d < n
+static void axpy_row(float *acc, float p, const PagedStream *s, const uint8_t *row, int n) {
+    if (s->kind == PAGED_BF16)
+        for (int d = 0; d < n; d++) acc[d] += p * bf16_at(row, d);
+    else {
+        const float *r = (const float *)row;
+        for (int d = 0; d < n; d++) acc[d] += p * r[d];
+    }
+}
+
+// Token t's bytes, element offset `off` (elements of the stream's dtype).
+static const uint8_t *token_at(const PagedStream *s, const int *blocks, int t, int off) {
+    return s->blocks[blocks[t / s->block_tokens]] + (size_t)(t % s->block_tokens) * s->token_bytes +
+           (size_t)off * (s->kind == PAGED_BF16 ? 2 : 4);
+}
+
+static int direct_kind(const PagedStream *s) { return !s || s->kind == PAGED_F32 || s->kind == PAGED_BF16; }
+
+// One work item read in place: scores sc (group, nt) of the heads sharing kv head g, then their
+// state (max, sum, weighted values) in st.
+static void attend_direct(const PagedStream *k, const PagedStream *k2, const PagedStream *v, const int *blocks, int nt,
+                          const float *qg, int group, int g, int NH, int DK, int DK2, int DV, float scale, float *sc,
+                          float *st) {
+    const int DQ = DK + DK2;
+    for (int t = 0; t < nt; t++) {
+        const uint8_t *kt = token_at(k, blocks, t, g * DK), *k2t = k2 ? token_at(k2, blocks, t, 0) : NULL;
+        for (int r = 0; r < group; r++) {
+            float dot = dot_row(qg + (size_t)r * DQ, k, kt, DK);
+            if (k2t) dot += dot_row(qg + (size_t)r * DQ + DK, k2, k2t, DK2);
+            sc[(size_t)r * nt + t] = dot * scale;
+        }
+    }
+    for (int r = 0; r < group; r++) {
+        float *srow = sc + (size_t)r * nt, mx = srow[0], sum = 0.0f;
+        for (int t = 1; t < nt; t++) mx = srow[t] > mx ? srow[t] : mx;
+        for (int t = 0; t < nt; t++) { srow[t] = expf(srow[t] - mx); sum += srow[t]; }
+        st[g * group + r] = mx;
+        st[NH + g * group + r] = sum;
+    }
+    float *acc = st + 2 * NH + (size_t)g * group * DV;
+    memset(acc, 0, (size_t)group * DV * sizeof(float));
+    for (int t = 0; t < nt; t++) {
+        const uint8_t *vt = token_at(v, blocks, t, g * DV);
+        for (int r = 0; r < group; r++) axpy_row(acc + (size_t)r * DV, sc[(size_t)r * nt + t], v, vt, DV);
+    }
+}
+
 // Tokens [0, nt) of the chunk's blocks, decoded into dst (nt, width).
 static void read_chunk(const PagedStream *s, const int *blocks, int nt, float *dst) {
     const int BT = s->block_tokens;
@@ -40,6 +116,9 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                          int n, int NH, int NKV, int DK, int DK2, int DV, float scale) {
     const int BT = k->block_tokens, group = NH / NKV, DQ = DK + DK2, CT = CHUNK_BLOCKS * BT;
     const int same_v = v == k;
+    // fp32/bf16 caches of a few heads per kv head: read in place (the memory-bound case);
+    // otherwise decode a chunk into a scratch and score it with OpenBLAS
+    const int direct = group <= GEMV_MAX_ROWS && direct_kind(k) && direct_kind(k2) && direct_kind(v);
     // work items: (sequence, chunk)
     int *first_item = xmalloc(((size_t)n + 1) * sizeof(int)), n_items = 0;
     for (int i = 0; i < n; i++) {
@@ -56,19 +135,25 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
 
     #pragma omp parallel
     {
-        float *kbuf = xmalloc((size_t)CT * k->width * sizeof(float));
-        float *k2buf = k2 ? xmalloc((size_t)CT * k2->width * sizeof(float)) : NULL;
-        float *vbuf = same_v ? kbuf : xmalloc((size_t)CT * v->width * sizeof(float));
+        float *kbuf = direct ? NULL : xmalloc((size_t)CT * k->width * sizeof(float));
+        float *k2buf = k2 && !direct ? xmalloc((size_t)CT * k2->width * sizeof(float)) : NULL;
+        float *vbuf = same_v || direct ? kbuf : xmalloc((size_t)CT * v->width * sizeof(float));
         float *sc = xmalloc((size_t)group * CT * sizeof(float));
         #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_items; it++) {
             const int i = item_seq[it], chunk = it - first_item[i];
             const int t0 = chunk * CT, nt = lens[i] - t0 < CT ? lens[i] - t0 : CT;
             const int *blocks = block_table + (size_t)i * max_blocks + chunk * CHUNK_BLOCKS;
+            float *st = state + (size_t)it * per_item;
+            if (direct) {
+                for (int g = 0; g < NKV; g++)
+                    attend_direct(k, k2, v, blocks, nt, q + ((size_t)i * NH + (size_t)g * group) * DQ, group, g, NH, DK,
+                                  DK2, DV, scale, sc, st);
+                continue;
+            }
             read_chunk(k, blocks, nt, kbuf);
             if (k2) read_chunk(k2, blocks, nt, k2buf);
             if (!same_v) read_chunk(v, blocks, nt, vbuf);
-            float *st = state + (size_t)it * per_item;
             for (int g = 0; g < NKV; g++) {
                 const float *qg = q + ((size_t)i * NH + (size_t)g * group) * DQ;
                 float *acc = st + 2 * NH + (size_t)g * group * DV;
@@ -105,7 +190,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
         }
         free(kbuf);
         free(k2buf);
-        if (!same_v) free(vbuf);
+        if (vbuf != kbuf) free(vbuf);
         free(sc);
     }
 

@@ -127,6 +127,11 @@ int main(void) {
     run("mqa NH=8 NKV=1, bf16 keys", 8, 1, 16, 0, 16, 0, &bf16);
     run("absorbed latent R=16 DR=4, v=k", 4, 1, 16, 4, 16, 1, &fp32);
     run("absorbed latent, int4 latent", 4, 1, 16, 4, 16, 1, &int4);
+    // read in place (fp32/bf16 streams, at most 4 query heads per kv head) and through the
+    // decoded chunk with OpenBLAS (more heads per kv head, or an int_group stream): both paths
+    run("gqa NH=4 NKV=2, bf16 keys (in place)", 4, 2, 16, 0, 12, 0, &bf16);
+    run("absorbed latent NH=4, bf16 latent (in place)", 4, 1, 16, 4, 16, 1, &bf16);
+    run("absorbed latent NH=8, bf16 latent (decoded)", 8, 1, 16, 4, 16, 1, &bf16);
     printf("test_paged_attention: %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
