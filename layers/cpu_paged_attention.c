@@ -41,24 +41,31 @@ static float dot_row(const float *q, const PagedStream *s, const uint8_t *row, i
     float acc[8] = {0};
     int d = 0;
     if (s->kind == PAGED_BF16) {
-        for (; d + 8 <= n; d += 8)
+        for (; d + 8 <= n; d += 8) {
+            #pragma omp simd
             for (int j = 0; j < 8; j++) acc[j] += q[d + j] * bf16_at(row, d + j);
+        }
         for (; d < n; d++) acc[0] += q[d] * bf16_at(row, d);
     } else {
         const float *r = (const float *)row;
-        for (; d + 8 <= n; d += 8)
+        for (; d + 8 <= n; d += 8) {
+            #pragma omp simd
             for (int j = 0; j < 8; j++) acc[j] += q[d + j] * r[d + j];
+        }
         for (; d < n; d++) acc[0] += q[d] * r[d];
     }
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
 // acc[d] += p * row[d], d < n
-static void axpy_row(float *acc, float p, const PagedStream *s, const uint8_t *row, int n) {
-    if (s->kind == PAGED_BF16)
+// (omp simd: the elements are independent, so vector lanes change no result)
+static void axpy_row(float *restrict acc, float p, const PagedStream *s, const uint8_t *restrict row, int n) {
+    if (s->kind == PAGED_BF16) {
+        #pragma omp simd
         for (int d = 0; d < n; d++) acc[d] += p * bf16_at(row, d);
-    else {
-        const float *r = (const float *)row;
+    } else {
+        const float *restrict r = (const float *)row;
+        #pragma omp simd
         for (int d = 0; d < n; d++) acc[d] += p * r[d];
     }
 }
@@ -71,32 +78,35 @@ static const uint8_t *token_at(const PagedStream *s, const int *blocks, int t, i
 
 static int direct_kind(const PagedStream *s) { return !s || s->kind == PAGED_F32 || s->kind == PAGED_BF16; }
 
-// One work item read in place: scores sc (group, nt) of the heads sharing kv head g, then their
-// state (max, sum, weighted values) in st.
+// One work item read in place: every token's key and value rows are read once, front to back,
+// for all heads (a head's slice of a row is short; walking the rows once per kv head would
+// fetch every cache line several times). Scores sc (NH, nt), then the state in st.
 static void attend_direct(const PagedStream *k, const PagedStream *k2, const PagedStream *v, const int *blocks, int nt,
-                          const float *qg, int group, int g, int NH, int DK, int DK2, int DV, float scale, float *sc,
-                          float *st) {
-    const int DQ = DK + DK2;
+                          const float *qi, int NH, int NKV, int DK, int DK2, int DV, float scale, float *sc, float *st) {
+    const int DQ = DK + DK2, group = NH / NKV;
+    const size_t kes = k->kind == PAGED_BF16 ? 2 : 4, ves = v->kind == PAGED_BF16 ? 2 : 4;
     for (int t = 0; t < nt; t++) {
-        const uint8_t *kt = token_at(k, blocks, t, g * DK), *k2t = k2 ? token_at(k2, blocks, t, 0) : NULL;
-        for (int r = 0; r < group; r++) {
-            float dot = dot_row(qg + (size_t)r * DQ, k, kt, DK);
-            if (k2t) dot += dot_row(qg + (size_t)r * DQ + DK, k2, k2t, DK2);
-            sc[(size_t)r * nt + t] = dot * scale;
+        const uint8_t *kt = token_at(k, blocks, t, 0), *k2t = k2 ? token_at(k2, blocks, t, 0) : NULL;
+        for (int h = 0; h < NH; h++) {
+            const float *qh = qi + (size_t)h * DQ;
+            float dot = dot_row(qh, k, kt + (size_t)(h / group) * DK * kes, DK);
+            if (k2t) dot += dot_row(qh + DK, k2, k2t, DK2);
+            sc[(size_t)h * nt + t] = dot * scale;
         }
     }
-    for (int r = 0; r < group; r++) {
-        float *srow = sc + (size_t)r * nt, mx = srow[0], sum = 0.0f;
+    for (int h = 0; h < NH; h++) {
+        float *srow = sc + (size_t)h * nt, mx = srow[0], sum = 0.0f;
         for (int t = 1; t < nt; t++) mx = srow[t] > mx ? srow[t] : mx;
         for (int t = 0; t < nt; t++) { srow[t] = expf(srow[t] - mx); sum += srow[t]; }
-        st[g * group + r] = mx;
-        st[NH + g * group + r] = sum;
+        st[h] = mx;
+        st[NH + h] = sum;
     }
-    float *acc = st + 2 * NH + (size_t)g * group * DV;
-    memset(acc, 0, (size_t)group * DV * sizeof(float));
+    float *acc = st + 2 * NH;
+    memset(acc, 0, (size_t)NH * DV * sizeof(float));
     for (int t = 0; t < nt; t++) {
-        const uint8_t *vt = token_at(v, blocks, t, g * DV);
-        for (int r = 0; r < group; r++) axpy_row(acc + (size_t)r * DV, sc[(size_t)r * nt + t], v, vt, DV);
+        const uint8_t *vt = token_at(v, blocks, t, 0);
+        for (int h = 0; h < NH; h++)
+            axpy_row(acc + (size_t)h * DV, sc[(size_t)h * nt + t], v, vt + (size_t)(h / group) * DV * ves, DV);
     }
 }
 
@@ -138,7 +148,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
         float *kbuf = direct ? NULL : xmalloc((size_t)CT * k->width * sizeof(float));
         float *k2buf = k2 && !direct ? xmalloc((size_t)CT * k2->width * sizeof(float)) : NULL;
         float *vbuf = same_v || direct ? kbuf : xmalloc((size_t)CT * v->width * sizeof(float));
-        float *sc = xmalloc((size_t)group * CT * sizeof(float));
+        float *sc = xmalloc((size_t)(direct ? NH : group) * CT * sizeof(float));
         #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_items; it++) {
             const int i = item_seq[it], chunk = it - first_item[i];
@@ -146,9 +156,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             const int *blocks = block_table + (size_t)i * max_blocks + chunk * CHUNK_BLOCKS;
             float *st = state + (size_t)it * per_item;
             if (direct) {
-                for (int g = 0; g < NKV; g++)
-                    attend_direct(k, k2, v, blocks, nt, q + ((size_t)i * NH + (size_t)g * group) * DQ, group, g, NH, DK,
-                                  DK2, DV, scale, sc, st);
+                attend_direct(k, k2, v, blocks, nt, q + (size_t)i * NH * DQ, NH, NKV, DK, DK2, DV, scale, sc, st);
                 continue;
             }
             read_chunk(k, blocks, nt, kbuf);
