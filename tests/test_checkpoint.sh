@@ -20,6 +20,7 @@ set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
 SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
 
+. "$(dirname "$0")/lib/check.sh"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_ckpt.XXXXXX")
 MNT=""
 cleanup() {
@@ -29,10 +30,6 @@ cleanup() {
 trap cleanup EXIT
 cd "$WORK" || exit 1
 
-PASS=0
-FAIL=0
-ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
-fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
 
 # Little-endian uint32 tokens < 64 from a fixed LCG, in one printf (no per-token process).
 write_tokens() {   # write_tokens FILE COUNT SEED

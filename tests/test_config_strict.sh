@@ -22,14 +22,7 @@ set -u
 : "${SRC:?set SRC to the source tree (ctest does this)}"
 HF=$SRC/tests/fixtures/hf
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_config_strict.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-cd "$WORK" || exit 1
-
-PASS=0
-FAIL=0
-ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
-fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
+. "$(dirname "$0")/lib/check.sh" test_config_strict
 
 # expect_error NAME 'REGEX' [OUTDIR] -- CMD...: non-zero exit, exactly one line on stderr matching
 # REGEX (grep -E), OUTDIR (if given) not created.

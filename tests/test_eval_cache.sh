@@ -7,13 +7,7 @@
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
 : "${SRC:?set SRC to the source tree (ctest does this)}"
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_eval_cache.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-cd "$WORK" || exit 1
-PASS=0
-FAIL=0
-ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
-fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
+. "$(dirname "$0")/lib/check.sh" test_eval_cache
 field() { grep -o "\"$2\":[-0-9.e]*" "$1" | head -n 1 | cut -d: -f2; }
 near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
 

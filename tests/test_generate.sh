@@ -19,14 +19,7 @@ set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
 : "${SRC:?set SRC to the source tree (ctest does this)}"
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_generate.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-cd "$WORK" || exit 1
-
-PASS=0
-FAIL=0
-ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
-fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
+. "$(dirname "$0")/lib/check.sh" test_generate
 check() { if [ "$1" -eq 0 ]; then ok "$2"; else fail "$2"; fi; }   # check STATUS NAME
 have_python=0
 command -v python3 > /dev/null && have_python=1

@@ -15,14 +15,7 @@
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_hf.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-cd "$WORK" || exit 1
-
-PASS=0
-FAIL=0
-ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
-fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; [ $# -gt 1 ] && sed 's/^/    /' "$2"; }
+. "$(dirname "$0")/lib/check.sh" test_hf
 
 # expect_error NAME PATTERN CMD...: CMD exits non-zero with one "clla...error:" line matching PATTERN
 expect_error() {

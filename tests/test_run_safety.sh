@@ -23,6 +23,7 @@ set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
 SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
 
+. "$(dirname "$0")/lib/check.sh"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_run_safety.XXXXXX")
 BGPID=""
 cleanup() {
@@ -32,10 +33,6 @@ cleanup() {
 trap cleanup EXIT
 cd "$WORK" || exit 1
 
-PASS=0
-FAIL=0
-ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
-fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
 
 # Little-endian uint32 tokens < MOD from a fixed LCG, in one printf.
 write_tokens() {   # write_tokens FILE COUNT SEED [MOD]

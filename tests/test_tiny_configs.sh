@@ -9,13 +9,7 @@ set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
 SRC=${SRC:-$(cd "$(dirname "$0")/.." && pwd)}
 SRC=$(cd "$SRC" && pwd)
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_tiny.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-cd "$WORK" || exit 1
-PASS=0
-FAIL=0
-ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
-fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; [ $# -gt 1 ] && sed 's/^/    /' "$2"; }
+. "$(dirname "$0")/lib/check.sh" test_tiny
 
 qvocab=$(grep -o 'tokenizer train --vocab-size [0-9]*' "$SRC/scripts/quickstart.sh" | grep -o '[0-9]*$')
 [ -n "$qvocab" ] || { fail "cannot read the quickstart's --vocab-size from scripts/quickstart.sh"; echo "$PASS passed, $FAIL failed"; exit 1; }

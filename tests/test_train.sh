@@ -10,14 +10,7 @@
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_test_train.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-cd "$WORK" || exit 1
-
-PASS=0
-FAIL=0
-ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
-fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
+. "$(dirname "$0")/lib/check.sh" test_train
 
 # Little-endian uint32 token file from a list of ids (< 256), without python: the
 # suite must not depend on anything but bash and the binary.

@@ -1,0 +1,17 @@
+# Shared by the shell tests (sourced, not run): counters and one-line results, and, with a name,
+# a fresh work directory that is removed at exit and made the current directory.
+#   . "$(dirname "$0")/lib/check.sh" NAME   # WORK=/tmp/clla_NAME.XXXXXX (TMPDIR honoured)
+#   ok NAME                  one passed check
+#   fail NAME [LOG]          one failed check; LOG's lines are shown indented when given
+#   check STATUS NAME        ok when STATUS is 0, else fail
+# The caller prints its summary from PASS and FAIL and exits non-zero when FAIL > 0.
+PASS=0
+FAIL=0
+ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
+fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; if [ $# -gt 1 ] && [ -f "$2" ]; then sed 's/^/    /' "$2"; fi; }
+check() { if [ "$1" -eq 0 ]; then ok "$2"; else fail "$2"; fi; }
+if [ -n "${1:-}" ]; then
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_$1.XXXXXX") || exit 1
+    trap 'rm -rf "$WORK"' EXIT
+    cd "$WORK" || exit 1
+fi
