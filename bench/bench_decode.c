@@ -4,8 +4,8 @@
 //   build/bench/bench_decode [--presets mha,gqa,...] [--contexts 1024,4096,16384] [--batches 1,8]
 //                            [--steps N] [--cache-codec SPEC] [--threads N] [--json]
 //
-// Model: d512, 8 layers, 8 heads of 64, SwiGLU 1408, vocab 8192; latent presets: latent 256,
-// rope key 32 (the ratios of the paper's 1B shape). Weights random (timing does not depend on them).
+// Model: d512, 8 layers, 8 heads of 64, SwiGLU 1408, vocab 8192; GQA presets: 2 kv heads; latent
+// presets: latent 256, rope key 32 (the ratios of the paper's 1B shape). Weights random (timing does not depend on them).
 //
 // Per preset: prefill tokens/s of a 1024-token prompt, through the full forward (decoder_prefill)
 // and in chunks through the cache (decoder_extend). Per (context, batch): the cache is filled with
@@ -141,7 +141,8 @@ int main(int argc, char **argv) {
                  "\"max_position_embeddings\":%d,\"tie_word_embeddings\":false%s,\"train\":{\"seq_len\":1024}}",
                  preset, max_ctx + steps + 2 > 1024 ? max_ctx + steps + 2 : 1024,
                  strstr(preset, "la") && strcmp(preset, "cla") && strcmp(preset, "gqa_cla")
-                     ? ",\"kv_lora_rank\":256,\"qk_rope_head_dim\":32,\"q_lora_rank\":0" : "");
+                     ? ",\"kv_lora_rank\":256,\"qk_rope_head_dim\":32,\"q_lora_rank\":0"
+                     : strstr(preset, "gqa") ? ",\"num_key_value_heads\":2" : "");
         Config cfg;
         config_from_json(&cfg, json_cfg, preset, 0, NULL);
         Model m;

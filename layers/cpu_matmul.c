@@ -4,6 +4,35 @@
 #include "layers/cpu_ops.h"
 
 #include <cblas.h>
+#include <stddef.h>
+
+// A few rows (decoding: one token per sequence): OpenBLAS's sgemm packs the whole weight for
+// them and ran 5-10x slower than reading it once (bench/bench_decode.c, OpenBLAS 0.3.21). Here
+// each weight row is read once and dotted with every input row while it is in cache; rows of the
+// output are split over the threads. 32 independent accumulators per dot (a fixed order) let the
+// compiler vectorize without reassociating and keep four vector add chains in flight.
+#define SMALL_N 16
+
+static float dot32(const float *restrict a, const float *restrict b, int n) {
+    float acc[32] = {0};
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        #pragma omp simd
+        for (int j = 0; j < 32; j++) acc[j] += a[i + j] * b[i + j];
+    }
+    for (; i < n; i++) acc[0] += a[i] * b[i];
+    for (int w = 16; w > 0; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0];
+}
+
+static void matmul_few_rows(float *out, const float *inp, const float *weight, int N, int C, int OC) {
+    #pragma omp parallel for schedule(static) if ((size_t)OC * C >= ((size_t)1 << 15))
+    for (int o = 0; o < OC; o++) {
+        const float *w = weight + (size_t)o * C;
+        for (int n = 0; n < N; n++) out[(size_t)n * OC + o] = dot32(inp + (size_t)n * C, w, C);
+    }
+}
 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC) {
@@ -12,13 +41,8 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N
         for (size_t i = 0; i < (size_t)N * OC; i++) out[i] = 0.0f;
         return;
     }
-    if (N <= 4) {
-        // a few rows (decoding): OpenBLAS's sgemm packs the whole weight for them and runs about
-        // 10x slower than a matrix-vector product per row, which reads the weight once
-        // (bench/bench_decode.c; measured with OpenBLAS 0.3.21)
-        for (int n = 0; n < N; n++)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, weight, C, inp + (size_t)n * C, 1, 0.0f,
-                        out + (size_t)n * OC, 1);
+    if (N <= SMALL_N) {
+        matmul_few_rows(out, inp, weight, N, C, OC);
         return;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,

@@ -25,7 +25,7 @@
 #define GEMV_MAX_ROWS 4
 
 // ---- fp32 and bf16 streams, read in place: the cache's bytes are read once, with no fp32 copy.
-// Eight independent accumulators (lane j sums elements j, j+8, ...; a fixed order) let the
+// Sixteen independent accumulators (lane j sums elements j, j+16, ...; a fixed order) let the
 // compiler vectorize without reassociating.
 
 static inline float bf16_at(const uint8_t *p, int j) {
@@ -37,29 +37,35 @@ static inline float bf16_at(const uint8_t *p, int j) {
     return f;
 }
 
-static float dot_row(const float *q, const PagedStream *s, const uint8_t *row, int n) {
-    float acc[8] = {0};
+static inline float lanes_sum(float *acc) {
+    for (int w = 8; w > 0; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0];
+}
+
+static inline float dot_row(const float *restrict q, const PagedStream *s, const uint8_t *restrict row, int n) {
+    float acc[16] = {0};
     int d = 0;
     if (s->kind == PAGED_BF16) {
-        for (; d + 8 <= n; d += 8) {
+        for (; d + 16 <= n; d += 16) {
             #pragma omp simd
-            for (int j = 0; j < 8; j++) acc[j] += q[d + j] * bf16_at(row, d + j);
+            for (int j = 0; j < 16; j++) acc[j] += q[d + j] * bf16_at(row, d + j);
         }
         for (; d < n; d++) acc[0] += q[d] * bf16_at(row, d);
     } else {
-        const float *r = (const float *)row;
-        for (; d + 8 <= n; d += 8) {
+        const float *restrict r = (const float *)row;
+        for (; d + 16 <= n; d += 16) {
             #pragma omp simd
-            for (int j = 0; j < 8; j++) acc[j] += q[d + j] * r[d + j];
+            for (int j = 0; j < 16; j++) acc[j] += q[d + j] * r[d + j];
         }
         for (; d < n; d++) acc[0] += q[d] * r[d];
     }
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    return lanes_sum(acc);
 }
 
 // acc[d] += p * row[d], d < n
 // (omp simd: the elements are independent, so vector lanes change no result)
-static void axpy_row(float *restrict acc, float p, const PagedStream *s, const uint8_t *restrict row, int n) {
+static inline void axpy_row(float *restrict acc, float p, const PagedStream *s, const uint8_t *restrict row, int n) {
     if (s->kind == PAGED_BF16) {
         #pragma omp simd
         for (int d = 0; d < n; d++) acc[d] += p * bf16_at(row, d);

@@ -468,6 +468,22 @@ static void test_rope(int B, int T, int H, int S, int off, int D, int pos0, floa
     free(x); free(x_d); free(ref); free(dx); free(w_d); free(g);
 }
 
+// rope_rows_forward: row n of (N, H, S) at position pos[n], against the double loop applied to
+// each row as a (B=1, T=1) tensor at pos0 = pos[n] (positions up to 5000: long contexts).
+static void test_rope_rows(int N, int H, int S, int off, int D, float theta) {
+    char name[160];
+    const size_t row = (size_t)H * S, n = (size_t)N * row;
+    float *x = frand(n, -1, 1);
+    double *ref = to_double(x, n);
+    int *pos = malloc((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) pos[i] = (i * 1237) % 5000;
+    be->rope_rows_forward(x, N, H, S, off, D, pos, theta);
+    for (int i = 0; i < N; i++) ref_rope(ref + (size_t)i * row, 1, 1, H, S, off, D, pos[i], (double)theta);
+    snprintf(name, sizeof name, "rope_rows_forward N=%d H=%d S=%d off=%d D=%d", N, H, S, off, D);
+    check(name, maxrel(x, ref, n), TOL_FWD);
+    free(x); free(ref); free(pos);
+}
+
 static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV, int with_backward) {
     char name[160];
     const float scale = (float)(1.0 / sqrt((double)DQK)) * 1.3f;
@@ -661,6 +677,11 @@ int main(void) {
     test_matmul(13, 17, 11, 1);
     test_matmul(37, 71, 19, 1);
     test_matmul(301, 257, 133, 0);   // big enough for OpenBLAS's blocked, threaded path
+    // a few rows (decoding): the read-the-weight-once path, serial and threaded, and the
+    // matrix-vector input gradient
+    test_matmul(1, 45, 300, 1);
+    test_matmul(3, 600, 70, 1);
+    test_matmul(16, 33, 1100, 0);
 
     test_embedding();
 
@@ -668,6 +689,8 @@ int main(void) {
     test_rmsnorm(5, 131);   // dweight: two 64-channel blocks and a remainder
 
     test_rope(2, 5, 3, 10, 2, 6, 7, 10000.0f);    // off > 0, S > D, pos0 > 0
+    test_rope_rows(5, 3, 10, 2, 6, 10000.0f);
+    test_rope_rows(4, 1, 32, 0, 32, 500000.0f);
     test_rope(1, 9, 2, 8, 0, 8, 0, 500.0f);       // whole head, pos0 = 0
     test_rope(1, 3, 3, 71, 5, 64, 4093, 10000.0f); // long positions: angles need double
 
