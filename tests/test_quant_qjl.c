@@ -506,6 +506,18 @@ static void test_head(void) {
     result("streaming cache bytes equal block encoding", !memcmp(ek, h.kq, (size_t)kb) && !memcmp(ev, h.vq, (size_t)vb),
            "%lld key tokens, %lld value tokens encoded", (long long)h.n_kq, (long long)h.n_vq);
 
+    // The key "decode" with m_o != m: <q, khat> equals the score for the streamed keys.
+    {
+        float *Kh = malloc(sizeof(float) * (size_t)h.n_kq * d), sc[150];
+        double work[512], worst = 0;
+        qjl_decode_keys(&st, h.kq, h.n_kq, Kh);
+        qjl_scores(&st, q, h.kq, h.n_kq, sc, work);
+        for (int j = 0; j < h.n_kq; j++)
+            worst = fmax(worst, fabs(dot(q, Kh + j * d, d) - sc[j]) / sqrt(dot(q, q, d) * dot(K + j * d, K + j * d, d)));
+        result("decode_keys (m 128, m_o 64): <q, khat> equals the score", worst <= 1e-5, "max rel %.2e", worst);
+        free(Kh);
+    }
+
     // With tokens encoded, attention is close to exact (scores estimated, values at 2 bits).
     qjl_head_attend(&h, q, out);
     double lg[150], mx = -1e300, sum = 0, ref[64] = {0}, err = 0, nrm = 0;
