@@ -88,11 +88,13 @@ int qjl_key_record_bytes(const QjlSettings *s);
 // norm exceeds fp16 (65504): nothing is promised about out then.
 int qjl_encode_keys(const QjlState *st, const float *K, int64_t n_tokens, uint8_t *out, char *msg, size_t cap);
 
-// Doubles of scratch qjl_scores needs (S q, and per group S q_in and S_out q_out: 2m + m_o).
+// Doubles of scratch qjl_scores needs: S q, per group S q_in and S_out q_out (2m + m_o), and the
+// per-group nibble tables ((m + m_o)/4 x 16 floats; 8 KiB at m = m_o = 256).
 int64_t qjl_score_work(const QjlSettings *s);
 // Estimates <q, k_j> for the n keys of an encoded block (scores[j], not divided by sqrt(d)),
-// from the signs and norms only: S q once (m d), per group the outlier columns (m o + m_o o),
-// per key m + m_o signed adds. work: qjl_score_work doubles.
+// from the signs and norms only: S q once (m d), per group the outlier columns (m o + m_o o);
+// per key (m + m_o)/4 table lookups (groups of >= 8 keys: tables of the group's 4-bit sums,
+// built per group) or m + m_o signed adds. work: qjl_score_work doubles.
 void qjl_scores(const QjlState *st, const float *q, const uint8_t *enc, int64_t n_tokens, float *scores, double *work);
 
 // The only key "decode" QJL defines: the vector khat_j with <q, khat_j> equal to the score

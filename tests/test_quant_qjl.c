@@ -69,7 +69,7 @@ typedef struct { double mean, var, se; } Stats;
 static Stats estimator_stats(QjlSettings s, const float *q, const float *k, int T, uint64_t base, double c_override) {
     double mean = 0, m2 = 0;
     uint8_t enc[4096];
-    double work[8192];
+    double *work = malloc(sizeof(double) * (size_t)qjl_score_work(&s));
     for (int t = 0; t < T; t++) {
         QjlState st;
         s.seed = base + (uint64_t)t;
@@ -83,6 +83,7 @@ static Stats estimator_stats(QjlSettings s, const float *q, const float *k, int 
         m2 += delta * (est - mean);
         qjl_free(&st);
     }
+    free(work);
     Stats r = {mean, m2 / (T - 1), 0};
     r.se = sqrt(r.var / T);
     return r;
@@ -161,7 +162,7 @@ static double tail_rate(int m, int T, uint64_t base) {
     q[1] = 1;
     QjlSettings s = small_settings(d, m, QJL_PROJ_GAUSSIAN);
     uint8_t enc[4096];
-    double work[8192];
+    double *work = malloc(sizeof(double) * (size_t)qjl_score_work(&s));
     int bad = 0;
     for (int t = 0; t < T; t++) {
         QjlState st;
@@ -173,6 +174,7 @@ static double tail_rate(int m, int T, uint64_t base) {
         bad += fabsf(est) > 0.1f;
         qjl_free(&st);
     }
+    free(work);
     return (double)bad / T;
 }
 
@@ -206,7 +208,7 @@ static void test_reference(void) {
     int canary = 1;
     for (int i = 0; i < 64; i++) canary &= enc[nb + i] == 0xA5;
     float *sc = malloc(sizeof(float) * n);
-    double work[1024], maxrel = 0;
+    double *work = malloc(sizeof(double) * (size_t)qjl_score_work(&s)), maxrel = 0;
     qjl_scores(&st, q, enc, n, sc, work);
     const double C = sqrt(M_PI / d) * exp(lgamma((d + 1) / 2.0) - lgamma(d / 2.0));
     uint8_t *p = ref;
@@ -300,7 +302,7 @@ static void test_reference(void) {
     qjl_encode_keys(&st, K + 64 * d, n - 64, enc2 + b64, NULL, 0);
     result("key bytes: pieces at qjl_key_bytes offsets equal one block", !memcmp(enc, enc2, (size_t)nb),
            "%lld + %lld bytes", (long long)b64, (long long)(nb - b64));
-    free(K); free(K2); free(Kh); free(enc); free(enc2); free(ref); free(sc); free(sc2);
+    free(K); free(K2); free(Kh); free(enc); free(enc2); free(ref); free(sc); free(sc2); free(work);
     qjl_free(&st);
 }
 
@@ -509,13 +511,14 @@ static void test_head(void) {
     // The key "decode" with m_o != m: <q, khat> equals the score for the streamed keys.
     {
         float *Kh = malloc(sizeof(float) * (size_t)h.n_kq * d), sc[150];
-        double work[512], worst = 0;
+        double *work = malloc(sizeof(double) * (size_t)qjl_score_work(&s)), worst = 0;
         qjl_decode_keys(&st, h.kq, h.n_kq, Kh);
         qjl_scores(&st, q, h.kq, h.n_kq, sc, work);
         for (int j = 0; j < h.n_kq; j++)
             worst = fmax(worst, fabs(dot(q, Kh + j * d, d) - sc[j]) / sqrt(dot(q, q, d) * dot(K + j * d, K + j * d, d)));
         result("decode_keys (m 128, m_o 64): <q, khat> equals the score", worst <= 1e-5, "max rel %.2e", worst);
         free(Kh);
+        free(work);
     }
 
     // With tokens encoded, attention is close to exact (scores estimated, values at 2 bits).
@@ -555,7 +558,7 @@ static void test_distortion(void) {
         double e = 0;
         int cnt = 0;
         uint8_t *enc = malloc((size_t)qjl_key_bytes(&s, n));
-        double work[2048];
+        double *work = malloc(sizeof(double) * (size_t)qjl_score_work(&s));
         for (int trial = 0; trial < 20; trial++) {
             QjlState st;
             s.seed = 500 + (uint64_t)trial;
@@ -569,6 +572,7 @@ static void test_distortion(void) {
         }
         err[a] = e / cnt;
         free(enc);
+        free(work);
     }
     const double r1 = err[0] / err[1], r2 = err[1] / err[2];
     result("B6.9 (synthetic) distortion falls as 1/sqrt(m), m/d = 1, 2, 4",
@@ -654,6 +658,32 @@ static void test_settings(void) {
     qjl_free(&st);
 }
 
+// A head dimension that is not a multiple of 4 (the encoder sums in chains of 4): signs and
+// norms against a float64 reference, o = 0 so a record is [nu fp16][m/8 bytes].
+static void test_odd_dim(void) {
+    const int d = 18, m = 24, n = 40;
+    QjlSettings s = small_settings(d, m, QJL_PROJ_ORTHO);
+    QjlState st;
+    qjl_fit(&st, &s, NULL, 0);
+    float K[40 * 18];
+    Rng r;
+    rng_seed(&r, 31);
+    for (int i = 0; i < n * d; i++) K[i] = (float)rng_normal(&r);
+    uint8_t enc[40 * 5];
+    qjl_encode_keys(&st, K, n, enc, NULL, 0);
+    int ok = qjl_key_bytes(&s, n) == n * 5;
+    for (int t = 0; t < n; t++) {
+        uint8_t ref[5] = {0};
+        const uint16_t h = half_bits(sqrt(dot(K + t * d, K + t * d, d)));
+        ref[0] = (uint8_t)h, ref[1] = (uint8_t)(h >> 8);
+        for (int i = 0; i < m; i++)
+            if (dot(st.S + i * d, K + t * d, d) > 0) ref[2 + i / 8] |= (uint8_t)(1 << (i % 8));
+        ok &= !memcmp(ref, enc + t * 5, 5);
+    }
+    result("odd head dim (18): records equal the float64 reference", ok, "d %d m %d, %d keys", d, m, n);
+    qjl_free(&st);
+}
+
 int main(void) {
     test_settings();
     test_constants();
@@ -661,6 +691,7 @@ int main(void) {
     test_unbiased_ortho();
     test_tail();
     test_reference();
+    test_odd_dim();
     test_outlier_split();
     test_softmax();
     test_values();
