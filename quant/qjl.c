@@ -288,8 +288,9 @@ static void pick_outliers(const float *K, int64_t rows, int d, int o, double *cn
         if (mask[c]) idx[k++] = c;
 }
 
-// Sets bit i of bits (LSB first) iff row i of P (rows x d) dotted with x is > 0. Double sums in
-// four chains (independent of the compiler's reassociation), so the signs equal a float64 reference.
+// Sets bit i of bits (LSB first) iff row i of P (rows x d) dotted with x is > 0. Double sums (in
+// four chains, for speed): the signs agree with a float64 reference for every projection farther
+// from 0 than double rounding, and do not depend on float rounding of the products.
 static void sign_bits_dense(const float *P, int rows, int d, const float *x, uint8_t *bits) {
     memset(bits, 0, (size_t)rows / 8);
     for (int i = 0; i < rows; i++) {
