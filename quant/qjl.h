@@ -157,7 +157,7 @@ typedef struct QjlBits {
 // both return -1 on overflow or n < 1 (qjl_cache_bytes: n < 0).
 int qjl_cache_bytes(const QjlSettings *s, int64_t n_tokens, int64_t *key_bytes, int64_t *value_bytes);
 int qjl_bits_stored(const QjlSettings *s, int64_t n_tokens, QjlBits *out);
-// The paper's convention: the note's sign-bits-only figure, keys (m + m_o)/d and values b_v,
+// The paper's convention, read as the sign-bits-only figure: keys (m + m_o)/d and values b_v,
 // with no norms, indices, scales or buffers (the paper calls its keys "zero overhead" and does
 // not derive its 3 / 4.3 / 5 bits; the reference defaults give exactly 3.00 this way).
 QjlBits qjl_bits_paper(const QjlSettings *s);

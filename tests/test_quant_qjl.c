@@ -1,4 +1,5 @@
-// QJL (quant/qjl.h): the unit tests of the spec (docs/QUANTIZERS.md, "## qjl", lists them):
+// QJL (quant/qjl.h): the unit tests of issue 14's specification, B6.1-B6.9 (docs/QUANTIZERS.md,
+// "## qjl", lists them):
 //  B6.1 the estimator with an i.i.d. Gaussian S is unbiased with variance ((pi/2)|q|^2|k|^2 - <q,k>^2)/m;
 //  B6.2 orthogonal S: unbiased with the corrected constant, biased by c_d with sqrt(pi/2) (so a
 //       wrong constant fails), chi-scaled rows unbiased, variance below the i.i.d. one;
