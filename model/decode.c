@@ -1,6 +1,6 @@
-// Incremental decoding through the cache layer: paged storage, prefill, one-token steps.
+// Incremental decoding through the cache layer: paged storage, prefill, one-token steps
 // The model's own forward runs both (model_forward_with); only attention differs in a step,
-// where each layer's query attends over the stored tokens (docs/INFERENCE.md).
+// where each layer's query attends over the stored tokens (docs/CACHE.md, "Decoding through the cache").
 //
 // Storage: one pool of blocks per cache stream (model/cache.h: a producer's K, V, latent, rope
 // key; a consumer's own rope key), DECODE_BLOCK_TOKENS tokens per block in the stream's codec.
@@ -8,7 +8,7 @@
 // layers. Blocks are allocated when a sequence first needs them and kept for reuse when it is
 // released: the bytes held grow with the tokens stored, rounded up to whole blocks.
 //
-// Absorbed latent attention (MLA, CLLA; see docs/INFERENCE.md): with W_UK_h, W_UV_h the rows of
+// Absorbed latent attention (MLA, CLLA): with W_UK_h, W_UV_h the rows of
 // kv_b_proj that make head h's key and value from the latent C,
 //   q_h . k_t = q_nope_h . (W_UK_h c_t) + q_rope_h . k_rope_t = (W_UK_h^T q_nope_h) . c_t + ...
 //   out_h = sum_t p_t W_UV_h c_t = W_UV_h (sum_t p_t c_t),
@@ -46,7 +46,7 @@ struct Decoder {
     // absorbed latent attention: scratch and per-head weights (latent models only)
     TensorTable scratch;
     void *scratch_buf;
-    int qn, ql, qabs, olat, ol, oh;   // scratch entries, max_seqs rows
+    int qn, ql, qabs, olat, ol, oh;   // scratch entries, max_rows rows each
     int *uk, *uv;                     // [L * NH]: W_UK_h (D, R), W_UV_h (DV, R) of layer l's kv_b
     int saved_inference, saved_apply;
 };
