@@ -1,0 +1,556 @@
+// KVQuant: per-channel pre-RoPE keys, per-token values, Fisher-weighted non-uniform datatypes,
+// dense-and-sparse outliers, an fp16 attention sink, Q-Norm. What each step follows (paper,
+// reference code, or our reading of an ambiguity) is in docs/QUANTIZERS.md (KVQuant).
+#include "quant/kvquant.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/num.h"
+#include "common/util.h"
+#include "quant/qpack.h"
+
+KvqSettings kvq_defaults(void) {
+    KvqSettings s = {4, 0.01, 1, -1, 50};
+    return s;
+}
+
+int kvq_settings_parse(const char *spec, KvqSettings *s, char *err, size_t errlen) {
+    char key[32], val[64];
+    int rc;
+    while ((rc = qp_spec_next(&spec, key, sizeof(key), val, sizeof(val), err, errlen)) == 1) {
+        if (!strcmp(key, "bits")) rc = qp_spec_int(key, val, 2, 4, &s->bits, err, errlen);
+        else if (!strcmp(key, "outliers")) rc = qp_spec_f64(key, val, 0, 0.4999, &s->outliers, err, errlen);
+        else if (!strcmp(key, "sink")) rc = qp_spec_int(key, val, 0, 1 << 20, &s->sink, err, errlen);
+        else if (!strcmp(key, "iters")) rc = qp_spec_int(key, val, 1, 10000, &s->kmeans_iters, err, errlen);
+        else if (!strcmp(key, "qnorm")) {
+            rc = 0;
+            if (!strcmp(val, "auto")) s->qnorm = -1;
+            else if (!strcmp(val, "on")) s->qnorm = 1;
+            else if (!strcmp(val, "off")) s->qnorm = 0;
+            else {
+                snprintf(err, errlen, "qnorm=%s: expected auto, on or off", val);
+                rc = -1;
+            }
+        } else {
+            snprintf(err, errlen, "kvquant: unknown setting '%s' (known: bits, outliers, sink, qnorm, iters)", key);
+            return -1;
+        }
+        if (rc) return qp_prefix_err("kvquant", err, errlen);
+    }
+    return rc ? qp_prefix_err("kvquant", err, errlen) : 0;
+}
+
+int64_t kvq_value_outliers_per_side(const KvqSettings *s, int64_t H) {
+    return s->outliers > 0 ? (int64_t)ceil(s->outliers * (double)H / 2 - 1e-9) : 0;
+}
+
+int kvq_settings_check(const KvqSettings *s, KvqPart part, int64_t H, char *err, size_t errlen) {
+    if (s->bits < 2 || s->bits > 4) {
+        snprintf(err, errlen, "kvquant: bits=%d is not supported: use 2, 3 or 4 (the paper's nuq2..nuq4)", s->bits);
+        return -1;
+    }
+    if (!(s->outliers >= 0 && s->outliers < 0.5)) {
+        snprintf(err, errlen, "kvquant: outliers=%g: use a fraction in [0, 0.5) (the paper uses 0.01)", s->outliers);
+        return -1;
+    }
+    if (s->sink < 0 || s->kmeans_iters < 1 || s->qnorm < -1 || s->qnorm > 1) {
+        snprintf(err, errlen, "kvquant: sink=%d, iters=%d, qnorm=%d: use sink >= 0, iters >= 1, qnorm in {-1, 0, 1}",
+                 s->sink, s->kmeans_iters, s->qnorm);
+        return -1;
+    }
+    if (H < 1 || H > 65536) {
+        snprintf(err, errlen, "kvquant: width %lld outside 1..65536 (sparse entries store 16-bit channels)", (long long)H);
+        return -1;
+    }
+    if (part == KVQ_VALUES && 2 * kvq_value_outliers_per_side(s, H) >= H) {
+        snprintf(err, errlen, "kvquant: outliers=%g leaves no dense value in a token of width %lld: lower it",
+                 s->outliers, (long long)H);
+        return -1;
+    }
+    return 0;
+}
+
+int kvq_qnorm_on(const KvqSettings *s) { return s->qnorm < 0 ? s->bits == 2 : s->qnorm; }
+
+void kvq_free(KvqCodec *c) {
+    free(c->lut);
+    free(c->zero);
+    free(c->range);
+    memset(c, 0, sizeof(*c));
+}
+
+int kvq_nearest(const float *lut, int k, float v) {
+    int i = 0;
+    while (i + 1 < k && v > 0.5f * (lut[i] + lut[i + 1])) i++;
+    return i;
+}
+
+// ---- the datatype fit
+
+typedef struct { float x, w; } Sample;
+
+static int cmp_sample(const void *a, const void *b) {
+    const float x = ((const Sample *)a)->x, y = ((const Sample *)b)->x;
+    return (x > y) - (x < y);
+}
+
+int kvq_kmeans_1d(const float *x, const float *w, int64_t n, int k, int iters, float *centroids) {
+    if (n < k || k < 2) return -1;
+    Sample *smp = xmalloc(sizeof(Sample) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) smp[i] = (Sample){x[i], w ? w[i] : 1.0f};
+    qsort(smp, (size_t)n, sizeof(Sample), cmp_sample);
+    // prefix sums: a cluster is a contiguous run of the sorted samples, its weighted mean a
+    // difference of two prefix sums
+    double *W = xmalloc(sizeof(double) * (size_t)(n + 1)), *S = xmalloc(sizeof(double) * (size_t)(n + 1));
+    W[0] = S[0] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        W[i + 1] = W[i] + smp[i].w;
+        S[i + 1] = S[i] + (double)smp[i].w * smp[i].x;
+    }
+    if (!(W[n] > 0)) {
+        free(smp); free(W); free(S);
+        return -1;
+    }
+    double *c = xmalloc(sizeof(double) * (size_t)k);
+    for (int j = 0; j < k; j++) c[j] = -1.0 + 2.0 * j / (k - 1);
+    for (int it = 0; it < iters; it++) {
+        int moved = 0;
+        int64_t lo = 0;
+        for (int j = 0; j < k; j++) {
+            // cluster j: samples with x <= the midpoint to the next centroid (ties go low,
+            // as kvq_nearest), found by binary search on the sorted samples
+            int64_t hi = n;
+            if (j + 1 < k) {
+                const float mid = 0.5f * ((float)c[j] + (float)c[j + 1]);
+                int64_t a = lo, b = n;
+                while (a < b) {
+                    const int64_t m = a + (b - a) / 2;
+                    if (smp[m].x <= mid) a = m + 1;
+                    else b = m;
+                }
+                hi = a;
+            }
+            const double wsum = W[hi] - W[lo];
+            if (wsum > 0) {
+                const double nc = (S[hi] - S[lo]) / wsum;
+                if (nc != c[j]) moved = 1;
+                c[j] = nc;
+            }
+            lo = hi;
+        }
+        if (!moved) break;
+    }
+    for (int j = 0; j < k; j++) centroids[j] = (float)c[j];
+    free(smp); free(W); free(S); free(c);
+    return 0;
+}
+
+void kvq_qnorm(const float *centroids, int k, const float *x, int64_t n, float *out) {
+    double s1 = 0, q1 = 0, s2 = 0, q2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double v = x[i], q = centroids[kvq_nearest(centroids, k, x[i])];
+        s1 += v; q1 += v * v; s2 += q; q2 += q * q;
+    }
+    const double mu1 = s1 / n, mu2 = s2 / n;
+    const double var1 = q1 / n - mu1 * mu1, var2 = q2 / n - mu2 * mu2;
+    const double sd1 = var1 > 0 ? sqrt(var1) : 0, sd2 = var2 > 0 ? sqrt(var2) : 0;
+    for (int j = 0; j < k; j++) out[j] = sd2 > 0 ? (float)((centroids[j] - mu2) * sd1 / sd2 + mu1) : centroids[j];
+}
+
+// numpy's percentile (linear interpolation) of sorted v[0..n)
+static float percentile_sorted(const float *v, int64_t n, double q) {
+    const double pos = q * (double)(n - 1);
+    const int64_t i = (int64_t)floor(pos);
+    if (i >= n - 1) return v[n - 1];
+    const double fr = pos - (double)i;
+    return (float)((double)v[i] + fr * ((double)v[i + 1] - v[i]));
+}
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+// Values: the order of a token's elements by (value, channel), so the outliers per side are
+// the first and last kout of it, deterministically even with ties.
+typedef struct { float v; int32_t c; } Elem;
+static int cmp_elem(const void *a, const void *b) {
+    const Elem *x = a, *y = b;
+    if (x->v != y->v) return (x->v > y->v) - (x->v < y->v);
+    return (x->c > y->c) - (x->c < y->c);
+}
+
+// One value token: marks its outliers in out_mask (1 = sparse) and returns its fp16 zero and
+// range from the max and min of the rest (paper: per-token, online). scratch holds H Elems.
+static void value_stats(const KvqSettings *s, const float *x, int64_t H, Elem *scratch, uint8_t *mask,
+                        uint16_t *zero_h, uint16_t *range_h) {
+    const int64_t kout = kvq_value_outliers_per_side(s, H);
+    memset(mask, 0, (size_t)H);
+    float mn, mx;
+    if (kout > 0) {
+        for (int64_t i = 0; i < H; i++) scratch[i] = (Elem){x[i], (int32_t)i};
+        qsort(scratch, (size_t)H, sizeof(Elem), cmp_elem);
+        for (int64_t i = 0; i < kout; i++) mask[scratch[i].c] = mask[scratch[H - 1 - i].c] = 1;
+        mn = scratch[kout].v;
+        mx = scratch[H - 1 - kout].v;
+    } else {
+        mn = mx = x[0];
+        for (int64_t i = 1; i < H; i++) {
+            mn = fminf(mn, x[i]);
+            mx = fmaxf(mx, x[i]);
+        }
+    }
+    *zero_h = qp_f32_to_f16(0.5f * (mx + mn));
+    *range_h = qp_f32_to_f16(0.5f * (mx - mn));
+}
+
+// Normalized value of x with zero z and range r (fp16-representable); r == 0 maps to 0.
+static inline float normalize(float x, float z, float r) {
+    if (!(r > 0)) return 0.0f;
+    const float v = (x - z) / r;
+    return v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
+}
+
+// Keys: x is an outlier of channel c iff it lies outside [zero - range, zero + range].
+static inline int key_outlier(float x, float z, float r) { return x < z - r || x > z + r; }
+
+int kvq_fit(KvqCodec *c, const KvqSettings *s, KvqPart part, const float *x, const float *fisher,
+            int64_t N, int64_t H, int64_t seq_len, char *err, size_t errlen) {
+    memset(c, 0, sizeof(*c));
+    if (kvq_settings_check(s, part, H, err, errlen)) return -1;
+    int64_t n, bad;
+    if (N < 1 || seq_len < 1 || N % seq_len || ck_mul(N, H, &n)) {
+        snprintf(err, errlen, "kvquant: %lld calibration tokens are not whole sequences of %lld", (long long)N,
+                 (long long)seq_len);
+        return -1;
+    }
+    if (qp_check_f16_range(x, n, &bad)) {
+        snprintf(err, errlen, "kvquant: calibration value %g at token %lld is not finite or beyond fp16's range",
+                 (double)x[bad], (long long)(bad / H));
+        return -1;
+    }
+    if (fisher)
+        for (int64_t i = 0; i < n; i++)
+            if (!(fisher[i] >= 0) || !isfinite(fisher[i])) {
+                snprintf(err, errlen, "kvquant: Fisher weight %g at token %lld is not a finite square: pass squared "
+                         "gradients", (double)fisher[i], (long long)(i / H));
+                return -1;
+            }
+    // the calibration tokens: all but the first `sink` of each sequence
+    const int64_t skip = s->sink < seq_len ? s->sink : seq_len;
+    const int64_t ncal = N / seq_len * (seq_len - skip);
+    if (ncal < 1) {
+        snprintf(err, errlen, "kvquant: no calibration token is left once the first %d of each sequence (the "
+                 "sink) are set aside: use longer sequences", s->sink);
+        return -1;
+    }
+    int64_t *rows = xmalloc(sizeof(int64_t) * (size_t)ncal);
+    for (int64_t t = 0, m = 0; t < N; t++)
+        if (t % seq_len >= skip) rows[m++] = t;
+    c->s = *s;
+    c->part = part;
+    c->H = H;
+    c->k = 1 << s->bits;
+    c->lut = xcalloc((size_t)c->k, sizeof(float));
+    float *xs = xmalloc(sizeof(float) * (size_t)ncal * (size_t)H), *ws = xmalloc(sizeof(float) * (size_t)ncal * (size_t)H);
+    int64_t m = 0;
+    if (part == KVQ_KEYS) {
+        // per channel: the f/2 and 1 - f/2 quantiles (reference code: t = 1 - f/2)
+        c->zero = xmalloc(sizeof(float) * (size_t)H);
+        c->range = xmalloc(sizeof(float) * (size_t)H);
+        float *col = xmalloc(sizeof(float) * (size_t)ncal);
+        const double t = 1.0 - s->outliers / 2;
+        for (int64_t ch = 0; ch < H; ch++) {
+            for (int64_t i = 0; i < ncal; i++) col[i] = x[rows[i] * H + ch];
+            qsort(col, (size_t)ncal, sizeof(float), cmp_float);
+            const float up = percentile_sorted(col, ncal, t), lo = percentile_sorted(col, ncal, 1 - t);
+            c->zero[ch] = qp_f16_round(0.5f * (up + lo));
+            c->range[ch] = qp_f16_round(0.5f * (up - lo));
+            if (c->range[ch] < 0) c->range[ch] = 0;
+        }
+        free(col);
+        for (int64_t i = 0; i < ncal; i++)
+            for (int64_t ch = 0; ch < H; ch++) {
+                const float v = x[rows[i] * H + ch];
+                if (key_outlier(v, c->zero[ch], c->range[ch])) continue;
+                xs[m] = normalize(v, c->zero[ch], c->range[ch]);
+                ws[m++] = fisher ? fisher[rows[i] * H + ch] : 1.0f;
+            }
+    } else {
+        // per token, exactly as online (quant/kvquant.h): the calibration sees what inference will
+        Elem *scratch = xmalloc(sizeof(Elem) * (size_t)H);
+        uint8_t *mask = xmalloc((size_t)H);
+        for (int64_t i = 0; i < ncal; i++) {
+            const float *v = x + rows[i] * H;
+            uint16_t zh, rh;
+            value_stats(s, v, H, scratch, mask, &zh, &rh);
+            const float z = qp_f16_to_f32(zh), r = qp_f16_to_f32(rh);
+            for (int64_t ch = 0; ch < H; ch++) {
+                if (mask[ch]) continue;
+                xs[m] = normalize(v[ch], z, r);
+                ws[m++] = fisher ? fisher[rows[i] * H + ch] : 1.0f;
+            }
+        }
+        free(scratch);
+        free(mask);
+    }
+    free(rows);
+    int rc = 0;
+    if (m < c->k) {
+        snprintf(err, errlen, "kvquant: %lld non-outlier calibration elements for a %d-entry datatype: the "
+                 "calibration set is smaller than the codebook, give more tokens", (long long)m, c->k);
+        rc = -1;
+    } else if (kvq_kmeans_1d(xs, ws, m, c->k, s->kmeans_iters, c->lut)) {
+        snprintf(err, errlen, "kvquant: the Fisher weights of the calibration elements sum to 0: pass the squared "
+                 "gradients of the loss, or none for unweighted k-means");
+        rc = -1;
+    } else {
+        if (kvq_qnorm_on(s)) kvq_qnorm(c->lut, c->k, xs, m, c->lut);
+        for (int j = 0; j < c->k; j++) c->lut[j] = qp_f16_round(c->lut[j]);
+    }
+    free(xs);
+    free(ws);
+    if (rc) kvq_free(c);
+    return rc;
+}
+
+// ---- layout, encode, decode
+
+int kvq_layout(const KvqCodec *c, int64_t T, int64_t pos0, int64_t nnz, KvqLayout *L) {
+    memset(L, 0, sizeof(*L));
+    if (T < 0 || pos0 < 0 || nnz < 0) return -1;
+    int64_t ns = c->s.sink - pos0;
+    ns = ns < 0 ? 0 : ns > T ? T : ns;
+    L->ns = ns;
+    L->nq = T - ns;
+    L->nnz = nnz;
+    int64_t codebits, a, b, d, e;
+    if (ck_mul(c->H, c->s.bits, &codebits)) return -1;
+    L->row_bytes = (codebits + 7) / 8 + (c->part == KVQ_VALUES ? 4 : 0);
+    L->sink_off = 0;
+    if (ck_mul(ns, c->H, &a) || ck_mul(a, 2, &a)) return -1;
+    L->dense_off = a;
+    if (ck_mul(L->nq, L->row_bytes, &b) || ck_add(a, b, &L->ptr_off)) return -1;
+    if (ck_mul(L->nq, 4, &d) || ck_add(L->ptr_off, d, &L->entry_off)) return -1;
+    if (ck_mul(nnz, 4, &e) || ck_add(L->entry_off, e, &L->total)) return -1;
+    return 0;
+}
+
+int kvq_count(const KvqCodec *c, const float *x, int64_t T, int64_t pos0, int64_t *nnz, char *err, size_t errlen) {
+    int64_t n, bad;
+    if (T < 0 || pos0 < 0 || ck_mul(T, c->H, &n)) {
+        snprintf(err, errlen, "kvquant: %lld tokens at position %lld overflow the size arithmetic", (long long)T,
+                 (long long)pos0);
+        return -1;
+    }
+    if (qp_check_f16_range(x, n, &bad)) {
+        snprintf(err, errlen, "kvquant: value %g at token %lld, channel %lld is not finite or beyond fp16's range "
+                 "(|x| <= 65504)", (double)x[bad], (long long)(bad / c->H), (long long)(bad % c->H));
+        return -1;
+    }
+    int64_t cnt = 0;
+    for (int64_t t = 0; t < T; t++) {
+        if (pos0 + t < c->s.sink) continue;
+        if (c->part == KVQ_VALUES) cnt += 2 * kvq_value_outliers_per_side(&c->s, c->H);
+        else
+            for (int64_t ch = 0; ch < c->H; ch++) cnt += key_outlier(x[t * c->H + ch], c->zero[ch], c->range[ch]);
+    }
+    *nnz = cnt;
+    return 0;
+}
+
+int64_t kvq_encode(const KvqCodec *c, const float *x, int64_t T, int64_t pos0, uint8_t *out, int64_t cap,
+                   char *err, size_t errlen) {
+    int64_t nnz;
+    KvqLayout L;
+    if (kvq_count(c, x, T, pos0, &nnz, err, errlen)) return -1;
+    if (kvq_layout(c, T, pos0, nnz, &L)) {
+        snprintf(err, errlen, "kvquant: %lld tokens overflow the size arithmetic", (long long)T);
+        return -1;
+    }
+    if (L.total > cap) {
+        snprintf(err, errlen, "kvquant: output buffer of %lld bytes, %lld needed", (long long)cap, (long long)L.total);
+        return -1;
+    }
+    memset(out, 0, (size_t)L.total);
+    const int64_t H = c->H;
+    for (int64_t t = 0; t < L.ns; t++)
+        for (int64_t ch = 0; ch < H; ch++) qp_put_u16(out + 2 * (t * H + ch), qp_f32_to_f16(x[t * H + ch]));
+    Elem *scratch = c->part == KVQ_VALUES ? xmalloc(sizeof(Elem) * (size_t)H) : NULL;
+    uint8_t *mask = xmalloc((size_t)H);
+    int64_t e = 0;
+    for (int64_t r = 0; r < L.nq; r++) {
+        const float *v = x + (L.ns + r) * H;
+        uint8_t *row = out + L.dense_off + r * L.row_bytes, *codes = row;
+        float z = 0, rg = 0;
+        if (c->part == KVQ_VALUES) {
+            uint16_t zh, rh;
+            value_stats(&c->s, v, H, scratch, mask, &zh, &rh);
+            qp_put_u16(row, zh);
+            qp_put_u16(row + 2, rh);
+            codes = row + 4;
+            z = qp_f16_to_f32(zh);
+            rg = qp_f16_to_f32(rh);
+        }
+        for (int64_t ch = 0; ch < H; ch++) {
+            if (c->part == KVQ_KEYS) {
+                z = c->zero[ch];
+                rg = c->range[ch];
+                mask[ch] = (uint8_t)key_outlier(v[ch], z, rg);
+            }
+            qp_put_code(codes, ch, c->s.bits, (unsigned)kvq_nearest(c->lut, c->k, normalize(v[ch], z, rg)));
+            if (mask[ch]) {
+                uint8_t *p = out + L.entry_off + 4 * e++;
+                qp_put_u16(p, (uint16_t)ch);
+                qp_put_u16(p + 2, qp_f32_to_f16(v[ch]));
+            }
+        }
+        qp_put_u32(out + L.ptr_off + 4 * r, (uint32_t)e);
+    }
+    free(scratch);
+    free(mask);
+    return L.total;
+}
+
+// Reads and checks the pointers: nondecreasing, the last one the entry count nbytes implies,
+// channels in range. Fills *L.
+static int check_stream(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, int64_t pos0,
+                        KvqLayout *L, char *err, size_t errlen) {
+    if (kvq_layout(c, T, pos0, 0, L) || nbytes < L->total || (nbytes - L->total) % 4) goto bad;
+    const int64_t nnz = (nbytes - L->total) / 4;
+    if (kvq_layout(c, T, pos0, nnz, L)) goto bad;
+    uint32_t prev = 0;
+    for (int64_t r = 0; r < L->nq; r++) {
+        const uint32_t p = qp_get_u32(in + L->ptr_off + 4 * r);
+        if (p < prev || p > (uint64_t)nnz) goto bad;
+        prev = p;
+    }
+    if ((int64_t)prev != nnz) goto bad;
+    for (int64_t i = 0; i < nnz; i++)
+        if (qp_get_u16(in + L->entry_off + 4 * i) >= c->H) goto bad;
+    return 0;
+bad:
+    snprintf(err, errlen, "kvquant: %lld bytes are not an encoding of %lld tokens of width %lld from position %lld",
+             (long long)nbytes, (long long)T, (long long)c->H, (long long)pos0);
+    return -1;
+}
+
+// The dense value of channel ch in dense row r (before outliers replace it).
+static inline float dense_value(const KvqCodec *c, const uint8_t *row, int64_t ch) {
+    float z, rg;
+    const uint8_t *codes = row;
+    if (c->part == KVQ_VALUES) {
+        z = qp_f16_to_f32(qp_get_u16(row));
+        rg = qp_f16_to_f32(qp_get_u16(row + 2));
+        codes = row + 4;
+    } else {
+        z = c->zero[ch];
+        rg = c->range[ch];
+    }
+    return c->lut[qp_get_code(codes, ch, c->s.bits)] * rg + z;
+}
+
+int kvq_decode(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, int64_t pos0, float *x,
+               char *err, size_t errlen) {
+    KvqLayout L;
+    if (check_stream(c, in, nbytes, T, pos0, &L, err, errlen)) return -1;
+    const int64_t H = c->H;
+    for (int64_t i = 0; i < L.ns * H; i++) x[i] = qp_f16_to_f32(qp_get_u16(in + 2 * i));
+    uint32_t e0 = 0;
+    for (int64_t r = 0; r < L.nq; r++) {
+        float *y = x + (L.ns + r) * H;
+        const uint8_t *row = in + L.dense_off + r * L.row_bytes;
+        for (int64_t ch = 0; ch < H; ch++) y[ch] = dense_value(c, row, ch);
+        const uint32_t e1 = qp_get_u32(in + L.ptr_off + 4 * r);
+        for (uint32_t e = e0; e < e1; e++) {   // outliers replace the dense value
+            const uint8_t *p = in + L.entry_off + 4 * (int64_t)e;
+            y[qp_get_u16(p)] = qp_f16_to_f32(qp_get_u16(p + 2));
+        }
+        e0 = e1;
+    }
+    return 0;
+}
+
+int kvq_scores(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, int64_t pos0, const float *q_rot,
+               int n_q_heads, int n_kv_heads, int d_head, float theta, float *out, char *err, size_t errlen) {
+    KvqLayout L;
+    if (c->part != KVQ_KEYS || n_kv_heads < 1 || d_head < 2 || d_head % 2 || n_q_heads % n_kv_heads
+        || (int64_t)n_kv_heads * d_head != c->H) {
+        snprintf(err, errlen, "kvquant: scores need a key codec of width n_kv_heads x d_head (even d_head) and "
+                 "n_q_heads a multiple of n_kv_heads; got %d x %d for width %lld, %d query heads",
+                 n_kv_heads, d_head, (long long)c->H, n_q_heads);
+        return -1;
+    }
+    if (check_stream(c, in, nbytes, T, pos0, &L, err, errlen)) return -1;
+    const int half = d_head / 2, rep = n_q_heads / n_kv_heads;
+    float *cs = xmalloc(sizeof(float) * (size_t)d_head);   // cos[i], sin[i] of this token, i < half
+    uint32_t e0 = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const double pos = (double)(pos0 + t);
+        // the angles exactly as layers/cpu_rope.c forms them
+        for (int i = 0; i < half; i++) {
+            const double a = pos * pow((double)theta, -2.0 * i / d_head);
+            cs[i] = (float)cos(a);
+            cs[half + i] = (float)sin(a);
+        }
+        const int sink = t < L.ns;
+        const uint8_t *row = sink ? in + 2 * t * c->H : in + L.dense_off + (t - L.ns) * L.row_bytes;
+        for (int h = 0; h < n_q_heads; h++) {
+            const int64_t base = (int64_t)(h / rep) * d_head;
+            const float *q = q_rot + (int64_t)h * d_head;
+            double acc = 0;
+            for (int i = 0; i < half; i++) {   // the pair (i, i + d/2) decoded, rotated, dotted
+                float k0, k1;
+                if (sink) {
+                    k0 = qp_f16_to_f32(qp_get_u16(row + 2 * (base + i)));
+                    k1 = qp_f16_to_f32(qp_get_u16(row + 2 * (base + i + half)));
+                } else {
+                    k0 = dense_value(c, row, base + i);
+                    k1 = dense_value(c, row, base + i + half);
+                }
+                const float co = cs[i], si = cs[half + i];
+                acc += (double)q[i] * (k0 * co - k1 * si) + (double)q[i + half] * (k1 * co + k0 * si);
+            }
+            out[t * n_q_heads + h] = (float)acc;
+        }
+        if (sink) continue;
+        // sparse outliers: channel j of its head adds delta (cos q[j] + sgn sin q[(j + d/2) mod d]),
+        // delta = the exact value minus the dense value it replaces
+        const uint32_t e1 = qp_get_u32(in + L.ptr_off + 4 * (t - L.ns));
+        for (uint32_t e = e0; e < e1; e++) {
+            const uint8_t *p = in + L.entry_off + 4 * (int64_t)e;
+            const int64_t ch = qp_get_u16(p);
+            const float delta = qp_f16_to_f32(qp_get_u16(p + 2)) - dense_value(c, row, ch);
+            const int kvh = (int)(ch / d_head), j = (int)(ch % d_head), i = j % half;
+            const float sgn = j < half ? 1.0f : -1.0f;
+            for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
+                const float *q = q_rot + (int64_t)h * d_head;
+                out[t * n_q_heads + h] += delta * (cs[i] * q[j] + sgn * cs[half + i] * q[(j + half) % d_head]);
+            }
+        }
+        e0 = e1;
+    }
+    free(cs);
+    return 0;
+}
+
+// ---- bits
+
+double kvq_bits_stored(const KvqCodec *c, int64_t T, int64_t pos0, int64_t nnz) {
+    KvqLayout L;
+    if (T <= 0 || kvq_layout(c, T, pos0, nnz, &L)) return 0;
+    const double tables = 16.0 * c->k + (c->part == KVQ_KEYS ? 32.0 * (double)c->H : 0);
+    return (8.0 * (double)L.total + tables) / ((double)T * (double)c->H);
+}
+
+double kvq_bits_paper(const KvqSettings *s, KvqPart part, int64_t H) {
+    return s->bits + 32.0 * s->outliers + (part == KVQ_VALUES ? 32.0 / (double)H : 0);
+}
+
+double kvq_paper_cache_bytes(const KvqSettings *s, int64_t L, int64_t H, int64_t T) {
+    const double elems = (double)L * (double)H * (double)T;
+    return elems * (kvq_bits_paper(s, KVQ_KEYS, H) + kvq_bits_paper(s, KVQ_VALUES, H)) / 8;
+}
