@@ -319,11 +319,16 @@ int kvq_fit(KvqCodec *c, const KvqSettings *s, KvqPart part, const float *x, con
 
 // ---- layout, encode, decode
 
+// How many of T tokens from position pos0 are sink tokens (position < sink): the first ones.
+static int64_t sink_rows(const KvqCodec *c, int64_t T, int64_t pos0) {
+    const int64_t ns = c->s.sink - pos0;
+    return ns < 0 ? 0 : ns > T ? T : ns;
+}
+
 int kvq_layout(const KvqCodec *c, int64_t T, int64_t pos0, int64_t nnz, KvqLayout *L) {
     memset(L, 0, sizeof(*L));
     if (T < 0 || pos0 < 0 || nnz < 0) return -1;
-    int64_t ns = c->s.sink - pos0;
-    ns = ns < 0 ? 0 : ns > T ? T : ns;
+    const int64_t ns = sink_rows(c, T, pos0);
     L->ns = ns;
     L->nq = T - ns;
     L->nnz = nnz;
@@ -352,8 +357,7 @@ int kvq_count(const KvqCodec *c, const float *x, int64_t T, int64_t pos0, int64_
         return -1;
     }
     int64_t cnt = 0;
-    for (int64_t t = 0; t < T; t++) {
-        if (pos0 + t < c->s.sink) continue;
+    for (int64_t t = sink_rows(c, T, pos0); t < T; t++) {
         if (c->part == KVQ_VALUES) cnt += 2 * kvq_value_outliers_per_side(&c->s, c->H);
         else
             for (int64_t ch = 0; ch < c->H; ch++) cnt += key_outlier(x[t * c->H + ch], c->zero[ch], c->range[ch]);
@@ -402,7 +406,7 @@ int64_t kvq_encode(const KvqCodec *c, const float *x, int64_t T, int64_t pos0, u
                 mask[ch] = (uint8_t)key_outlier(v[ch], z, rg);
             }
             qp_put_code(codes, ch, c->s.bits, (unsigned)kvq_nearest(c->lut, c->k, normalize(v[ch], z, rg)));
-            if (mask[ch]) {
+            if (mask[ch] && e < L.nnz) {   // (e < nnz always: kvq_count's pass decided nnz)
                 uint8_t *p = out + L.entry_off + 4 * e++;
                 qp_put_u16(p, (uint16_t)ch);
                 qp_put_u16(p + 2, qp_f32_to_f16(v[ch]));

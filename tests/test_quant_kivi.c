@@ -30,9 +30,28 @@ static float *make_data(int64_t T, int64_t H, uint64_t seed) {
     return x;
 }
 
-// Checks every quantized element against the min/max of its group computed here.
-static int within_bound(const KiviSettings *s, KiviPart part, const float *x, const float *y, int64_t T, int64_t H,
-                        double *max_rel) {
+// The stored (fp16 scale, fp16 min) of the group holding token t, channel c, read from the
+// layout of quant/kivi.h.
+static void stored_group(const KiviSettings *s, KiviPart part, const uint8_t *buf, int64_t H, int64_t t, int64_t c,
+                         float *scale, float *mn) {
+    const int64_t G = s->group;
+    const uint8_t *head;
+    if (part == KIVI_KEYS) {
+        const int64_t blk = 4 * H + (H * G * s->bits + 7) / 8;
+        head = buf + (t / G) * blk + 4 * c;
+    } else {
+        const int64_t blk = 4 * (H / G) + (H * s->bits + 7) / 8;
+        head = buf + t * blk + 4 * (c / G);
+    }
+    *scale = qp_f16_to_f32(qp_get_u16(head));
+    *mn = qp_f16_to_f32(qp_get_u16(head + 2));
+}
+
+// Checks every quantized element against its group: the stored minimum is at most the group's
+// minimum (and the fp16 just below it at worst), the stored scale at least (max - min)/(2^b - 1)
+// and at most 2^-10 above it, and the element is within scale/2 of its decoded value.
+static int within_bound(const KiviSettings *s, KiviPart part, const float *x, const float *y, const uint8_t *buf,
+                        int64_t T, int64_t H, double *max_rel) {
     const int64_t nq = kivi_quantized_tokens(s, part, T), G = s->group;
     const int levels = (1 << s->bits) - 1;
     int ok = 1;
@@ -53,13 +72,14 @@ static int within_bound(const KiviSettings *s, KiviPart part, const float *x, co
                     mx = fmaxf(mx, x[t * H + j]);
                 }
             }
-            // the stored scale is fp16-rounded up from (mx - mn)/levels: at most 2^-10 relative
-            // above it (plus the rounded-down minimum's share)
-            const float mnf = qp_f16_to_f32(qp_f16_down(mn));
-            const double scale = ((double)mx - mnf) / levels * (1 + 1.0 / 1024) + 1e-7;
+            float sc, smn;
+            stored_group(s, part, buf, H, t, c, &sc, &smn);
+            const double need = ((double)mx - smn) / levels;
+            if (smn > mn || smn < mn - fabsf(mn) / 1024 - 6e-8f) ok = 0;
+            if (sc < need || sc > need * (1 + 1.0 / 1024) + 6e-8) ok = 0;
             const double e = fabs((double)x[t * H + c] - y[t * H + c]);
-            if (e > scale / 2 + 1e-6 * fabs(x[t * H + c])) ok = 0;
-            if (scale > 0 && e / scale > *max_rel) *max_rel = e / scale;
+            if (e > sc / 2.0 * (1 + 1e-6) + 1e-7 * fabs(x[t * H + c])) ok = 0;
+            if (sc > 0 && e / sc > *max_rel) *max_rel = e / sc;
         }
     for (int64_t i = nq * H; i < T * H; i++)
         if (y[i] != qp_f16_round(x[i])) ok = 0;
@@ -77,8 +97,8 @@ static void test_roundtrip(KiviPart part, int bits, int G, int R, int64_t T, int
     int64_t wrote = kivi_encode(&s, part, x, T, H, buf, bytes + 16, err, sizeof(err));
     int dec = kivi_decode(&s, part, buf, wrote, T, H, y, err, sizeof(err));
     double rel;
-    int ok = wrote >= 0 && dec == 0 && within_bound(&s, part, x, y, T, H, &rel);
-    snprintf(name, sizeof(name), "kivi %s b=%d G=%d R=%d T=%lld H=%lld: |x - x'| <= scale/2 of its own group "
+    int ok = wrote >= 0 && dec == 0 && within_bound(&s, part, x, y, buf, T, H, &rel);
+    snprintf(name, sizeof(name), "kivi %s b=%d G=%d R=%d T=%lld H=%lld: stored scale/min fit its own group, |x - x'| <= scale/2 "
              "(max %.3f scale), window == fp16(x)", pn, bits, G, R, (long long)T, (long long)H, ok ? rel : -1.0);
     check(ok, name);
     const double stored = kivi_bits_stored(&s, part, T, H);
@@ -190,6 +210,8 @@ int main(void) {
     test_roundtrip(KIVI_KEYS, 3, 8, 0, 75, 40);
     test_roundtrip(KIVI_VALUES, 1, 8, 0, 75, 40);
     test_roundtrip(KIVI_KEYS, 8, 16, 32, 31, 16);   // shorter than the window: all fp16
+    test_roundtrip(KIVI_KEYS, 3, 3, 6, 50, 20);     // code blocks that end inside a byte
+    test_roundtrip(KIVI_VALUES, 3, 4, 0, 33, 20);
     test_constant_and_edges();
     test_bad_input();
     printf("%d passed, %d failed\n", passed, failed);
