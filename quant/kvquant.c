@@ -13,7 +13,7 @@
 #include "quant/qpack.h"
 
 KvqSettings kvq_defaults(void) {
-    KvqSettings s = {4, 0.01, 1, -1, 50};
+    KvqSettings s = {4, 0.01, 1, -1, 50, 0};
     return s;
 }
 
@@ -25,6 +25,7 @@ int kvq_settings_parse(const char *spec, KvqSettings *s, char *err, size_t errle
         else if (!strcmp(key, "outliers")) rc = qp_spec_f64(key, val, 0, 0.4999, &s->outliers, err, errlen);
         else if (!strcmp(key, "sink")) rc = qp_spec_int(key, val, 0, 1 << 20, &s->sink, err, errlen);
         else if (!strcmp(key, "iters")) rc = qp_spec_int(key, val, 1, 10000, &s->kmeans_iters, err, errlen);
+        else if (!strcmp(key, "vgroup")) rc = qp_spec_int(key, val, 0, 65536, &s->value_group, err, errlen);
         else if (!strcmp(key, "qnorm")) {
             rc = 0;
             if (!strcmp(val, "auto")) s->qnorm = -1;
@@ -35,7 +36,7 @@ int kvq_settings_parse(const char *spec, KvqSettings *s, char *err, size_t errle
                 rc = -1;
             }
         } else {
-            snprintf(err, errlen, "kvquant: unknown setting '%s' (known: bits, outliers, sink, qnorm, iters)", key);
+            snprintf(err, errlen, "kvquant: unknown setting '%s' (known: bits, outliers, sink, qnorm, iters, vgroup)", key);
             return -1;
         }
         if (rc) return qp_prefix_err("kvquant", err, errlen);
@@ -43,8 +44,10 @@ int kvq_settings_parse(const char *spec, KvqSettings *s, char *err, size_t errle
     return rc ? qp_prefix_err("kvquant", err, errlen) : 0;
 }
 
+int64_t kvq_value_group(const KvqSettings *s, int64_t H) { return s->value_group > 0 ? s->value_group : H; }
+
 int64_t kvq_value_outliers_per_side(const KvqSettings *s, int64_t H) {
-    return s->outliers > 0 ? (int64_t)ceil(s->outliers * (double)H / 2 - 1e-9) : 0;
+    return s->outliers > 0 ? (int64_t)ceil(s->outliers * (double)kvq_value_group(s, H) / 2 - 1e-9) : 0;
 }
 
 int kvq_settings_check(const KvqSettings *s, KvqPart part, int64_t H, char *err, size_t errlen) {
@@ -65,9 +68,14 @@ int kvq_settings_check(const KvqSettings *s, KvqPart part, int64_t H, char *err,
         snprintf(err, errlen, "kvquant: width %lld outside 1..65536 (sparse entries store 16-bit channels)", (long long)H);
         return -1;
     }
-    if (part == KVQ_VALUES && 2 * kvq_value_outliers_per_side(s, H) >= H) {
-        snprintf(err, errlen, "kvquant: outliers=%g leaves no dense value in a token of width %lld: lower it",
-                 s->outliers, (long long)H);
+    if (s->value_group < 0 || (s->value_group > 0 && H % s->value_group)) {
+        snprintf(err, errlen, "kvquant: vgroup=%d does not divide the width %lld: use a divisor (the head dim for "
+                 "per-head values) or 0 for the whole width", s->value_group, (long long)H);
+        return -1;
+    }
+    if (part == KVQ_VALUES && 2 * kvq_value_outliers_per_side(s, H) >= kvq_value_group(s, H)) {
+        snprintf(err, errlen, "kvquant: outliers=%g leaves no dense value in a value group of %lld channels: lower it",
+                 s->outliers, (long long)kvq_value_group(s, H));
         return -1;
     }
     return 0;
@@ -183,11 +191,11 @@ static int cmp_elem(const void *a, const void *b) {
     return (x->c > y->c) - (x->c < y->c);
 }
 
-// One value token: marks its outliers in out_mask (1 = sparse) and returns its fp16 zero and
-// range from the max and min of the rest (paper: per-token, online). scratch holds H Elems.
-static void value_stats(const KvqSettings *s, const float *x, int64_t H, Elem *scratch, uint8_t *mask,
+// One value group of H channels (a token's whole width by default): marks its kout largest and
+// kout smallest in mask (1 = sparse) and returns its fp16 zero and range from the max and min of
+// the rest (paper: per-token, online). scratch holds H Elems.
+static void value_stats(int64_t kout, const float *x, int64_t H, Elem *scratch, uint8_t *mask,
                         uint16_t *zero_h, uint16_t *range_h) {
-    const int64_t kout = kvq_value_outliers_per_side(s, H);
     memset(mask, 0, (size_t)H);
     float mn, mx;
     if (kout > 0) {
@@ -283,17 +291,19 @@ int kvq_fit(KvqCodec *c, const KvqSettings *s, KvqPart part, const float *x, con
         // per token, exactly as online (quant/kvquant.h): the calibration sees what inference will
         Elem *scratch = xmalloc(sizeof(Elem) * (size_t)H);
         uint8_t *mask = xmalloc((size_t)H);
-        for (int64_t i = 0; i < ncal; i++) {
-            const float *v = x + rows[i] * H;
-            uint16_t zh, rh;
-            value_stats(s, v, H, scratch, mask, &zh, &rh);
-            const float z = qp_f16_to_f32(zh), r = qp_f16_to_f32(rh);
-            for (int64_t ch = 0; ch < H; ch++) {
-                if (mask[ch]) continue;
-                xs[m] = normalize(v[ch], z, r);
-                ws[m++] = fisher ? fisher[rows[i] * H + ch] : 1.0f;
+        const int64_t Gv = kvq_value_group(s, H), kout = kvq_value_outliers_per_side(s, H);
+        for (int64_t i = 0; i < ncal; i++)
+            for (int64_t g0 = 0; g0 < H; g0 += Gv) {
+                const float *v = x + rows[i] * H + g0;
+                uint16_t zh, rh;
+                value_stats(kout, v, Gv, scratch, mask, &zh, &rh);
+                const float z = qp_f16_to_f32(zh), r = qp_f16_to_f32(rh);
+                for (int64_t ch = 0; ch < Gv; ch++) {
+                    if (mask[ch]) continue;
+                    xs[m] = normalize(v[ch], z, r);
+                    ws[m++] = fisher ? fisher[rows[i] * H + g0 + ch] : 1.0f;
+                }
             }
-        }
         free(scratch);
         free(mask);
     }
@@ -334,7 +344,7 @@ int kvq_layout(const KvqCodec *c, int64_t T, int64_t pos0, int64_t nnz, KvqLayou
     L->nnz = nnz;
     int64_t codebits, a, b, d, e;
     if (ck_mul(c->H, c->s.bits, &codebits)) return -1;
-    L->row_bytes = (codebits + 7) / 8 + (c->part == KVQ_VALUES ? 4 : 0);
+    L->row_bytes = (codebits + 7) / 8 + (c->part == KVQ_VALUES ? 4 * (c->H / kvq_value_group(&c->s, c->H)) : 0);
     L->sink_off = 0;
     if (ck_mul(ns, c->H, &a) || ck_mul(a, 2, &a)) return -1;
     L->dense_off = a;
@@ -358,7 +368,8 @@ int kvq_count(const KvqCodec *c, const float *x, int64_t T, int64_t pos0, int64_
     }
     int64_t cnt = 0;
     for (int64_t t = sink_rows(c, T, pos0); t < T; t++) {
-        if (c->part == KVQ_VALUES) cnt += 2 * kvq_value_outliers_per_side(&c->s, c->H);
+        if (c->part == KVQ_VALUES)
+            cnt += 2 * kvq_value_outliers_per_side(&c->s, c->H) * (c->H / kvq_value_group(&c->s, c->H));
         else
             for (int64_t ch = 0; ch < c->H; ch++) cnt += key_outlier(x[t * c->H + ch], c->zero[ch], c->range[ch]);
     }
@@ -385,25 +396,28 @@ int64_t kvq_encode(const KvqCodec *c, const float *x, int64_t T, int64_t pos0, u
         for (int64_t ch = 0; ch < H; ch++) qp_put_u16(out + 2 * (t * H + ch), qp_f32_to_f16(x[t * H + ch]));
     Elem *scratch = c->part == KVQ_VALUES ? xmalloc(sizeof(Elem) * (size_t)H) : NULL;
     uint8_t *mask = xmalloc((size_t)H);
+    const int64_t Gv = kvq_value_group(&c->s, H), ng = H / Gv, kout = kvq_value_outliers_per_side(&c->s, H);
     int64_t e = 0;
     for (int64_t r = 0; r < L.nq; r++) {
         const float *v = x + (L.ns + r) * H;
         uint8_t *row = out + L.dense_off + r * L.row_bytes, *codes = row;
-        float z = 0, rg = 0;
-        if (c->part == KVQ_VALUES) {
-            uint16_t zh, rh;
-            value_stats(&c->s, v, H, scratch, mask, &zh, &rh);
-            qp_put_u16(row, zh);
-            qp_put_u16(row + 2, rh);
-            codes = row + 4;
-            z = qp_f16_to_f32(zh);
-            rg = qp_f16_to_f32(rh);
-        }
+        if (c->part == KVQ_VALUES)   // the zero/range of every value group, in front of the codes
+            for (int64_t g = 0; g < ng; g++) {
+                uint16_t zh, rh;
+                value_stats(kout, v + g * Gv, Gv, scratch, mask + g * Gv, &zh, &rh);
+                qp_put_u16(row + 4 * g, zh);
+                qp_put_u16(row + 4 * g + 2, rh);
+                codes = row + 4 * ng;
+            }
         for (int64_t ch = 0; ch < H; ch++) {
+            float z, rg;
             if (c->part == KVQ_KEYS) {
                 z = c->zero[ch];
                 rg = c->range[ch];
                 mask[ch] = (uint8_t)key_outlier(v[ch], z, rg);
+            } else {
+                z = qp_f16_to_f32(qp_get_u16(row + 4 * (ch / Gv)));
+                rg = qp_f16_to_f32(qp_get_u16(row + 4 * (ch / Gv) + 2));
             }
             qp_put_code(codes, ch, c->s.bits, (unsigned)kvq_nearest(c->lut, c->k, normalize(v[ch], z, rg)));
             if (mask[ch] && e < L.nnz) {   // (e < nnz always: kvq_count's pass decided nnz)
@@ -447,9 +461,10 @@ static inline float dense_value(const KvqCodec *c, const uint8_t *row, int64_t c
     float z, rg;
     const uint8_t *codes = row;
     if (c->part == KVQ_VALUES) {
-        z = qp_f16_to_f32(qp_get_u16(row));
-        rg = qp_f16_to_f32(qp_get_u16(row + 2));
-        codes = row + 4;
+        const int64_t Gv = kvq_value_group(&c->s, c->H), g = ch / Gv;
+        z = qp_f16_to_f32(qp_get_u16(row + 4 * g));
+        rg = qp_f16_to_f32(qp_get_u16(row + 4 * g + 2));
+        codes = row + 4 * (c->H / Gv);
     } else {
         z = c->zero[ch];
         rg = c->range[ch];
@@ -551,7 +566,7 @@ double kvq_bits_stored(const KvqCodec *c, int64_t T, int64_t pos0, int64_t nnz) 
 }
 
 double kvq_bits_paper(const KvqSettings *s, KvqPart part, int64_t H) {
-    return s->bits + 32.0 * s->outliers + (part == KVQ_VALUES ? 32.0 / (double)H : 0);
+    return s->bits + 32.0 * s->outliers + (part == KVQ_VALUES ? 32.0 / (double)kvq_value_group(s, H) : 0);
 }
 
 double kvq_paper_cache_bytes(const KvqSettings *s, int64_t L, int64_t H, int64_t T) {

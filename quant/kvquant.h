@@ -4,7 +4,8 @@
 //          output, or a latent model's RoPE-free part); RoPE is applied after decoding or fused
 //          into kvq_scores. Channel c's zero and range are calibrated offline, once.
 //   values per token (over the whole width H of the layer, all heads: the paper's bit counts
-//          assume it), zero and range computed online per token.
+//          assume it; or per group of value_group channels, e.g. per head), zero and range
+//          computed online per token.
 //   codes  b-bit indices into a per-layer non-uniform datatype ("nuqX"): 2^b centroids from a
 //          1-D k-means over the normalized calibration elements weighted by their Fisher
 //          information (squared gradients of the loss, supplied by the caller), one table for
@@ -13,15 +14,15 @@
 //          mean and std of the normalized data.
 //   sparse per vector, the dense-and-sparse outliers: keys outside the calibrated
 //          [lower_c, upper_c] of their channel (about a fraction f of them, a variable count
-//          per token); values: the ceil(f*H/2) largest and ceil(f*H/2) smallest of each
-//          token. Each is stored exactly in fp16 with its 16-bit channel and REPLACES the
+//          per token); values: the ceil(f*Gv/2) largest and ceil(f*Gv/2) smallest of each
+//          value group. Each is stored exactly in fp16 with its 16-bit channel and REPLACES the
 //          dense value; a 32-bit pointer per token locates its entries (variable length).
 //   sink   the first `sink` tokens of a sequence (position < sink) stored in fp16 unquantized.
 //
 // Byte layout of T tokens at positions pos0 .. pos0+T-1 (one layer's K or V), little-endian:
 //   [sink rows: ns x H fp16, ns = tokens with position < sink]
-//   [dense rows: nq = T - ns rows; values: fp16 zero, fp16 range first; then the H codes
-//    packed LSB first (quant/qpack.h), padded to a byte]
+//   [dense rows: nq = T - ns rows; values: H/Gv x (fp16 zero, fp16 range) first; then the H
+//    codes packed LSB first (quant/qpack.h), padded to a byte]
 //   [pointers: nq x u32, the end of each dense row's entries (cumulative count)]
 //   [entries: nnz x (u16 channel, fp16 value), row by row, channels ascending]
 // Every row is independent of the others (keys use the frozen calibration; values their own
@@ -41,17 +42,21 @@ typedef struct KvqSettings {
     int sink;             // tokens kept in fp16 at the start of a sequence (paper: 1)
     int qnorm;            // Q-Norm: 1 on, 0 off, -1 = the paper's default (on at 2 bits only)
     int kmeans_iters;     // Lloyd iterations of the datatype fit (the reference code: 50)
+    int value_group;      // values: channels per zero/range and outlier group; 0 = the whole
+                          // width H (the paper's), d_head = per head (32/d bits per element)
 } KvqSettings;
 
-KvqSettings kvq_defaults(void);   // b=4, f=0.01, sink=1, qnorm=-1, 50 iterations
-// "bits=3,outliers=0.01,sink=1,qnorm=auto|on|off,iters=50": 0, or -1 with a message.
+KvqSettings kvq_defaults(void);   // b=4, f=0.01, sink=1, qnorm=-1, 50 iterations, whole width
+// "bits=3,outliers=0.01,sink=1,qnorm=auto|on|off,iters=50,vgroup=0": 0, or -1 with a message.
 int kvq_settings_parse(const char *spec, KvqSettings *s, char *err, size_t errlen);
 // 0 when the settings can encode a part of width H, else -1 with one line naming the problem:
-// bits outside 2..4, f outside [0, 0.5) or leaving no dense value in a token, a negative sink,
-// H outside 1..65536 (channels are 16-bit in the sparse entries).
+// bits outside 2..4, f outside [0, 0.5) or leaving no dense value in a value group, a negative
+// sink, a value group that does not divide H, H outside 1..65536 (16-bit sparse channels).
 int kvq_settings_check(const KvqSettings *s, KvqPart part, int64_t H, char *err, size_t errlen);
 int kvq_qnorm_on(const KvqSettings *s);
-// Values: the outliers per side of one token, ceil(f*H/2) (0 when f == 0).
+// Values: the channels of one value group (value_group, or H when it is 0), and the outliers
+// per side of one group, ceil(f*Gv/2) (0 when f == 0).
+int64_t kvq_value_group(const KvqSettings *s, int64_t H);
 int64_t kvq_value_outliers_per_side(const KvqSettings *s, int64_t H);
 
 // The fitted state of one layer's K or V.
@@ -109,7 +114,7 @@ int kvq_scores(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, 
 // tables amortized over these T tokens (the 2^b fp16 centroids, and for keys the per-channel
 // fp16 zero and range). 0 when T == 0.
 double kvq_bits_stored(const KvqCodec *c, int64_t T, int64_t pos0, int64_t nnz);
-// The paper's convention (App. K, as Table 6 counts): keys b + 32 f, values b + 32 f + 32/H;
+// The paper's convention (App. K, as Table 6 counts): keys b + 32 f, values b + 32 f + 32/Gv;
 // no pointers, no sink, no tables.
 double kvq_bits_paper(const KvqSettings *s, KvqPart part, int64_t H);
 // The paper's cache size in bytes for L layers of width H at T tokens (K and V together):

@@ -211,13 +211,15 @@ static int64_t stream_layout(const KvqCodec *c, int64_t nbytes, int64_t T, int64
 }
 
 // A6.3 (and the accounting): one part at b bits.
-static void test_roundtrip(KvqPart part, int bits, double f, int64_t H) {
+static void test_roundtrip(KvqPart part, int bits, double f, int64_t H, int vgroup) {
     const char *pn = part == KVQ_KEYS ? "keys" : "values";
     const int64_t seq = 128, N = 8 * seq, T = 300;
     float *cal = make_kv(N, H, 41 + bits, 42), *fi = make_fisher(N * H, 43), *x = make_kv(T, H, 44 + bits, 42);
     KvqSettings s = kvq_defaults();
     s.bits = bits;
     s.outliers = f;
+    s.value_group = vgroup;
+    const int64_t Gv = kvq_value_group(&s, H), ng = H / Gv;
     KvqCodec c = fit_or_die(s, part, cal, fi, N, H, seq);
     int64_t nbytes;
     uint8_t *buf = encode_or_die(&c, x, T, 0, &nbytes);
@@ -243,11 +245,11 @@ static void test_roundtrip(KvqPart part, int bits, double f, int64_t H) {
         uint8_t *is_out = calloc((size_t)H, 1);
         for (uint32_t e = e0; e < e1; e++) is_out[qp_get_u16(buf + L.entry_off + 4 * (int64_t)e)] = 1;
         if (part == KVQ_VALUES) {
-            count_ok &= (int64_t)(e1 - e0) == 2 * kout;
-            // the outliers are the kout largest and kout smallest of the token
+            count_ok &= (int64_t)(e1 - e0) == 2 * kout * ng;
+            // the outliers are the kout largest and kout smallest of each value group
             for (int64_t ch = 0; ch < H; ch++) {
                 int64_t above = 0, below = 0;
-                for (int64_t j = 0; j < H; j++) {
+                for (int64_t j = ch - ch % Gv; j < ch - ch % Gv + Gv; j++) {
                     above += x[t * H + j] > x[t * H + ch];
                     below += x[t * H + j] < x[t * H + ch];
                 }
@@ -259,27 +261,27 @@ static void test_roundtrip(KvqPart part, int bits, double f, int64_t H) {
                 if (is_out[ch] != (v < lo || v > hi)) set_ok = 0;
             }
         }
-        float rg = 0;
-        if (part == KVQ_VALUES) {
-            const uint8_t *row = buf + L.dense_off + r * L.row_bytes;
-            rg = qp_f16_to_f32(qp_get_u16(row + 2));
-            // the dense range is the non-outliers' (max - min)/2, their zero the midpoint
-            float mn = INFINITY, mx = -INFINITY;
-            for (int64_t ch = 0; ch < H; ch++)
-                if (!is_out[ch]) {
-                    mn = fminf(mn, x[t * H + ch]);
-                    mx = fmaxf(mx, x[t * H + ch]);
-                }
-            if (rg != qp_f16_round(0.5f * (mx - mn)) || qp_f16_to_f32(qp_get_u16(row)) != qp_f16_round(0.5f * (mx + mn)))
-                count_ok = 0;
-        }
+        const uint8_t *row = buf + L.dense_off + r * L.row_bytes;
+        if (part == KVQ_VALUES)
+            for (int64_t g = 0; g < ng; g++) {
+                // a group's dense range is its non-outliers' (max - min)/2, their zero the midpoint
+                float mn = INFINITY, mx = -INFINITY;
+                for (int64_t ch = g * Gv; ch < (g + 1) * Gv; ch++)
+                    if (!is_out[ch]) {
+                        mn = fminf(mn, x[t * H + ch]);
+                        mx = fmaxf(mx, x[t * H + ch]);
+                    }
+                if (qp_f16_to_f32(qp_get_u16(row + 4 * g + 2)) != qp_f16_round(0.5f * (mx - mn))
+                    || qp_f16_to_f32(qp_get_u16(row + 4 * g)) != qp_f16_round(0.5f * (mx + mn)))
+                    count_ok = 0;
+            }
         for (int64_t ch = 0; ch < H; ch++) {
             const float v = x[t * H + ch], w = y[t * H + ch];
             if (is_out[ch]) {
                 outl_ok &= w == qp_f16_round(v);
                 continue;
             }
-            if (part == KVQ_KEYS) rg = c.range[ch];
+            const float rg = part == KVQ_KEYS ? c.range[ch] : qp_f16_to_f32(qp_get_u16(row + 4 * (ch / Gv) + 2));
             // values: the fp16-rounded zero and range may put a dense element a hair outside
             // [-1, 1]: allow 2^-10 of the range for it
             const double e = fabs((double)v - w), lim = rg * (bound + 1.0 / 512) + 1e-6 * fabs(v);
@@ -293,8 +295,8 @@ static void test_roundtrip(KvqPart part, int bits, double f, int64_t H) {
              (long long)nnz);
     check(dec == 0 && sink_ok && outl_ok && L.ns == 1 && (f == 0 || nnz > 0), name);
     if (part == KVQ_VALUES) {
-        snprintf(name, sizeof(name), "A6.3 values b=%d f=%g H=%lld: exactly 2 x %lld outliers per token, the largest and "
-                 "smallest; fp16 zero/range from the rest", bits, f, (long long)H, (long long)kout);
+        snprintf(name, sizeof(name), "A6.3 values b=%d f=%g H=%lld group %lld: exactly 2 x %lld outliers per group, its "
+                 "largest and smallest; fp16 zero/range from the rest", bits, f, (long long)H, (long long)Gv, (long long)kout);
         check(count_ok && set_ok, name);
     } else {
         // thresholds at the f/2 and 1 - f/2 calibration quantiles: about f of fresh data from the
@@ -308,7 +310,7 @@ static void test_roundtrip(KvqPart part, int bits, double f, int64_t H) {
              pn, bits, f, bound, worst);
     check(dense_ok, name);
     // accounting: the bytes written are the layout's and the stored bits' (tables aside)
-    const int64_t codebytes = (H * bits + 7) / 8 + (part == KVQ_VALUES ? 4 : 0);
+    const int64_t codebytes = (H * bits + 7) / 8 + (part == KVQ_VALUES ? 4 * ng : 0);
     const int64_t want = L.ns * H * 2 + L.nq * (codebytes + 4) + nnz * 4;
     const double stored = kvq_bits_stored(&c, T, 0, nnz);
     const double tables = 16.0 * c.k + (part == KVQ_KEYS ? 32.0 * H : 0);
@@ -567,13 +569,15 @@ static void test_bad_input(void) {
     KvqSettings s = kvq_defaults();
     check(kvq_settings_check(&s, KVQ_VALUES, 128, err, sizeof(err)) == 0, "kvquant: the defaults (b=4, f=1%, sink=1) are valid");
     struct { KvqSettings s; KvqPart part; int64_t H; const char *want, *what; } cases[] = {
-        {{5, 0.01, 1, -1, 50}, KVQ_KEYS, 64, "bits=5", "bits=5"},
-        {{1, 0.01, 1, -1, 50}, KVQ_KEYS, 64, "bits=1", "bits=1"},
-        {{3, 0.5, 1, -1, 50}, KVQ_KEYS, 64, "outliers=0.5", "an outlier fraction of 0.5"},
-        {{3, -0.01, 1, -1, 50}, KVQ_KEYS, 64, "outliers=", "a negative outlier fraction"},
-        {{3, 0.45, 1, -1, 50}, KVQ_VALUES, 2, "no dense value", "outliers that leave no dense value"},
-        {{3, 0.01, -1, -1, 50}, KVQ_KEYS, 64, "sink=-1", "a negative sink"},
-        {{3, 0.01, 1, -1, 50}, KVQ_KEYS, 70000, "65536", "a width beyond 16-bit channel indices"},
+        {{5, 0.01, 1, -1, 50, 0}, KVQ_KEYS, 64, "bits=5", "bits=5"},
+        {{1, 0.01, 1, -1, 50, 0}, KVQ_KEYS, 64, "bits=1", "bits=1"},
+        {{3, 0.5, 1, -1, 50, 0}, KVQ_KEYS, 64, "outliers=0.5", "an outlier fraction of 0.5"},
+        {{3, -0.01, 1, -1, 50, 0}, KVQ_KEYS, 64, "outliers=", "a negative outlier fraction"},
+        {{3, 0.45, 1, -1, 50, 0}, KVQ_VALUES, 2, "no dense value", "outliers that leave no dense value"},
+        {{3, 0.3, 1, -1, 50, 2}, KVQ_VALUES, 64, "no dense value", "outliers that leave no dense value in a group"},
+        {{3, 0.01, 1, -1, 50, 24}, KVQ_VALUES, 64, "vgroup=24", "a value group that does not divide the width"},
+        {{3, 0.01, -1, -1, 50, 0}, KVQ_KEYS, 64, "sink=-1", "a negative sink"},
+        {{3, 0.01, 1, -1, 50, 0}, KVQ_KEYS, 70000, "65536", "a width beyond 16-bit channel indices"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         err[0] = 0;
@@ -582,7 +586,8 @@ static void test_bad_input(void) {
         check(rc == -1 && strstr(err, cases[i].want) && !strchr(err, '\n'), name);
     }
     KvqSettings p = kvq_defaults();
-    check(kvq_settings_parse("bits=2,outliers=0.005,sink=4,qnorm=off,iters=20", &p, err, sizeof(err)) == 0 && p.bits == 2
+    check(kvq_settings_parse("bits=2,outliers=0.005,sink=4,qnorm=off,iters=20,vgroup=64", &p, err, sizeof(err)) == 0
+          && p.value_group == 64 && p.bits == 2
           && p.outliers == 0.005 && p.sink == 4 && p.qnorm == 0 && p.kmeans_iters == 20, "kvquant: settings string parsed");
     const char *bad[] = {"bits=5", "bits=3x", "outliers=1%", "outliers=.01", "qnorm=maybe", "sink=-1", "lut=3", "bits=3,,sink=1"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -643,11 +648,12 @@ int main(void) {
     test_lut_vs_uniform();
     test_fisher_weighting();
     for (int b = 2; b <= 4; b++) {
-        test_roundtrip(KVQ_KEYS, b, 0.01, 64);
-        test_roundtrip(KVQ_VALUES, b, 0.01, 64);
+        test_roundtrip(KVQ_KEYS, b, 0.01, 64, 0);
+        test_roundtrip(KVQ_VALUES, b, 0.01, 64, 0);
     }
-    test_roundtrip(KVQ_KEYS, 3, 0, 64);
-    test_roundtrip(KVQ_VALUES, 2, 0.05, 96);
+    test_roundtrip(KVQ_KEYS, 3, 0, 64, 0);
+    test_roundtrip(KVQ_VALUES, 2, 0.05, 96, 0);
+    test_roundtrip(KVQ_VALUES, 3, 0.05, 96, 32);   // per-head value statistics (d_head = 32)
     test_pv_vs_pm();
     test_scores();
     test_qnorm();
