@@ -337,7 +337,7 @@ static int64_t sink_rows(const KvqCodec *c, int64_t T, int64_t pos0) {
 
 int kvq_layout(const KvqCodec *c, int64_t T, int64_t pos0, int64_t nnz, KvqLayout *L) {
     memset(L, 0, sizeof(*L));
-    if (T < 0 || pos0 < 0 || nnz < 0) return -1;
+    if (T < 0 || pos0 < 0 || nnz < 0 || nnz > (int64_t)UINT32_MAX) return -1;   // u32 pointers
     const int64_t ns = sink_rows(c, T, pos0);
     L->ns = ns;
     L->nq = T - ns;
@@ -496,7 +496,7 @@ int kvq_decode(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, 
 int kvq_scores(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, int64_t pos0, const float *q_rot,
                int n_q_heads, int n_kv_heads, int d_head, float theta, float *out, char *err, size_t errlen) {
     KvqLayout L;
-    if (c->part != KVQ_KEYS || n_kv_heads < 1 || d_head < 2 || d_head % 2 || n_q_heads % n_kv_heads
+    if (c->part != KVQ_KEYS || n_kv_heads < 1 || n_q_heads < 1 || d_head < 2 || d_head % 2 || n_q_heads % n_kv_heads
         || (int64_t)n_kv_heads * d_head != c->H) {
         snprintf(err, errlen, "kvquant: scores need a key codec of width n_kv_heads x d_head (even d_head) and "
                  "n_q_heads a multiple of n_kv_heads; got %d x %d for width %lld, %d query heads",
@@ -553,6 +553,49 @@ int kvq_scores(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, 
         e0 = e1;
     }
     free(cs);
+    return 0;
+}
+
+// ---- mixed precision (App. P)
+
+int kvq_sensitivity(const KvqCodec *c, const float *x, const float *fisher, int64_t N, int64_t seq_len,
+                    double *omega, char *err, size_t errlen) {
+    int64_t n;
+    if (N < 1 || seq_len < 1 || N % seq_len || ck_mul(seq_len, c->H, &n)) {
+        snprintf(err, errlen, "kvquant: %lld tokens are not whole sequences of %lld", (long long)N, (long long)seq_len);
+        return -1;
+    }
+    float *y = xmalloc(sizeof(float) * (size_t)n);
+    double om = 0;
+    int rc = 0;
+    for (int64_t q = 0; q < N / seq_len && !rc; q++) {
+        const float *xs = x + q * n, *fs = fisher + q * n;
+        int64_t nnz;
+        KvqLayout L;
+        if (kvq_count(c, xs, seq_len, 0, &nnz, err, errlen) || kvq_layout(c, seq_len, 0, nnz, &L)) {
+            rc = -1;
+            break;
+        }
+        uint8_t *buf = xmalloc((size_t)L.total);
+        if (kvq_encode(c, xs, seq_len, 0, buf, L.total, err, errlen) != L.total
+            || kvq_decode(c, buf, L.total, seq_len, 0, y, err, errlen)) rc = -1;
+        for (int64_t i = 0; i < n && !rc; i++) om += (double)fs[i] * ((double)xs[i] - y[i]) * ((double)xs[i] - y[i]);
+        free(buf);
+    }
+    free(y);
+    if (!rc) *omega = om;
+    return rc;
+}
+
+int kvq_mixed_precision(const double *omega, int n_layers, int n_low, int *low) {
+    if (n_layers < 0 || n_low < 0 || n_low > n_layers) return -1;
+    for (int l = 0; l < n_layers; l++) low[l] = 0;
+    for (int k = 0; k < n_low; k++) {   // n_low picks of the smallest remaining (n_layers is small)
+        int best = -1;
+        for (int l = 0; l < n_layers; l++)
+            if (!low[l] && (best < 0 || omega[l] < omega[best])) best = l;
+        low[best] = 1;
+    }
     return 0;
 }
 

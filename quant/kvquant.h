@@ -121,6 +121,17 @@ double kvq_bits_paper(const KvqSettings *s, KvqPart part, int64_t H);
 // T L (2 H b/8 + 4) + f 2 H T L 4, i.e. the per-element paper bits above.
 double kvq_paper_cache_bytes(const KvqSettings *s, int64_t L, int64_t H, int64_t T);
 
+// Mixed precision (App. P). The sensitivity of a fitted codec on calibration data x [N, H] in
+// sequences of seq_len (each encoded from position 0, so its sink stays exact) with Fisher
+// information fisher [N, H]: omega = sum F (x - x')^2, x' the codec's round trip. 0, or -1 with
+// a message.
+int kvq_sensitivity(const KvqCodec *c, const float *x, const float *fisher, int64_t N, int64_t seq_len,
+                    double *omega, char *err, size_t errlen);
+// Given each layer's omega at the lower precision, marks in low[] (1 = lower precision) the
+// n_low layers with the smallest omega (ties: the lower layer index). -1 when n_low is outside
+// 0..n_layers.
+int kvq_mixed_precision(const double *omega, int n_layers, int n_low, int *low);
+
 // The datatype fit, exposed for tests and for callers that pool data themselves: weighted 1-D
 // Lloyd k-means of n samples x (weights w, NULL = 1) into k centroids, initialized at the
 // uniform grid -1 + 2i/(k-1), iters iterations at most (stops when no centroid moves).

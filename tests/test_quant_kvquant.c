@@ -564,6 +564,57 @@ static void test_sink_calibration(void) {
     free(cal);
 }
 
+// Mixed precision (App. P): omega is the Fisher-weighted round-trip error, falls with more bits,
+// and the layers with the smallest omega get the lower precision.
+static void test_mixed_precision(void) {
+    const int64_t H = 32, seq = 64, N = 4 * seq;
+    float *x = make_kv(N, H, 91, 92), *f = make_fisher(N * H, 93);
+    KvqSettings s = kvq_defaults();
+    char err[256];
+    double om[3], om4 = 0;
+    const double fscale[3] = {1, 100, 10};
+    int ok = 1;
+    for (int l = 0; l < 3; l++) {   // three "layers": the same activations, Fisher scaled
+        float *fl = malloc(sizeof(float) * (size_t)(N * H));
+        for (int64_t i = 0; i < N * H; i++) fl[i] = (float)(f[i] * fscale[l]);
+        s.bits = 2;
+        KvqCodec c = fit_or_die(s, KVQ_KEYS, x, fl, N, H, seq);
+        ok &= kvq_sensitivity(&c, x, fl, N, seq, &om[l], err, sizeof(err)) == 0;
+        if (l == 0) {   // omega by hand: decode each sequence and sum F (x - x')^2
+            double byhand = 0;
+            for (int64_t q = 0; q < N / seq; q++) {
+                int64_t nb;
+                uint8_t *buf = encode_or_die(&c, x + q * seq * H, seq, 0, &nb);
+                float *y = malloc(sizeof(float) * (size_t)(seq * H));
+                kvq_decode(&c, buf, nb, seq, 0, y, err, sizeof(err));
+                for (int64_t i = 0; i < seq * H; i++) {
+                    const double d = (double)x[q * seq * H + i] - y[i];
+                    byhand += (double)fl[q * seq * H + i] * d * d;
+                }
+                free(buf);
+                free(y);
+            }
+            ok &= fabs(byhand - om[0]) <= 1e-9 * byhand;
+            s.bits = 4;
+            KvqCodec c4 = fit_or_die(s, KVQ_KEYS, x, fl, N, H, seq);
+            ok &= kvq_sensitivity(&c4, x, fl, N, seq, &om4, err, sizeof(err)) == 0 && om4 < om[0];
+            kvq_free(&c4);
+        }
+        kvq_free(&c);
+        free(fl);
+    }
+    int low[3];
+    ok &= kvq_mixed_precision(om, 3, 2, low) == 0 && low[0] == 1 && low[1] == 0 && low[2] == 1;
+    int bad[3];
+    ok &= kvq_mixed_precision(om, 3, 4, bad) == -1;
+    char name[200];
+    snprintf(name, sizeof(name), "App. P: omega = sum F (x - x')^2 (%.4g at 2 bits > %.4g at 4), the smallest-omega layers "
+             "get the lower precision", om[0], om4);
+    check(ok, name);
+    free(x);
+    free(f);
+}
+
 static void test_bad_input(void) {
     char err[256] = "", name[300];
     KvqSettings s = kvq_defaults();
@@ -661,6 +712,7 @@ int main(void) {
     test_streaming(KVQ_VALUES);
     test_table6();
     test_sink_calibration();
+    test_mixed_precision();
     test_bad_input();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
