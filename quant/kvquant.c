@@ -225,6 +225,60 @@ static inline float normalize(float x, float z, float r) {
 // Keys: x is an outlier of channel c iff it lies outside [zero - range, zero + range].
 static inline int key_outlier(float x, float z, float r) { return x < z - r || x > z + r; }
 
+// Keys: calibrates each channel's zero and range (the f/2 and 1 - f/2 quantiles: the reference
+// code's t = 1 - f/2), then collects the normalized non-outliers of the calibration rows and
+// their weights into xs/ws. Returns their count.
+static int64_t key_samples(KvqCodec *c, const float *x, const float *fisher, const int64_t *rows, int64_t ncal,
+                           float *xs, float *ws) {
+    const int64_t H = c->H;
+    c->zero = xmalloc(sizeof(float) * (size_t)H);
+    c->range = xmalloc(sizeof(float) * (size_t)H);
+    float *col = xmalloc(sizeof(float) * (size_t)ncal);
+    const double t = 1.0 - c->s.outliers / 2;
+    for (int64_t ch = 0; ch < H; ch++) {
+        for (int64_t i = 0; i < ncal; i++) col[i] = x[rows[i] * H + ch];
+        qsort(col, (size_t)ncal, sizeof(float), cmp_float);
+        const float up = percentile_sorted(col, ncal, t), lo = percentile_sorted(col, ncal, 1 - t);
+        c->zero[ch] = qp_f16_round(0.5f * (up + lo));
+        c->range[ch] = qp_f16_round(0.5f * (up - lo));
+    }
+    free(col);
+    int64_t m = 0;
+    for (int64_t i = 0; i < ncal; i++)
+        for (int64_t ch = 0; ch < H; ch++) {
+            const float v = x[rows[i] * H + ch];
+            if (key_outlier(v, c->zero[ch], c->range[ch])) continue;
+            xs[m] = normalize(v, c->zero[ch], c->range[ch]);
+            ws[m++] = fisher ? fisher[rows[i] * H + ch] : 1.0f;
+        }
+    return m;
+}
+
+// Values: each calibration row normalized per group exactly as online (value_stats), so the
+// datatype is fitted to what inference will quantize; collects the non-outliers into xs/ws.
+static int64_t value_samples(const KvqSettings *s, const float *x, const float *fisher, int64_t H, const int64_t *rows,
+                             int64_t ncal, float *xs, float *ws) {
+    Elem *scratch = xmalloc(sizeof(Elem) * (size_t)H);
+    uint8_t *mask = xmalloc((size_t)H);
+    const int64_t Gv = kvq_value_group(s, H), kout = kvq_value_outliers_per_side(s, H);
+    int64_t m = 0;
+    for (int64_t i = 0; i < ncal; i++)
+        for (int64_t g0 = 0; g0 < H; g0 += Gv) {
+            const float *v = x + rows[i] * H + g0;
+            uint16_t zh, rh;
+            value_stats(kout, v, Gv, scratch, mask, &zh, &rh);
+            const float z = qp_f16_to_f32(zh), r = qp_f16_to_f32(rh);
+            for (int64_t ch = 0; ch < Gv; ch++) {
+                if (mask[ch]) continue;
+                xs[m] = normalize(v[ch], z, r);
+                ws[m++] = fisher ? fisher[rows[i] * H + g0 + ch] : 1.0f;
+            }
+        }
+    free(scratch);
+    free(mask);
+    return m;
+}
+
 int kvq_fit(KvqCodec *c, const KvqSettings *s, KvqPart part, const float *x, const float *fisher,
             int64_t N, int64_t H, int64_t seq_len, char *err, size_t errlen) {
     memset(c, 0, sizeof(*c));
@@ -264,49 +318,8 @@ int kvq_fit(KvqCodec *c, const KvqSettings *s, KvqPart part, const float *x, con
     c->k = 1 << s->bits;
     c->lut = xcalloc((size_t)c->k, sizeof(float));
     float *xs = xmalloc(sizeof(float) * (size_t)ncal * (size_t)H), *ws = xmalloc(sizeof(float) * (size_t)ncal * (size_t)H);
-    int64_t m = 0;
-    if (part == KVQ_KEYS) {
-        // per channel: the f/2 and 1 - f/2 quantiles (reference code: t = 1 - f/2)
-        c->zero = xmalloc(sizeof(float) * (size_t)H);
-        c->range = xmalloc(sizeof(float) * (size_t)H);
-        float *col = xmalloc(sizeof(float) * (size_t)ncal);
-        const double t = 1.0 - s->outliers / 2;
-        for (int64_t ch = 0; ch < H; ch++) {
-            for (int64_t i = 0; i < ncal; i++) col[i] = x[rows[i] * H + ch];
-            qsort(col, (size_t)ncal, sizeof(float), cmp_float);
-            const float up = percentile_sorted(col, ncal, t), lo = percentile_sorted(col, ncal, 1 - t);
-            c->zero[ch] = qp_f16_round(0.5f * (up + lo));
-            c->range[ch] = qp_f16_round(0.5f * (up - lo));
-            if (c->range[ch] < 0) c->range[ch] = 0;
-        }
-        free(col);
-        for (int64_t i = 0; i < ncal; i++)
-            for (int64_t ch = 0; ch < H; ch++) {
-                const float v = x[rows[i] * H + ch];
-                if (key_outlier(v, c->zero[ch], c->range[ch])) continue;
-                xs[m] = normalize(v, c->zero[ch], c->range[ch]);
-                ws[m++] = fisher ? fisher[rows[i] * H + ch] : 1.0f;
-            }
-    } else {
-        // per token, exactly as online (quant/kvquant.h): the calibration sees what inference will
-        Elem *scratch = xmalloc(sizeof(Elem) * (size_t)H);
-        uint8_t *mask = xmalloc((size_t)H);
-        const int64_t Gv = kvq_value_group(s, H), kout = kvq_value_outliers_per_side(s, H);
-        for (int64_t i = 0; i < ncal; i++)
-            for (int64_t g0 = 0; g0 < H; g0 += Gv) {
-                const float *v = x + rows[i] * H + g0;
-                uint16_t zh, rh;
-                value_stats(kout, v, Gv, scratch, mask, &zh, &rh);
-                const float z = qp_f16_to_f32(zh), r = qp_f16_to_f32(rh);
-                for (int64_t ch = 0; ch < Gv; ch++) {
-                    if (mask[ch]) continue;
-                    xs[m] = normalize(v[ch], z, r);
-                    ws[m++] = fisher ? fisher[rows[i] * H + g0 + ch] : 1.0f;
-                }
-            }
-        free(scratch);
-        free(mask);
-    }
+    const int64_t m = part == KVQ_KEYS ? key_samples(c, x, fisher, rows, ncal, xs, ws)
+                                       : value_samples(s, x, fisher, H, rows, ncal, xs, ws);
     free(rows);
     int rc = 0;
     if (m < c->k) {
