@@ -134,6 +134,41 @@ static void test_roundtrip(KiviPart part, int bits, int G, int R, int64_t T, int
     free(x); free(y); free(buf);
 }
 
+// quant/qpack.h's fp16: every finite half survives f16 -> f32 -> f16; a value halfway between
+// two halves rounds to the even one; qp_f16_down/up bracket x by adjacent halves; codes of every
+// width pack and unpack.
+static void test_qpack(void) {
+    int rt = 1, even = 1, bracket = 1;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if (((h >> 10) & 31) == 31) continue;   // inf, NaN
+        const float v = qp_f16_to_f32((uint16_t)h);
+        rt &= qp_f32_to_f16(v) == h;
+        if ((h & 0x7fff) < 0x7bff) {            // midpoint to the next half up in magnitude
+            const float w = qp_f16_to_f32((uint16_t)(h + 1));
+            const float mid = (float)(((double)v + w) / 2);
+            const uint16_t r = qp_f32_to_f16(mid);
+            even &= (r & 1) == 0 && (r == h || r == h + 1);
+            const float x = (float)((double)v + 0.3 * ((double)w - v));
+            const uint16_t dn = qp_f16_down(x), up = qp_f16_up(x);
+            const float fd = qp_f16_to_f32(dn), fu = qp_f16_to_f32(up);
+            if (!(h & 0x8000u)) bracket &= fd <= x && fu >= x && dn == h && up == h + 1;
+            else bracket &= fd <= x && fu >= x && up == h && dn == h + 1;
+        }
+    }
+    check(rt, "qpack: every finite fp16 value survives f16 -> f32 -> f16");
+    check(even, "qpack: halfway values round to the even fp16");
+    check(bracket && qp_f32_to_f16(65520.0f) == 0x7c00 && qp_f32_to_f16(65519.0f) == 0x7bff,
+          "qpack: f16_down/f16_up bracket x by adjacent halves; 65520 overflows, 65519 does not");
+    int pack = 1;
+    for (int bits = 1; bits <= 8; bits++) {
+        uint8_t buf[64] = {0};
+        for (int i = 0; i < 50; i++) qp_put_code(buf, i, bits, (unsigned)(i * 37 + bits) & ((1u << bits) - 1));
+        for (int i = 0; i < 50; i++) pack &= qp_get_code(buf, i, bits) == ((unsigned)(i * 37 + bits) & ((1u << bits) - 1));
+        pack &= bits * 50 % 8 == 0 || buf[bits * 50 / 8] >> (bits * 50 % 8) == 0;   // nothing past the last code
+    }
+    check(pack, "qpack: codes of 1..8 bits pack LSB first and unpack");
+}
+
 static void test_constant_and_edges(void) {
     char err[256];
     KiviSettings s = {2, 4, 0};
@@ -212,6 +247,7 @@ int main(void) {
     test_roundtrip(KIVI_KEYS, 8, 16, 32, 31, 16);   // shorter than the window: all fp16
     test_roundtrip(KIVI_KEYS, 3, 3, 6, 50, 20);     // code blocks that end inside a byte
     test_roundtrip(KIVI_VALUES, 3, 4, 0, 33, 20);
+    test_qpack();
     test_constant_and_edges();
     test_bad_input();
     printf("%d passed, %d failed\n", passed, failed);
