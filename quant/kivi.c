@@ -37,7 +37,7 @@ int kivi_settings_check(const KiviSettings *s, KiviPart part, int64_t H, char *e
         return -1;
     }
     if (s->group < 1) {
-        snprintf(err, errlen, "kivi: group=%d: use a group of at least 1 (the paper uses 32)", s->group);
+        snprintf(err, errlen, "kivi: group=%d: use a group of at least 1 (the default is 32)", s->group);
         return -1;
     }
     if (s->residual < 0 || s->residual % s->group) {
