@@ -33,7 +33,7 @@ int kivi_settings_parse(const char *spec, KiviSettings *s, char *err, size_t err
 
 int kivi_settings_check(const KiviSettings *s, KiviPart part, int64_t H, char *err, size_t errlen) {
     if (s->bits < 1 || s->bits > 8) {
-        snprintf(err, errlen, "kivi: bits=%d is not supported: use 1..8 (the paper runs 2 and 4)", s->bits);
+        snprintf(err, errlen, "kivi: bits=%d is not supported: use 1..8 (the reference code runs 2 and 4)", s->bits);
         return -1;
     }
     if (s->group < 1) {

@@ -28,7 +28,7 @@
 typedef enum { KIVI_KEYS = 0, KIVI_VALUES = 1 } KiviPart;
 
 typedef struct KiviSettings {
-    int bits;       // code width b, 1..8 (the paper runs 2 and 4)
+    int bits;       // code width b, 1..8 (the reference code runs 2 and 4)
     int group;      // G: tokens per key group, channels per value group (reference code: 32)
     int residual;   // R: recent tokens kept in fp16, a multiple of G, 0 allowed (128: see
                     // docs/QUANTIZERS.md, KIVI, on where that default comes from)
