@@ -96,6 +96,13 @@ int kvq_nearest(const float *lut, int k, float v) {
     return i;
 }
 
+// kvq_nearest with the k - 1 midpoints 0.5f * (lut[i] + lut[i + 1]) computed once by the caller.
+static inline int nearest_mid(const float *mid, int k, float v) {
+    int i = 0;
+    while (i + 1 < k && v > mid[i]) i++;
+    return i;
+}
+
 // ---- the datatype fit
 
 typedef struct { float x, w; } Sample;
@@ -182,35 +189,38 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// Values: the order of a token's elements by (value, channel), so the outliers per side are
-// the first and last kout of it, deterministically even with ties.
 typedef struct { float v; int32_t c; } Elem;
-static int cmp_elem(const void *a, const void *b) {
-    const Elem *x = a, *y = b;
-    if (x->v != y->v) return (x->v > y->v) - (x->v < y->v);
-    return (x->c > y->c) - (x->c < y->c);
-}
+
+// (value, channel) order: the total order the value outliers are picked by, so ties are
+// deterministic (the lower channel counts as the smaller).
+static inline int elem_less(Elem a, Elem b) { return a.v < b.v || (a.v == b.v && a.c < b.c); }
 
 // One value group of H channels (a token's whole width by default): marks its kout largest and
 // kout smallest in mask (1 = sparse) and returns its fp16 zero and range from the max and min of
-// the rest (paper: per-token, online). scratch holds H Elems.
+// the rest (paper: per-token, online). scratch holds 2 * kout + 2 Elems: the kout + 1 smallest
+// and the kout + 1 largest so far, kept sorted by insertion (kout is ~fH/2, small, so this is
+// a single pass over the group, where a sort would cost H log H per token).
 static void value_stats(int64_t kout, const float *x, int64_t H, Elem *scratch, uint8_t *mask,
                         uint16_t *zero_h, uint16_t *range_h) {
     memset(mask, 0, (size_t)H);
-    float mn, mx;
-    if (kout > 0) {
-        for (int64_t i = 0; i < H; i++) scratch[i] = (Elem){x[i], (int32_t)i};
-        qsort(scratch, (size_t)H, sizeof(Elem), cmp_elem);
-        for (int64_t i = 0; i < kout; i++) mask[scratch[i].c] = mask[scratch[H - 1 - i].c] = 1;
-        mn = scratch[kout].v;
-        mx = scratch[H - 1 - kout].v;
-    } else {
-        mn = mx = x[0];
-        for (int64_t i = 1; i < H; i++) {
-            mn = fminf(mn, x[i]);
-            mx = fmaxf(mx, x[i]);
+    const int64_t keep = kout + 1;   // the outliers and the first dense value on each side
+    Elem *lo = scratch, *hi = scratch + keep;   // lo ascending, hi descending
+    int64_t nlo = 0, nhi = 0;
+    for (int64_t i = 0; i < H; i++) {
+        const Elem e = {x[i], (int32_t)i};
+        if (nlo < keep || elem_less(e, lo[nlo - 1])) {
+            int64_t j = nlo < keep ? nlo++ : keep - 1;
+            for (; j > 0 && elem_less(e, lo[j - 1]); j--) lo[j] = lo[j - 1];
+            lo[j] = e;
+        }
+        if (nhi < keep || elem_less(hi[nhi - 1], e)) {
+            int64_t j = nhi < keep ? nhi++ : keep - 1;
+            for (; j > 0 && elem_less(hi[j - 1], e); j--) hi[j] = hi[j - 1];
+            hi[j] = e;
         }
     }
+    for (int64_t i = 0; i < kout; i++) mask[lo[i].c] = mask[hi[i].c] = 1;
+    const float mn = lo[kout].v, mx = hi[kout].v;   // 2 kout < H: both exist and are dense
     *zero_h = qp_f32_to_f16(0.5f * (mx + mn));
     *range_h = qp_f32_to_f16(0.5f * (mx - mn));
 }
@@ -258,9 +268,9 @@ static int64_t key_samples(KvqCodec *c, const float *x, const float *fisher, con
 // datatype is fitted to what inference will quantize; collects the non-outliers into xs/ws.
 static int64_t value_samples(const KvqSettings *s, const float *x, const float *fisher, int64_t H, const int64_t *rows,
                              int64_t ncal, float *xs, float *ws) {
-    Elem *scratch = xmalloc(sizeof(Elem) * (size_t)H);
-    uint8_t *mask = xmalloc((size_t)H);
     const int64_t Gv = kvq_value_group(s, H), kout = kvq_value_outliers_per_side(s, H);
+    Elem *scratch = xmalloc(sizeof(Elem) * (size_t)(2 * kout + 2));
+    uint8_t *mask = xmalloc((size_t)H);
     int64_t m = 0;
     for (int64_t i = 0; i < ncal; i++)
         for (int64_t g0 = 0; g0 < H; g0 += Gv) {
@@ -407,9 +417,11 @@ int64_t kvq_encode(const KvqCodec *c, const float *x, int64_t T, int64_t pos0, u
     const int64_t H = c->H;
     for (int64_t t = 0; t < L.ns; t++)
         for (int64_t ch = 0; ch < H; ch++) qp_put_u16(out + 2 * (t * H + ch), qp_f32_to_f16(x[t * H + ch]));
-    Elem *scratch = c->part == KVQ_VALUES ? xmalloc(sizeof(Elem) * (size_t)H) : NULL;
-    uint8_t *mask = xmalloc((size_t)H);
     const int64_t Gv = kvq_value_group(&c->s, H), ng = H / Gv, kout = kvq_value_outliers_per_side(&c->s, H);
+    Elem *scratch = c->part == KVQ_VALUES ? xmalloc(sizeof(Elem) * (size_t)(2 * kout + 2)) : NULL;
+    float mid[15];   // k <= 16
+    for (int j = 0; j + 1 < c->k; j++) mid[j] = 0.5f * (c->lut[j] + c->lut[j + 1]);
+    uint8_t *mask = xmalloc((size_t)H);
     int64_t e = 0;
     for (int64_t r = 0; r < L.nq; r++) {
         const float *v = x + (L.ns + r) * H;
@@ -422,17 +434,17 @@ int64_t kvq_encode(const KvqCodec *c, const float *x, int64_t T, int64_t pos0, u
                 qp_put_u16(row + 4 * g + 2, rh);
                 codes = row + 4 * ng;
             }
+        float z = 0, rg = 0;
         for (int64_t ch = 0; ch < H; ch++) {
-            float z, rg;
             if (c->part == KVQ_KEYS) {
                 z = c->zero[ch];
                 rg = c->range[ch];
                 mask[ch] = (uint8_t)key_outlier(v[ch], z, rg);
-            } else {
+            } else if (ch % Gv == 0) {   // a new value group: its zero and range
                 z = qp_f16_to_f32(qp_get_u16(row + 4 * (ch / Gv)));
                 rg = qp_f16_to_f32(qp_get_u16(row + 4 * (ch / Gv) + 2));
             }
-            qp_put_code(codes, ch, c->s.bits, (unsigned)kvq_nearest(c->lut, c->k, normalize(v[ch], z, rg)));
+            qp_put_code(codes, ch, c->s.bits, (unsigned)nearest_mid(mid, c->k, normalize(v[ch], z, rg)));
             if (mask[ch] && e < L.nnz) {   // (e < nnz always: kvq_count's pass decided nnz)
                 uint8_t *p = out + L.entry_off + 4 * e++;
                 qp_put_u16(p, (uint16_t)ch);
@@ -485,6 +497,22 @@ static inline float dense_value(const KvqCodec *c, const uint8_t *row, int64_t c
     return c->lut[qp_get_code(codes, ch, c->s.bits)] * rg + z;
 }
 
+// A whole dense row (before outliers replace some of it), each value group's zero and range
+// read once: what dense_value gives channel by channel.
+static void dense_row(const KvqCodec *c, const uint8_t *row, float *y) {
+    const int bits = c->s.bits;
+    if (c->part == KVQ_KEYS) {
+        for (int64_t ch = 0; ch < c->H; ch++) y[ch] = c->lut[qp_get_code(row, ch, bits)] * c->range[ch] + c->zero[ch];
+        return;
+    }
+    const int64_t Gv = kvq_value_group(&c->s, c->H), ng = c->H / Gv;
+    const uint8_t *codes = row + 4 * ng;
+    for (int64_t g = 0; g < ng; g++) {
+        const float z = qp_f16_to_f32(qp_get_u16(row + 4 * g)), rg = qp_f16_to_f32(qp_get_u16(row + 4 * g + 2));
+        for (int64_t ch = g * Gv; ch < (g + 1) * Gv; ch++) y[ch] = c->lut[qp_get_code(codes, ch, bits)] * rg + z;
+    }
+}
+
 int kvq_decode(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, int64_t pos0, float *x,
                char *err, size_t errlen) {
     KvqLayout L;
@@ -495,7 +523,7 @@ int kvq_decode(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, 
     for (int64_t r = 0; r < L.nq; r++) {
         float *y = x + (L.ns + r) * H;
         const uint8_t *row = in + L.dense_off + r * L.row_bytes;
-        for (int64_t ch = 0; ch < H; ch++) y[ch] = dense_value(c, row, ch);
+        dense_row(c, row, y);
         const uint32_t e1 = qp_get_u32(in + L.ptr_off + 4 * r);
         for (uint32_t e = e0; e < e1; e++) {   // outliers replace the dense value
             const uint8_t *p = in + L.entry_off + 4 * (int64_t)e;

@@ -24,17 +24,18 @@ static inline float qp_f16_round(float x) { return qp_f16_to_f32(qp_f32_to_f16(x
 // of the buffer, bit 0 being the least significant bit of byte 0. The buffer must be zeroed
 // before the first qp_put_code.
 static inline void qp_put_code(uint8_t *buf, int64_t i, int bits, unsigned code) {
-    int64_t bit = i * bits;
-    for (int k = 0; k < bits; k++, bit++)
-        if (code >> k & 1u) buf[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+    const int64_t bit = i * bits;
+    const int sh = (int)(bit & 7);
+    buf[bit >> 3] |= (uint8_t)(code << sh);
+    if (sh + bits > 8) buf[(bit >> 3) + 1] |= (uint8_t)(code >> (8 - sh));   // a code spans 2 bytes at most
 }
 static inline unsigned qp_get_code(const uint8_t *buf, int64_t i, int bits) {
-    int64_t bit = i * bits;
-    unsigned code = 0;
-    for (int k = 0; k < bits; k++, bit++) code |= (unsigned)(buf[bit >> 3] >> (bit & 7) & 1u) << k;
-    return code;
+    const int64_t bit = i * bits;
+    const int sh = (int)(bit & 7);
+    unsigned v = (unsigned)buf[bit >> 3] >> sh;
+    if (sh + bits > 8) v |= (unsigned)buf[(bit >> 3) + 1] << (8 - sh);
+    return v & ((1u << bits) - 1u);
 }
-
 static inline void qp_put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static inline uint16_t qp_get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static inline void qp_put_u32(uint8_t *p, uint32_t v) {
