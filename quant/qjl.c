@@ -10,6 +10,7 @@
 #include "common/num.h"
 #include "common/rng.h"
 #include "common/util.h"
+#include "quant/qpack.h"
 
 static int fail(char *msg, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *msg, size_t cap, const char *fmt, ...) {
@@ -22,36 +23,8 @@ static int fail(char *msg, size_t cap, const char *fmt, ...) {
     return -1;
 }
 
-// ---- fp16 (IEEE binary16) as its 16 bits: norms, value mins and scales, the buffers.
-// Not in backend/bf16.h (quant/ may not include backend/) and nothing else in the tree uses fp16.
-
-static float f16_to_f32(uint16_t h) {
-    const int sign = h >> 15, e = (h >> 10) & 31, f = h & 1023;
-    float v;
-    if (e == 0) v = ldexpf((float)f, -24);
-    else if (e == 31) v = f ? NAN : INFINITY;
-    else v = ldexpf((float)(f | 1024), e - 25);
-    return sign ? -v : v;
-}
-
-// Round to nearest, ties to even; beyond 65520 (the midpoint above 65504) gives infinity.
-static uint16_t f16_from_f32(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
-    const uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) return sign | 0x7c00 | (a > 0x7f800000u ? 0x200 : 0);
-    if (a >= 0x477ff000u) return sign | 0x7c00;
-    if (a < 0x38800000u) {  // below 2^-14: a subnormal (or zero); x * 2^24 is exact, rintf ties to even
-        float ax;
-        memcpy(&ax, &a, sizeof ax);
-        return sign | (uint16_t)rintf(ax * 16777216.0f);
-    }
-    uint32_t h = ((((a >> 23) - 127 + 15)) << 10) | ((a >> 13) & 1023);
-    const uint32_t rem = a & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;  // a carry into the exponent is right
-    return sign | (uint16_t)h;
-}
+// ---- fp16 (IEEE binary16) as its 16 bits: norms, value mins and scales, the buffers. The
+// conversions and the packing helpers are quant/qpack.h's, shared by the quantizers.
 
 // A double to fp16 with one rounding: the double goes to float rounded to odd (an inexact result
 // keeps its last bit set), which has bits enough (24 > 11 + 1) that the float-to-fp16 rounding
@@ -61,27 +34,9 @@ static uint16_t f16_from_f64(double x) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     if ((double)f != x && !(u & 1) && isfinite(f)) f = nextafterf(f, (double)f < x ? INFINITY : -INFINITY);
-    return f16_from_f32(f);
-}
-
-// The largest fp16 <= x and the smallest fp16 >= x (finite x): the value constants are rounded
-// outward so a group's range is covered (quant/qjl.h, values).
-static uint16_t f16_down(float x) {
-    uint16_t h = f16_from_f32(x);
-    if (f16_to_f32(h) <= x) return h;
-    if (h == 0) return 0x8001;
-    return (h & 0x8000) ? (uint16_t)(h + 1) : (uint16_t)(h - 1);
-}
-static uint16_t f16_up(float x) {
-    uint16_t h = f16_from_f32(x);
-    if (f16_to_f32(h) >= x) return h;
-    if (h == 0x8000) return 0x0001;
-    return (h & 0x8000) ? (uint16_t)(h - 1) : (uint16_t)(h + 1);
+    return qp_f32_to_f16(f);
 }
 static int f16_finite(uint16_t h) { return ((h >> 10) & 31) != 31; }
-
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 // ---- settings
 
@@ -353,10 +308,10 @@ int qjl_encode_keys(const QjlState *st, const float *K, int64_t n, uint8_t *out,
                 rc = fail(msg, cap, "qjl: key %lld has norm %g, beyond fp16 (65504): scale the keys down", (long long)(g0 + t), sqrt(nn));
                 break;
             }
-            put16(p, nu);
+            qp_put_u16(p, nu);
             uint8_t *bits = p + 2;
             if (o > 0) {
-                put16(p + 2, f16_from_f64(sqrt(no)));  // <= nu: finite
+                qp_put_u16(p + 2, f16_from_f64(sqrt(no)));  // <= nu: finite
                 bits = p + 4;
             }
             for (int c = 0; c < d; c++) kin[c] = mask[c] ? 0.0f : k[c];
@@ -379,7 +334,7 @@ int64_t qjl_score_work(const QjlSettings *s) {
 // Reads a group's outlier indices into idx and returns the pointer past them.
 static const uint8_t *read_outliers(const QjlSettings *s, const uint8_t *p, int *idx) {
     const int ib = idx_bytes(s);
-    for (int j = 0; j < s->outlier_count; j++, p += ib) idx[j] = ib == 2 ? get16(p) : p[0];
+    for (int j = 0; j < s->outlier_count; j++, p += ib) idx[j] = ib == 2 ? qp_get_u16(p) : p[0];
     return p;
 }
 
@@ -452,14 +407,14 @@ void qjl_scores(const QjlState *st, const float *q, const uint8_t *enc, int64_t 
             build_lut(sq_out, mo, lut_out);
         }
         for (int64_t t = 0; t < rows; t++, p += rec) {
-            const double nu = f16_to_f32(get16(p));
+            const double nu = qp_f16_to_f32(qp_get_u16(p));
             const uint8_t *bin = p + (o > 0 ? 4 : 2);
             const double s_in = lut ? lut_signed_sum(lut_in, bin, m, tin) : signed_sum(sq_in, bin, m, tin);
             if (o == 0) {
                 scores[g0 + t] = (float)(st->c_est / m * nu * s_in);
                 continue;
             }
-            const double nuo = f16_to_f32(get16(p + 2));
+            const double nuo = qp_f16_to_f32(qp_get_u16(p + 2));
             const double s_out = lut ? lut_signed_sum(lut_out, bin + m / 8, mo, tout) : signed_sum(sq_out, bin + m / 8, mo, tout);
             scores[g0 + t] = (float)(st->c_est / m * inlier_norm(nu, nuo) * s_in + st->c_est / mo * nuo * s_out);
         }
@@ -480,7 +435,7 @@ void qjl_decode_keys(const QjlState *st, const uint8_t *enc, int64_t n, float *K
         memset(mask, 0, (size_t)d);
         for (int j = 0; j < o; j++) mask[idx[j]] = 1;
         for (int64_t t = 0; t < rows; t++, p += rec) {
-            const double nu = f16_to_f32(get16(p)), nuo = o > 0 ? f16_to_f32(get16(p + 2)) : 0;
+            const double nu = qp_f16_to_f32(qp_get_u16(p)), nuo = o > 0 ? qp_f16_to_f32(qp_get_u16(p + 2)) : 0;
             const uint8_t *bin = p + (o > 0 ? 4 : 2), *bout = bin + m / 8;
             const double a_in = st->c_est / m * (o > 0 ? inlier_norm(nu, nuo) : nu);
             const double a_out = o > 0 ? st->c_est / mo * nuo : 0;
@@ -525,21 +480,21 @@ int qjl_encode_values(const QjlSettings *s, const float *V, int64_t n, uint8_t *
                 mn = fminf(mn, x[c]);
                 mx = fmaxf(mx, x[c]);
             }
-            const uint16_t mn_h = f16_down(mn);
-            const double mnf = f16_to_f32(mn_h);
+            const uint16_t mn_h = qp_f16_down(mn);
+            const double mnf = qp_f16_to_f32(mn_h);
             uint16_t sc_h = 0;
             if ((double)mx > mnf) {
-                sc_h = f16_up((float)(((double)mx - mnf) / qmax));
-                // (float) rounding of the quotient can land below it; f16_up of that is still >= the
+                sc_h = qp_f16_up((float)(((double)mx - mnf) / qmax));
+                // (float) rounding of the quotient can land below it; qp_f16_up of that is still >= the
                 // quotient unless the float is itself an fp16 just below: step once more then.
-                if ((double)f16_to_f32(sc_h) * qmax + mnf < (double)mx) sc_h = f16_up(nextafterf(f16_to_f32(sc_h), INFINITY));
+                if ((double)qp_f16_to_f32(sc_h) * qmax + mnf < (double)mx) sc_h = qp_f16_up(nextafterf(qp_f16_to_f32(sc_h), INFINITY));
                 if (!f16_finite(sc_h))
                     return fail(msg, cap, "qjl: value %lld channels %d..%d span %g, beyond an fp16 scale at %d bits: raise vbits or scale the values",
                                 (long long)t, g, g + gv - 1, (double)mx - mn, b);
             }
-            const double sc = f16_to_f32(sc_h);
-            put16(p, mn_h);
-            put16(p + 2, sc_h);
+            const double sc = qp_f16_to_f32(sc_h);
+            qp_put_u16(p, mn_h);
+            qp_put_u16(p + 2, sc_h);
             uint8_t *codes = p + 4;
             memset(codes, 0, (size_t)cb);
             for (int c = 0; c < gv; c++) {
@@ -561,7 +516,7 @@ void qjl_decode_values(const QjlSettings *s, const uint8_t *enc, int64_t n, floa
     const uint8_t *p = enc;
     for (int64_t t = 0; t < n; t++)
         for (int g = 0; g < d; g += gv, p += 4 + cb) {
-            const float mn = f16_to_f32(get16(p)), sc = f16_to_f32(get16(p + 2));
+            const float mn = qp_f16_to_f32(qp_get_u16(p)), sc = qp_f16_to_f32(qp_get_u16(p + 2));
             const uint8_t *codes = p + 4;
             for (int c = 0; c < gv; c++) {
                 const int bit = c * b;
@@ -597,8 +552,8 @@ int qjl_head_append(QjlHead *h, const float *k, const float *v, char *msg, size_
     float *tmp = NULL;
     int rc = 0;
     for (int c = 0; c < d && !rc; c++) {
-        kh[c] = f16_from_f32(k[c]);
-        vh[c] = f16_from_f32(v[c]);
+        kh[c] = qp_f32_to_f16(k[c]);
+        vh[c] = qp_f32_to_f16(v[c]);
         if (!f16_finite(kh[c]) || !f16_finite(vh[c]))
             rc = fail(msg, cap, "qjl: token %lld channel %d: key %g or value %g is not finite or beyond fp16 (65504)",
                       (long long)h->n, c, k[c], v[c]);
@@ -620,14 +575,14 @@ int qjl_head_append(QjlHead *h, const float *k, const float *v, char *msg, size_
     const int64_t in_kbuf = h->n - h->n_kq;
     if (!rc && in_kbuf + 1 == B) {  // the key buffer fills: encode it as one chunk
         tmp = xmalloc((size_t)B * d * sizeof *tmp);
-        for (int64_t i = 0; i < (int64_t)(B - 1) * d; i++) tmp[i] = f16_to_f32(h->kbuf[i]);
-        for (int c = 0; c < d; c++) tmp[(int64_t)(B - 1) * d + c] = f16_to_f32(kh[c]);
+        for (int64_t i = 0; i < (int64_t)(B - 1) * d; i++) tmp[i] = qp_f16_to_f32(h->kbuf[i]);
+        for (int c = 0; c < d; c++) tmp[(int64_t)(B - 1) * d + c] = qp_f16_to_f32(kh[c]);
         rc = qjl_encode_keys(h->st, tmp, B, h->kq + qjl_key_bytes(s, h->n_kq), msg, cap);
     }
     if (!rc && h->n - h->n_vq == B) {  // the value ring is full: encode its oldest token
         float *old = tmp ? tmp : (tmp = xmalloc((size_t)B * d * sizeof *tmp));
         const uint16_t *src = h->vbuf + (size_t)(h->n_vq % B) * d;
-        for (int c = 0; c < d; c++) old[c] = f16_to_f32(src[c]);
+        for (int c = 0; c < d; c++) old[c] = qp_f16_to_f32(src[c]);
         rc = qjl_encode_values(s, old, 1, h->vq + h->n_vq * qjl_value_token_bytes(s), msg, cap);
         if (!rc) h->n_vq++;
     }
@@ -663,7 +618,7 @@ void qjl_head_attend(const QjlHead *h, const float *q, float *out) {
     for (int64_t j = h->n_kq; j < h->n; j++) {
         const uint16_t *kb = h->kbuf + (size_t)(j - h->n_kq) * d;
         double acc = 0;
-        for (int c = 0; c < d; c++) acc += (double)q[c] * f16_to_f32(kb[c]);
+        for (int c = 0; c < d; c++) acc += (double)q[c] * qp_f16_to_f32(kb[c]);
         logit[j] = (float)acc;
     }
     const float inv = (float)(1 / sqrt((double)d));
@@ -675,7 +630,7 @@ void qjl_head_attend(const QjlHead *h, const float *q, float *out) {
             qjl_decode_values(s, h->vq + j * vtb, 1, vt);
         } else {
             const uint16_t *vb = h->vbuf + (size_t)(j % B) * d;
-            for (int c = 0; c < d; c++) vt[c] = f16_to_f32(vb[c]);
+            for (int c = 0; c < d; c++) vt[c] = qp_f16_to_f32(vb[c]);
         }
         for (int c = 0; c < d; c++) out[c] += logit[j] * vt[c];
     }
