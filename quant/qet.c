@@ -14,7 +14,7 @@
 
 QetSettings qet_settings_default(int dim) {
     QetSettings s = {.dim = dim, .levels = 3, .width = 8, .stages = 2, .in_bits = 16, .cb_bits = 10,
-                     .theta = 4, .share = {0.7, 0.3}, .iters = 20, .seed = 123};
+                     .theta = 4, .share = {0.7, 0.3}, .iters = 20, .init = KMEANS_INIT_POINTS, .seed = 123};
     return s;
 }
 
@@ -46,6 +46,11 @@ int qet_settings_check(const QetSettings *s, char *err, size_t errlen) {
     }
     if (s->iters < 1 || s->iters > 100000) {
         snprintf(err, errlen, "qet: iters=%d: expected 1..100000 k-means iterations (paper: 20)", s->iters);
+        return -1;
+    }
+    if (s->init != KMEANS_INIT_POINTS && s->init != KMEANS_INIT_PLUSPLUS) {
+        snprintf(err, errlen, "qet: init=%d: expected %d (random points, paper) or %d (k-means++)", s->init,
+                 KMEANS_INIT_POINTS, KMEANS_INIT_PLUSPLUS);
         return -1;
     }
     if (s->theta == 0) {
@@ -271,7 +276,7 @@ int qet_fit(QetState *st, const QetSettings *s, const float *x, int64_t n, char 
         int64_t nval = (int64_t)m * g->k * w;
         g->codebook = xmalloc(sizeof(float) * (size_t)nval);
         for (int i = 0; i < m; i++)
-            kmeans_fit(cur + i * w, n, w, d, NULL, g->k, s->iters, KMEANS_INIT_POINTS,
+            kmeans_fit(cur + i * w, n, w, d, NULL, g->k, s->iters, s->init,
                        s->seed + (uint64_t)(stage * m + i), g->codebook + (int64_t)i * g->k * w, NULL, NULL);
         quantize_codebook(s, g, nval);
         int codes[QET_MAX_DIM];

@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "quant/kmeans.h"
+
 #define QET_MAX_STAGES 4
 #define QET_MAX_DIM 4096
 
@@ -36,11 +38,14 @@ typedef struct QetSettings {
     double share[QET_MAX_STAGES];   // R_i: stage shares of the budget left after the flags (0.7, 0.3)
     int k[QET_MAX_STAGES];          // K_i when theta == 0
     int iters;       // k-means iterations (paper: 20)
-    uint64_t seed;   // k-means seeding, random distinct points (paper: 123)
+    int init;        // k-means seeding: KMEANS_INIT_POINTS, random distinct rows (the reference
+                     //    code's scipy minit='points'), or KMEANS_INIT_PLUSPLUS, which also seeds
+                     //    the rare outlier rows a random draw misses (docs/QUANTIZERS.md "QET")
+    uint64_t seed;   // k-means seeding (paper: 123)
 } QetSettings;
 
-// The paper's defaults (its 4.1): l = 3, width 8, r = 2, a' = 10, R = (0.7, 0.3), 20 iterations,
-// seed 123; a = 16 (KV) and theta = 4 (4 bits per element).
+// The paper's defaults (its 4.1): l = 3, width 8, r = 2, a' = 10, R = (0.7, 0.3), 20 iterations
+// seeded with random points, seed 123; a = 16 (KV) and theta = 4 (4 bits per element).
 QetSettings qet_settings_default(int dim);
 // 0, or -1 with one line in err naming the bad setting and the accepted values.
 int qet_settings_check(const QetSettings *s, char *err, size_t errlen);
