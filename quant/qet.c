@@ -366,6 +366,65 @@ void qet_codebook_write(const QetState *st, uint8_t *out) {
     }
 }
 
+static const uint8_t *get_value(const uint8_t *p, float *v, int in_bits) {
+    if (in_bits == 16) {
+        *v = fp16_to_float((uint16_t)(p[0] | p[1] << 8));
+        return p + 2;
+    }
+    uint32_t u = 0;
+    for (int i = 0; i < 4; i++) u |= (uint32_t)p[i] << (8 * i);
+    memcpy(v, &u, 4);
+    return p + 4;
+}
+
+int qet_codebook_read(QetState *st, const QetSettings *s, const int *k, const uint8_t *buf,
+                      int64_t nbytes, char *err, size_t errlen) {
+    memset(st, 0, sizeof(*st));
+    if (qet_settings_check(s, err, errlen)) return -1;
+    st->s = *s;
+    st->m = s->dim / s->width;
+    int64_t want = 0;
+    for (int i = 0; i < s->stages; i++) {
+        if (k[i] < 1 || k[i] > 65536) {
+            snprintf(err, errlen, "qet: stage %d has K=%d: expected 1..65536 centroids", i + 1, k[i]);
+            return -1;
+        }
+        st->st[i].k = k[i];
+        st->st[i].code_bits = bits_for(k[i]);
+        want += stage_codebook_bytes(s, k[i]);
+    }
+    if (nbytes != want) {
+        snprintf(err, errlen, "qet: codebook of %lld bytes where these settings and K store %lld: the codec tensor does not match its settings",
+                 (long long)nbytes, (long long)want);
+        return -1;
+    }
+    const uint8_t *p = buf;
+    for (int i = 0; i < s->stages; i++) {
+        QetStage *g = &st->st[i];
+        int64_t vals = (int64_t)g->k * s->dim;
+        g->codebook = xmalloc(sizeof(float) * (size_t)vals);
+        if (s->cb_bits) {
+            p = get_value(p, &g->cb_min, s->in_bits);
+            p = get_value(p, &g->cb_step, s->in_bits);
+            g->cb_q = xmalloc(sizeof(uint16_t) * (size_t)vals);
+            for (int64_t v = 0; v < vals; v++) {
+                g->cb_q[v] = (uint16_t)bits_get(p, v * s->cb_bits, s->cb_bits);
+                g->codebook[v] = (float)((double)g->cb_min + g->cb_q[v] * (double)g->cb_step);
+            }
+            p += (vals * s->cb_bits + 7) / 8;
+        } else {
+            for (int64_t v = 0; v < vals; v++) p = get_value(p, &g->codebook[v], s->in_bits);
+        }
+        for (int64_t v = 0; v < vals; v++)
+            if (!isfinite(g->codebook[v]) || (s->cb_bits && !(isfinite(g->cb_min) && isfinite(g->cb_step) && g->cb_step >= 0))) {
+                snprintf(err, errlen, "qet: stage %d codebook value %lld is not finite: the codec tensor is damaged", i + 1, (long long)v);
+                qet_free(st);
+                return -1;
+            }
+    }
+    return 0;
+}
+
 double qet_bits_everything(const QetState *st, int64_t rows) {
     double bits = 8.0 * (double)qet_bytes_per_row(st) * (double)rows + 8.0 * (double)qet_codebook_bytes(st);
     return bits / ((double)rows * st->s.dim);

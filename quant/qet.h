@@ -88,6 +88,11 @@ void qet_decode(const QetState *st, const uint8_t *codes, int64_t n, float *x);
 
 int64_t qet_codebook_bytes(const QetState *st);
 void qet_codebook_write(const QetState *st, uint8_t *out);
+// A state from stored codebook bytes, with the settings and the K of every stage they were
+// written with (a package records both). 0, or -1 with one line in err: bad settings, a size that
+// does not match, a CQO code beyond 2^a' - 1, a value that is not finite.
+int qet_codebook_read(QetState *st, const QetSettings *s, const int *k, const uint8_t *buf,
+                      int64_t nbytes, char *err, size_t errlen);
 
 // Bits per element counting everything stored: `rows` row records (flags, codes, byte padding)
 // plus the codebook bytes, amortized over those rows.

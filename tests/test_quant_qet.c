@@ -306,6 +306,12 @@ static void test_vs_pq_4bit(void) {
     free(x);
 }
 
+static void refused(int rc, const char *err, const char *what) {
+    char name[400];
+    snprintf(name, sizeof(name), "refused: %s -> \"%s\"", what, err);
+    check(rc == -1 && err[0] && !strchr(err, '\n'), name);
+}
+
 // Encode then decode within the bound; bytes written == accounting, both conventions.
 static void test_bound_and_bytes(void) {
     char name[300];
@@ -336,15 +342,21 @@ static void test_bound_and_bytes(void) {
                  d, s.levels, (long long)wrote, (long long)qet_codebook_bytes(&st), everything, qet_bits_paper(&st, n), s.in_bits / 4.0);
         check(fabs(everything * n * d - stored) < 1e-6 && wrote == n * want_row && qet_bits_paper(&st, n) <= s.in_bits / 4.0 + 1e-12 &&
               qet_bits_paper(&st, n) <= everything + 1e-12, name);
-        free(codes); free(book); free(dec); free(x);
+        QetState back;
+        int ks[QET_MAX_STAGES] = {st.st[0].k, st.st[1].k};
+        float *dec2 = malloc(sizeof(float) * n * d);
+        int ok = qet_codebook_read(&back, &s, ks, book, qet_codebook_bytes(&st), err, sizeof(err)) == 0;
+        if (ok) {
+            qet_decode(&back, codes, n, dec2);
+            ok = memcmp(dec, dec2, sizeof(float) * n * d) == 0;
+            qet_free(&back);
+        }
+        check(ok, "codebook written and read back: the same decoded rows bit for bit");
+        err[0] = 0;
+        refused(qet_codebook_read(&back, &s, ks, book, qet_codebook_bytes(&st) - 1, err, sizeof(err)), err, "a codebook tensor one byte short");
+        free(codes); free(book); free(dec); free(dec2); free(x);
         qet_free(&st);
     }
-}
-
-static void refused(int rc, const char *err, const char *what) {
-    char name[400];
-    snprintf(name, sizeof(name), "refused: %s -> \"%s\"", what, err);
-    check(rc == -1 && err[0] && !strchr(err, '\n'), name);
 }
 
 static void test_bad_settings(void) {
