@@ -248,6 +248,31 @@ static void test_kmeans(void) {
     kmeans_fit(x, n, dim, dim, NULL, k, iters, KMEANS_INIT_PLUSPLUS, 43, cu, NULL, NULL);
     check(memcmp(cu, cw, sizeof(cu)) != 0, "k-means: non-uniform weights give other centroids than none");
     free(x); free(ones); free(w); free(a1); free(a2); free(aw);
+
+    float tie_c[6] = {1, 1, 0, 0, 1, 1}, tie_x[2] = {1, 1}, mid[2] = {0.5f, 0.5f};
+    check(kmeans_nearest(tie_c, 3, 2, tie_x, NULL) == 0 && kmeans_nearest(tie_c, 3, 2, mid, NULL) == 0,
+          "k-means: a tie goes to the lowest index");
+
+    // k-means++ seeding (no Lloyd iteration): 8 clusters 100 apart, points stored cluster after
+    // cluster, cluster 7 weighing 0. D^2 sampling puts one seed in each of the 7 weighted
+    // clusters and none in the weightless one; the 8th seed goes to a weighted cluster too.
+    int64_t m = 800;
+    float *y = malloc(sizeof(float) * m * 2), *wy = malloc(sizeof(float) * m), seeds[8 * 2];
+    for (int64_t i = 0; i < m; i++) {
+        int cl = (int)(i / 100);
+        y[i * 2] = (float)(100 * cl + rng_normal(&r)); y[i * 2 + 1] = (float)rng_normal(&r);
+        wy[i] = cl == 7 ? 0.0f : 1.0f;
+    }
+    kmeans_fit(y, m, 2, 2, wy, 8, 0, KMEANS_INIT_PLUSPLUS, 5, seeds, NULL, NULL);
+    int hit[8] = {0};
+    for (int e = 0; e < 8; e++) {
+        int cl = (int)lround(seeds[e * 2] / 100);
+        if (cl >= 0 && cl < 8) hit[cl]++;
+    }
+    int cover = hit[7] == 0;
+    for (int cl = 0; cl < 7; cl++) cover &= hit[cl] >= 1;
+    check(cover, "k-means++: seeds drawn with probability w D^2 cover the 7 weighted clusters, none in the weightless one");
+    free(y); free(wy);
 }
 
 // A6.4: CQ-1c<b>b is per-channel non-uniform quantization: each element goes to the nearest of
@@ -325,7 +350,7 @@ static void test_fisher(void) {
         int hot = j % 10 == 0;                       // 10% of the tokens carry the gradient
         for (int c = 0; c < d; c++) {
             if (hot) x[j * d + c] += 2.5f;           // and sit apart from the bulk
-            f[j * d + c] = hot ? 50.0f : 0.5f;
+            f[j * d + c] = hot && c % 2 ? 100.0f : 0.5f;   // on the second channel of each pair
         }
     }
     CqSettings s = {.dim = d, .c = 2, .bits = 3, .iters = 40, .seed = 6};
@@ -373,7 +398,12 @@ static void test_entropy(void) {
                  c, jc, mc, ji, mi);
         check(jc < mc - 0.1 && fabs(ji - mi) < 0.1, name);
     }
-    free(cor); free(ind);
+    float *u = malloc(sizeof(float) * n);
+    for (int64_t i = 0; i < n; i++) u[i] = (float)rng_uniform(&r);
+    double hu = cq_joint_entropy(u, n, 1, 0, 1, 16);
+    snprintf(name, sizeof(name), "entropy: uniform data in 16 bins = %.4f bits (4 within 0.01)", hu);
+    check(fabs(hu - 4) < 0.01, name);
+    free(cor); free(ind); free(u);
 }
 
 // Encode then decode within the bound, bytes written == accounting, both bit conventions.

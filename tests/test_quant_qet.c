@@ -120,6 +120,13 @@ static void test_swap_tree(void) {
     float r[8] = {3, 1, 4, 1, 5, 9, 2, 6}, want[8] = {1, 2, 1, 5, 3, 6, 4, 9}, got[8];
     qet_swap_row(r, 8, 2, got, NULL);
     check(memcmp(got, want, sizeof(got)) == 0, "swap tree: [3 1 4 1 5 9 2 6] at l=2 gives [SS|SL|LS|LL] = [1 2 1 5 3 6 4 9]");
+    float tie[4] = {2, 2, -0.0f, 0.0f}, ts[4];
+    uint8_t tf[2];
+    qet_swap_row(tie, 4, 1, ts, tf);
+    float one[4] = {1, 2, 3, 1};
+    uint8_t of[2];
+    qet_swap_row(one, 4, 1, ts, of);
+    check(tf[0] == 0 && tf[1] == 0 && of[0] == 1 && of[1] == 0, "swap tree: flag = 1 iff left < right (ties and -0, +0 give 0)");
     free(x);
 }
 
@@ -257,6 +264,22 @@ static void test_cqo_and_residual(void) {
     char name[240];
     snprintf(name, sizeof(name), "CQO at 10 bits: max |c - deq(c)| %.3e <= step/2 = %.3e; min and step exact fp16", worst, step / 2);
     check(worst <= step / 2 * (1 + 1e-6) && fp16_exact, name);
+    // The rounding of the minimum (down) and the step (up) to fp16 keeps every value within
+    // step/2 of its code, the largest included: checked at a' = 2..16 (each a new step; from
+    // a' = 12 on, a step rounded down to fp16 would leave the largest value beyond step/2).
+    int cover = 1;
+    for (int ab = 2; ab <= 16; ab++) {
+        QetSettings c1 = s, c0;
+        c1.stages = 1; c1.k[0] = 16; c1.cb_bits = ab;
+        c0 = c1; c0.cb_bits = 0; c0.in_bits = 32;
+        QetState q1, q0;
+        if (qet_fit(&q1, &c1, x, 512, err, sizeof(err)) || qet_fit(&q0, &c0, x, 512, err, sizeof(err))) { cover = 0; break; }
+        for (int64_t i = 0; i < (int64_t)q1.m * 16 * s.width; i++)
+            cover &= fabs((double)q0.st[0].codebook[i] - q1.st[0].codebook[i]) <=
+                     q1.st[0].cb_step / 2 * (1 + 1e-6) + fabs(q0.st[0].codebook[i]) * 0x1p-23;
+        qet_free(&q1); qet_free(&q0);
+    }
+    check(cover, "CQO at a' = 2..16 bits: every codebook value within step/2, the extremes included");
     QetSettings one = s;
     one.stages = 1;
     double e2 = qet_mse(&s, x, n, NULL), e1 = qet_mse(&one, x, n, NULL);
