@@ -130,14 +130,14 @@ double kmeans_fit(const float *x, int64_t n, int dim, int64_t stride, const floa
             }
         }
         memcpy(prev, assign, sizeof(int32_t) * (size_t)n);
-        if (assign_out) memcpy(assign_out, assign, sizeof(int32_t) * (size_t)n);
         obj = assign_all(x, n, dim, stride, w, centroids, k, assign, d2);
         if (trace) trace[it + 1] = obj;
         if (memcmp(prev, assign, sizeof(int32_t) * (size_t)n) == 0) { it++; break; }
     }
     if (trace)
         for (int j = it + 1; j <= iters; j++) trace[j] = obj;
-    if (assign_out && it == 0) memcpy(assign_out, assign, sizeof(int32_t) * (size_t)n);
+    // The assignment the last update used (prev), or the seeds' one when no update ran.
+    if (assign_out) memcpy(assign_out, it == 0 ? assign : prev, sizeof(int32_t) * (size_t)n);
     free(assign); free(prev); free(d2); free(p); free(sum); free(wsum); free(count);
     return obj;
 }

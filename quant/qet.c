@@ -189,7 +189,7 @@ static void stage_row(const QetState *st, int stage, const float *row, int *code
     }
 }
 
-// Encodes one row: flags and codes into rec_bits (the caller clears it), and x' (may be NULL).
+// Encodes one row: flags and codes into out (the caller clears it), and x' into xq (may be NULL).
 static void encode_row(const QetState *st, const float *x, uint8_t *out, float *xq) {
     const QetSettings *s = &st->s;
     int d = s->dim, m = st->m;
@@ -241,8 +241,8 @@ int qet_fit(QetState *st, const QetSettings *s, const float *x, int64_t n, char 
     st->s = *s;
     st->m = s->dim / s->width;
     int d = s->dim, w = s->width, m = st->m;
-    int64_t nel;
-    if (n < 1 || ck_mul(n, d, &nel)) {
+    int64_t nel, nflag, fstride = (int64_t)s->levels * d / 2 + 1;
+    if (n < 1 || ck_mul(n, d, &nel) || ck_mul(n, fstride, &nflag)) {
         snprintf(err, errlen, "qet: %lld rows of %d columns: expected at least one row and a size that fits", (long long)n, d);
         return -1;
     }
@@ -268,9 +268,8 @@ int qet_fit(QetState *st, const QetSettings *s, const float *x, int64_t n, char 
     }
     // Stage 1 fits the permuted rows, every later stage the residual of the stages before it.
     float *cur = xmalloc(sizeof(float) * (size_t)nel), *rec = xmalloc(sizeof(float) * (size_t)nel);
-    uint8_t *flags = xmalloc((size_t)n * (size_t)(s->levels * d / 2 + 1));
-    for (int64_t r = 0; r < n; r++)
-        qet_swap_row(x + r * d, d, s->levels, cur + r * d, flags + r * (s->levels * d / 2 + 1));
+    uint8_t *flags = xmalloc((size_t)nflag);
+    for (int64_t r = 0; r < n; r++) qet_swap_row(x + r * d, d, s->levels, cur + r * d, flags + r * fstride);
     for (int stage = 0; stage < s->stages; stage++) {
         QetStage *g = &st->st[stage];
         int64_t nval = (int64_t)m * g->k * w;
@@ -284,7 +283,7 @@ int qet_fit(QetState *st, const QetSettings *s, const float *x, int64_t n, char 
         if (stage == 0) {
             float back[QET_MAX_DIM];
             for (int64_t r = 0; r < n; r++) {
-                qet_unswap_row(rec + r * d, d, s->levels, flags + r * (s->levels * d / 2 + 1), back);
+                qet_unswap_row(rec + r * d, d, s->levels, flags + r * fstride, back);
                 for (int j = 0; j < d; j++) cur[r * d + j] = x[r * d + j] - back[j];
             }
         } else {
