@@ -477,7 +477,41 @@ static void test_bad_settings(void) {
     free(x); free(f);
 }
 
+// quant/fp16.h: every finite half converts to float and back unchanged; float -> half rounds to
+// nearest even (checked against the compiler's _Float16 where it has one), overflow gives inf.
+static void test_fp16(void) {
+    int same = 1;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) continue;          // NaN payloads
+        same &= fp16_from_float(fp16_to_float((uint16_t)h)) == h;
+    }
+    check(same, "fp16: every non-NaN half -> float -> half unchanged");
+    check(fp16_to_float(fp16_from_float(65520.0f)) == INFINITY && fp16_round(65519.0f) == 65504.0f &&
+          fp16_round(1.0f + 0x1p-11f) == 1.0f && fp16_round(1.0f + 3 * 0x1p-11f) == 1.0f + 0x1p-9f,
+          "fp16: 65520 -> inf, 65519 -> 65504, ties to even at 1 + 2^-11 and 1 + 3 * 2^-11");
+#ifdef __FLT16_MAX__
+    Rng r;
+    rng_seed(&r, 99);
+    int agree = 1;
+    for (int i = 0; i < 200000; i++) {
+        uint32_t u = (uint32_t)rng_next(&r);
+        float f;
+        memcpy(&f, &u, 4);
+        if (isnan(f)) continue;
+        if (i % 2) f = ldexpf((float)rng_normal(&r), (int)(rng_next(&r) % 40) - 30);   // around the fp16 range
+        _Float16 ref = (_Float16)f;
+        uint16_t rb;
+        memcpy(&rb, &ref, 2);
+        agree &= fp16_from_float(f) == rb;
+    }
+    check(agree, "fp16: float -> half equals the compiler's _Float16 conversion on 200000 floats (subnormals, overflow)");
+#else
+    printf("skip fp16 against _Float16: this compiler has no _Float16\n");
+#endif
+}
+
 int main(void) {
+    test_fp16();
     test_argmin_and_packing();
     test_exact_and_attention();
     test_kmeans();
