@@ -189,11 +189,12 @@ static void stage_row(const QetState *st, int stage, const float *row, int *code
     }
 }
 
-// Encodes one row: flags and codes into out (the caller clears it), and x' into xq (may be NULL).
-static void encode_row(const QetState *st, const float *x, uint8_t *out, float *xq) {
+// Encodes one row: flags and codes into out (the caller clears it). Each residual stage codes
+// what the stages before it left: x minus their reconstruction.
+static void encode_row(const QetState *st, const float *x, uint8_t *out) {
     const QetSettings *s = &st->s;
     int d = s->dim, m = st->m;
-    float xs[QET_MAX_DIM], rec[QET_MAX_DIM], back[QET_MAX_DIM], resid[QET_MAX_DIM], acc[QET_MAX_DIM];
+    float xs[QET_MAX_DIM], rec[QET_MAX_DIM], back[QET_MAX_DIM], resid[QET_MAX_DIM];
     uint8_t flags[QET_MAX_DIM / 2 * 12];
     int codes[QET_MAX_DIM];
     int64_t pos = 0;
@@ -204,14 +205,13 @@ static void encode_row(const QetState *st, const float *x, uint8_t *out, float *
         if (stage == 0) {
             stage_row(st, 0, xs, codes, rec);
             qet_unswap_row(rec, d, s->levels, flags, back);
-            for (int j = 0; j < d; j++) { acc[j] = back[j]; resid[j] = x[j] - back[j]; }
+            for (int j = 0; j < d; j++) resid[j] = x[j] - back[j];
         } else {
             stage_row(st, stage, resid, codes, rec);
-            for (int j = 0; j < d; j++) { acc[j] += rec[j]; resid[j] -= rec[j]; }
+            for (int j = 0; j < d; j++) resid[j] -= rec[j];
         }
         for (int i = 0; i < m; i++) { bits_put(out, pos, g->code_bits, (uint32_t)codes[i]); pos += g->code_bits; }
     }
-    if (xq) memcpy(xq, acc, sizeof(float) * d);
 }
 
 static void decode_row(const QetState *st, const uint8_t *in, float *x) {
@@ -312,7 +312,7 @@ int64_t qet_encode(const QetState *st, const float *x, int64_t n, uint8_t *out) 
     if (ck_mul(n, bpr, &total)) return -1;
     memset(out, 0, (size_t)total);
     #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < n; r++) encode_row(st, x + r * st->s.dim, out + r * bpr, NULL);
+    for (int64_t r = 0; r < n; r++) encode_row(st, x + r * st->s.dim, out + r * bpr);
     return total;
 }
 
