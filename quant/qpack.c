@@ -6,35 +6,6 @@
 
 #include "common/num.h"
 
-uint16_t qp_f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   // >= 65520 rounds to inf
-    if (ax < 0x38800000u) {                                      // below 2^-14: subnormal
-        float a;
-        memcpy(&a, &ax, 4);
-        // a * 2^24 is exact; rounding it to an integer is the subnormal mantissa (1024 becomes
-        // the smallest normal, which is the right encoding too)
-        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f));
-    }
-    const uint32_t mant = ax & 0x7fffffu;
-    uint32_t h = ((((ax >> 23) - 127u + 15u)) << 10) | (mant >> 13);
-    const uint32_t rem = mant & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;     // a carry into the exponent is right
-    return (uint16_t)(sign | h);
-}
-
-float qp_f16_to_f32(uint16_t h) {
-    const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
-    float v;
-    if (e == 0) v = ldexpf((float)m, -24);
-    else if (e == 31) v = m ? NAN : INFINITY;
-    else v = ldexpf((float)(m | 1024), e - 25);
-    return s ? -v : v;
-}
-
 // One fp16 step towards -inf / +inf (finite inputs; -0 and +0 both step to the smallest
 // subnormal of the right sign).
 static uint16_t f16_step_down(uint16_t h) {

@@ -8,11 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "quant/fp16.h"
+
 // fp16 <-> fp32. qp_f32_to_f16 rounds to nearest even; beyond the fp16 range it gives +-inf
 // (callers refuse such inputs first: every codec here checks |x| <= QP_F16_MAX).
 #define QP_F16_MAX 65504.0f
-uint16_t qp_f32_to_f16(float x);
-float qp_f16_to_f32(uint16_t h);
+static inline uint16_t qp_f32_to_f16(float x) { return fp16_from_float(x); }   // quant/fp16.h: the one conversion
+static inline float qp_f16_to_f32(uint16_t h) { return fp16_to_float(h); }
 // The fp16 value nearest to x that is <= x (qp_f16_down) or >= x (qp_f16_up); x finite and
 // within [-QP_F16_MAX, QP_F16_MAX].
 uint16_t qp_f16_down(float x);
