@@ -343,10 +343,16 @@ void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const
     }
     model_set_batch(m, n, T);
     m->rope_pos = NULL;
-    m->apply_codecs = 1;   // prefill attends over what the cache gives back, as later steps do
+    // prefill attends over what the cache gives back, as later steps do: the round trips of
+    // the decoder's codecs (which may differ from the model's own layout), restored afterwards
+    CachePart saved[N_PARTS];
+    memcpy(saved, m->cache.part, sizeof(saved));
+    model_use_cache_codecs(m, &d->cl);
+    m->apply_codecs = 1;
     PrefillRows pr = {d, n * T, row_seq, row_pos};
     model_forward_with(m, in, NULL, prefill_attend, &pr);
     m->apply_codecs = d->saved_apply;
+    memcpy(m->cache.part, saved, sizeof(saved));
     for (int i = 0; i < n; i++) d->len[seq_ids[i]] = lens[i];
     if (logits) logits_to_host(d, n, last, logits);
     free(in);

@@ -108,6 +108,14 @@ static void run_case(const Case *cs, int ci) {
         m.be->act_to_host(slot_c, table_ptr_store(&m.acts, m.act, m.sa[0].c), (size_t)NSEQ * TMAX * R);
     }
     m.apply_codecs = 0;
+    // the model's own codecs now differ from the decoder's (the served bf16 layout): prefill
+    // must attend with the decoder's, or its logits leave the full forward's
+    if (!cs->codecs) {
+        CacheLayout served;
+        cache_layout(&served, &cfg.model);
+        model_use_cache_codecs(&m, &served);
+        cache_layout_free(&served);
+    }
 
     double worst = 0;
     float *lg = malloc((size_t)NSEQ * V * sizeof(float));
