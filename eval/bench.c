@@ -124,13 +124,18 @@ int bench_load(Bench *b, const char *path, int skip_bad, char *err, size_t errle
         size_t n = (size_t)(stop - p);
         if (n && p[n - 1] == '\r') n--;
         char *s = p;
+        s[n] = '\0';   // the strict parser reads a NUL-terminated text
         p = nl ? nl + 1 : end;
         if (strspn(s, " \t") >= n) continue;   // blank line
         BenchItem it = {0};
         it.line = line;
         cJSON *o = json_parse_strict(s, n, why, sizeof(why));
         int bad = 0;
-        if (!o) bad = 1;
+        if (!o) {
+            // one line: its "line 1, column C" is the column
+            if (!strncmp(why, "line 1, ", 8)) memmove(why, why + 8, strlen(why + 8) + 1);
+            bad = 1;
+        }
         else if (!cJSON_IsObject(o)) { set_err(why, sizeof(why), "not a JSON object"); bad = 1; }
         else {
             if (format == -2) {
@@ -257,10 +262,11 @@ BenchScorer *bench_scorer_new(Model *m, const CacheLayout *layout, const Tokeniz
     s->full_forward = full_forward;
     s->max_len = m->cfg.max_position_embeddings;
     m->inference = 1;
-    if (full_forward) {
-        m->apply_codecs = 1;
-        model_use_cache_codecs(m, layout);
-    } else s->d = decoder_new(m, layout, BENCH_MAX_CHOICES, s->max_len);
+    // the decoder's prefill runs the full forward, which applies the model's codecs: they must be
+    // the layout's, or a prefill would round through the served codecs while the cache holds others
+    model_use_cache_codecs(m, layout);
+    if (full_forward) m->apply_codecs = 1;
+    else s->d = decoder_new(m, layout, BENCH_MAX_CHOICES, s->max_len);
     return s;
 }
 
