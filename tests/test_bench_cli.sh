@@ -88,16 +88,20 @@ cat "$FX/generic.jsonl" two.jsonl > mixed.jsonl
 same() {   # same NAME FILE_A FILE_B: per-choice log-likelihoods within 1e-4, same picks
     "$PY" - "$2" "$3" <<'PYEOF'
 import json, sys
+def need(cond, msg):
+    if not cond:
+        print(msg)
+        sys.exit(1)
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
-assert len(a) == len(b) and a, "item counts differ"
+need(len(a) == len(b) and a, "item counts differ")
 worst = 0.0
 for x, y in zip(a, b):
-    assert x["pred"] == y["pred"] and x["pred_norm"] == y["pred_norm"], (x, y)
-    assert x["tokens"] == y["tokens"] and x["bytes"] == y["bytes"]
+    need(x["pred"] == y["pred"] and x["pred_norm"] == y["pred_norm"], f"picks differ: {x} vs {y}")
+    need(x["tokens"] == y["tokens"] and x["bytes"] == y["bytes"], f"tokens differ: {x} vs {y}")
     for u, v in zip(x["loglik"], y["loglik"]):
         worst = max(worst, abs(u - v))
-assert worst <= 1e-4, f"largest difference {worst:.3e}"
+need(worst <= 1e-4, f"largest difference {worst:.3e} > 1e-4")
 print(f"{len(a)} items, largest difference {worst:.1e}")
 PYEOF
 }
