@@ -129,6 +129,37 @@ else fail "a 2-bit latent scored as the 4-bit one"; fi
 "${B[@]}" --checkpoint gqa --bench "$FX/generic.jsonl" --limit 1 --json > lim.out 2>&1 && grep -q '"items":1,' lim.out &&
     ok "--limit 1 scores one item" || fail "limit: $(cat lim.out)"
 
+# ---------------------------------------------------------------- the shipped benchmark's construction
+MK="$SRC/eval/make_heldout_bench.py"
+"$PY" "$MK" --corpus "$SRC/tests/fixtures/english.jsonl" --lang en --val-fraction 0.3 --dev 2 --out h1.jsonl --docs-out docs.jsonl > mk.log 2>&1 &&
+"$PY" "$MK" --corpus "$SRC/tests/fixtures/english.jsonl" --lang en --val-fraction 0.3 --dev 2 --out h2.jsonl >> mk.log 2>&1 ||
+    fail "make_heldout_bench.py: $(cat mk.log)"
+cmp -s h1.jsonl h2.jsonl && [ "$(grep -c '"split": "dev"' h1.jsonl)" -eq 2 ] && [ "$(wc -l < h1.jsonl)" -gt 4 ] &&
+    ok "make_heldout_bench.py: the same bytes twice, $(wc -l < h1.jsonl) items, 2 dev" || fail "held-out bench: $(cat mk.log)"
+# its held-out documents are clla prep's validation split: the same documents, the same tokens
+"$CLLA" prep --tokenizer tok.tok --out sp --val-fraction 0.3 "$SRC/tests/fixtures/english.jsonl" > sp.log 2>&1
+"$CLLA" prep --tokenizer tok.tok --out sd --val-fraction 0 docs.jsonl > sd.log 2>&1
+val=$(grep -o 'val [0-9]* tokens ([0-9]* documents' sp.log | sed 's/val //') held=$(grep -o 'train [0-9]* tokens ([0-9]* documents' sd.log | sed 's/train //')
+[ -n "$val" ] && [ "$val" = "$held" ] && ok "its documents are clla prep's validation split ($val))" || fail "prep val [$val], held out [$held]"
+"$PY" - h1.jsonl docs.jsonl <<'PYEOF' && ok "every passage and right answer is text of a held-out document" || fail "a passage or answer not from the held-out documents"
+import json, re, sys
+docs = [re.sub(r"\s+", " ", json.loads(l)["text"]) for l in open(sys.argv[2])]
+for l in open(sys.argv[1]):
+    o = json.loads(l)
+    right = o["choices"][o["label"]].strip()
+    if not any(o["context"] in d and right in d for d in docs):
+        sys.exit(1)
+PYEOF
+"${B[@]}" --checkpoint gqa --bench h1.jsonl --shots 2 --json > h1.out 2> h1.err && grep -q '"shots":2' h1.out &&
+    ok "clla scores it 2-shot" || fail "score held-out: $(cat h1.err)"
+for lang in en zh; do
+    corpus="$SRC/data_cache/corpus/$([ $lang = en ] && echo english || echo chinese).jsonl"
+    if [ ! -s "$corpus" ]; then echo "skip the shipped heldout_$lang.jsonl: $corpus is missing (scripts/setup.sh builds it)"; continue; fi
+    "$PY" "$MK" --corpus "$corpus" --lang $lang --out ship_$lang.jsonl > /dev/null 2>&1
+    cmp -s ship_$lang.jsonl "$SRC/eval/benchmarks/heldout_$lang.jsonl" && ok "eval/benchmarks/heldout_$lang.jsonl is what the script makes from $corpus" ||
+        fail "eval/benchmarks/heldout_$lang.jsonl differs from the script's output: rerun it (docs/BENCHMARKS.md)"
+done
+
 # ---------------------------------------------------------------- bad input
 bad() {   # bad NAME GREP ARGS...: exit != 0, one line on stderr matching GREP, no --items-out file
     local name=$1 pat=$2; shift 2
