@@ -71,6 +71,8 @@ typedef struct BenchScorer BenchScorer;
 
 // full_forward 0: through the decoder with the codecs of layout; 1: the full-sequence forward
 // with each codec's round trip applied where the cache holds the value (the check path).
+// The model is switched to inference with layout's codecs for the scorer's life (the decoder's
+// prefill runs the full forward with the model's codecs: they must be the layout's).
 BenchScorer *bench_scorer_new(Model *m, const CacheLayout *layout, const Tokenizer *tok, int full_forward);
 void bench_scorer_free(BenchScorer *s);
 // Scores item it with prompt context `prompt` (from bench_prompt). Returns 0, or -1 with one line
