@@ -158,7 +158,7 @@ static void run_bench(BenchScorer *sc, const char *path, int K, uint64_t seed, l
     for (long long i = 0; i < n; i++) {
         const BenchItem *it = &b.items[scored[i]];
         BenchScores s;
-        if (bench_score_item(sc, it, prompts[i], &s, err, sizeof(err)) != 0) die("%s: %s", path, err);
+        if (bench_score_item(sc, it, prompts[i], &s, err, sizeof(err)) != 0) die("%s:%d: %s", path, it->line, err);
         bench_totals_add(&tot, &s, it->label);
         if (items_out) {
             cJSON *o = cJSON_CreateObject();

@@ -321,13 +321,13 @@ static int build_seqs(BenchScorer *s, const BenchItem *it, const char *prompt, S
         if (q->ctx[c].n == 0) {
             // an empty context: the continuation is scored after <|endoftext|>, as lm-evaluation-harness does
             uint32_t eot = tok_special_id(s->tok, "<|endoftext|>");
-            if (eot == TOK_NONE) { set_err(err, n, "line %d: the context is empty and the tokenizer has no <|endoftext|> to stand for it", it->line); return -1; }
+            if (eot == TOK_NONE) { set_err(err, n, "the context is empty and the tokenizer has no <|endoftext|> to stand for it"); return -1; }
             u32vec_push(&q->ctx[c], eot);
         }
         // the model reads context + continuation minus its last token: keep the last max_len of them
         size_t need = q->ctx[c].n + q->cont[c].n - 1;
         if (q->cont[c].n >= (size_t)s->max_len) {
-            set_err(err, n, "line %d: choice %d's continuation has %zu tokens, the model's context is %d", it->line, c, q->cont[c].n, s->max_len);
+            set_err(err, n, "choice %d's continuation has %zu tokens, the model's context is %d: it cannot be scored", c, q->cont[c].n, s->max_len);
             return -1;
         }
         q->start[c] = need > (size_t)s->max_len ? (int)(need - (size_t)s->max_len) : 0;

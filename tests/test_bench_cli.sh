@@ -129,6 +129,20 @@ else fail "a 2-bit latent scored as the 4-bit one"; fi
 "${B[@]}" --checkpoint gqa --bench "$FX/generic.jsonl" --limit 1 --json > lim.out 2>&1 && grep -q '"items":1,' lim.out &&
     ok "--limit 1 scores one item" || fail "limit: $(cat lim.out)"
 
+# a context longer than the model's: cut on the left, the same on both paths; a continuation too long: refused
+sed 's/"max_position_embeddings": 256/"max_position_embeddings": 32, "train": {"seq_len": 32}/' gqa.json > short.json
+"$CLLA" init --config short.json --out short > /dev/null 2>&1
+echo '{"context": "The cat sat on the mat and looked at the dog, who sat on the rug and looked back at the cat, and then", "choices": [" they slept.", " it rained."], "label": 0}' > long.jsonl
+for path in dec full; do
+    extra=(); [ $path = full ] && extra=(--full-forward)
+    "${B[@]}" --checkpoint short --bench long.jsonl --cache-codec fp32 --items-out "long_$path.items" "${extra[@]}" > /dev/null 2> long.err
+done
+if grep -q '"truncated":true' long_dec.items && msg=$(same x long_dec.items long_full.items 2>&1); then ok "a context beyond max_position_embeddings is cut on the left, both paths alike ($msg)"
+else fail "long context: $(cat long_dec.items long.err) ${msg:-}"; fi
+echo '{"context": "a", "choices": [" one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen", " b"], "label": 1}' > longcont.jsonl
+if "${B[@]}" --checkpoint short --bench longcont.jsonl > x.out 2> x.err; then fail "a continuation longer than the context accepted"
+else [ "$(wc -l < x.err)" -eq 1 ] && grep -q "continuation has" x.err && ok "a continuation longer than the model's context: $(cat x.err)" || fail "long continuation: $(cat x.err)"; fi
+
 # ---------------------------------------------------------------- the shipped benchmark's construction
 MK="$SRC/eval/make_heldout_bench.py"
 "$PY" "$MK" --corpus "$SRC/tests/fixtures/english.jsonl" --lang en --val-fraction 0.3 --dev 2 --out h1.jsonl --docs-out docs.jsonl > mk.log 2>&1 &&
