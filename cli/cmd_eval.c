@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -33,7 +35,7 @@ static const ArgSpec SPECS[] = {
     {"json", 0, "print one JSON object", NULL},
     {"through-cache", 0, "score through the KV cache: the full forward with each codec's round trip, and token by token through the decoder", NULL},
     {"cache-codec", ARG_REPEAT, "with --through-cache or --bench: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G", "SPEC"},
-    {"bench", ARG_REPEAT, "score a multiple-choice benchmark (generic or HellaSwag JSONL) through the KV cache; repeatable", "FILE"},
+    {"bench", ARG_REPEAT, "score a multiple-choice benchmark (generic or HellaSwag JSONL; a directory: its *.jsonl files) through the KV cache; repeatable", "FILE|DIR"},
     {"shots", 1, "with --bench: few-shot examples before each item (default 0)", "K"},
     {"seed", 1, "with --bench: seed of the few-shot draw (default 1234)", "S"},
     {"limit", 1, "with --bench: score the first N items of each benchmark", "N"},
@@ -196,12 +198,42 @@ static void run_bench(BenchScorer *sc, const char *path, int K, uint64_t seed, l
     bench_free(&b);
 }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// The --bench values with every directory replaced by its *.jsonl files in name order.
+static int bench_files(const Args *a, char ***out) {
+    const char *paths[256];
+    int n = args_get_all(a, SPECS, N_SPECS, "bench", paths, 256), m = 0, cap = 16;
+    char **files = xmalloc((size_t)cap * sizeof(char *));
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        DIR *dir = stat(paths[i], &st) == 0 && S_ISDIR(st.st_mode) ? opendir(paths[i]) : NULL;
+        if (!dir) {
+            if (m == cap) files = xrealloc(files, (size_t)(cap *= 2) * sizeof(char *));
+            files[m++] = xstrdup(paths[i]);   // a file (or nothing: bench_load says so)
+            continue;
+        }
+        int first = m;
+        for (struct dirent *e; (e = readdir(dir));) {
+            size_t len = strlen(e->d_name);
+            if (len <= 6 || strcmp(e->d_name + len - 6, ".jsonl") || e->d_name[0] == '.') continue;
+            if (m == cap) files = xrealloc(files, (size_t)(cap *= 2) * sizeof(char *));
+            files[m++] = path_join(paths[i], e->d_name);
+        }
+        closedir(dir);
+        if (m == first) die("--bench '%s' is a directory without *.jsonl files: pass benchmark files", paths[i]);
+        qsort(files + first, (size_t)(m - first), sizeof(char *), cmp_str);
+    }
+    *out = files;
+    return m;
+}
+
 // --bench: one JSON object per benchmark (--json), else a markdown table with one row for this
 // checkpoint and codec, columns per benchmark.
 static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const Args *a, int K, uint64_t seed,
                       long long limit, int json, int tty, const char *dir) {
-    const char *paths[256];
-    int n_bench = args_get_all(a, SPECS, N_SPECS, "bench", paths, 256);
+    char **paths;
+    int n_bench = bench_files(a, &paths);
     CacheLayout layout;
     layout_from_args(&layout, md, a);
     Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, cfg->model.vocab_size);
@@ -255,8 +287,9 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     }
     if (fflush(stdout) != 0 || ferror(stdout)) die("writing to stdout failed");
     if (items_path && atomic_commit(&af) != 0) die("cannot write --items-out '%s': %s", items_path, strerror(errno));
-    for (int i = 0; i < n_bench; i++) free(runs[i].name);
+    for (int i = 0; i < n_bench; i++) { free(runs[i].name); free(paths[i]); }
     free(runs);
+    free(paths);
     bench_scorer_free(sc);
     tok_free(tok);
     cache_layout_free(&layout);
@@ -268,7 +301,7 @@ int cmd_eval(int argc, char **argv) {
     args_parse(&a, argc, argv, SPECS, N_SPECS,
                "usage: clla eval --checkpoint DIR --data FILE [--json] [--batch B] [--seq T] [--max-batches N]\n"
                "                 [--through-cache [--cache-codec SPEC ...]]\n"
-               "       clla eval --checkpoint DIR --bench FILE ... [--shots K] [--seed S] [--limit N] [--skip-bad]\n"
+               "       clla eval --checkpoint DIR --bench FILE|DIR ... [--shots K] [--seed S] [--limit N] [--skip-bad]\n"
                "                 [--cache-codec SPEC ...] [--full-forward] [--tokenizer FILE] [--items-out FILE] [--json]\n"
                "Mean next-token loss and perplexity over the data's windows, in the order and with the\n"
                "seed (train.seed) that training-time validation uses; the last batch may be partial.\n"

@@ -126,6 +126,10 @@ else fail "a 2-bit latent scored as the 4-bit one"; fi
 "${B[@]}" --checkpoint gqa --bench two.jsonl --bench "$FX/hellaswag.jsonl" --json > js.out 2> js.err
 [ "$(grep -c '"checkpoint":"gqa","benchmark":' js.out)" -eq 2 ] && grep -q '"items":2' js.out && ok "--json: one object per benchmark" ||
     fail "json: $(cat js.out js.err)"
+mkdir -p bdir && cp two.jsonl bdir/b.jsonl && cp "$FX/hellaswag.jsonl" bdir/a.jsonl && echo x > bdir/notes.txt
+"${B[@]}" --checkpoint gqa --bench bdir --json > dir.out 2> dir.err
+[ "$(grep -o '"benchmark":"[a-z]*"' dir.out | tr '\n' ' ')" = '"benchmark":"a" "benchmark":"b" ' ] &&
+    ok "--bench DIR: its *.jsonl files in name order" || fail "--bench DIR: $(cat dir.out dir.err)"
 "${B[@]}" --checkpoint gqa --bench "$FX/generic.jsonl" --limit 1 --json > lim.out 2>&1 && grep -q '"items":1,' lim.out &&
     ok "--limit 1 scores one item" || fail "limit: $(cat lim.out)"
 
