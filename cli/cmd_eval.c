@@ -138,27 +138,41 @@ static void add_number_or_null(cJSON *o, const char *key, double v) {
     else cJSON_AddNullToObject(o, key);
 }
 
-// One benchmark: every prompt built first (a shot problem stops it before any forward), then
-// the items scored in file order. items_out: per-item lines, or NULL.
-static void run_bench(BenchScorer *sc, const char *path, int K, uint64_t seed, long long limit, int skip_bad, int tty,
-                      FILE *items_out, BenchRun *r) {
+// A benchmark read and its prompts built, before any forward: bad input in any file stops the
+// run before anything is scored or printed.
+typedef struct BenchJob {
     Bench b;
+    int *scored;     // indices of the items scored (not dev), the first --limit
+    long long n;
+    char **prompts;  // per scored item
+} BenchJob;
+
+static void prepare_bench(BenchJob *j, const char *path, int K, uint64_t seed, long long limit, int skip_bad) {
     char err[1024];
-    if (bench_load(&b, path, skip_bad, err, sizeof(err)) != 0) die("%s", err);
+    if (bench_load(&j->b, path, skip_bad, err, sizeof(err)) != 0) die("%s", err);
+    j->scored = xmalloc((size_t)j->b.n_items * sizeof(int));
+    j->n = 0;
+    for (int i = 0; i < j->b.n_items && (!limit || j->n < limit); i++)
+        if (!j->b.items[i].dev) j->scored[j->n++] = i;
+    j->prompts = xmalloc((size_t)j->n * sizeof(char *));
+    for (long long i = 0; i < j->n; i++)
+        if (!(j->prompts[i] = bench_prompt(&j->b, j->scored[i], K, seed, err, sizeof(err)))) die("%s", err);
+}
+
+// Scores a prepared benchmark's items in file order. items_out: per-item lines, or NULL.
+static void run_bench(BenchScorer *sc, BenchJob *j, int tty, FILE *items_out, BenchRun *r) {
+    const char *path = j->b.path;
+    char err[1024];
     memset(r, 0, sizeof(*r));
     r->name = bench_name(path);
-    r->skipped = b.n_skipped;
-    int *scored = xmalloc((size_t)b.n_items * sizeof(int));
-    long long n = 0;
-    for (int i = 0; i < b.n_items && (!limit || n < limit); i++)
-        if (!b.items[i].dev) scored[n++] = i;
-    char **prompts = xmalloc((size_t)n * sizeof(char *));
-    for (long long i = 0; i < n; i++)
-        if (!(prompts[i] = bench_prompt(&b, scored[i], K, seed, err, sizeof(err)))) die("%s", err);
+    r->skipped = j->b.n_skipped;
+    int *scored = j->scored;
+    char **prompts = j->prompts;
+    long long n = j->n;
     BenchTotals tot = {0};
     double t0 = now_seconds(), f0 = bench_scorer_forward_seconds(sc), last = 0;
     for (long long i = 0; i < n; i++) {
-        const BenchItem *it = &b.items[scored[i]];
+        const BenchItem *it = &j->b.items[scored[i]];
         BenchScores s;
         if (bench_score_item(sc, it, prompts[i], &s, err, sizeof(err)) != 0) die("%s:%d: %s", path, it->line, err);
         bench_totals_add(&tot, &s, it->label);
@@ -195,7 +209,7 @@ static void run_bench(BenchScorer *sc, const char *path, int K, uint64_t seed, l
     for (long long i = 0; i < n; i++) free(prompts[i]);
     free(prompts);
     free(scored);
-    bench_free(&b);
+    bench_free(&j->b);
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -239,16 +253,22 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, cfg->model.vocab_size);
     int full = args_get(a, SPECS, N_SPECS, "full-forward") != NULL, skip_bad = args_get(a, SPECS, N_SPECS, "skip-bad") != NULL;
     const char *items_path = args_get(a, SPECS, N_SPECS, "items-out");
-    AtomicFile af = {0};
-    if (items_path && atomic_open(&af, items_path) != 0) die("cannot write --items-out '%s': %s", items_path, strerror(errno));
+    // item lines gather in memory and reach the file at the end: a run stopped by bad input
+    // leaves no file, nor a temporary
+    char *items_buf = NULL;
+    size_t items_len = 0;
+    FILE *items = items_path ? open_memstream(&items_buf, &items_len) : NULL;
+    if (items_path && !items) die("--items-out: %s", strerror(errno));
     char codecs[512];
     model_dir_describe_cache(&layout, codecs, sizeof(codecs));
     size_t bpt = cache_layout_bytes_per_token(&layout);
     BenchScorer *sc = bench_scorer_new(model, &layout, tok, full);
     BenchRun *runs = xcalloc((size_t)n_bench, sizeof(BenchRun));
+    BenchJob *jobs = xcalloc((size_t)n_bench, sizeof(BenchJob));
+    for (int i = 0; i < n_bench; i++) prepare_bench(&jobs[i], paths[i], K, seed, limit, skip_bad);
     for (int i = 0; i < n_bench; i++) {
         BenchRun *r = &runs[i];
-        run_bench(sc, paths[i], K, seed, limit, skip_bad, tty, items_path ? af.f : NULL, r);
+        run_bench(sc, &jobs[i], tty, items, r);
         fprintf(stderr, "bench %s: %lld items%s in %.2f s (%.1f items/s), %.0f%% of it in the model's forwards\n", r->name, r->n,
                 r->skipped ? " (bad lines skipped)" : "", r->seconds, r->seconds > 0 ? r->n / r->seconds : 0,
                 r->seconds > 0 ? 100 * r->forward_seconds / r->seconds : 0);
@@ -286,9 +306,21 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
         printf("\n");
     }
     if (fflush(stdout) != 0 || ferror(stdout)) die("writing to stdout failed");
-    if (items_path && atomic_commit(&af) != 0) die("cannot write --items-out '%s': %s", items_path, strerror(errno));
+    if (items) {
+        AtomicFile af;
+        if (fclose(items) != 0) die("--items-out: %s", strerror(errno));
+        if (atomic_open(&af, items_path) != 0) die("cannot write --items-out '%s': %s", items_path, strerror(errno));
+        if (fwrite(items_buf, 1, items_len, af.f) != items_len) {
+            int e = errno;
+            atomic_abort(&af);
+            die("cannot write --items-out '%s': %s", items_path, strerror(e));
+        }
+        if (atomic_commit(&af) != 0) die("cannot write --items-out '%s': %s", items_path, strerror(errno));
+        free(items_buf);
+    }
     for (int i = 0; i < n_bench; i++) { free(runs[i].name); free(paths[i]); }
     free(runs);
+    free(jobs);
     free(paths);
     bench_scorer_free(sc);
     tok_free(tok);

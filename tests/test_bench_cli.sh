@@ -179,11 +179,11 @@ for lang in en zh; do
 done
 
 # ---------------------------------------------------------------- bad input
-bad() {   # bad NAME GREP ARGS...: exit != 0, one line on stderr matching GREP, no --items-out file
+bad() {   # bad NAME GREP ARGS...: exit != 0, one line on stderr matching GREP, nothing on stdout, no --items-out file
     local name=$1 pat=$2; shift 2
-    rm -f bad.items
+    rm -f bad.items*
     if "${B[@]}" --checkpoint gqa --items-out bad.items "$@" > bad.out 2> bad.err; then fail "$name: accepted"; return; fi
-    if [ "$(wc -l < bad.err)" -eq 1 ] && grep -q -- "$pat" bad.err && [ ! -e bad.items ]; then ok "$name: $(cat bad.err)"
+    if [ "$(wc -l < bad.err)" -eq 1 ] && grep -q -- "$pat" bad.err && ! ls bad.items* > /dev/null 2>&1 && [ ! -s bad.out ]; then ok "$name: $(cat bad.err)"
     else fail "$name: $(cat bad.err)"; fi
 }
 { head -n 3 "$FX/generic.jsonl"; echo '{"context": "broken", "choices": [" a", " b"], "label": 0'; tail -n 1 "$FX/generic.jsonl"; } > malformed.jsonl
@@ -194,6 +194,7 @@ bad "a malformed line" "malformed.jsonl:4:.*--skip-bad" --bench malformed.jsonl
 echo '{"context": "c", "choices": [" a", " b"], "label": 2}' > range.jsonl
 bad "a label out of range" "range.jsonl:1: label 2 is out of range" --bench range.jsonl
 echo '{"context": "c", "choices": [" a", ""], "label": 0}' > empty.jsonl
+bad "a bad second file stops the run before the first is scored" "range.jsonl:1: label 2" --bench two.jsonl --bench range.jsonl --json
 bad "an empty choice" "empty.jsonl:1: choices\[1\] is empty" --bench empty.jsonl
 echo '{"question": "q", "answers": ["a", "b"], "label": 0}' > unknown.jsonl
 bad "an unknown format" "unknown benchmark format" --bench unknown.jsonl
