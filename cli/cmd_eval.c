@@ -1,31 +1,48 @@
 // clla eval: mean next-token loss and perplexity of a saved model over the windows of token
-// data, scored by eval/evaluate.c exactly as training-time validation scores them.
+// data, scored by eval/evaluate.c exactly as training-time validation scores them; with --bench,
+// multiple-choice benchmarks scored through the KV cache (eval/bench.c, docs/BENCHMARKS.md).
+#include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "common/args.h"
 #include "common/num.h"
 #include "common/util.h"
+#include "eval/bench.h"
 #include "eval/evaluate.h"
 #include "eval/through_cache.h"
 #include "model/model.h"
 #include "model/model_dir.h"
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/open_tokenizer.h"
 
 static const ArgSpec SPECS[] = {
     {"checkpoint", 1, "model directory: a run directory, a checkpoint or a package (required)", "DIR"},
-    {"data", 1, "token file or shards (required)", "PATH"},
+    {"data", 1, "token file or shards (required, unless --bench)", "PATH"},
     {"batch", 1, "sequences per forward (default train.micro_batch)", "B"},
     {"seq", 1, "tokens per sequence (default train.seq_len)", "T"},
     {"max-batches", 1, "score the first N batches of windows (default: every window)", "N"},
     {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
     {"json", 0, "print one JSON object", NULL},
     {"through-cache", 0, "score through the KV cache: the full forward with each codec's round trip, and token by token through the decoder", NULL},
-    {"cache-codec", ARG_REPEAT, "with --through-cache: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G", "SPEC"},
+    {"cache-codec", ARG_REPEAT, "with --through-cache or --bench: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G", "SPEC"},
+    {"bench", ARG_REPEAT, "score a multiple-choice benchmark (generic or HellaSwag JSONL; a directory: its *.jsonl files) through the KV cache; repeatable", "FILE|DIR"},
+    {"shots", 1, "with --bench: few-shot examples before each item (default 0)", "K"},
+    {"seed", 1, "with --bench: seed of the few-shot draw (default 1234)", "S"},
+    {"limit", 1, "with --bench: score the first N items of each benchmark", "N"},
+    {"skip-bad", 0, "with --bench: warn about bad lines and score the others (default: stop at the first)", NULL},
+    {"full-forward", 0, "with --bench: score with the full-sequence forward instead of the decoder (the check path)", NULL},
+    {"tokenizer", 1, "with --bench: tokenizer file (default: the package's, or the run's train.tokenizer)", "FILE"},
+    {"items-out", 1, "with --bench: write every item's per-choice log-likelihoods as JSONL to FILE", "FILE"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -44,16 +61,21 @@ static void score_through_cache(const int32_t *in, const int32_t *tg, int rows, 
     eval_through_cache(cs->model, cs->layout, in, tg, rows, cs->T, &cs->acc);
 }
 
+// The model directory's cache layout with every --cache-codec applied in order.
+static void layout_from_args(CacheLayout *layout, const ModelDir *md, const Args *a) {
+    const char *specs[256];
+    int n_specs = args_get_all(a, SPECS, N_SPECS, "cache-codec", specs, 256);
+    cache_layout_copy(layout, &md->cache);
+    char err[512];
+    for (int i = 0; i < n_specs; i++)
+        if (cache_layout_apply_spec(layout, specs[i], err, sizeof(err)) != 0) die("--cache-codec '%s': %s", specs[i], err);
+}
+
 // --through-cache: both losses, the cache's bytes per token and codecs.
 static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoader *dl, int B, int T, long long max_batches,
                       int json, int tty, const char *data) {
-    const char *specs[256];
-    int n_specs = args_get_all(a, SPECS, N_SPECS, "cache-codec", specs, 256);
     CacheLayout layout;
-    cache_layout_copy(&layout, &md->cache);
-    char err[512];
-    for (int i = 0; i < n_specs; i++)
-        if (cache_layout_apply_spec(&layout, specs[i], err, sizeof(err)) != 0) die("--cache-codec '%s': %s", specs[i], err);
+    layout_from_args(&layout, md, a);
     CacheScore cs = {model, &layout, T, {0, 0, 0}};
     EvalResult r = {0};
     double t0 = now_seconds();
@@ -89,16 +111,261 @@ static void show_progress(long long done, long long total, void *ctx) {
     fprintf(stderr, "\reval %lld/%lld windows", done, total);
 }
 
+// ---------------------------------------------------------------- --bench
+
+typedef struct BenchRun {
+    char *name;                  // the file's name without folder and extension
+    long long n, skipped;
+    double acc, acc_se, acc_norm, acc_norm_se, seconds, forward_seconds;
+} BenchRun;
+
+static char *bench_name(const char *path) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    char *name = xstrdup(base), *dot = strrchr(name, '.');
+    if (dot && dot != name) *dot = '\0';
+    return name;
+}
+
+static void bench_progress(const char *name, long long done, long long total, double t0, int final) {
+    double dt = now_seconds() - t0, rate = dt > 0 ? done / dt : 0;
+    double eta = rate > 0 ? (total - done) / rate : 0;
+    fprintf(stderr, "\rbench %s: %lld/%lld items | %.1f items/s | ETA %.0f s%s", name, done, total, rate, eta, final ? "\n" : "");
+}
+
+static void add_number_or_null(cJSON *o, const char *key, double v) {
+    if (isfinite(v)) cJSON_AddNumberToObject(o, key, v);
+    else cJSON_AddNullToObject(o, key);
+}
+
+// A benchmark read and its prompts built, before any forward: bad input in any file stops the
+// run before anything is scored or printed.
+typedef struct BenchJob {
+    Bench b;
+    int *scored;     // indices of the items scored (not dev), the first --limit
+    long long n;
+    char **prompts;  // per scored item
+} BenchJob;
+
+static void prepare_bench(BenchJob *j, const char *path, int K, uint64_t seed, long long limit, int skip_bad) {
+    char err[1024];
+    if (bench_load(&j->b, path, skip_bad, err, sizeof(err)) != 0) die("%s", err);
+    j->scored = xmalloc((size_t)j->b.n_items * sizeof(int));
+    j->n = 0;
+    for (int i = 0; i < j->b.n_items && (!limit || j->n < limit); i++)
+        if (!j->b.items[i].dev) j->scored[j->n++] = i;
+    j->prompts = xmalloc((size_t)j->n * sizeof(char *));
+    for (long long i = 0; i < j->n; i++)
+        if (!(j->prompts[i] = bench_prompt(&j->b, j->scored[i], K, seed, err, sizeof(err)))) die("%s", err);
+}
+
+// Scores a prepared benchmark's items in file order. items_out: per-item lines, or NULL.
+static void run_bench(BenchScorer *sc, BenchJob *j, int tty, FILE *items_out, BenchRun *r) {
+    const char *path = j->b.path;
+    char err[1024];
+    memset(r, 0, sizeof(*r));
+    r->name = bench_name(path);
+    r->skipped = j->b.n_skipped;
+    int *scored = j->scored;
+    char **prompts = j->prompts;
+    long long n = j->n;
+    BenchTotals tot = {0};
+    double t0 = now_seconds(), f0 = bench_scorer_forward_seconds(sc), last = 0;
+    for (long long i = 0; i < n; i++) {
+        const BenchItem *it = &j->b.items[scored[i]];
+        BenchScores s;
+        if (bench_score_item(sc, it, prompts[i], &s, err, sizeof(err)) != 0) die("%s:%d: %s", path, it->line, err);
+        bench_totals_add(&tot, &s, it->label);
+        if (items_out) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "benchmark", r->name);
+            cJSON_AddNumberToObject(o, "line", it->line);
+            cJSON_AddNumberToObject(o, "label", it->label);
+            cJSON_AddNumberToObject(o, "pred", bench_pick(&s, 0));
+            cJSON_AddNumberToObject(o, "pred_norm", bench_pick(&s, 1));
+            cJSON *ll = cJSON_AddArrayToObject(o, "loglik"), *tk = cJSON_AddArrayToObject(o, "tokens"),
+                  *by = cJSON_AddArrayToObject(o, "bytes");
+            for (int c = 0; c < s.n_choices; c++) {
+                cJSON_AddItemToArray(ll, isfinite(s.loglik[c]) ? cJSON_CreateNumber(s.loglik[c]) : cJSON_CreateNull());
+                cJSON_AddItemToArray(tk, cJSON_CreateNumber(s.tokens[c]));
+                cJSON_AddItemToArray(by, cJSON_CreateNumber(s.bytes[c]));
+            }
+            cJSON_AddBoolToObject(o, "truncated", s.truncated);
+            char *line = cJSON_PrintUnformatted(o);
+            if (!line || fprintf(items_out, "%s\n", line) < 0) die("writing --items-out failed: %s", strerror(errno));
+            free(line);
+            cJSON_Delete(o);
+        }
+        if (tty && (now_seconds() - last > 0.1 || i + 1 == n)) {
+            last = now_seconds();
+            bench_progress(r->name, i + 1, n, t0, i + 1 == n);
+        }
+    }
+    r->n = tot.n;
+    r->seconds = now_seconds() - t0;
+    r->forward_seconds = bench_scorer_forward_seconds(sc) - f0;
+    bench_accuracy(tot.correct, tot.n, &r->acc, &r->acc_se);
+    bench_accuracy(tot.correct_norm, tot.n, &r->acc_norm, &r->acc_norm_se);
+    for (long long i = 0; i < n; i++) free(prompts[i]);
+    free(prompts);
+    free(scored);
+    bench_free(&j->b);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// The --bench values with every directory replaced by its *.jsonl files in name order.
+static int bench_files(const Args *a, char ***out) {
+    const char *paths[256];
+    int n = args_get_all(a, SPECS, N_SPECS, "bench", paths, 256), m = 0, cap = 16;
+    char **files = xmalloc((size_t)cap * sizeof(char *));
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        DIR *dir = stat(paths[i], &st) == 0 && S_ISDIR(st.st_mode) ? opendir(paths[i]) : NULL;
+        if (!dir) {
+            if (m == cap) files = xrealloc(files, (size_t)(cap *= 2) * sizeof(char *));
+            files[m++] = xstrdup(paths[i]);   // a file (or nothing: bench_load says so)
+            continue;
+        }
+        int first = m;
+        for (struct dirent *e; (e = readdir(dir));) {
+            size_t len = strlen(e->d_name);
+            if (len <= 6 || strcmp(e->d_name + len - 6, ".jsonl") || e->d_name[0] == '.') continue;
+            if (m == cap) files = xrealloc(files, (size_t)(cap *= 2) * sizeof(char *));
+            files[m++] = path_join(paths[i], e->d_name);
+        }
+        closedir(dir);
+        if (m == first) die("--bench '%s' is a directory without *.jsonl files: pass benchmark files", paths[i]);
+        qsort(files + first, (size_t)(m - first), sizeof(char *), cmp_str);
+    }
+    *out = files;
+    return m;
+}
+
+// --bench: one JSON object per benchmark (--json), else a markdown table with one row for this
+// checkpoint and codec, columns per benchmark.
+static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const Args *a, int K, uint64_t seed,
+                      long long limit, int json, int tty, const char *dir) {
+    char **paths;
+    int n_bench = bench_files(a, &paths);
+    CacheLayout layout;
+    layout_from_args(&layout, md, a);
+    Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, cfg->model.vocab_size);
+    int full = args_get(a, SPECS, N_SPECS, "full-forward") != NULL, skip_bad = args_get(a, SPECS, N_SPECS, "skip-bad") != NULL;
+    const char *items_path = args_get(a, SPECS, N_SPECS, "items-out");
+    // item lines gather in memory and reach the file at the end: a run stopped by bad input
+    // leaves no file, nor a temporary
+    char *items_buf = NULL;
+    size_t items_len = 0;
+    FILE *items = items_path ? open_memstream(&items_buf, &items_len) : NULL;
+    if (items_path && !items) die("--items-out: %s", strerror(errno));
+    char codecs[512];
+    model_dir_describe_cache(&layout, codecs, sizeof(codecs));
+    size_t bpt = cache_layout_bytes_per_token(&layout);
+    BenchScorer *sc = bench_scorer_new(model, &layout, tok, full);
+    BenchRun *runs = xcalloc((size_t)n_bench, sizeof(BenchRun));
+    BenchJob *jobs = xcalloc((size_t)n_bench, sizeof(BenchJob));
+    for (int i = 0; i < n_bench; i++) prepare_bench(&jobs[i], paths[i], K, seed, limit, skip_bad);
+    for (int i = 0; i < n_bench; i++) {
+        BenchRun *r = &runs[i];
+        run_bench(sc, &jobs[i], tty, items, r);
+        fprintf(stderr, "bench %s: %lld items%s in %.2f s (%.1f items/s), %.0f%% of it in the model's forwards\n", r->name, r->n,
+                r->skipped ? " (bad lines skipped)" : "", r->seconds, r->seconds > 0 ? r->n / r->seconds : 0,
+                r->seconds > 0 ? 100 * r->forward_seconds / r->seconds : 0);
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "checkpoint", dir);
+            cJSON_AddStringToObject(o, "benchmark", r->name);
+            cJSON_AddStringToObject(o, "file", paths[i]);
+            cJSON_AddStringToObject(o, "cache", codecs);
+            cJSON_AddNumberToObject(o, "cache_bytes_per_token", (double)bpt);
+            cJSON_AddStringToObject(o, "path", full ? "full-forward" : "decoder");
+            cJSON_AddNumberToObject(o, "shots", K);
+            cJSON_AddNumberToObject(o, "items", (double)r->n);
+            cJSON_AddNumberToObject(o, "skipped_lines", (double)r->skipped);
+            add_number_or_null(o, "acc", r->acc);
+            add_number_or_null(o, "acc_stderr", r->acc_se);
+            add_number_or_null(o, "acc_norm", r->acc_norm);
+            add_number_or_null(o, "acc_norm_stderr", r->acc_norm_se);
+            cJSON_AddNumberToObject(o, "seconds", r->seconds);
+            cJSON_AddNumberToObject(o, "forward_seconds", r->forward_seconds);
+            char *line = cJSON_PrintUnformatted(o);
+            printf("%s\n", line);
+            free(line);
+            cJSON_Delete(o);
+        }
+    }
+    if (!json) {
+        printf("| checkpoint | cache | bytes/token | shots |");
+        for (int i = 0; i < n_bench; i++) printf(" %s acc | %s acc_norm |", runs[i].name, runs[i].name);
+        printf("\n|---|---|---|---|");
+        for (int i = 0; i < n_bench; i++) printf("---|---|");
+        printf("\n| %s | %s | %zu | %d |", dir, codecs, bpt, K);
+        for (int i = 0; i < n_bench; i++)
+            printf(" %.4f ± %.4f | %.4f ± %.4f |", runs[i].acc, runs[i].acc_se, runs[i].acc_norm, runs[i].acc_norm_se);
+        printf("\n");
+    }
+    if (fflush(stdout) != 0 || ferror(stdout)) die("writing to stdout failed");
+    if (items) {
+        AtomicFile af;
+        if (fclose(items) != 0) die("--items-out: %s", strerror(errno));
+        if (atomic_open(&af, items_path) != 0) die("cannot write --items-out '%s': %s", items_path, strerror(errno));
+        if (fwrite(items_buf, 1, items_len, af.f) != items_len) {
+            int e = errno;
+            atomic_abort(&af);
+            die("cannot write --items-out '%s': %s", items_path, strerror(e));
+        }
+        if (atomic_commit(&af) != 0) die("cannot write --items-out '%s': %s", items_path, strerror(errno));
+        free(items_buf);
+    }
+    for (int i = 0; i < n_bench; i++) { free(runs[i].name); free(paths[i]); }
+    free(runs);
+    free(jobs);
+    free(paths);
+    bench_scorer_free(sc);
+    tok_free(tok);
+    cache_layout_free(&layout);
+    return 0;
+}
+
 int cmd_eval(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
                "usage: clla eval --checkpoint DIR --data FILE [--json] [--batch B] [--seq T] [--max-batches N]\n"
                "                 [--through-cache [--cache-codec SPEC ...]]\n"
+               "       clla eval --checkpoint DIR --bench FILE|DIR ... [--shots K] [--seed S] [--limit N] [--skip-bad]\n"
+               "                 [--cache-codec SPEC ...] [--full-forward] [--tokenizer FILE] [--items-out FILE] [--json]\n"
                "Mean next-token loss and perplexity over the data's windows, in the order and with the\n"
                "seed (train.seed) that training-time validation uses; the last batch may be partial.\n"
-               "Exits 1 when the loss is not finite (--json prints it as null).",
+               "Exits 1 when the loss is not finite (--json prints it as null).\n"
+               "With --bench: multiple-choice accuracy (acc, byte-normalized acc_norm, standard errors), each\n"
+               "choice's continuation scored through the KV cache (docs/BENCHMARKS.md).",
                NULL, NULL, 0);
     const char *dir = args_get(&a, SPECS, N_SPECS, "checkpoint"), *data = args_get(&a, SPECS, N_SPECS, "data");
+    static const char *BENCH_ONLY[] = {"shots", "seed", "limit", "skip-bad", "full-forward", "tokenizer", "items-out"};
+    if (args_get(&a, SPECS, N_SPECS, "bench")) {
+        static const char *DATA_ONLY[] = {"data", "batch", "seq", "max-batches", "through-cache"};
+        for (size_t i = 0; i < sizeof(DATA_ONLY) / sizeof(DATA_ONLY[0]); i++)
+            if (args_get(&a, SPECS, N_SPECS, DATA_ONLY[i]))
+                die("--%s applies to token data, not to --bench (which always scores through the cache): drop one of them", DATA_ONLY[i]);
+        if (!dir) die("clla eval --bench needs --checkpoint DIR: see clla eval --help");
+        const char *ks = args_get(&a, SPECS, N_SPECS, "shots"), *ss = args_get(&a, SPECS, N_SPECS, "seed");
+        const char *ls = args_get(&a, SPECS, N_SPECS, "limit");
+        int K = ks ? (int)opt_i64("--shots", ks, 0, 1 << 16) : 0;
+        uint64_t seed = ss ? opt_u64("--seed", ss, UINT64_MAX) : 1234;
+        long long limit = ls ? opt_i64("--limit", ls, 1, 1LL << 40) : 0;
+        Config cfg;
+        Model model;
+        ModelDir md;
+        model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
+        int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
+        int rc = eval_bench(&model, &md, &cfg, &a, K, seed, limit, json, isatty(2), dir);
+        model_dir_free(&md);
+        model_free(&model);
+        return rc;
+    }
+    for (size_t i = 0; i < sizeof(BENCH_ONLY) / sizeof(BENCH_ONLY[0]); i++)
+        if (args_get(&a, SPECS, N_SPECS, BENCH_ONLY[i])) die("--%s applies with --bench: add --bench FILE, or drop --%s", BENCH_ONLY[i], BENCH_ONLY[i]);
     if (!dir || !data) die("clla eval needs --checkpoint DIR and --data FILE: see clla eval --help");
     // numbers first: a bad one is refused before the model is read
     const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");

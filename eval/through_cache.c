@@ -8,7 +8,7 @@
 #include "model/decode.h"
 
 // -log softmax(logits)[target], in double.
-static double token_loss(const float *logits, int V, int target) {
+double eval_token_nll(const float *logits, int V, int target) {
     double mx = logits[0], sum = 0;
     for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
     for (int v = 0; v < V; v++) sum += exp((double)logits[v] - mx);
@@ -29,7 +29,7 @@ void eval_through_cache(Model *m, const CacheLayout *layout, const int32_t *inpu
     m->be->act_to_host(logits, table_ptr_store(&m->acts, m->act, m->logits), (size_t)B * T * V);
     for (int i = 0; i < B * T; i++)
         if (targets[i] != IGNORE_INDEX) {
-            acc->full_sum += token_loss(logits + (size_t)i * V, V, targets[i]);
+            acc->full_sum += eval_token_nll(logits + (size_t)i * V, V, targets[i]);
             acc->count++;
         }
     m->inference = saved_inference;
@@ -49,7 +49,7 @@ void eval_through_cache(Model *m, const CacheLayout *layout, const int32_t *inpu
         }
         for (int b = 0; b < B; b++) {
             int32_t target = targets[(size_t)b * T + t];
-            if (target != IGNORE_INDEX) acc->decode_sum += token_loss(logits + (size_t)b * V, V, target);
+            if (target != IGNORE_INDEX) acc->decode_sum += eval_token_nll(logits + (size_t)b * V, V, target);
         }
     }
     decoder_free(d);

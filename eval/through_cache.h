@@ -9,6 +9,9 @@
 #include "model/cache.h"
 #include "model/model.h"
 
+// -log softmax(logits)[target] in double: the loss of one token (also eval/bench.c's scores).
+double eval_token_nll(const float *logits, int V, int target);
+
 typedef struct CacheLoss {
     double full_sum;      // sum of token losses, full forward with the codecs' round trips
     double decode_sum;    // the same tokens decoded one at a time through the cache

@@ -1116,6 +1116,28 @@ def cmd_greedy(a):
     return 0
 
 
+def cmd_loglik(a):
+    """Log-likelihood of continuations given a context, by the full float64 forward (checks clla
+    eval --bench): for each --cont, the sum over its tokens of log softmax(logits)[token] after
+    context + the tokens before it. Prints one line per continuation: the sum, then the per-token
+    log-probabilities, space-separated."""
+    model, _ = load_model_dir(a.model, a.set)
+    ctx = [int(x) for x in a.ctx.split(",") if x != ""]
+    if not ctx:
+        raise ValueError("--ctx is empty")
+    with torch.no_grad():
+        for cont_text in a.cont:
+            cont = [int(x) for x in cont_text.split(",") if x != ""]
+            if not cont:
+                raise ValueError("a --cont is empty")
+            ids = ctx + cont
+            logits, _ = model(torch.tensor([ids[:-1]], dtype=torch.int64))
+            lp = torch.log_softmax(logits[0], dim=-1)
+            per = [float(lp[len(ctx) - 1 + j, t]) for j, t in enumerate(cont)]
+            print(f"{sum(per):.10f} " + " ".join(f"{x:.10f}" for x in per))
+    return 0
+
+
 def main(argv=None):
     torch.set_default_dtype(DTYPE)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -1173,8 +1195,14 @@ def main(argv=None):
     c.add_argument("--n", type=int, required=True, help="tokens to generate")
     c.add_argument("--set", action="append", default=[])
 
+    c = sub.add_parser("loglik", help="continuation log-likelihoods by the full forward (checks clla eval --bench)")
+    c.add_argument("--model", required=True)
+    c.add_argument("--ctx", required=True, help="context token ids, comma-separated")
+    c.add_argument("--cont", action="append", required=True, help="continuation token ids, comma-separated; repeatable")
+    c.add_argument("--set", action="append", default=[])
+
     a = p.parse_args(argv)
-    fn = {"greedy": cmd_greedy, "check-step": cmd_check_step, "check-train": cmd_check_train, "suggest-clip": cmd_suggest_clip,
+    fn = {"greedy": cmd_greedy, "loglik": cmd_loglik, "check-step": cmd_check_step, "check-train": cmd_check_train, "suggest-clip": cmd_suggest_clip,
           "init": cmd_init, "debug-step": cmd_debug_step, "train": cmd_train,
           "check-int-group": cmd_check_int_group}[a.cmd]
     try:
