@@ -57,7 +57,8 @@ static int find_hashed(const TensorTable *tt, const char *name, size_t h) {
 }
 
 int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype, int ndim, const int64_t *shape) {
-    if (strlen(name) >= TENSOR_NAME_MAX) die("internal: tensor name too long: %s", name);
+    size_t name_len = strlen(name);
+    if (name_len >= TENSOR_NAME_MAX) die("internal: tensor name too long: %s", name);
     if (ndim < 1 || ndim > TENSOR_MAX_DIMS) die("internal: tensor %s has %d dims", name, ndim);
     size_t h = name_hash(name);
     if (find_hashed(tt, name, h) >= 0) die("internal: duplicate tensor name %s", name);
@@ -70,7 +71,7 @@ int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype
     }
     TensorInfo *ti = &tt->t[tt->n];
     memset(ti, 0, sizeof(*ti));
-    snprintf(ti->name, sizeof(ti->name), "%s", name);
+    memcpy(ti->name, name, name_len + 1);
     ti->ndim = ndim;
     int64_t numel = 1;
     for (int d = 0; d < ndim; d++) {
