@@ -53,6 +53,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
         die("a batch of %d sequences of %d tokens (%d heads) is too large to lay out: use a smaller batch or sequence", B, T, NH);
 
     TensorTable *a = &m->acts;
+    a->unindexed = m->gacts.unindexed = 1;   // addressed by index only (LayerActs, GradActs)
     m->la = xcalloc((size_t)L, sizeof(LayerActs));
     m->sa = xcalloc((size_t)m->n_slots, sizeof(SlotActs));
     for (int l = 0; l < L; l++) {

@@ -60,8 +60,8 @@ int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype
     size_t name_len = strlen(name);
     if (name_len >= TENSOR_NAME_MAX) die("internal: tensor name too long: %s", name);
     if (ndim < 1 || ndim > TENSOR_MAX_DIMS) die("internal: tensor %s has %d dims", name, ndim);
-    size_t h = name_hash(name);
-    if (find_hashed(tt, name, h) >= 0) die("internal: duplicate tensor name %s", name);
+    size_t h = tt->unindexed ? 0 : name_hash(name);
+    if (!tt->unindexed && find_hashed(tt, name, h) >= 0) die("internal: duplicate tensor name %s", name);
     if (tt->n == tt->cap) {
         if (tt->cap > INT_MAX / 2) die("tensor table: more than %d tensors: use fewer layers or experts", INT_MAX / 2);
         tt->cap = tt->cap ? 2 * tt->cap : 64;
@@ -87,7 +87,7 @@ int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype
     ti->dtype = dtype;
     tt->numel = (size_t)total;
     tt->n++;
-    if (!index_grow(tt)) index_insert(tt, h, tt->n - 1);
+    if (!tt->unindexed && !index_grow(tt)) index_insert(tt, h, tt->n - 1);
     return tt->n - 1;
 }
 
@@ -100,7 +100,10 @@ int table_addf(TensorTable *tt, int layer, int decay, int dtype, int ndim, const
     return table_add(tt, name, layer, decay, dtype, ndim, shape);
 }
 
-int table_find(const TensorTable *tt, const char *name) { return find_hashed(tt, name, name_hash(name)); }
+int table_find(const TensorTable *tt, const char *name) {
+    if (tt->unindexed) die("internal: table_find on a table built without its name index");
+    return find_hashed(tt, name, name_hash(name));
+}
 
 // x + bytes rounded up to 256, or die: the layout must never wrap (it sizes real allocations).
 static size_t place(size_t x, size_t numel, size_t elem_bytes, const char *name) {

@@ -33,6 +33,10 @@ typedef struct TensorTable {
     size_t bytes_store;   // total of the storage layout (after table_layout)
     size_t bytes_f32;     // total of the fp32 layout
     size_t numel;         // total elements
+    // 1: no name index (and no duplicate check): for tables addressed only by the indices
+    // table_add returned, such as the activations, whose names are generated per layer and
+    // only read in dumps. Set before the first table_add; table_find refuses such a table.
+    int unindexed;
 } TensorTable;
 
 // Adds a tensor; returns its index. Dies on a duplicate name.
