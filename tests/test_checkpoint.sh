@@ -31,15 +31,6 @@ trap cleanup EXIT
 cd "$WORK" || exit 1
 
 
-# Little-endian uint32 tokens < 64 from a fixed LCG, in one printf (no per-token process).
-write_tokens() {   # write_tokens FILE COUNT SEED
-    local x=$3 s="" i
-    for ((i = 0; i < $2; i++)); do
-        x=$(( (x * 1103515245 + 12345) % 2147483648 ))
-        printf -v s '%s\\x%02x\\x00\\x00\\x00' "$s" $(( (x >> 16) % 64 ))
-    done
-    printf "$s" > "$1"
-}
 write_tokens tok.bin 3000 12345
 write_tokens val.bin 600 777
 

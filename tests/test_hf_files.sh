@@ -26,15 +26,6 @@ expect_error() {
     else fail "$name (wanted one error line matching '$pat')" err.log; fi
 }
 
-# Little-endian uint32 tokens < 64 from a fixed LCG.
-write_tokens() {   # write_tokens FILE COUNT SEED
-    local x=$3 s="" i
-    for ((i = 0; i < $2; i++)); do
-        x=$(( (x * 1103515245 + 12345) % 2147483648 ))
-        printf -v s '%s\\x%02x\\x00\\x00\\x00' "$s" $(( (x >> 16) % 64 ))
-    done
-    printf "$s" > "$1"
-}
 write_tokens tok.bin 800 12345
 
 cat > m.json <<'EOF'

@@ -35,14 +35,6 @@ cd "$WORK" || exit 1
 
 
 # Little-endian uint32 tokens < MOD from a fixed LCG, in one printf.
-write_tokens() {   # write_tokens FILE COUNT SEED [MOD]
-    local x=$3 s="" i m=${4:-64}
-    for ((i = 0; i < $2; i++)); do
-        x=$(( (x * 1103515245 + 12345) % 2147483648 ))
-        printf -v s '%s\\x%02x\\x00\\x00\\x00' "$s" $(( (x >> 16) % m ))
-    done
-    printf "$s" > "$1"
-}
 write_tokens tok.bin 3000 12345
 
 TRAIN='"seq_len": 32, "warmup_steps": 2, "lr": 3e-3, "min_lr": 3e-4, "seed": 11, "threads": 1, "log_every": 1000'

@@ -4,12 +4,22 @@
 #   ok NAME                  one passed check
 #   fail NAME [LOG]          one failed check; LOG's lines are shown indented when given
 #   check STATUS NAME        ok when STATUS is 0, else fail
+#   write_tokens FILE COUNT SEED [MOD]   COUNT little-endian uint32 token ids < MOD (default 64)
+#                                         from a fixed LCG, in one printf (no process per token)
 # The caller prints its summary from PASS and FAIL and exits non-zero when FAIL > 0.
 PASS=0
 FAIL=0
 ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
 fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; if [ $# -gt 1 ] && [ -f "$2" ]; then sed 's/^/    /' "$2"; fi; }
 check() { if [ "$1" -eq 0 ]; then ok "$2"; else fail "$2"; fi; }
+write_tokens() {
+    local x=$3 s="" i m=${4:-64}
+    for ((i = 0; i < $2; i++)); do
+        x=$(( (x * 1103515245 + 12345) % 2147483648 ))
+        printf -v s '%s\\x%02x\\x00\\x00\\x00' "$s" $(( (x >> 16) % m ))
+    done
+    printf "$s" > "$1"
+}
 if [ -n "${1:-}" ]; then
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_$1.XXXXXX") || exit 1
     trap 'rm -rf "$WORK"' EXIT
