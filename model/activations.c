@@ -54,6 +54,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
 
     TensorTable *a = &m->acts;
     a->unindexed = m->gacts.unindexed = 1;   // addressed by index only (LayerActs, GradActs)
+    if (m->params.plan_store_bytes) a->plan_store_bytes = m->gacts.plan_store_bytes = store_bytes;
     m->la = xcalloc((size_t)L, sizeof(LayerActs));
     m->sa = xcalloc((size_t)m->n_slots, sizeof(SlotActs));
     for (int l = 0; l < L; l++) {

@@ -11,14 +11,10 @@
 
 void mem_plan(const Config *cfg, size_t store_bytes, int separate_master, MemPlan *c) {
     Model m;
-    model_build_table(&m, &cfg->model, store_bytes);
+    model_plan_table(&m, &cfg->model, store_bytes);   // sizes only: instant at 100,000 layers
     memset(c, 0, sizeof(*c));
-    for (int i = 0; i < m.params.n; i++) {
-        const TensorInfo *ti = &m.params.t[i];
-        c->total += (long long)ti->numel;
-        if (!strcmp(ti->name, "model.embed_tokens.weight") || !strcmp(ti->name, "lm_head.weight"))
-            c->embedding += (long long)ti->numel;
-    }
+    c->total = (long long)m.params.numel;
+    c->embedding = model_embedding_params(&cfg->model);
     // activated = every non-embedding parameter a token passes through: all of them in a dense
     // model; with MoE, the shared experts, the router and K of the E routed experts per layer
     c->activated = c->total - c->embedding - moe_inactive_params(&m);

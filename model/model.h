@@ -116,6 +116,13 @@ typedef struct Model {
 void model_build(Model *m, const ModelConfig *cfg, const Backend *be);
 // Only the parameter table (no backend, nothing allocated): for counting and planning.
 void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes);
+// The same tables, plan-only (model/tensor_table.h): sizes and byte totals without entries,
+// for clla info and the memory check. model_layout_acts on such a model plans its activations
+// the same way. Free with model_free.
+void model_plan_table(Model *m, const ModelConfig *cfg, size_t store_bytes);
+// Elements of the token embedding and, when untied, the output head (the tensors that
+// model_build_table names model.embed_tokens.weight and lm_head.weight).
+long long model_embedding_params(const ModelConfig *c);
 // Only the activation tables for (B, T) (nothing allocated).
 void model_layout_acts(Model *m, int B, int T, size_t store_bytes);
 void model_free(Model *m);

@@ -63,41 +63,31 @@ static MoeModel *moe_state(Model *m) {
     return m->moe;
 }
 
-// A weight matrix [out, in] of layer l (decayed, storage dtype).
-static int add_matrix(TensorTable *tt, int l, int64_t out, int64_t in, const char *name) {
-    int64_t shape[2] = {out, in};
-    return table_add(tt, name, l, 1, DT_STORE, 2, shape);
-}
-
 void moe_add_layer_params(Model *m, int l) {
     MoeModel *s = moe_state(m);
     TensorTable *tt = &m->params;
     int C = m->cfg.hidden_size, E = s->E, Ie = s->Ie, Is = s->Is;
     MoeLayerParams *p = &s->lp[l];
-    // HF DeepSeek-V2 names; the shared expert comes first in the table (it is what every token
-    // passes through), then the router, then the routed experts
-    char name[TENSOR_NAME_MAX];
+    // weight matrices [out, in] of layer l (decayed, storage dtype), HF DeepSeek-V2 names; the
+    // shared expert comes first in the table (it is what every token passes through), then
+    // the router, then the routed experts
+    int64_t sh[2];
+#define MATRIX(out, in, ...) (sh[0] = (out), sh[1] = (in), table_addf(tt, l, 1, DT_STORE, 2, sh, __VA_ARGS__))
     if (Is > 0) {
-        snprintf(name, sizeof(name), "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
-        p->shared_gate = add_matrix(tt, l, Is, C, name);
-        snprintf(name, sizeof(name), "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
-        p->shared_up = add_matrix(tt, l, Is, C, name);
-        snprintf(name, sizeof(name), "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
-        p->shared_down = add_matrix(tt, l, C, Is, name);
+        p->shared_gate = MATRIX(Is, C, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
+        p->shared_up = MATRIX(Is, C, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
+        p->shared_down = MATRIX(C, Is, "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
     }
-    snprintf(name, sizeof(name), "model.layers.%d.mlp.gate.weight", l);
-    p->router = add_matrix(tt, l, E, C, name);
+    p->router = MATRIX(E, C, "model.layers.%d.mlp.gate.weight", l);
     p->gate_proj = xcalloc((size_t)E, sizeof(int));
     p->up_proj = xcalloc((size_t)E, sizeof(int));
     p->down_proj = xcalloc((size_t)E, sizeof(int));
     for (int e = 0; e < E; e++) {
-        snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
-        p->gate_proj[e] = add_matrix(tt, l, Ie, C, name);
-        snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
-        p->up_proj[e] = add_matrix(tt, l, Ie, C, name);
-        snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
-        p->down_proj[e] = add_matrix(tt, l, C, Ie, name);
+        p->gate_proj[e] = MATRIX(Ie, C, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+        p->up_proj[e] = MATRIX(Ie, C, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+        p->down_proj[e] = MATRIX(C, Ie, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
     }
+#undef MATRIX
 }
 
 static int act(TensorTable *tt, int dtype, int64_t a, int64_t b, const char *fmt, int l) {

@@ -64,7 +64,7 @@ static void add_attention_params(Model *m, int l) {
     p->o_proj = add_matrix(tt, l, C, (int64_t)NH * DV, "model.layers.%d.self_attn.o_proj.weight", l);
 }
 
-void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) {
+static void build_table(Model *m, const ModelConfig *cfg, size_t store_bytes, int plan_only) {
     check_supported(cfg);
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
@@ -73,6 +73,7 @@ void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) {
     m->n_slots = (L - 1) / c->share_factor + 1;   // ceil(L / F) without overflowing at F = INT_MAX
     cache_layout(&m->cache, c);
     TensorTable *tt = &m->params;
+    if (plan_only) tt->plan_store_bytes = store_bytes;
     m->embed = add_matrix(tt, -1, c->vocab_size, C, "model.embed_tokens.weight", 0);
     m->lp = xcalloc((size_t)L, sizeof(LayerParams));
     for (int l = 0; l < L; l++) {
@@ -92,6 +93,13 @@ void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) {
     m->final_norm = add_norm(tt, -1, C, "model.norm.weight", 0);
     m->lm_head = c->tie_word_embeddings ? m->embed : add_matrix(tt, -1, c->vocab_size, C, "lm_head.weight", 0);
     table_layout(tt, store_bytes);
+}
+
+void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) { build_table(m, cfg, store_bytes, 0); }
+void model_plan_table(Model *m, const ModelConfig *cfg, size_t store_bytes) { build_table(m, cfg, store_bytes, 1); }
+
+long long model_embedding_params(const ModelConfig *c) {
+    return (long long)c->vocab_size * c->hidden_size * (c->tie_word_embeddings ? 1 : 2);   // embed (+ lm_head)
 }
 
 void model_build(Model *m, const ModelConfig *cfg, const Backend *be) {

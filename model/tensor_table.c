@@ -56,12 +56,43 @@ static int find_hashed(const TensorTable *tt, const char *name, size_t h) {
     return -1;
 }
 
+// x + bytes rounded up to 256; 0 (refused) when it would overflow: the layout sizes real allocations.
+static int place_ok(size_t x, size_t numel, size_t elem_bytes, size_t *end) {
+    int64_t bytes, e;
+    if (ck_mul((int64_t)numel, (int64_t)elem_bytes, &bytes) || ck_add((int64_t)x, bytes, &e) || ck_add(e, 255, &e)) return 0;
+    *end = (size_t)e & ~(size_t)255;
+    return 1;
+}
+
+// A plan-only table's add, same arithmetic as table_add + table_layout: -1 when anything is
+// out of range (the caller then goes the named way, which dies naming the tensor).
+static int plan_add(TensorTable *tt, int dtype, int ndim, const int64_t *shape) {
+    if (ndim < 1 || ndim > TENSOR_MAX_DIMS || tt->n == INT_MAX) return -1;
+    int64_t numel = 1, total;
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] <= 0 || ck_mul(numel, shape[d], &numel)) return -1;
+    size_t s, f;
+    if (ck_add((int64_t)tt->numel, numel, &total) ||
+        !place_ok(tt->bytes_store, (size_t)numel, dtype == DT_F32 ? 4 : tt->plan_store_bytes, &s) ||
+        !place_ok(tt->bytes_f32, (size_t)numel, 4, &f))
+        return -1;
+    tt->numel = (size_t)total;
+    tt->bytes_store = s;
+    tt->bytes_f32 = f;
+    return tt->n++;
+}
+
 int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype, int ndim, const int64_t *shape) {
     size_t name_len = strlen(name);
     if (name_len >= TENSOR_NAME_MAX) die("internal: tensor name too long: %s", name);
     if (ndim < 1 || ndim > TENSOR_MAX_DIMS) die("internal: tensor %s has %d dims", name, ndim);
-    size_t h = tt->unindexed ? 0 : name_hash(name);
-    if (!tt->unindexed && find_hashed(tt, name, h) >= 0) die("internal: duplicate tensor name %s", name);
+    if (tt->plan_store_bytes) {
+        int i = plan_add(tt, dtype, ndim, shape);
+        if (i >= 0) return i;
+        if (tt->n == INT_MAX) die("tensor table: more than %d tensors: use fewer layers or experts", INT_MAX);
+    }
+    size_t h = tt->unindexed || tt->plan_store_bytes ? 0 : name_hash(name);
+    if (!tt->unindexed && !tt->plan_store_bytes && find_hashed(tt, name, h) >= 0) die("internal: duplicate tensor name %s", name);
     if (tt->n == tt->cap) {
         if (tt->cap > INT_MAX / 2) die("tensor table: more than %d tensors: use fewer layers or experts", INT_MAX / 2);
         tt->cap = tt->cap ? 2 * tt->cap : 64;
@@ -81,6 +112,8 @@ int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype
     }
     int64_t total;
     if (ck_add((int64_t)tt->numel, numel, &total)) die("tensor %s: the table's element count overflows 64 bits: the config is too large", name);
+    if (tt->plan_store_bytes)   // plan_add refused it for the layout alone
+        die("tensor %s: the table's byte size overflows 64 bits: the config is too large", name);
     ti->numel = (size_t)numel;
     ti->layer = layer;
     ti->decay = decay;
@@ -92,6 +125,10 @@ int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype
 }
 
 int table_addf(TensorTable *tt, int layer, int decay, int dtype, int ndim, const int64_t *shape, const char *fmt, ...) {
+    if (tt->plan_store_bytes) {   // no name to format unless something is wrong
+        int i = plan_add(tt, dtype, ndim, shape);
+        if (i >= 0) return i;
+    }
     char name[TENSOR_NAME_MAX + 32];
     va_list ap;
     va_start(ap, fmt);
@@ -101,19 +138,22 @@ int table_addf(TensorTable *tt, int layer, int decay, int dtype, int ndim, const
 }
 
 int table_find(const TensorTable *tt, const char *name) {
-    if (tt->unindexed) die("internal: table_find on a table built without its name index");
+    if (tt->unindexed || tt->plan_store_bytes) die("internal: table_find on a table built without its name index");
     return find_hashed(tt, name, name_hash(name));
 }
 
 // x + bytes rounded up to 256, or die: the layout must never wrap (it sizes real allocations).
 static size_t place(size_t x, size_t numel, size_t elem_bytes, const char *name) {
-    int64_t bytes, end;
-    if (ck_mul((int64_t)numel, (int64_t)elem_bytes, &bytes) || ck_add((int64_t)x, bytes, &end) || ck_add(end, 255, &end))
-        die("tensor %s: the table's byte size overflows 64 bits: the config is too large", name);
-    return (size_t)end & ~(size_t)255;
+    size_t end;
+    if (!place_ok(x, numel, elem_bytes, &end)) die("tensor %s: the table's byte size overflows 64 bits: the config is too large", name);
+    return end;
 }
 
 void table_layout(TensorTable *tt, size_t store_bytes) {
+    if (tt->plan_store_bytes) {   // laid out while it was counted
+        if (store_bytes != tt->plan_store_bytes) die("internal: plan-only table laid out with %zu-byte storage, planned with %zu", store_bytes, tt->plan_store_bytes);
+        return;
+    }
     size_t s = 0, f = 0;
     for (int i = 0; i < tt->n; i++) {
         TensorInfo *ti = &tt->t[i];

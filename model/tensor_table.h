@@ -37,6 +37,11 @@ typedef struct TensorTable {
     // table_add returned, such as the activations, whose names are generated per layer and
     // only read in dumps. Set before the first table_add; table_find refuses such a table.
     int unindexed;
+    // Nonzero: a plan-only table (clla info, the memory check before a run): table_add counts
+    // and lays out each tensor (storage elements of this many bytes) but stores no entry, so
+    // a model of 100,000 layers is planned in milliseconds. Set before the first table_add;
+    // the returned indices only count, and table_find, table_ptr_* and t[] must not be used.
+    size_t plan_store_bytes;
 } TensorTable;
 
 // Adds a tensor; returns its index. Dies on a duplicate name.
