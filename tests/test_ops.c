@@ -327,6 +327,24 @@ static void test_elementwise(size_t n) {
     free(a); free(b); free(out); free(ref); free(acopy);
 }
 
+// Decoding batches sequences: a row's output must not depend on the rows beside it (the
+// few-row kernels compute a dot the same way in every register tile, layers/cpu_matmul.c).
+static void test_matmul_rows_independent(int N, int C, int OC) {
+    float *inp = frand((size_t)N * C, -1, 1), *w = frand((size_t)OC * C, -1, 1);
+    float *all = falloc((size_t)N * OC), *one = falloc((size_t)OC);
+    be->matmul_forward(all, inp, w, N, C, OC);
+    double worst = 0;
+    for (int n = 0; n < N; n++) {
+        be->matmul_forward(one, inp + (size_t)n * C, w, 1, C, OC);
+        for (int o = 0; o < OC; o++)
+            if (one[o] != all[(size_t)n * OC + o]) worst = fmax(worst, fabs((double)one[o] - all[(size_t)n * OC + o]) + 1e-30);
+    }
+    char name[128];
+    snprintf(name, sizeof name, "matmul_forward N=%d C=%d OC=%d: each row as alone (bitwise)", N, C, OC);
+    check(name, worst, 0.0);
+    free(inp); free(w); free(all); free(one);
+}
+
 static void test_matmul(int N, int C, int OC, int with_backward) {
     char name[128];
     float *inp = frand((size_t)N * C, -1, 1), *w = frand((size_t)OC * C, -1, 1);
@@ -682,6 +700,11 @@ int main(void) {
     test_matmul(1, 45, 300, 1);
     test_matmul(3, 600, 70, 1);
     test_matmul(16, 33, 1100, 0);
+    test_matmul(8, 512, 31, 1);    // register tiles: 2 full 4-row tiles, an odd last weight row
+    test_matmul(7, 13, 5, 1);      // a 3-row remainder tile and the k % 8 tail
+    test_matmul(5, 4, 2, 1);       // fewer than 8 inputs: no vector step at all
+    test_matmul_rows_independent(8, 517, 37);
+    test_matmul_rows_independent(7, 64, 1031);
 
     test_embedding();
 
