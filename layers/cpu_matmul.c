@@ -6,30 +6,26 @@
 #include <cblas.h>
 #include <stddef.h>
 
+#include "layers/cpu_vec.h"
+
 // A few rows (decoding: one token per sequence): OpenBLAS's sgemm packs the whole weight for
 // them and ran 2-10x slower than reading it once (bench/bench_decode.c, OpenBLAS 0.3.21). Here
 // the weight is read once, in blocks of 4 rows split over the threads, and dotted with every
 // input row in register tiles: 2 weight rows x 4 input rows (8 accumulators: 6 loads per 8
 // multiply-adds, where one dot at a time loads 2 per 1) or 4 weight rows x 1 input row (the
 // batch-1 case: 4 independent add chains). Every dot sums in the same order whatever tile
-// computes it (8 lanes over k, then dot_finish), so a sequence's output does not depend on what
-// else is in the batch or on the thread count. The file is compiled with -ffp-contract=fast
-// (CMakeLists.txt): the multiply-adds fuse, as in OpenBLAS's kernels.
+// computes it (8 lanes over k, then vec_sum and the tail), so a sequence's output does not depend on what
+// else is in the batch or on the thread count. Vectors and fused multiply-adds: layers/cpu_vec.h.
 #define SMALL_N 8
-#define LANES 8
-typedef float vecf __attribute__((vector_size(LANES * sizeof(float))));
-typedef float vecf_u __attribute__((vector_size(LANES * sizeof(float)), aligned(4), may_alias));
 
-static inline vecf load(const float *p) { return *(const vecf_u *)p; }
-
-// the lanes summed pairwise, then the C % 8 tail in order
+// vec_sum of the lanes, then the C % 8 tail in order
 static inline float dot_finish(vecf acc, const float *a, const float *b, int k0, int n) {
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    float s = vec_sum(acc);
     for (int k = k0; k < n; k++) s += a[k] * b[k];
     return s;
 }
 
-#define VEC_END(C) ((C) / LANES * LANES)
+#define VEC_END(C) ((C) / VEC_LANES * VEC_LANES)
 
 // out[(n0 + j) * OC + o + i] for weight rows o, o + 1 and input rows n0 .. n0 + 3
 static void tile_2x4(float *out, const float *inp, const float *weight, int C, int OC, int o, int n0) {
@@ -37,12 +33,12 @@ static void tile_2x4(float *out, const float *inp, const float *weight, int C, i
     const float *x0 = inp + (size_t)n0 * C, *x1 = x0 + C, *x2 = x1 + C, *x3 = x2 + C;
     vecf a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
     int end = VEC_END(C);
-    for (int k = 0; k < end; k += LANES) {
-        vecf u = load(w0 + k), v = load(w1 + k), x;
-        x = load(x0 + k); a00 += u * x; a10 += v * x;
-        x = load(x1 + k); a01 += u * x; a11 += v * x;
-        x = load(x2 + k); a02 += u * x; a12 += v * x;
-        x = load(x3 + k); a03 += u * x; a13 += v * x;
+    for (int k = 0; k < end; k += VEC_LANES) {
+        vecf u = vec_load(w0 + k), v = vec_load(w1 + k), x;
+        x = vec_load(x0 + k); a00 += u * x; a10 += v * x;
+        x = vec_load(x1 + k); a01 += u * x; a11 += v * x;
+        x = vec_load(x2 + k); a02 += u * x; a12 += v * x;
+        x = vec_load(x3 + k); a03 += u * x; a13 += v * x;
     }
     float *r = out + (size_t)n0 * OC + o;
     r[0] = dot_finish(a00, w0, x0, end, C); r[1] = dot_finish(a10, w1, x0, end, C); r += OC;
@@ -56,9 +52,9 @@ static void tile_4x1(float *out, const float *inp, const float *weight, int C, i
     const float *w0 = weight + (size_t)o * C, *w1 = w0 + C, *w2 = w1 + C, *w3 = w2 + C, *x0 = inp + (size_t)n * C;
     vecf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     int end = VEC_END(C);
-    for (int k = 0; k < end; k += LANES) {
-        vecf x = load(x0 + k);
-        a0 += load(w0 + k) * x; a1 += load(w1 + k) * x; a2 += load(w2 + k) * x; a3 += load(w3 + k) * x;
+    for (int k = 0; k < end; k += VEC_LANES) {
+        vecf x = vec_load(x0 + k);
+        a0 += vec_load(w0 + k) * x; a1 += vec_load(w1 + k) * x; a2 += vec_load(w2 + k) * x; a3 += vec_load(w3 + k) * x;
     }
     float *r = out + (size_t)n * OC + o;
     r[0] = dot_finish(a0, w0, x0, end, C); r[1] = dot_finish(a1, w1, x0, end, C);
@@ -68,7 +64,7 @@ static void tile_4x1(float *out, const float *inp, const float *weight, int C, i
 static float dot_1x1(const float *w0, const float *x0, int C) {
     vecf a = {0};
     int end = VEC_END(C);
-    for (int k = 0; k < end; k += LANES) a += load(w0 + k) * load(x0 + k);
+    for (int k = 0; k < end; k += VEC_LANES) a += vec_load(w0 + k) * vec_load(x0 + k);
     return dot_finish(a, w0, x0, end, C);
 }
 

@@ -1,32 +1,46 @@
 // Attention of one query row per sequence over a paged KV cache (decoding). Semantics:
 // backend/backend.h, paged_attention.
 //
-// The tokens of a sequence are cut into chunks of CHUNK_BLOCKS blocks. A chunk is one work item:
-// its tokens are decoded into a small fp32 scratch (per thread; never the whole cache), then for
-// each kv head the scores of the heads that share it and their weighted values are two
-// matmuls (or, for a few heads, matrix-vector products) through OpenBLAS (single-threaded inside the OpenMP region, docs/DESIGN.md section 3):
-//   S (group, ntok) = scale * Q_g K_g^T     (+ Q2_g K2^T for the shared rope key)
-//   acc (group, DV) = exp(S - rowmax) V_g
+// The tokens of a sequence are cut into chunks of whole blocks (about CHUNK_BYTES of cache
+// each); a chunk is one work item. In it, every query head is scored against its kv head's keys,
+// softmaxed, and its weights applied to the values:
+//   S (NH, ntok) = scale * Q K^T      (+ Q2 K2^T for the shared rope key)
+//   acc (NH, DV) = exp(S - rowmax) V
+// walking the chunk token-major, TILE_TOKENS rows at a time for all heads: memory is read front
+// to back once per pass, and the heads that share a kv head find its rows in L1. The kernels
+// read the cache where it lies: fp32 as is, bf16 widened in registers (a pair of bf16 read as
+// one 32-bit lane gives its even element by a shift and its odd one by a mask, so the query and
+// the accumulators are kept split into even and odd elements). A codec stream (int_group) is
+// decoded once per chunk into a per-thread fp32 scratch and read from there. Scores go 8 tokens
+// at a time (8 accumulators, summed across lanes together by vec_sum8), weighted values 2 heads
+// x 32 values at a time, the softmax's exponentials 8 at a time (vec_exp). OpenBLAS's sgemm packs
+// its operands and ran several times slower at these few rows (bench/bench_decode.c).
 // The chunks of a sequence are merged in chunk order with their row maxima and sums (the
-// split-K / flash-decoding merge). Chunking depends only on the lengths, so the result does not
-// depend on the number of threads, and a long context at batch 1 still spreads over the cores.
+// split-K / flash-decoding merge). Chunking depends only on the lengths and the shapes, and every
+// sum has a fixed order, so the result depends neither on the number of threads nor on the
+// other sequences of the batch (tests/test_paged_attention.c).
 #include "layers/cpu_ops.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
+#include "layers/cpu_vec.h"
 
-#define CHUNK_BLOCKS 16
-// Query heads per kv head up to which each head's products are matrix-vector products: OpenBLAS's
-// sgemm with a handful of rows packs its operand and runs several times slower (bench/bench_decode.c).
-#define GEMV_MAX_ROWS 4
+// A chunk is as many blocks (at most MAX_CHUNK_BLOCKS) as keep its key and value bytes within
+// CHUNK_BYTES, half the L2 of the machines we measure: the values pass reads the chunk again.
+#define CHUNK_BYTES ((size_t)256 << 10)
+#define MAX_CHUNK_BLOCKS 16
+#define TILE_TOKENS 16
 
-// ---- fp32 and bf16 streams, read in place: the cache's bytes are read once, with no fp32 copy.
-// Sixteen independent accumulators (lane j sums elements j, j+16, ...; a fixed order) let the
-// compiler vectorize without reassociating.
+typedef uint32_t vecu __attribute__((vector_size(VEC_LANES * sizeof(uint32_t))));
+typedef uint32_t vecu_u __attribute__((vector_size(VEC_LANES * sizeof(uint32_t)), aligned(2), may_alias));
+
+// 16 bf16 at p as 8 lanes of pairs: the even elements (p[0], p[2], ...) and the odd ones
+static inline vecu load_pairs(const uint8_t *p) { return *(const vecu_u *)p; }
+static inline vecf even_of(vecu u) { return (vecf)(u << 16); }
+static inline vecf odd_of(vecu u) { return (vecf)(u & 0xffff0000u); }
 
 static inline float bf16_at(const uint8_t *p, int j) {
     uint16_t h;
@@ -37,104 +51,207 @@ static inline float bf16_at(const uint8_t *p, int j) {
     return f;
 }
 
-static inline float lanes_sum(float *acc) {
-    for (int w = 8; w > 0; w /= 2)
-        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-    return acc[0];
+// One part of a key or value: token t's n elements start at row[t] + off, fp32 or bf16.
+typedef struct Part {
+    const uint8_t *const *row;
+    size_t off;
+    int n, bf16;
+} Part;
+
+static inline const uint8_t *at(const Part *p, int t) { return p->row[t] + p->off; }
+static inline float elem(const Part *p, const uint8_t *r, int d) { return p->bf16 ? bf16_at(r, d) : ((const float *)r)[d]; }
+
+// A query slice laid out for a part: as is for fp32; for bf16, the vector steps' elements split
+// into even (first half) and odd (second half) of every 16, the tail as is after them.
+static void query_for(float *dst, const float *q, const Part *p) {
+    if (!p->bf16) { memcpy(dst, q, (size_t)p->n * sizeof(float)); return; }
+    const int e = p->n / 16 * 16;
+    for (int d = 0; d < e; d += 16)
+        for (int i = 0; i < 8; i++) dst[d + i] = q[d + 2 * i], dst[d + 8 + i] = q[d + 2 * i + 1];
+    for (int d = e; d < p->n; d++) dst[d] = q[d];
 }
 
-static inline float dot_row(const float *restrict q, const PagedStream *s, const uint8_t *restrict row, int n) {
-    float acc[16] = {0};
+// a_j += (query . part) over the vector steps, for the 8 tokens t .. t + 7; returns where the
+// scalar tail starts
+#define TILE8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define SCORE_ACC                                                                                 \
+    if (p->bf16) {                                                                                \
+        e = p->n / 16 * 16;                                                                       \
+        for (int d = 0; d < e; d += 16) {                                                         \
+            vecf qe = vec_load(qp + d), qo = vec_load(qp + d + 8);                                \
+            TILE8(BF16_STEP)                                                                      \
+        }                                                                                         \
+    } else {                                                                                      \
+        e = p->n / VEC_LANES * VEC_LANES;                                                         \
+        for (int d = 0; d < e; d += VEC_LANES) {                                                  \
+            vecf x = vec_load(qp + d);                                                            \
+            TILE8(F32_STEP)                                                                       \
+        }                                                                                         \
+    }
+#define BF16_STEP(j) { vecu u = load_pairs(r##j + 2 * (size_t)d); a##j += qe * even_of(u); a##j += qo * odd_of(u); }
+#define F32_STEP(j) a##j += x * vec_load((const float *)r##j + d);
+
+// sc[t] = scale * (q . K[t] + q2 . K2[t]) for t < nt, q and q2 laid out by query_for; k2 has n = 0
+// when absent
+static void scores(float *sc, const float *q, const Part *k, const float *q2, const Part *k2, int nt, float scale) {
+    int t = 0;
+    for (; t + 8 <= nt; t += 8) {
+        vecf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+        int tails[2];
+        for (int part = 0; part < 2; part++) {
+            const Part *p = part ? k2 : k;
+            const float *qp = part ? q2 : q;
+            int e = 0;
+            if (p->n) {
+#define ROW(j) const uint8_t *r##j = at(p, t + j);
+                TILE8(ROW)
+#undef ROW
+                SCORE_ACC
+            }
+            tails[part] = e;
+        }
+        vecf s = vec_sum8(a0, a1, a2, a3, a4, a5, a6, a7);
+        for (int part = 0; part < 2; part++) {
+            const Part *p = part ? k2 : k;
+            const float *qp = part ? q2 : q;
+            for (int j = 0; j < 8 && tails[part] < p->n; j++) {
+                const uint8_t *r = at(p, t + j);
+                for (int d = tails[part]; d < p->n; d++) s[j] += qp[d] * elem(p, r, d);
+            }
+        }
+        vec_store(sc + t, s * vec_splat(scale));
+    }
+    for (; t < nt; t++) {   // one token: the same steps with one accumulator
+        vecf a = {0};
+        float s = 0.0f;
+        int tails[2];
+        for (int part = 0; part < 2; part++) {
+            const Part *p = part ? k2 : k;
+            const float *qp = part ? q2 : q;
+            const uint8_t *r = p->n ? at(p, t) : NULL;
+            int e = 0;
+            if (p->bf16) {
+                for (e = 0; e + 16 <= p->n; e += 16) {
+                    vecu u = load_pairs(r + 2 * (size_t)e);
+                    a += vec_load(qp + e) * even_of(u);
+                    a += vec_load(qp + e + 8) * odd_of(u);
+                }
+            } else {
+                for (e = 0; e + VEC_LANES <= p->n; e += VEC_LANES) a += vec_load(qp + e) * vec_load((const float *)r + e);
+            }
+            tails[part] = e;
+        }
+        s = vec_sum(a);
+        for (int part = 0; part < 2; part++) {
+            const Part *p = part ? k2 : k;
+            const float *qp = part ? q2 : q;
+            for (int d = tails[part]; d < p->n; d++) s += qp[d] * elem(p, at(p, t), d);
+        }
+        sc[t] = scale * s;
+    }
+}
+
+// acc[r][0..n) += sum_t p[r][t] V[t][0..n) for rows r < rows (1 or 2) of p (leading dim ldp),
+// t in order. For a bf16 part, acc holds each 32 values split as the registers hold them (the
+// even elements of the first 16, their odd ones, then the same of the second 16): the caller
+// zeroes acc before the first tile and calls unsplit_values after the last.
+static void weighted_values(float *acc, int ldacc, const float *p, int ldp, int rows, const Part *v, int nt) {
+    const int n = v->n;
+    float *acc1 = acc + ldacc;
     int d = 0;
-    if (s->kind == PAGED_BF16) {
-        for (; d + 16 <= n; d += 16) {
-            #pragma omp simd
-            for (int j = 0; j < 16; j++) acc[j] += q[d + j] * bf16_at(row, d + j);
+    for (; d + 4 * VEC_LANES <= n; d += 4 * VEC_LANES) {
+        vecf a0 = vec_load(acc + d), a1 = vec_load(acc + d + 8), a2 = vec_load(acc + d + 16), a3 = vec_load(acc + d + 24);
+        vecf b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+        if (rows > 1) b0 = vec_load(acc1 + d), b1 = vec_load(acc1 + d + 8), b2 = vec_load(acc1 + d + 16), b3 = vec_load(acc1 + d + 24);
+        for (int t = 0; t < nt; t++) {
+            vecf x0, x1, x2, x3;
+            if (v->bf16) {
+                const uint8_t *r = at(v, t) + 2 * (size_t)d;
+                vecu u0 = load_pairs(r), u1 = load_pairs(r + 32);
+                x0 = even_of(u0), x1 = odd_of(u0), x2 = even_of(u1), x3 = odd_of(u1);
+            } else {
+                const float *r = (const float *)at(v, t) + d;
+                x0 = vec_load(r), x1 = vec_load(r + 8), x2 = vec_load(r + 16), x3 = vec_load(r + 24);
+            }
+            vecf w = vec_splat(p[t]);
+            a0 += w * x0; a1 += w * x1; a2 += w * x2; a3 += w * x3;
+            if (rows > 1) {
+                vecf w1 = vec_splat(p[ldp + t]);
+                b0 += w1 * x0; b1 += w1 * x1; b2 += w1 * x2; b3 += w1 * x3;
+            }
         }
-        for (; d < n; d++) acc[0] += q[d] * bf16_at(row, d);
-    } else {
-        const float *restrict r = (const float *)row;
-        for (; d + 16 <= n; d += 16) {
-            #pragma omp simd
-            for (int j = 0; j < 16; j++) acc[j] += q[d + j] * r[d + j];
+        vec_store(acc + d, a0); vec_store(acc + d + 8, a1); vec_store(acc + d + 16, a2); vec_store(acc + d + 24, a3);
+        if (rows > 1) vec_store(acc1 + d, b0), vec_store(acc1 + d + 8, b1), vec_store(acc1 + d + 16, b2), vec_store(acc1 + d + 24, b3);
+    }
+    for (; d < n; d++)   // the last < 32 values, one at a time
+        for (int r = 0; r < rows; r++) {
+            float a = acc[(size_t)r * ldacc + d];
+            for (int t = 0; t < nt; t++) a += p[(size_t)r * ldp + t] * elem(v, at(v, t), d);
+            acc[(size_t)r * ldacc + d] = a;
         }
-        for (; d < n; d++) acc[0] += q[d] * r[d];
-    }
-    return lanes_sum(acc);
 }
 
-// acc[d] += p * row[d], d < n
-// (omp simd: the elements are independent, so vector lanes change no result)
-static inline void axpy_row(float *restrict acc, float p, const PagedStream *s, const uint8_t *restrict row, int n) {
-    if (s->kind == PAGED_BF16) {
-        #pragma omp simd
-        for (int d = 0; d < n; d++) acc[d] += p * bf16_at(row, d);
-    } else {
-        const float *restrict r = (const float *)row;
-        #pragma omp simd
-        for (int d = 0; d < n; d++) acc[d] += p * r[d];
+// weighted_values' split layout of a bf16 part back to element order
+static void unsplit_values(float *acc, int n) {
+    for (int d = 0; d + 32 <= n; d += 32) {
+        float t[32];
+        memcpy(t, acc + d, sizeof(t));
+        for (int i = 0; i < 8; i++)
+            acc[d + 2 * i] = t[i], acc[d + 2 * i + 1] = t[8 + i], acc[d + 16 + 2 * i] = t[16 + i], acc[d + 17 + 2 * i] = t[24 + i];
     }
 }
 
-// Token t's bytes, element offset `off` (elements of the stream's dtype).
-static const uint8_t *token_at(const PagedStream *s, const int *blocks, int t, int off) {
-    return s->blocks[blocks[t / s->block_tokens]] + (size_t)(t % s->block_tokens) * s->token_bytes +
-           (size_t)off * (s->kind == PAGED_BF16 ? 2 : 4);
+// s[t] = e^(s[t] - mx) for t < n; returns their sum (8 lanes, then vec_sum: a fixed order).
+static float softmax_numerators(float *s, int n, float mx) {
+    vecf sum = {0}, m = vec_splat(mx);
+    int t = 0;
+    for (; t + VEC_LANES <= n; t += VEC_LANES) {
+        vecf e = vec_exp(vec_load(s + t) - m);
+        vec_store(s + t, e);
+        sum += e;
+    }
+    if (t < n) {   // the tail padded with -inf, whose exponentials are 0
+        float pad[VEC_LANES];
+        for (int j = 0; j < VEC_LANES; j++) pad[j] = t + j < n ? s[t + j] : -INFINITY;
+        vecf e = vec_exp(vec_load(pad) - m);
+        for (int j = 0; t + j < n; j++) s[t + j] = e[j];
+        sum += e;
+    }
+    return vec_sum(sum);
 }
 
-static int direct_kind(const PagedStream *s) { return !s || s->kind == PAGED_F32 || s->kind == PAGED_BF16; }
+// Row pointers of tokens [0, nt) of the chunk's blocks. A stream read in place points into its
+// blocks; a codec stream is decoded into scratch (nt, width) first and points there.
+static int read_in_place(const PagedStream *s) { return s->kind == PAGED_F32 || s->kind == PAGED_BF16; }
 
-// One work item read in place: every token's key and value rows are read once, front to back,
-// for all heads (a head's slice of a row is short; walking the rows once per kv head would
-// fetch every cache line several times). Scores sc (NH, nt), then the state in st.
-static void attend_direct(const PagedStream *k, const PagedStream *k2, const PagedStream *v, const int *blocks, int nt,
-                          const float *qi, int NH, int NKV, int DK, int DK2, int DV, float scale, float *sc, float *st) {
-    const int DQ = DK + DK2, group = NH / NKV;
-    const size_t kes = k->kind == PAGED_BF16 ? 2 : 4, ves = v->kind == PAGED_BF16 ? 2 : 4;
-    for (int t = 0; t < nt; t++) {
-        const uint8_t *kt = token_at(k, blocks, t, 0), *k2t = k2 ? token_at(k2, blocks, t, 0) : NULL;
-        for (int h = 0; h < NH; h++) {
-            const float *qh = qi + (size_t)h * DQ;
-            float dot = dot_row(qh, k, kt + (size_t)(h / group) * DK * kes, DK);
-            if (k2t) dot += dot_row(qh + DK, k2, k2t, DK2);
-            sc[(size_t)h * nt + t] = dot * scale;
-        }
-    }
-    for (int h = 0; h < NH; h++) {
-        float *srow = sc + (size_t)h * nt, mx = srow[0], sum = 0.0f;
-        for (int t = 1; t < nt; t++) mx = srow[t] > mx ? srow[t] : mx;
-        for (int t = 0; t < nt; t++) { srow[t] = expf(srow[t] - mx); sum += srow[t]; }
-        st[h] = mx;
-        st[NH + h] = sum;
-    }
-    float *acc = st + 2 * NH;
-    memset(acc, 0, (size_t)NH * DV * sizeof(float));
-    for (int t = 0; t < nt; t++) {
-        const uint8_t *vt = token_at(v, blocks, t, 0);
-        for (int h = 0; h < NH; h++)
-            axpy_row(acc + (size_t)h * DV, sc[(size_t)h * nt + t], v, vt + (size_t)(h / group) * DV * ves, DV);
-    }
-}
-
-// Tokens [0, nt) of the chunk's blocks, decoded into dst (nt, width).
-static void read_chunk(const PagedStream *s, const int *blocks, int nt, float *dst) {
-    const int BT = s->block_tokens;
+static void chunk_rows(const PagedStream *s, const int *blocks, int nt, float *scratch, const uint8_t **row) {
+    const int BT = s->block_tokens, in_place = read_in_place(s);
     for (int b = 0, t0 = 0; t0 < nt; b++, t0 += BT) {
         const int n = nt - t0 < BT ? nt - t0 : BT;
-        float *out = dst + (size_t)t0 * s->width;
-        if (s->is_f32) memcpy(out, s->blocks[blocks[b]], (size_t)n * s->width * sizeof(float));
-        else s->decode(s->codec, out, s->blocks[blocks[b]], n, s->width);
+        const uint8_t *src = s->blocks[blocks[b]];
+        if (!in_place) s->decode(s->codec, scratch + (size_t)t0 * s->width, src, n, s->width);
+        for (int j = 0; j < n; j++)
+            row[t0 + j] = in_place ? src + (size_t)j * s->token_bytes : (const uint8_t *)(scratch + (size_t)(t0 + j) * s->width);
     }
+}
+
+static Part part_of(const PagedStream *s, const uint8_t *const *row, int first, int n) {
+    const int bf16 = s->kind == PAGED_BF16;
+    return (Part){row, (size_t)first * (bf16 ? 2 : 4), n, bf16};
 }
 
 void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const PagedStream *k2,
                          const PagedStream *v, const int *block_table, int max_blocks, const int *lens,
                          int n, int NH, int NKV, int DK, int DK2, int DV, float scale) {
-    const int BT = k->block_tokens, group = NH / NKV, DQ = DK + DK2, CT = CHUNK_BLOCKS * BT;
-    const int same_v = v == k;
-    // fp32/bf16 caches of a few heads per kv head: read in place (the memory-bound case);
-    // otherwise decode a chunk into a scratch and score it with OpenBLAS
-    const int direct = group <= GEMV_MAX_ROWS && direct_kind(k) && direct_kind(k2) && direct_kind(v);
+    const int BT = k->block_tokens, group = NH / NKV, DQ = DK + DK2, same_v = v == k;
+    // bytes a token brings (decoded streams count their fp32 scratch)
+    size_t token = 0;
+    for (int j = 0; j < 3; j++) {
+        const PagedStream *s = j == 0 ? k : j == 1 ? (same_v ? NULL : v) : k2;
+        if (s) token += read_in_place(s) ? s->token_bytes : (size_t)s->width * sizeof(float);
+    }
+    const size_t fit = CHUNK_BYTES / (token * (size_t)BT + 1);
+    const int chunk_blocks = fit < 1 ? 1 : fit > MAX_CHUNK_BLOCKS ? MAX_CHUNK_BLOCKS : (int)fit, CT = chunk_blocks * BT;
     // work items: (sequence, chunk)
     int *first_item = xmalloc(((size_t)n + 1) * sizeof(int)), n_items = 0;
     for (int i = 0; i < n; i++) {
@@ -151,61 +268,69 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
 
     #pragma omp parallel
     {
-        float *kbuf = direct ? NULL : xmalloc((size_t)CT * k->width * sizeof(float));
-        float *k2buf = k2 && !direct ? xmalloc((size_t)CT * k2->width * sizeof(float)) : NULL;
-        float *vbuf = same_v || direct ? kbuf : xmalloc((size_t)CT * v->width * sizeof(float));
-        float *sc = xmalloc((size_t)(direct ? NH : group) * CT * sizeof(float));
+        // per thread: decoded chunks of codec streams, the chunk's row pointers, the scores and
+        // the query heads laid out for their parts (query_for)
+        float *kbuf = read_in_place(k) ? NULL : xmalloc((size_t)CT * k->width * sizeof(float));
+        float *vbuf = same_v || read_in_place(v) ? NULL : xmalloc((size_t)CT * v->width * sizeof(float));
+        float *k2buf = !k2 || read_in_place(k2) ? NULL : xmalloc((size_t)CT * k2->width * sizeof(float));
+        const uint8_t **rows = xmalloc((size_t)3 * CT * sizeof(*rows));
+        const uint8_t **krow = rows, **vrow = same_v ? rows : rows + CT, **k2row = rows + 2 * CT;
+        float *sc = xmalloc((size_t)NH * CT * sizeof(float));
+        float *qk = xmalloc((size_t)NH * (DQ > 0 ? DQ : 1) * sizeof(float));
         #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_items; it++) {
             const int i = item_seq[it], chunk = it - first_item[i];
             const int t0 = chunk * CT, nt = lens[i] - t0 < CT ? lens[i] - t0 : CT;
-            const int *blocks = block_table + (size_t)i * max_blocks + chunk * CHUNK_BLOCKS;
+            const int *blocks = block_table + (size_t)i * max_blocks + chunk * chunk_blocks;
             float *st = state + (size_t)it * per_item;
-            if (direct) {
-                attend_direct(k, k2, v, blocks, nt, q + (size_t)i * NH * DQ, NH, NKV, DK, DK2, DV, scale, sc, st);
-                continue;
+            chunk_rows(k, blocks, nt, kbuf, krow);
+            if (!same_v) chunk_rows(v, blocks, nt, vbuf, vrow);
+            if (k2) chunk_rows(k2, blocks, nt, k2buf, k2row);
+            // the chunk is walked token-major, TILE_TOKENS rows at a time for every head (the rows
+            // stay in L1 while the heads that share them are scored; memory is read front to back)
+            for (int h = 0; h < NH; h++) {
+                const float *qh = q + ((size_t)i * NH + h) * DQ;
+                const Part kp = part_of(k, krow, (h / group) * DK, DK);
+                query_for(qk + (size_t)h * DQ, qh, &kp);
+                if (k2) {
+                    const Part kp2 = part_of(k2, k2row, 0, DK2);
+                    query_for(qk + (size_t)h * DQ + DK, qh + DK, &kp2);
+                }
             }
-            read_chunk(k, blocks, nt, kbuf);
-            if (k2) read_chunk(k2, blocks, nt, k2buf);
-            if (!same_v) read_chunk(v, blocks, nt, vbuf);
-            for (int g = 0; g < NKV; g++) {
-                const float *qg = q + ((size_t)i * NH + (size_t)g * group) * DQ;
-                float *acc = st + 2 * NH + (size_t)g * group * DV;
-                if (group > GEMV_MAX_ROWS) {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, nt, DK, scale, qg, DQ,
-                                kbuf + (size_t)g * DK, k->width, 0.0f, sc, nt);
-                    if (k2)
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, nt, DK2, scale, qg + DK, DQ,
-                                    k2buf, k2->width, 1.0f, sc, nt);
-                } else {
-                    for (int r = 0; r < group; r++) {
-                        cblas_sgemv(CblasRowMajor, CblasNoTrans, nt, DK, scale, kbuf + (size_t)g * DK, k->width,
-                                    qg + (size_t)r * DQ, 1, 0.0f, sc + (size_t)r * nt, 1);
-                        if (k2)
-                            cblas_sgemv(CblasRowMajor, CblasNoTrans, nt, DK2, scale, k2buf, k2->width,
-                                        qg + (size_t)r * DQ + DK, 1, 1.0f, sc + (size_t)r * nt, 1);
+            for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
+                const int m = nt - ta < TILE_TOKENS ? nt - ta : TILE_TOKENS;
+                const Part kp2 = k2 ? part_of(k2, k2row + ta, 0, DK2) : (Part){NULL, 0, 0, 0};
+                for (int h = 0; h < NH; h++) {
+                    const Part kp = part_of(k, krow + ta, (h / group) * DK, DK);
+                    scores(sc + (size_t)h * CT + ta, qk + (size_t)h * DQ, &kp, qk + (size_t)h * DQ + DK, &kp2, m, scale);
+                }
+            }
+            for (int h = 0; h < NH; h++) {
+                float *s = sc + (size_t)h * CT, mx = s[0];
+                for (int t = 1; t < nt; t++) mx = s[t] > mx ? s[t] : mx;
+                st[h] = mx;
+                st[NH + h] = softmax_numerators(s, nt, mx);
+            }
+            float *acc = st + 2 * NH;   // (NH, DV), zero from xcalloc
+            for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
+                const int m = nt - ta < TILE_TOKENS ? nt - ta : TILE_TOKENS;
+                for (int g = 0; g < NKV; g++) {
+                    const Part vp = part_of(v, vrow + ta, g * DV, DV);
+                    for (int r = 0; r < group; r += 2) {
+                        const int h = g * group + r;
+                        weighted_values(acc + (size_t)h * DV, DV, sc + (size_t)h * CT + ta, CT, group - r >= 2 ? 2 : 1, &vp, m);
                     }
                 }
-                for (int r = 0; r < group; r++) {
-                    float *s = sc + (size_t)r * nt, mx = s[0], sum = 0.0f;
-                    for (int t = 1; t < nt; t++) mx = s[t] > mx ? s[t] : mx;
-                    for (int t = 0; t < nt; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
-                    st[g * group + r] = mx;
-                    st[NH + g * group + r] = sum;
-                }
-                if (group > GEMV_MAX_ROWS)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, DV, nt, 1.0f, sc, nt,
-                                vbuf + (size_t)g * DV, v->width, 0.0f, acc, DV);
-                else
-                    for (int r = 0; r < group; r++)
-                        cblas_sgemv(CblasRowMajor, CblasTrans, nt, DV, 1.0f, vbuf + (size_t)g * DV, v->width,
-                                    sc + (size_t)r * nt, 1, 0.0f, acc + (size_t)r * DV, 1);
             }
+            if (v->kind == PAGED_BF16)
+                for (int h = 0; h < NH; h++) unsplit_values(acc + (size_t)h * DV, DV);
         }
         free(kbuf);
+        free(vbuf);
         free(k2buf);
-        if (vbuf != kbuf) free(vbuf);
+        free(rows);
         free(sc);
+        free(qk);
     }
 
     // merge the chunks of each sequence in order

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "layers/cpu_vec.h"
 
 static const Backend *be;
 static int n_passed, n_failed;
@@ -325,6 +326,23 @@ static void test_elementwise(size_t n) {
     snprintf(name, sizeof name, "accumulate n=%zu", n);
     check(name, maxrel(a, ref, n), TOL_FWD);
     free(a); free(b); free(out); free(ref); free(acopy);
+}
+
+// vec_exp (layers/cpu_vec.h, decoding's softmax) against exp in double: relative error within
+// 2 ulp over the range it serves, exact 0 below -87.34 (and for -inf), NaN kept.
+static void test_vec_exp(void) {
+    double worst = 0;
+    for (int i = 0; i <= 200000; i++) {
+        float x = -87.0f + 175.0f * (float)i / 200000.0f;
+        vecf y = vec_exp(vec_splat(x));
+        double ref = exp((double)x), rel = fabs((double)y[i % VEC_LANES] - ref) / ref;
+        worst = rel > worst ? rel : worst;
+    }
+    check("vec_exp on [-87, 88]: relative error (2 ulp = 1.2e-7)", worst, 1.2e-7);
+    vecf z = vec_exp((vecf){-88.0f, -1000.0f, -INFINITY, NAN, 0.0f, 1.0f, -1.0f, 88.0f});
+    double bad = (z[0] != 0.0f) + (z[1] != 0.0f) + (z[2] != 0.0f) + !isnan(z[3]) + (z[4] != 1.0f) +
+                 (fabs(z[5] - M_E) > 3e-7) + (fabs(z[6] - 1.0 / M_E) > 1e-7) + !isfinite(z[7]);
+    check("vec_exp: 0 below -87.34 and at -inf, NaN kept, e^0 = 1, e^88 finite", bad, 0.0);
 }
 
 // Decoding batches sequences: a row's output must not depend on the rows beside it (the
@@ -703,6 +721,7 @@ int main(void) {
     test_matmul(8, 512, 31, 1);    // register tiles: 2 full 4-row tiles, an odd last weight row
     test_matmul(7, 13, 5, 1);      // a 3-row remainder tile and the k % 8 tail
     test_matmul(5, 4, 2, 1);       // fewer than 8 inputs: no vector step at all
+    test_vec_exp();
     test_matmul_rows_independent(8, 517, 37);
     test_matmul_rows_independent(7, 64, 1031);
 

@@ -1,0 +1,95 @@
+// Eight-lane float vectors (GCC/Clang vector extensions: AVX with -march=native, pairs of SSE
+// registers or NEON otherwise) for the decode-time kernels, layers/cpu_matmul.c and
+// layers/cpu_paged_attention.c. Those files are compiled with -ffp-contract=fast
+// (CMakeLists.txt), so a += b * c is one fused multiply-add, as in OpenBLAS's kernels.
+// Every reduction here has a fixed order: results never depend on threads or batch neighbours.
+#ifndef CLLA_LAYERS_CPU_VEC_H
+#define CLLA_LAYERS_CPU_VEC_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define VEC_LANES 8
+typedef float vecf __attribute__((vector_size(VEC_LANES * sizeof(float))));
+// the same vector at any float address (unaligned, and allowed to alias float arrays)
+typedef float vecf_u __attribute__((vector_size(VEC_LANES * sizeof(float)), aligned(4), may_alias));
+
+static inline vecf vec_load(const float *p) { return *(const vecf_u *)p; }
+static inline void vec_store(float *p, vecf v) { *(vecf_u *)p = v; }
+static inline vecf vec_splat(float x) { return (vecf){x, x, x, x, x, x, x, x}; }
+
+// the lanes summed pairwise
+static inline float vec_sum(vecf a) {
+    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+// Lane j of the result = vec_sum(a_j) (the same pairs, the same order), in 12 shuffles and 7
+// adds instead of eight separate sums.
+static inline vecf vec_sum8(vecf a0, vecf a1, vecf a2, vecf a3, vecf a4, vecf a5, vecf a6, vecf a7) {
+    // (GCC 12 and Clang both have __builtin_shufflevector; indices >= 8 pick from the second)
+#define LO(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11)
+#define HI(a, b) __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15)
+#define EVEN(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
+#define ODD(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15)
+    // step 1: lanes i and i + 4 of each vector (vec_sum's innermost pairs)
+    vecf b01 = LO(a0, a1) + HI(a0, a1), b23 = LO(a2, a3) + HI(a2, a3);
+    vecf b45 = LO(a4, a5) + HI(a4, a5), b67 = LO(a6, a7) + HI(a6, a7);
+    // step 2: (0+4) + (1+5) and (2+6) + (3+7) of each: a0's pair, a1's pair, ...
+    vecf c0123 = EVEN(b01, b23) + ODD(b01, b23), c4567 = EVEN(b45, b67) + ODD(b45, b67);
+    // step 3: the two halves of each
+    return EVEN(c0123, c4567) + ODD(c0123, c4567);
+#undef LO
+#undef HI
+#undef EVEN
+#undef ODD
+}
+
+// e^x per lane, within 2 ulp of expf for x in [-87, 88] (tests/test_ops.c); 0 below -87.33,
+// e^88 above 88
+// (under the smallest normal float), NaN stays NaN. Range reduction x = n ln2 + r, |r| <= ln2/2,
+// then Cephes's degree-6 polynomial for e^r and 2^n from the exponent bits. Decoding's softmax
+// takes one exponential per cached token and query head: glibc's scalar expf was a tenth of a
+// decode step, and its vector form is only reachable with -ffast-math.
+static inline vecf vec_exp(vecf x) {
+    typedef int32_t veci __attribute__((vector_size(VEC_LANES * sizeof(int32_t))));
+    const vecf lo = vec_splat(-87.33654f), hi = vec_splat(88.0f);   // above 88, 2^n would overflow
+    veci under = x < lo;
+    vecf xc = (vecf)(((veci)x & ~under) | ((veci)lo & under));
+    veci over = xc > hi;
+    xc = (vecf)(((veci)xc & ~over) | ((veci)hi & over));
+    const vecf shifter = vec_splat(12582912.0f);   // 1.5 * 2^23: adding it rounds to an integer
+    vecf n = (xc * vec_splat(1.44269504088896341f) + shifter) - shifter;
+    vecf r = xc - n * vec_splat(0.693359375f);
+    r = r - n * vec_splat(-2.12194440e-4f);
+    vecf p = vec_splat(1.9875691500E-4f);
+    p = p * r + vec_splat(1.3981999507E-3f);
+    p = p * r + vec_splat(8.3334519073E-3f);
+    p = p * r + vec_splat(4.1665795894E-2f);
+    p = p * r + vec_splat(1.6666665459E-1f);
+    p = p * r + vec_splat(5.0000001201E-1f);
+    vecf y = p * (r * r) + r + vec_splat(1.0f);
+    veci e = (__builtin_convertvector(n, veci) + 127) << 23;   // 2^n; n in [-126, 128)
+    vecf two_n = (vecf)e;
+    return (vecf)((veci)(y * two_n) & ~under);
+}
+
+// n bf16 values (their 16 bits, little-endian) -> fp32, exact: widened 8 at a time
+static inline void vec_bf16_to_f32(float *restrict dst, const uint8_t *restrict src, int n) {
+    typedef uint16_t vec16 __attribute__((vector_size(VEC_LANES * sizeof(uint16_t)), aligned(1), may_alias));
+    typedef uint32_t vec32 __attribute__((vector_size(VEC_LANES * sizeof(uint32_t))));
+    int j = 0;
+    for (; j + VEC_LANES <= n; j += VEC_LANES) {
+        vec32 u = __builtin_convertvector(*(const vec16 *)(src + 2 * (size_t)j), vec32) << 16;
+        vecf f;
+        memcpy(&f, &u, sizeof f);
+        vec_store(dst + j, f);
+    }
+    for (; j < n; j++) {
+        uint16_t h;
+        memcpy(&h, src + 2 * (size_t)j, 2);
+        uint32_t u = (uint32_t)h << 16;
+        memcpy(dst + j, &u, 4);
+    }
+}
+
+#endif
