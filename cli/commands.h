@@ -12,5 +12,6 @@ int cmd_prep(int argc, char **argv);      // cli/cmd_prep.c
 int cmd_tokenizer(int argc, char **argv); // cli/cmd_tokenizer.c
 int cmd_generate(int argc, char **argv);  // cli/cmd_generate.c
 int cmd_export(int argc, char **argv);    // cli/cmd_export.c
+int cmd_calibrate(int argc, char **argv); // cli/cmd_calibrate.c
 
 #endif

@@ -23,11 +23,14 @@ static void rope_apply(Model *m, float *x, int H, int S, int off, int D) {
 // The cache codec of part p applied where the cache would hold the value: always for the
 // trained int_group latent (straight-through in backward), for every part when evaluating
 // through the cache (m->apply_codecs).
-static void cache_roundtrip(Model *m, int part, float *x) {
+// Layer l's stream of the part (with its fitted state, if the codec has one).
+static void cache_roundtrip(Model *m, int l, int part, float *x) {
     const Codec *codec = &m->cache.part[part].codec;
     if (codec_is_exact(codec)) return;
     if (!m->apply_codecs && !(part == PART_LATENT && codec->kind == CODEC_INT_GROUP)) return;
-    codec_roundtrip(codec, m->be, x, x, m->B * m->T, m->cache.part[part].width);
+    int s = m->cache.role[l].stream[part == PART_OWN_KROPE ? PART_KROPE : part];
+    Codec sc = cache_stream_codec(&m->cache, s);
+    codec_roundtrip(&sc, m->be, x, x, m->B * m->T, m->cache.part[part].width);
 }
 
 // ---------------------------------------------------------------- query path (shared by both kinds)
@@ -99,8 +102,8 @@ static void plain_forward(Model *m, int l) {
     int B = m->B, T = m->T, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
     int D = c->head_dim, DV = c->v_head_dim;
     if (cache_is_producer(&m->cache, l)) {
-        cache_roundtrip(m, PART_K, A(s->k));
-        cache_roundtrip(m, PART_V, A(s->v));
+        cache_roundtrip(m, l, PART_K, A(s->k));
+        cache_roundtrip(m, l, PART_V, A(s->v));
     }
     be->attention_forward(A(x->att_out), A(x->att), A(x->q), A(s->k), A(s->v), B, T, NH, NKV, D, DV, attn_scale(c));
 }
@@ -175,10 +178,10 @@ static void latent_forward(Model *m, int l) {
     int D = c->head_dim, DV = c->v_head_dim, R = c->kv_lora_rank, DR = c->qk_rope_head_dim, DQK = D + DR;
     // the slot keeps what the cache would give back: the codec round trip of each part
     if (cache_is_producer(&m->cache, l)) {
-        cache_roundtrip(m, PART_LATENT, A(s->c));
-        cache_roundtrip(m, PART_KROPE, A(s->k_rope));
+        cache_roundtrip(m, l, PART_LATENT, A(s->c));
+        cache_roundtrip(m, l, PART_KROPE, A(s->k_rope));
     } else if (m->cache.role[l].own_krope) {
-        cache_roundtrip(m, PART_OWN_KROPE, A(x->k_rope));
+        cache_roundtrip(m, l, PART_OWN_KROPE, A(x->k_rope));
     }
     // per-head keys [k_nope | k_rope] and values from kv (N, NH, D+DV) = C W_UKV^T
     be->matmul_forward(A(x->kv), A(s->c), P(kv_b_of(m, l)), N, R, NH * (D + DV));

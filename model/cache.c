@@ -145,17 +145,41 @@ static int no_params(Codec *c, const char *key, long value, char *err, size_t er
 static int fits_any(const Codec *c, int W, char *err, size_t errlen) { return 0; }
 static void no_format(const Codec *c, char *buf, size_t n) { if (n) buf[0] = 0; }
 
-static const CodecTraits CODECS[N_CODECS] = {
-    [CODEC_FP32] = {"fp32", fp32_bytes, fp32_encode, fp32_decode, fp32_roundtrip, no_params, fits_any, no_format},
+static void int_group_defaults(Codec *c) { c->bits = 4; c->group = 32; }   // CLLA-quant's setting
+
+extern const CodecTraits CODEC_CQ_TRAITS;   // model/codec_cq.c
+
+static const CodecTraits CODECS_SIMPLE[] = {
+    [CODEC_FP32] = {.name = "fp32", .bytes_per_token = fp32_bytes, .encode = fp32_encode, .decode = fp32_decode,
+                    .roundtrip = fp32_roundtrip, .set_param = no_params, .check = fits_any, .format = no_format},
     // bf16 round trips through the host codec in evaluation, so it is exactly what encode/decode give
-    [CODEC_BF16] = {"bf16", bf16_bytes, bf16_encode, bf16_decode, NULL, no_params, fits_any, no_format},
-    [CODEC_INT_GROUP] = {"int_group", int_group_bytes, int_group_encode, int_group_decode, int_group_roundtrip,
-                         int_group_set_param, int_group_check, int_group_format},
+    [CODEC_BF16] = {.name = "bf16", .bytes_per_token = bf16_bytes, .encode = bf16_encode, .decode = bf16_decode,
+                    .set_param = no_params, .check = fits_any, .format = no_format},
+    [CODEC_INT_GROUP] = {.name = "int_group", .bytes_per_token = int_group_bytes, .encode = int_group_encode,
+                         .decode = int_group_decode, .roundtrip = int_group_roundtrip, .set_param = int_group_set_param,
+                         .defaults = int_group_defaults, .check = int_group_check, .format = int_group_format},
 };
 
+// The codec table: one row per kind (the codecs with fitted state live in files of their own).
 const CodecTraits *codec_traits(CodecKind kind) {
     if ((unsigned)kind >= N_CODECS) die("internal error: codec kind %d", (int)kind);
-    return &CODECS[kind];
+    return kind == CODEC_CQ ? &CODEC_CQ_TRAITS : &CODECS_SIMPLE[kind];
+}
+
+int codec_needs_fit(const Codec *c) { return codec_traits(c->kind)->fit != NULL; }
+double codec_bits_stored(const Codec *c, int W) { return 8.0 * (double)codec_bytes_per_token(c, W) / W; }
+double codec_bits_paper(const Codec *c, int W) {
+    const CodecTraits *t = codec_traits(c->kind);
+    if (t->bits_paper) return t->bits_paper(c, W);
+    return c->kind == CODEC_INT_GROUP ? (double)c->bits : codec_bits_stored(c, W);   // int_group's scales left out
+}
+int64_t codec_fit_elements(const Codec *c, int W) {
+    const CodecTraits *t = codec_traits(c->kind);
+    if (!t->fit) return 0;
+    int64_t shape[4], n = 1;
+    int rank = t->fit_shape(c, W, shape);
+    for (int i = 0; i < rank; i++) n *= shape[i];
+    return n;
 }
 
 const char *codec_name(const Codec *c) { return codec_traits(c->kind)->name; }
@@ -186,13 +210,13 @@ int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
     size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
     int kind = -1;
     for (int k = 0; k < N_CODECS; k++)
-        if (strlen(CODECS[k].name) == nlen && !strncmp(CODECS[k].name, spec, nlen)) kind = k;
+        if (strlen(codec_traits((CodecKind)k)->name) == nlen && !strncmp(codec_traits((CodecKind)k)->name, spec, nlen)) kind = k;
     if (kind < 0) {
-        snprintf(err, errlen, "unknown cache codec '%.*s': use fp32, bf16 or int_group:bits=B,group=G", (int)nlen, spec);
+        snprintf(err, errlen, "unknown cache codec '%.*s': use fp32, bf16, int_group:bits=B,group=G or cq:bits=B,c=C", (int)nlen, spec);
         return -1;
     }
     c->kind = (CodecKind)kind;
-    if (kind == CODEC_INT_GROUP) { c->bits = 4; c->group = 32; }   // the paper's setting unless told
+    if (codec_traits(c->kind)->defaults) codec_traits(c->kind)->defaults(c);
     if (!colon) return 0;
     char buf[256];
     if (strlen(colon + 1) >= sizeof(buf)) { snprintf(err, errlen, "codec spec '%s' is too long", spec); return -1; }
@@ -206,7 +230,7 @@ int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
             snprintf(err, errlen, "codec setting %s=%s in '%s' is not a whole number", kv, eq + 1, spec);
             return -1;
         }
-        if (CODECS[kind].set_param(c, kv, v, err, errlen) != 0) return -1;
+        if (codec_traits(c->kind)->set_param(c, kv, v, err, errlen) != 0) return -1;
     }
     return 0;
 }
@@ -227,7 +251,15 @@ static int set_part_codec(CacheLayout *cl, int p, const Codec *c, char *err, siz
         snprintf(err, errlen, "cache part %s (width %d): %s", PART_NAMES[p], cl->part[p].width, why);
         return -1;
     }
+    Codec old = cl->part[p].codec;
     cl->part[p].codec = *c;
+    cl->part[p].codec.fit = NULL;
+    char a[160], b[160];
+    codec_format(&old, a, sizeof(a));
+    codec_format(c, b, sizeof(b));
+    if (cl->fit && strcmp(a, b))   // another codec: the streams' fitted states no longer apply
+        for (int s = 0; s < cl->n_streams; s++)
+            if (cl->streams[s].part == p) cache_layout_set_fit(cl, s, NULL);
     return 0;
 }
 
@@ -292,13 +324,13 @@ void cache_layout(CacheLayout *cl, const ModelConfig *m) {
     cl->share_factor = F;
     cl->share = m->share;
     cl->n_slots = (L - 1) / F + 1;   // ceil(L / F), no overflow at F = INT_MAX
-    Codec bf16 = {CODEC_BF16, 0, 0};
+    Codec bf16 = {.kind = CODEC_BF16};
     if (!latent) {
         cl->part[PART_K] = (CachePart){1, m->num_key_value_heads * m->head_dim, bf16};
         cl->part[PART_V] = (CachePart){1, m->num_key_value_heads * m->v_head_dim, bf16};
     } else {
         Codec lat = bf16;
-        if (m->latent_quant_bits) lat = (Codec){CODEC_INT_GROUP, m->latent_quant_bits, m->latent_quant_group};
+        if (m->latent_quant_bits) lat = (Codec){.kind = CODEC_INT_GROUP, .bits = m->latent_quant_bits, .group = m->latent_quant_group};
         cl->part[PART_LATENT] = (CachePart){1, m->kv_lora_rank, lat};
         cl->part[PART_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16};
     }
@@ -333,15 +365,66 @@ void cache_layout(CacheLayout *cl, const ModelConfig *m) {
     }
 }
 
+static void free_fit(CacheLayout *cl, int s) {
+    if (!cl->fit || !cl->fit[s]) return;
+    if (cl->owns_fit) {
+        const CodecTraits *t = codec_traits(cl->part[cl->streams[s].part].codec.kind);
+        if (t->fit_free) t->fit_free(cl->fit[s]);
+    }
+    cl->fit[s] = NULL;
+}
+
 void cache_layout_free(CacheLayout *cl) {
+    if (cl->fit) {
+        for (int s = 0; s < cl->n_streams; s++) free_fit(cl, s);
+        free(cl->fit);
+    }
     free(cl->role);
     free(cl->streams);
     cl->role = NULL;
     cl->streams = NULL;
+    cl->fit = NULL;
+}
+
+Codec cache_stream_codec(const CacheLayout *cl, int s) {
+    Codec c = cl->part[cl->streams[s].part].codec;
+    c.fit = cl->fit ? cl->fit[s] : NULL;
+    return c;
+}
+
+void cache_layout_set_fit(CacheLayout *cl, int s, void *state) {
+    if (!cl->fit) {
+        if (!state) return;
+        cl->fit = xcalloc((size_t)cl->n_streams, sizeof(void *));
+        cl->owns_fit = 1;
+    }
+    if (!cl->owns_fit) die("internal error: setting a fitted state in a layout that shares its states");
+    free_fit(cl, s);
+    cl->fit[s] = state;
+}
+
+int cache_layout_check_fitted(const CacheLayout *cl, char *err, size_t errlen) {
+    for (int s = 0; s < cl->n_streams; s++) {
+        const CachePart *part = &cl->part[cl->streams[s].part];
+        if (codec_needs_fit(&part->codec) && !(cl->fit && cl->fit[s])) {
+            char spec[160];
+            codec_format(&part->codec, spec, sizeof(spec));
+            snprintf(err, errlen, "cache part %s uses %s, whose codebooks are learned from the model's own activations: "
+                     "run clla calibrate MODEL --data SHARDS --cache-codec %s=%s --out PACKAGE, then serve PACKAGE",
+                     cache_part_name(cl->streams[s].part), spec, cache_part_name(cl->streams[s].part), spec);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 void cache_layout_copy(CacheLayout *dst, const CacheLayout *src) {
     *dst = *src;
+    dst->owns_fit = 0;
+    if (src->fit) {
+        dst->fit = xmalloc((size_t)src->n_streams * sizeof(void *));
+        memcpy(dst->fit, src->fit, (size_t)src->n_streams * sizeof(void *));
+    }
     dst->role = xmalloc((size_t)src->n_layers * sizeof(LayerRole));
     memcpy(dst->role, src->role, (size_t)src->n_layers * sizeof(LayerRole));
     dst->streams = xmalloc((size_t)(src->n_streams ? src->n_streams : 1) * sizeof(CacheStream));

@@ -3,7 +3,8 @@
 //  - the payload parts per slot and token: K and V (MHA/GQA/CLA), or the latent C plus
 //    k_rope (MLA/CLLA), plus the k_rope of consumers that project their own;
 //  - a codec per part with one interface: encode / decode (host bytes), roundtrip (what a
-//    full-sequence forward applies), bytes_per_token.
+//    full-sequence forward applies), bytes_per_token; codecs with fitted state (cq's
+//    codebooks) hold one state per stream, fitted by `clla calibrate` and kept in the package.
 // Training uses only int_group's roundtrip, with a straight-through backward.
 #ifndef CLLA_MODEL_CACHE_H
 #define CLLA_MODEL_CACHE_H
@@ -16,11 +17,13 @@
 
 struct cJSON;
 
-typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, N_CODECS } CodecKind;
+typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, CODEC_CQ, N_CODECS } CodecKind;
 
 typedef struct Codec {
     CodecKind kind;
-    int bits, group;      // int_group only
+    int bits, group;      // int_group: bits per value, values per scale; cq: bits per code, channels per code (c)
+    int iters;            // cq: k-means iterations when fitted
+    const void *fit;      // the fitted state of one stream (cache_stream_codec); NULL for the settings alone
 } Codec;
 
 // What a codec is, as a table indexed by kind (every function of this header dispatches
@@ -35,9 +38,20 @@ typedef struct CodecTraits {
     void (*roundtrip)(const Codec *c, const Backend *be, float *out, const float *in, int N, int W);
     // settings: key=value pairs of a spec; 0 on success, -1 with a message
     int (*set_param)(Codec *c, const char *key, long value, char *err, size_t errlen);
+    void (*defaults)(Codec *c);   // the settings a bare name means (NULL: none)
     // does the codec fit vectors of width W (and are its settings complete)? 0 yes, -1 with a message
     int (*check)(const Codec *c, int W, char *err, size_t errlen);
     void (*format)(const Codec *c, char *buf, size_t n);   // the settings part of the spec ("" if none)
+    // bits per element as the codec's paper counts them (NULL: everything stored, 8 x bytes / W)
+    double (*bits_paper)(const Codec *c, int W);
+    // Fitted state (NULL fit: the codec has none). fit learns it from n sample vectors x[n][W]
+    // with optional Fisher weights fisher[n][W]; the state travels as one fp32 tensor of
+    // fit_shape (returns its rank), written by fit_save and checked and read by fit_load.
+    int (*fit)(const Codec *c, int W, const float *x, int64_t n, const float *fisher, void **state, char *err, size_t errlen);
+    void (*fit_free)(void *state);
+    int (*fit_shape)(const Codec *c, int W, int64_t *shape);
+    void (*fit_save)(const Codec *c, int W, const void *state, float *out);
+    int (*fit_load)(const Codec *c, int W, const float *data, void **state, char *err, size_t errlen);
 } CodecTraits;
 
 const CodecTraits *codec_traits(CodecKind kind);
@@ -51,6 +65,14 @@ void codec_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W);
 void codec_roundtrip(const Codec *c, const Backend *be, float *out, const float *in, int N, int W);
 // Is the codec the identity on fp32 values (nothing to apply)?
 static inline int codec_is_exact(const Codec *c) { return c->kind == CODEC_FP32; }
+// Does the codec need fitted state (clla calibrate) before it can encode?
+int codec_needs_fit(const Codec *c);
+// Bits per element: everything a token stores (8 x bytes_per_token / W), and as the codec's
+// paper counts them (the nominal code width, scales and codebooks left out).
+double codec_bits_stored(const Codec *c, int W);
+double codec_bits_paper(const Codec *c, int W);
+// The elements of a fitted state's tensor (0 for codecs without one).
+int64_t codec_fit_elements(const Codec *c, int W);
 
 enum { PART_K = 0, PART_V, PART_LATENT, PART_KROPE, PART_OWN_KROPE, N_PARTS };
 
@@ -84,6 +106,10 @@ typedef struct CacheLayout {
     LayerRole *role;           // [n_layers]
     CacheStream *streams;      // [n_streams]
     int n_streams;
+    // [n_streams] the fitted state of each stream's codec (NULL where the codec has none or it is
+    // not fitted yet); NULL array when no stream has one. Freed by cache_layout_free when owned.
+    void **fit;
+    int owns_fit;
 } CacheLayout;
 
 // The served layout of a config (what the cache stores by default): K/V, k_rope in bf16, the
@@ -91,7 +117,16 @@ typedef struct CacheLayout {
 // Allocates the role and stream tables: cache_layout_free releases them.
 void cache_layout(CacheLayout *cl, const ModelConfig *m);
 void cache_layout_free(CacheLayout *cl);
+// A copy whose role and stream tables are its own; the fitted states are shared with src (which
+// must outlive the copy) and are not freed with it.
 void cache_layout_copy(CacheLayout *dst, const CacheLayout *src);
+// Stream s's codec: its part's, with the stream's fitted state.
+Codec cache_stream_codec(const CacheLayout *cl, int s);
+// Gives stream s its fitted state (the layout owns it from now on).
+void cache_layout_set_fit(CacheLayout *cl, int s, void *state);
+// 0 when every stream whose codec needs fitted state has it; else -1 with a message naming the
+// part and what to run.
+int cache_layout_check_fitted(const CacheLayout *cl, char *err, size_t errlen);
 static inline int cache_slot_of(const CacheLayout *cl, int layer) { return cl->role[layer].slot; }
 static inline int cache_is_producer(const CacheLayout *cl, int layer) { return cl->role[layer].producer; }
 // Bytes per token of stream s, and of all streams (the whole model).
@@ -99,7 +134,7 @@ size_t cache_stream_bytes_per_token(const CacheLayout *cl, int s);
 size_t cache_layout_bytes_per_token(const CacheLayout *cl);
 
 // Codec specs, as on the command line and in an export package's "cache" section:
-// "fp32", "bf16", "int_group:bits=4,group=32". 0 on success; -1 with a message in err.
+// "fp32", "bf16", "int_group:bits=4,group=32", "cq:bits=8,c=4". 0 on success; -1 with a message in err.
 int codec_parse(Codec *c, const char *spec, char *err, size_t errlen);
 // The spec of c (what codec_parse reads back).
 void codec_format(const Codec *c, char *buf, size_t n);

@@ -49,6 +49,7 @@ struct Decoder {
     int qn, ql, qabs, olat, ol, oh;   // scratch entries, max_rows rows each
     int *uk, *uv;                     // [L * NH]: W_UK_h (D, R), W_UV_h (DV, R) of layer l's kv_b
     int saved_inference, saved_apply;
+    Codec *codecs;                    // [n_streams]: each stream's codec with its fitted state
 };
 
 #define P(i) ((float *)table_ptr_store(&m->params, m->w, (i)))
@@ -109,8 +110,7 @@ static float *stream_source(Decoder *d, int s) {
 // Encodes one token's vector x into stream s at (seq, pos): on the host, then into the block
 // (backend memory) with one upload.
 static void write_token(Decoder *d, int s, int seq, int pos, const float *x) {
-    const CachePart *part = &d->cl.part[d->cl.streams[s].part];
-    codec_encode(&part->codec, d->tok, x, 1, part->width);
+    codec_encode(&d->codecs[s], d->tok, x, 1, d->cl.part[d->cl.streams[s].part].width);
     d->m->be->upload(token_ptr(d, s, seq, pos), d->tok, cache_stream_bytes_per_token(&d->cl, s));
 }
 
@@ -151,11 +151,15 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
     d->blocks = xcalloc((size_t)d->cl.n_streams, sizeof(uint8_t **));
     d->table = xcalloc((size_t)max_seqs * d->max_blocks, sizeof(int));
     d->len = xcalloc((size_t)max_seqs, sizeof(int));
+    char err[512];
+    if (cache_layout_check_fitted(&d->cl, err, sizeof(err)) != 0) die("%s", err);
     d->ps = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(PagedStream));
+    d->codecs = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(Codec));
     size_t widest = 1;
     for (int s = 0; s < d->cl.n_streams; s++) {
         const CachePart *part = &d->cl.part[d->cl.streams[s].part];
-        const Codec *codec = &part->codec;
+        d->codecs[s] = cache_stream_codec(&d->cl, s);
+        const Codec *codec = &d->codecs[s];
         int kind = codec->kind == CODEC_FP32 ? PAGED_F32 : codec->kind == CODEC_BF16 ? PAGED_BF16
                  : codec->kind == CODEC_INT_GROUP ? PAGED_INT_GROUP : PAGED_OTHER;
         d->ps[s] = (PagedStream){part->width, cache_stream_bytes_per_token(&d->cl, s), DECODE_BLOCK_TOKENS, NULL, 0,
@@ -225,6 +229,7 @@ void decoder_free(Decoder *d) {
     free(d->table);
     free(d->len);
     free(d->ps);
+    free(d->codecs);
     free(d->row_seq);
     free(d->h_pos);
     m->be->release(d->d_pos);
@@ -445,15 +450,28 @@ const CacheLayout *decoder_layout(const Decoder *d) { return &d->cl; }
 void decoder_read(const Decoder *d, int s, int seq, int pos, float *out) {
     check_seq(d, seq);
     if (s < 0 || s >= d->cl.n_streams || pos < 0 || pos >= d->len[seq]) die("decoder_read: no stream %d position %d", s, pos);
-    const CachePart *part = &d->cl.part[d->cl.streams[s].part];
     d->m->be->download(d->tok, token_ptr(d, s, seq, pos), d->ps[s].token_bytes);
-    codec_decode(&part->codec, out, d->tok, 1, part->width);
+    codec_decode(&d->codecs[s], out, d->tok, 1, d->cl.part[d->cl.streams[s].part].width);
 }
 
 void model_use_cache_codecs(Model *m, const CacheLayout *layout) {
     if (layout->n_layers != m->cache.n_layers || layout->share_factor != m->cache.share_factor)
         die("internal error: a cache layout of another model");
+    if (layout->n_streams != m->cache.n_streams) die("internal error: a cache layout of another model");
+    char err[512];
+    if (cache_layout_check_fitted(layout, err, sizeof(err)) != 0) die("%s", err);
     for (int p = 0; p < N_PARTS; p++) m->cache.part[p].codec = layout->part[p].codec;
+    // the fitted states are the layout's (it outlives the model's use of them); the model's
+    // layout keeps its own array of pointers to them
+    if (m->cache.fit && m->cache.owns_fit) die("internal error: the model's cache layout owns fitted states");
+    if (!layout->fit) {
+        free(m->cache.fit);
+        m->cache.fit = NULL;
+        return;
+    }
+    if (!m->cache.fit) m->cache.fit = xmalloc((size_t)m->cache.n_streams * sizeof(void *));
+    memcpy(m->cache.fit, layout->fit, (size_t)m->cache.n_streams * sizeof(void *));
+    m->cache.owns_fit = 0;
 }
 
 void decoder_fill_synthetic(Decoder *d, int seq, int n, uint64_t seed) {

@@ -2,11 +2,13 @@
 #include "model/model_dir.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "common/util.h"
+#include "model/safetensors.h"
 
 static int is_file(const char *dir, const char *name) {
     char *p = path_join(dir, name);
@@ -84,6 +86,91 @@ static char *read_package(const char *dir, const char *cp, const cJSON *pk) {
     return path_join(dir, tok->valuestring);
 }
 
+// A fitted state's tensor name: layers.<layer>.<part>.<codec>
+static void fit_name(const CacheLayout *cl, int s, char *buf, size_t n) {
+    const CacheStream *st = &cl->streams[s];
+    snprintf(buf, n, "layers.%d.%s.%s", st->layer, cache_part_name(st->part), codec_name(&cl->part[st->part].codec));
+}
+
+int model_dir_save_cache_fits(const CacheLayout *cl, const char *path, char *err, size_t errlen) {
+    if (!cl->fit) return 0;
+    StTensor *t = xcalloc((size_t)cl->n_streams, sizeof(StTensor));
+    char (*names)[96] = xcalloc((size_t)cl->n_streams, sizeof(*names));
+    float **bufs = xcalloc((size_t)cl->n_streams, sizeof(float *));
+    int n = 0;
+    for (int s = 0; s < cl->n_streams; s++) {
+        if (!cl->fit[s]) continue;
+        const Codec *c = &cl->part[cl->streams[s].part].codec;
+        const CodecTraits *tr = codec_traits(c->kind);
+        int W = cl->part[cl->streams[s].part].width;
+        fit_name(cl, s, names[n], sizeof(names[n]));
+        t[n].name = names[n];
+        t[n].ndim = tr->fit_shape(c, W, t[n].shape);
+        bufs[n] = xmalloc((size_t)codec_fit_elements(c, W) * sizeof(float));
+        tr->fit_save(c, W, cl->fit[s], bufs[n]);
+        t[n].data = bufs[n];
+        n++;
+    }
+    int rc = n ? st_save(path, t, n, ST_F32, NULL, err, errlen) : 0;
+    for (int i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(names);
+    free(t);
+    return rc;
+}
+
+// The fitted states a package's codecs need, from dir/PACKAGE_CACHE_CODECS: every tensor named,
+// of the shape the codec's settings give, and nothing else. Dies with one line otherwise.
+static void load_cache_fits(CacheLayout *cl, const char *dir) {
+    int needed = 0;
+    for (int s = 0; s < cl->n_streams; s++) needed += codec_needs_fit(&cl->part[cl->streams[s].part].codec);
+    int present = is_file(dir, PACKAGE_CACHE_CODECS);
+    if (!needed) {
+        if (present)
+            die("package '%s' holds %s but its \"cache\" section names no codec with fitted state: remove the file or export again",
+                dir, PACKAGE_CACHE_CODECS);
+        return;
+    }
+    char *path = path_join(dir, PACKAGE_CACHE_CODECS), err[512];
+    if (!present) die("package '%s' names a fitted cache codec but holds no %s: calibrate it again (clla calibrate)", dir, PACKAGE_CACHE_CODECS);
+    StFile sf;
+    if (st_open(&sf, path, err, sizeof(err)) != 0) die("'%s': %s", path, err);
+    int used = 0;
+    for (int s = 0; s < cl->n_streams; s++) {
+        const Codec *c = &cl->part[cl->streams[s].part].codec;
+        if (!codec_needs_fit(c)) continue;
+        const CodecTraits *tr = codec_traits(c->kind);
+        int W = cl->part[cl->streams[s].part].width;
+        char name[96];
+        fit_name(cl, s, name, sizeof(name));
+        int i = st_find(&sf, name);
+        if (i < 0) die("'%s' lacks tensor '%s' (the %s codebooks of layer %d): calibrate the package again", path, name,
+                       cache_part_name(cl->streams[s].part), cl->streams[s].layer);
+        int64_t shape[ST_MAX_DIMS];
+        int rank = tr->fit_shape(c, W, shape);
+        int same = sf.e[i].ndim == rank;
+        for (int d = 0; same && d < rank; d++) same = sf.e[i].shape[d] == shape[d];
+        if (!same) {
+            char want[96] = "", got[96] = "";
+            for (int d = 0; d < rank; d++) snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%lld", d ? ", " : "", (long long)shape[d]);
+            for (int d = 0; d < sf.e[i].ndim && d < ST_MAX_DIMS; d++)
+                snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%lld", d ? ", " : "", (long long)sf.e[i].shape[d]);
+            die("'%s': tensor '%s' has shape [%s], but the codec %s of part %s (width %d) needs [%s]: calibrate the package again",
+                path, name, got, codec_name(c), cache_part_name(cl->streams[s].part), W, want);
+        }
+        float *buf = xmalloc((size_t)codec_fit_elements(c, W) * sizeof(float));
+        if (st_read_f32(&sf, i, buf, err, sizeof(err)) != 0) die("'%s': tensor '%s': %s", path, name, err);
+        void *state = NULL;
+        if (tr->fit_load(c, W, buf, &state, err, sizeof(err)) != 0) die("'%s': tensor '%s': %s", path, name, err);
+        free(buf);
+        cache_layout_set_fit(cl, s, state);
+        used++;
+    }
+    if (used != sf.n) die("'%s' holds %d tensors where the package's cache codecs use %d: calibrate the package again", path, sf.n, used);
+    st_close(&sf);
+    free(path);
+}
+
 void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, const Backend *be, int n_sets, char **sets) {
     memset(md, 0, sizeof(*md));
     check_dir(dir);
@@ -116,6 +203,7 @@ void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, co
         if (cache_layout_from_json(&md->cache, &cfg->model, cache, err, sizeof(err)) != 0)
             die("'%s': \"cache\": %s", cp, err);
         cJSON_Delete(cache);
+        load_cache_fits(&md->cache, dir);
     } else {
         cache_layout(&md->cache, &cfg->model);
     }

@@ -20,6 +20,9 @@
 #define MODEL_DIR_CONFIG "config.json"
 #define MODEL_DIR_WEIGHTS "model.safetensors"
 #define PACKAGE_TOKENIZER "tokenizer.tok"
+// The fitted states of the cache codecs that have them (cq's codebooks), one fp32 tensor per
+// stream named layers.<layer>.<part>.<codec> (docs/FORMATS.md)
+#define PACKAGE_CACHE_CODECS "cache_codecs.safetensors"
 
 typedef enum { MODEL_DIR_RUN = 0, MODEL_DIR_CHECKPOINT, MODEL_DIR_PACKAGE } ModelDirKind;
 
@@ -42,6 +45,10 @@ const char *model_dir_kind_name(ModelDirKind k);
 // a bad "cache" or "package" section.
 void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, const Backend *be, int n_sets, char **sets);
 void model_dir_free(ModelDir *md);
+
+// The layout's fitted states into path (PACKAGE_CACHE_CODECS); 0, or -1 with err. Nothing to
+// write (no fitted codec) is 0 with no file.
+int model_dir_save_cache_fits(const CacheLayout *cl, const char *path, char *err, size_t errlen);
 
 // "part=codec" for every present part of the layout, space-separated (for messages).
 void model_dir_describe_cache(const CacheLayout *cl, char *buf, size_t n);

@@ -2,7 +2,10 @@
 // at most scale/2, a zero group decodes to zeros, decode(encode(x)) equals the backend's
 // round trip bit for bit (so the inference cache serves exactly the training-time values),
 // and bytes_per_token counts the scales. Also the CLLA-quant forward: the latent a model
-// attends with is exactly the codec's round trip of its normalized latent.
+// attends with is exactly the codec's round trip of its normalized latent. The cq codec (fitted
+// state): through the codec table it stores what quant/cq.c encodes, its bytes per token are the
+// accounting it prints, its state survives the package tensor (save, load) bit for bit, a bad
+// tensor is refused, and a layout without its state says to calibrate.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +15,7 @@
 #include "backend/int_group_math.h"
 #include "model/cache.h"
 #include "model/model.h"
+#include "quant/cq.h"
 
 static int passed, failed;
 static void check(int ok, const char *what) {
@@ -21,7 +25,7 @@ static void check(int ok, const char *what) {
 
 static void test_int_group(int bits, int group, int W, int N) {
     char name[128];
-    Codec c = {CODEC_INT_GROUP, bits, group};
+    Codec c = {.kind = CODEC_INT_GROUP, .bits = bits, .group = group};
     Rng r;
     rng_seed(&r, (uint64_t)bits * 1000 + group);
     float *x = malloc(sizeof(float) * N * W), *rt = malloc(sizeof(float) * N * W), *dec = malloc(sizeof(float) * N * W);
@@ -65,7 +69,7 @@ static void test_int_group(int bits, int group, int W, int N) {
 static void test_bf16_fp32(void) {
     float x[5] = {1.0f, -3.14159f, 1e-20f, 65504.0f, 0.0f}, y[5];
     unsigned char b[20];
-    Codec f = {CODEC_FP32, 0, 0}, h = {CODEC_BF16, 0, 0};
+    Codec f = {.kind = CODEC_FP32}, h = {.kind = CODEC_BF16};
     codec_encode(&f, b, x, 1, 5);
     codec_decode(&f, y, b, 1, 5);
     check(memcmp(x, y, sizeof(x)) == 0 && codec_bytes_per_token(&f, 5) == 20, "fp32 codec is exact, 4 bytes/value");
@@ -95,7 +99,7 @@ static void test_model_latent_is_codec_output(void) {
     const float *nw = table_ptr_store(&m.params, m.w, m.lp[0].kv_a_norm);
     float *want = malloc(sizeof(float) * N * R), rstd[6];
     backend_cpu()->rmsnorm_forward(want, rstd, c_raw, nw, N, R, cfg.model.rms_norm_eps);
-    Codec c = {CODEC_INT_GROUP, 4, 32};
+    Codec c = {.kind = CODEC_INT_GROUP, .bits = 4, .group = 32};
     unsigned char *bytes = malloc(codec_bytes_per_token(&c, R) * N);
     codec_encode(&c, bytes, want, N, R);
     codec_decode(&c, want, bytes, N, R);
@@ -114,6 +118,72 @@ static void test_model_latent_is_codec_output(void) {
     model_free(&m);
 }
 
+static void test_cq(void) {
+    const int W = 16, N = 300;
+    Codec c;
+    char err[512];
+    check(codec_parse(&c, "cq:bits=4,c=2,iters=5", err, sizeof(err)) == 0 && c.kind == CODEC_CQ && c.bits == 4 && c.group == 2,
+          "cq: spec parsed (bits=4, c=2)");
+    const CodecTraits *t = codec_traits(CODEC_CQ);
+    Rng r;
+    rng_seed(&r, 5);
+    float *x = malloc(sizeof(float) * N * W), *dec = malloc(sizeof(float) * N * W), *ref = malloc(sizeof(float) * N * W);
+    for (int i = 0; i < N * W; i++) x[i] = (float)rng_normal(&r);
+    void *state = NULL;
+    check(t->fit(&c, W, x, N, NULL, &state, err, sizeof(err)) == 0, "cq: fitted on 300 vectors");
+    c.fit = state;
+    size_t tb = codec_bytes_per_token(&c, W);
+    check(tb == 4 && codec_bits_stored(&c, W) == 2.0 && codec_bits_paper(&c, W) == 2.0,
+          "cq: 8 codes of 4 bits = 4 bytes a token, 2 bits per element both ways");
+    uint8_t *bytes = malloc(tb * N), *ref_bytes = malloc(tb * N);
+    codec_encode(&c, bytes, x, N, W);
+    codec_decode(&c, dec, bytes, N, W);
+    cq_encode(state, x, N, ref_bytes);
+    cq_decode(state, ref_bytes, N, ref);
+    check(!memcmp(bytes, ref_bytes, tb * N) && !memcmp(dec, ref, sizeof(float) * N * W), "cq: the codec stores and gives back quant/cq.c's codes");
+    int64_t shape[4];
+    int rank = t->fit_shape(&c, W, shape);
+    check(rank == 3 && shape[0] == 8 && shape[1] == 16 && shape[2] == 2 && codec_fit_elements(&c, W) == 256,
+          "cq: state tensor [8 groups, 16 entries, 2 channels]");
+    float *saved = malloc(sizeof(float) * 256);
+    t->fit_save(&c, W, state, saved);
+    void *loaded = NULL;
+    check(t->fit_load(&c, W, saved, &loaded, err, sizeof(err)) == 0, "cq: state loaded from its tensor");
+    Codec c2 = c;
+    c2.fit = loaded;
+    float *dec2 = malloc(sizeof(float) * N * W);
+    codec_encode(&c2, ref_bytes, x, N, W);
+    codec_decode(&c2, dec2, ref_bytes, N, W);
+    check(!memcmp(dec, dec2, sizeof(float) * N * W), "cq: the loaded state decodes bit for bit as the fitted one");
+    saved[7] = NAN;
+    void *bad = NULL;
+    check(t->fit_load(&c, W, saved, &bad, err, sizeof(err)) != 0 && strstr(err, "not a finite"), "cq: a NaN in the codebook is refused");
+    t->fit_free(loaded);
+    // a layout using cq without its state
+    ModelConfig mc;
+    Config cfg;
+    config_from_json(&cfg, "{\"attention\":\"gqa\",\"vocab_size\":16,\"hidden_size\":16,\"num_hidden_layers\":2,"
+                     "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":8,\"intermediate_size\":16,"
+                     "\"max_position_embeddings\":8,\"train\":{\"seq_len\":8}}", "test", 0, NULL);
+    mc = cfg.model;
+    CacheLayout cl;
+    cache_layout(&cl, &mc);
+    check(cache_layout_apply_spec(&cl, "v=cq:bits=4,c=2", err, sizeof(err)) == 0, "cq: applied to part v");
+    check(cache_layout_check_fitted(&cl, err, sizeof(err)) != 0 && strstr(err, "clla calibrate"), "cq: an unfitted layout says to calibrate");
+    for (int s = 0; s < cl.n_streams; s++)
+        if (cl.streams[s].part == PART_V) {
+            void *st = NULL;
+            t->fit(&cl.part[PART_V].codec, 8, x, N, NULL, &st, err, sizeof(err));
+            cache_layout_set_fit(&cl, s, st);
+        }
+    check(cache_layout_check_fitted(&cl, err, sizeof(err)) == 0, "cq: fitted layout accepted");
+    check(cache_layout_apply_spec(&cl, "v=cq:bits=3,c=2", err, sizeof(err)) == 0 && cache_layout_check_fitted(&cl, err, sizeof(err)) != 0,
+          "cq: changing the settings drops the fitted states");
+    cache_layout_free(&cl);
+    t->fit_free(state);
+    free(x); free(dec); free(ref); free(bytes); free(ref_bytes); free(saved); free(dec2);
+}
+
 int main(void) {
     test_int_group(4, 32, 64, 9);
     test_int_group(4, 16, 48, 5);
@@ -121,6 +191,7 @@ int main(void) {
     test_int_group(8, 32, 64, 4);
     test_bf16_fp32();
     test_model_latent_is_codec_output();
+    test_cq();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

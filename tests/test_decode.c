@@ -68,7 +68,7 @@ static void layout_for(CacheLayout *cl, const Model *m, const char *specs) {
     // latent keeps its trained int_group codec
     for (int p = 0; p < N_PARTS; p++)
         if (cl->part[p].present && !(p == PART_LATENT && cl->part[p].codec.kind == CODEC_INT_GROUP))
-            cl->part[p].codec = (Codec){CODEC_FP32, 0, 0};
+            cl->part[p].codec = (Codec){.kind = CODEC_FP32};
     if (!specs) return;
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", specs);

@@ -8,8 +8,6 @@ set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
 : "${SRC:?set SRC to the source tree (ctest does this)}"
 . "$(dirname "$0")/lib/check.sh" test_eval_cache
-field() { grep -o "\"$2\":[-0-9.e]*" "$1" | head -n 1 | cut -d: -f2; }
-near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
 
 "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out tok.tok "$SRC/tests/fixtures/english.jsonl" > setup.log 2>&1 &&
 "$CLLA" prep --tokenizer tok.tok --out shards --val-fraction 0.2 "$SRC/tests/fixtures/english.jsonl" >> setup.log 2>&1 &&

@@ -62,7 +62,7 @@ static void run_v(const char *name, int NH, int NKV, int DK, int DK2, int DV, in
     Rng r;
     rng_seed(&r, 11);
     Stream k, k2, v;
-    Codec fp32 = {CODEC_FP32, 0, 0};
+    Codec fp32 = {.kind = CODEC_FP32};
     stream_make(&k, n_blocks, NKV * DK, kc, &r);
     if (DK2) stream_make(&k2, n_blocks, DK2, &fp32, &r);
     if (!v_is_k) stream_make(&v, n_blocks, NKV * DV, vc ? vc : &fp32, &r);
@@ -134,7 +134,7 @@ static void run(const char *name, int NH, int NKV, int DK, int DK2, int DV, int 
 }
 
 int main(void) {
-    Codec fp32 = {CODEC_FP32, 0, 0}, bf16 = {CODEC_BF16, 0, 0}, int4 = {CODEC_INT_GROUP, 4, 8};
+    Codec fp32 = {.kind = CODEC_FP32}, bf16 = {.kind = CODEC_BF16}, int4 = {.kind = CODEC_INT_GROUP, .bits = 4, .group = 8};
     run("mha NH=4 D=8", 4, 4, 8, 0, 8, 0, &fp32);
     run("gqa NH=8 NKV=2 DK=16 DV=12", 8, 2, 16, 0, 12, 0, &fp32);
     run("mqa NH=8 NKV=1, bf16 keys", 8, 1, 16, 0, 16, 0, &bf16);

@@ -6,12 +6,16 @@
 #   check STATUS NAME        ok when STATUS is 0, else fail
 #   write_tokens FILE COUNT SEED [MOD]   COUNT little-endian uint32 token ids < MOD (default 64)
 #                                         from a fixed LCG, in one printf (no process per token)
+#   field FILE KEY           the first number of "KEY": in a JSON file (empty when absent)
+#   near A B TOL             status 0 when |A - B| <= TOL (both numbers, neither empty)
 # The caller prints its summary from PASS and FAIL and exits non-zero when FAIL > 0.
 PASS=0
 FAIL=0
 ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
 fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; if [ $# -gt 1 ] && [ -f "$2" ]; then sed 's/^/    /' "$2"; fi; }
 check() { if [ "$1" -eq 0 ]; then ok "$2"; else fail "$2"; fi; }
+field() { grep -o "\"$2\":[-0-9.e]*" "$1" | head -n 1 | cut -d: -f2; }
+near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
 write_tokens() {
     local x=$3 s="" i m=${4:-64}
     for ((i = 0; i < $2; i++)); do

@@ -1,0 +1,189 @@
+#include "cli/package_out.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "data/tokenizer.h"
+#include "model/model_dir.h"
+#include "model/safetensors.h"
+#include "train/checkpoint.h"
+
+// Removes a flat directory (files only) and the directory; 0 on success.
+static int remove_flat_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    int rc = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char *p = path_join(dir, de->d_name);
+        if (unlink(p) != 0) rc = -1;
+        free(p);
+    }
+    closedir(d);
+    return rmdir(dir) == 0 ? rc : -1;
+}
+
+// An existing --out may be replaced only when it is a package (config.json with "package")
+// holding nothing but files: never a directory that is something else.
+static void check_replaceable(const char *out) {
+    struct stat sb;
+    char *cp = path_join(out, MODEL_DIR_CONFIG), *wp = path_join(out, MODEL_DIR_WEIGHTS);
+    int looks = stat(out, &sb) == 0 && S_ISDIR(sb.st_mode) && stat(cp, &sb) == 0 && stat(wp, &sb) == 0;
+    free(cp);
+    free(wp);
+    if (!looks || model_dir_kind(out) != MODEL_DIR_PACKAGE)
+        die("refusing to replace '%s' with --overwrite: it is not a clla package: choose another --out", out);
+    DIR *d = opendir(out);
+    if (!d) die("cannot read '%s': %s", out, strerror(errno));
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char *p = path_join(out, de->d_name);
+        struct stat fs;
+        int plain = lstat(p, &fs) == 0 && S_ISREG(fs.st_mode);
+        free(p);
+        if (!plain) {
+            closedir(d);
+            die("refusing to replace '%s' with --overwrite: it holds '%s', which is not a package file: remove it yourself", out, de->d_name);
+        }
+    }
+    closedir(d);
+}
+
+static void fsync_dir_of(const char *path) {
+    char *copy = xstrdup(path), *slash = strrchr(copy, '/');
+    const char *dir = slash ? (slash == copy ? "/" : (*slash = 0, copy)) : ".";
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+    free(copy);
+}
+
+static int write_bytes(const char *path, const void *buf, size_t n, char *err, size_t errlen) {
+    AtomicFile af;
+    if (atomic_open(&af, path) != 0) { snprintf(err, errlen, "cannot create '%s': %s", path, strerror(errno)); return -1; }
+    if (fwrite(buf, 1, n, af.f) != n) {
+        int e = errno;
+        atomic_abort(&af);
+        snprintf(err, errlen, "writing '%s' failed: %s", path, strerror(e));
+        return -1;
+    }
+    if (atomic_commit(&af) != 0) { snprintf(err, errlen, "writing '%s' failed: %s", path, strerror(errno)); return -1; }
+    return 0;
+}
+
+// The package's files into dir; 0, or -1 with err.
+static int write_package(const char *dir, const Model *model, const float *host, int st_dtype, const CacheLayout *layout,
+                         const char *config_text, const char *tok_text, size_t tok_len, char *err, size_t errlen) {
+    char *wp = path_join(dir, MODEL_DIR_WEIGHTS), *cp = path_join(dir, MODEL_DIR_CONFIG), *tp = path_join(dir, PACKAGE_TOKENIZER);
+    char *fp = path_join(dir, PACKAGE_CACHE_CODECS);
+    int rc = model_save_host(model, host, wp, st_dtype, err, errlen);
+    if (rc == 0 && tok_text) rc = write_bytes(tp, tok_text, tok_len, err, errlen);
+    if (rc == 0) rc = model_dir_save_cache_fits(layout, fp, err, errlen);
+    // config.json last: a directory with it is a package (model_dir_kind)
+    if (rc == 0) rc = write_bytes(cp, config_text, strlen(config_text), err, errlen);
+    free(wp);
+    free(cp);
+    free(tp);
+    free(fp);
+    return rc;
+}
+
+void package_load_source(ModelDir *md, Model *model, Config *cfg, const char *src, const char *const *specs, int n_specs) {
+    if (model_dir_kind(src) == MODEL_DIR_CHECKPOINT) {
+        char err[1024];
+        if (ckpt_validate(src, err, sizeof(err)) != 0) die("checkpoint '%s' is damaged: %s", src, err);
+    }
+    model_dir_load(md, model, cfg, src, backend_cpu(), 0, NULL);
+    for (int i = 0; i < n_specs; i++) {
+        char err[512];
+        if (cache_layout_apply_spec(&md->cache, specs[i], err, sizeof(err)) != 0) die("--cache-codec '%s': %s", specs[i], err);
+    }
+}
+
+void package_out_begin(PackageOut *po, const char *out, int overwrite, const char *tok_arg, const char *model_tok, int vocab_size) {
+    memset(po, 0, sizeof(*po));
+    po->out = xstrdup(out);
+    for (size_t n = strlen(po->out); n > 1 && po->out[n - 1] == '/'; n--) po->out[n - 1] = 0;
+    struct stat sb;
+    po->exists = lstat(po->out, &sb) == 0;
+    if (po->exists && !overwrite) die("'%s' already exists: pass --overwrite to replace it, or choose another --out", po->out);
+    if (po->exists) check_replaceable(po->out);
+    const char *tok_path = tok_arg ? tok_arg : model_tok;
+    if (!tok_path) {
+        warn("the model names no tokenizer (train.tokenizer is empty) and --tokenizer was not given: the package holds none, "
+             "and clla generate will need --tokenizer");
+        return;
+    }
+    po->tok_text = read_file(tok_path, &po->tok_len);
+    if (!po->tok_text)
+        die("cannot read tokenizer '%s'%s: %s: pass --tokenizer FILE", tok_path, tok_arg ? "" : " (the model's train.tokenizer)",
+            strerror(errno));
+    char err[512];
+    Tokenizer *tok = tok_parse(po->tok_text, po->tok_len, tok_path, err, sizeof(err));
+    if (!tok) die("%s", err);
+    if (tok_vocab_size(tok) > (uint32_t)vocab_size)
+        die("tokenizer '%s' has %u ids, more than the model's vocab_size %d: pass the tokenizer the model was trained with",
+            tok_path, tok_vocab_size(tok), vocab_size);
+    tok_free(tok);
+}
+
+void package_out_write(PackageOut *po, const Model *model, const Config *cfg, const CacheLayout *layout, const char *dtype) {
+    const char *out = po->out;
+    int st_dtype = !strcmp(dtype, "bf16") ? ST_BF16 : ST_F32;
+    char err[1024];
+    if (cache_layout_check_fitted(layout, err, sizeof(err)) != 0) die("%s", err);
+    cJSON *cj = model_dir_package_json(cfg, layout, dtype, po->tok_text != NULL);
+    char *config_text = cJSON_Print(cj);
+    cJSON_Delete(cj);
+    size_t cl = strlen(config_text);
+    config_text = realloc(config_text, cl + 2);
+    if (!config_text) die("out of memory");
+    config_text[cl] = '\n';
+    config_text[cl + 1] = 0;
+    float *host = xmalloc(model->params.bytes_f32);
+    model->be->download(host, model->master, model->params.bytes_f32);
+
+    // ---- write PACKAGE.tmp.<pid>, then rename
+    signal(SIGXFSZ, SIG_IGN);   // a file-size limit fails the write (and is cleaned up) instead of killing us
+    size_t tl = strlen(out) + 32;
+    char *tmp = xmalloc(tl), *old = xmalloc(tl);
+    snprintf(tmp, tl, "%s.tmp.%ld", out, (long)getpid());
+    snprintf(old, tl, "%s.old.%ld", out, (long)getpid());
+    if (mkdir(tmp, 0755) != 0) die("cannot create '%s': %s: check that the parent directory of --out exists and is writable", tmp, strerror(errno));
+    if (write_package(tmp, model, host, st_dtype, layout, config_text, po->tok_text, po->tok_len, err, sizeof(err)) != 0) {
+        remove_flat_dir(tmp);
+        die("%s: nothing was written to '%s'", err, out);
+    }
+    if (po->exists && rename(out, old) != 0) {
+        int e = errno;
+        remove_flat_dir(tmp);
+        die("cannot move the old package '%s' aside: %s: nothing was changed", out, strerror(e));
+    }
+    if (rename(tmp, out) != 0) {
+        int e = errno;
+        if (po->exists) rename(old, out);
+        remove_flat_dir(tmp);
+        die("cannot rename '%s' to '%s': %s: nothing was changed", tmp, out, strerror(e));
+    }
+    fsync_dir_of(out);
+    if (po->exists && remove_flat_dir(old) != 0) warn("the replaced package was left at '%s': remove it", old);
+    free(host);
+    free(config_text);
+    free(tmp);
+    free(old);
+}
+
+void package_out_free(PackageOut *po) {
+    free(po->out);
+    free(po->tok_text);
+    memset(po, 0, sizeof(*po));
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# clla calibrate and the cq cache codec (model/codec_cq.c) in the cache layer:
+#  - a latent model (cq on the latent and the rope keys) and a GQA model (cq on K and V) are
+#    calibrated into packages that carry the codebooks; through those caches the full forward and
+#    the token-by-token decode give the same loss (1e-4), and generate runs;
+#  - calibration is deterministic, and the Fisher weights change the codebooks;
+#  - bad input: cq without calibration (export, eval), a calibration set smaller than the
+#    codebook, another tokenizer's data, bits out of range, an unknown setting, nothing to fit,
+#    codebooks of the wrong shape or missing: one line, exit != 0, nothing written.
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+: "${SRC:?set SRC to the source tree (ctest does this)}"
+. "$(dirname "$0")/lib/check.sh" test_calibrate
+refused() {   # NAME PATTERN [ABSENT_DIR] -- command...: exit != 0, one stderr line matching, ABSENT_DIR not created
+    local name=$1 pat=$2 absent=$3
+    shift 4
+    if "$@" > x.out 2> x.err; then fail "$name: accepted"; return; fi
+    if [ "$(wc -l < x.err)" -ne 1 ] || ! grep -Eq "$pat" x.err; then fail "$name: message" x.err; return; fi
+    if [ -n "$absent" ] && [ -e "$absent" ]; then fail "$name: '$absent' was written"; return; fi
+    ok "$name: $(cat x.err)"
+}
+
+F=$SRC/tests/fixtures/english.jsonl
+{ "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out tok.tok "$F" &&
+  "$CLLA" prep --tokenizer tok.tok --out shards --val-fraction 0.2 "$F" &&
+  "$CLLA" tokenizer train --vocab-size 280 --pattern gpt2 --out tok2.tok "$F" &&
+  "$CLLA" prep --tokenizer tok2.tok --out shards2 --val-fraction 0.2 "$F"; } > setup.log 2>&1
+for preset in clla gqa; do
+    latent='"kv_lora_rank": 16, "qk_rope_head_dim": 4,'
+    [ $preset = gqa ] && latent='"num_key_value_heads": 2,'
+    cat > $preset.json <<JSON
+{"attention": "$preset", "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+ "head_dim": 8, $latent "intermediate_size": 48,
+ "max_position_embeddings": 64, "initializer_range": 0.2,
+ "train": {"data": "shards/train", "tokenizer": "tok.tok", "seq_len": 24, "micro_batch": 4, "max_steps": 3, "threads": 2}}
+JSON
+    "$CLLA" train --config $preset.json --out run_$preset --quiet >> setup.log 2>&1
+done
+[ -s run_clla/model.safetensors ] && [ -s run_gqa/model.safetensors ] || { echo "FAIL setup"; tail -n 5 setup.log; echo "0 passed, 1 failed"; exit 1; }
+
+# ---- a latent model: cq on the latent and on the rope keys
+C=("$CLLA" calibrate run_clla --data shards/train --tokens 512 --seq 16 --batch 4)
+"${C[@]}" --cache-codec latent=cq:bits=4,c=2,iters=8 --cache-codec k_rope=cq:bits=4,c=2,iters=8 --out pk > pk.out 2> pk.err
+if [ -s pk/cache_codecs.safetensors ] && grep -q "latent=cq:bits=4,c=2,iters=8" pk.out && grep -q "2.000 bits/element stored" pk.out; then
+    ok "calibrate writes the package with its codebooks: $(head -n 1 pk.out)"
+else fail "calibrate (latent)" pk.err; fi
+"$CLLA" eval --checkpoint pk --data shards/val --max-batches 2 --batch 4 --seq 24 --through-cache --json > pk.json 2> pk.jerr
+full=$(field pk.json loss) dec=$(field pk.json loss_decoded)
+if near "$full" "$dec" 1e-4; then ok "latent cq: full forward $full = decoded $dec"; else fail "latent cq: full $full vs decoded $dec" pk.jerr; fi
+"$CLLA" eval --checkpoint run_clla --data shards/val --max-batches 2 --batch 4 --seq 24 --through-cache --json > bf.json 2>/dev/null
+bf=$(field bf.json loss)
+if ! near "$full" "$bf" 1e-6; then ok "the codebooks change the loss (bf16 $bf, cq 2 bits/element $full)"; else fail "cq gives bf16's loss $bf"; fi
+"$CLLA" generate --model pk --prompt "The" --max-new-tokens 4 > gen.out 2> gen.err && [ -s gen.out ] &&
+    ok "generate through the cq cache" || fail "generate" gen.err
+
+# ---- calibration is deterministic; Fisher weights matter
+"${C[@]}" --cache-codec latent=cq:bits=4,c=2,iters=8 --cache-codec k_rope=cq:bits=4,c=2,iters=8 --out pk2 > /dev/null 2>&1
+cmp -s pk/cache_codecs.safetensors pk2/cache_codecs.safetensors && ok "calibrating twice gives the same codebooks" ||
+    fail "two calibrations differ"
+"${C[@]}" --cache-codec latent=cq:bits=4,c=2,iters=8 --cache-codec k_rope=cq:bits=4,c=2,iters=8 --no-fisher --out pu > /dev/null 2>&1
+[ -s pu/cache_codecs.safetensors ] && ! cmp -s pk/cache_codecs.safetensors pu/cache_codecs.safetensors &&
+    ok "Fisher-weighted codebooks differ from uniform ones" || fail "--no-fisher gave the same codebooks (or none)"
+
+# ---- a GQA model: cq on K and V (one spec for every part)
+"$CLLA" calibrate run_gqa --data shards/train --tokens 512 --seq 16 --batch 4 --cache-codec cq:bits=4,c=2,iters=8 --out pg > pg.out 2> pg.err ||
+    fail "calibrate (gqa)" pg.err
+"$CLLA" eval --checkpoint pg --data shards/val --max-batches 2 --batch 4 --seq 24 --through-cache --json > pg.json 2> pg.jerr
+full=$(field pg.json loss) dec=$(field pg.json loss_decoded)
+if near "$full" "$dec" 1e-4 && grep -q '"cache":"k=cq:bits=4,c=2,iters=8 v=cq:bits=4,c=2,iters=8"' pg.json; then
+    ok "gqa cq on k and v: full forward $full = decoded $dec"
+else fail "gqa cq: full $full vs decoded $dec" pg.jerr; fi
+
+# ---- bad input
+refused "export with cq (no codebooks)" "calibrate" px -- "$CLLA" export run_clla --cache-codec latent=cq --out px
+refused "eval through an uncalibrated cq cache" "calibrate" "" -- "$CLLA" eval --checkpoint run_clla --data shards/val --through-cache --cache-codec latent=cq
+refused "fewer calibration tokens than centroids" "smaller than the codebook|fewer" pt -- \
+    "$CLLA" calibrate run_clla --data shards/train --tokens 8 --seq 8 --batch 1 --cache-codec latent=cq:bits=4,c=2 --out pt
+refused "another tokenizer's data" "tokenizer" pt -- "$CLLA" calibrate run_clla --data shards2/train --cache-codec latent=cq --out pt
+refused "bits out of range" "bits=13" pt -- "$CLLA" calibrate run_clla --data shards/train --cache-codec latent=cq:bits=13 --out pt
+refused "unknown setting" "no setting 'd'" pt -- "$CLLA" calibrate run_clla --data shards/train --cache-codec latent=cq:d=3 --out pt
+refused "c not dividing the width" "c=3 does not divide" pt -- "$CLLA" calibrate run_clla --data shards/train --cache-codec latent=cq:c=3 --out pt
+refused "nothing to fit" "no cache codec to fit" pt -- "$CLLA" calibrate run_clla --data shards/train --cache-codec bf16 --out pt
+"${C[@]}" --cache-codec latent=cq:bits=4,c=4,iters=8 --cache-codec k_rope=cq:bits=4,c=2,iters=8 --out pc4 > /dev/null 2>&1
+cp pc4/cache_codecs.safetensors pk2/cache_codecs.safetensors
+refused "codebooks of the wrong shape" "has shape \[4, 16, 4\].*needs \[8, 16, 2\]" "" -- "$CLLA" eval --checkpoint pk2 --data shards/val --through-cache
+rm pk2/cache_codecs.safetensors
+refused "codebooks missing" "holds no cache_codecs.safetensors" "" -- "$CLLA" eval --checkpoint pk2 --data shards/val --through-cache
+echo "test_calibrate: $PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
