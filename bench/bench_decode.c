@@ -27,13 +27,14 @@
 #include "common/num.h"
 #include "common/util.h"
 #include "model/decode.h"
+#include "bench/bench_common.h"
 
 static const ArgSpec SPECS[] = {
     {"presets", 1, "comma-separated presets (default: all eleven)", "LIST"},
     {"contexts", 1, "comma-separated context lengths (default 1024,4096,16384)", "LIST"},
     {"batches", 1, "comma-separated batch sizes (default 1,8)", "LIST"},
     {"steps", 1, "timed decode steps per point (default 3)", "N"},
-    {"cache-codec", 1, "codec spec applied over each preset's served layout, e.g. fp32 or latent=int_group:bits=4,group=32", "SPEC"},
+    {"cache-codec", 1, "codec spec applied over each preset's served layout, e.g. fp32 or latent=int_group:bits=4,group=32 (cq: fitted on normal vectors)", "SPEC"},
     {"threads", 1, "OpenMP/OpenBLAS threads (default: OMP_NUM_THREADS or all cores)", "N"},
     {"json", 0, "one JSON object per line instead of the table", NULL},
 };
@@ -53,23 +54,6 @@ static int parse_list(const char *s, int *out, int max, const char *what) {
     }
     if (!n) die("--%s is empty", what);
     return n;
-}
-
-static double copy_bandwidth(void) {
-    size_t n = (size_t)512 << 20;
-    char *a = xmalloc(n), *b = xmalloc(n);
-    memset(a, 1, n);
-    memset(b, 2, n);
-    double best = 0;
-    for (int r = 0; r < 3; r++) {
-        double t0 = now_seconds();
-        memcpy(b, a, n);
-        double bw = 2.0 * (double)n / (now_seconds() - t0);
-        best = bw > best ? bw : best;
-    }
-    free(a);
-    free(b);
-    return best;
 }
 
 static double sgemm_rate(void) {
@@ -123,7 +107,7 @@ int main(int argc, char **argv) {
     int max_ctx = 0;
     for (int i = 0; i < nc; i++) max_ctx = contexts[i] > max_ctx ? contexts[i] : max_ctx;
 
-    double bw = copy_bandwidth(), sg = sgemm_rate();
+    double bw = bench_copy_bandwidth(), sg = sgemm_rate();
     if (!json)
         printf("machine: copy bandwidth %.2f GB/s (memcpy, read + write), sgemm %.1f GFLOP/s, %d threads\n\n"
                "%-24s %6s %5s %9s %11s %11s %9s %11s\n", bw / 1e9, sg / 1e9, omp_get_max_threads(),
@@ -152,6 +136,7 @@ int main(int argc, char **argv) {
         cache_layout(&cl, &cfg.model);
         char err[256];
         if (codec_spec && cache_layout_apply_spec(&cl, codec_spec, err, sizeof(err)) != 0) die("--cache-codec: %s", err);
+        bench_fit_synthetic(&cl);
         double wbytes = (double)m.params.numel * 4.0;
 
         // prefill of one 1024-token prompt: full forward, and chunked through the cache

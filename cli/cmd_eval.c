@@ -18,6 +18,7 @@
 #include "common/util.h"
 #include "eval/bench.h"
 #include "eval/evaluate.h"
+#include "eval/perplexity.h"
 #include "eval/through_cache.h"
 #include "model/model.h"
 #include "model/model_dir.h"
@@ -41,8 +42,10 @@ static const ArgSpec SPECS[] = {
     {"limit", 1, "with --bench: score the first N items of each benchmark", "N"},
     {"skip-bad", 0, "with --bench: warn about bad lines and score the others (default: stop at the first)", NULL},
     {"full-forward", 0, "with --bench: score with the full-sequence forward instead of the decoder (the check path)", NULL},
-    {"tokenizer", 1, "with --bench: tokenizer file (default: the package's, or the run's train.tokenizer)", "FILE"},
+    {"tokenizer", 1, "with --bench or --ppl: tokenizer file (default: the package's, or the run's train.tokenizer)", "FILE"},
     {"items-out", 1, "with --bench: write every item's per-choice log-likelihoods as JSONL to FILE", "FILE"},
+    {"ppl", 1, "perplexity of a text (.txt: the whole file; .jsonl: the \"text\" of each line, joined by <|endoftext|>) or a token file (.bin) in sliding windows", "FILE"},
+    {"stride", 1, "with --ppl: tokens between window starts (default --seq: windows do not overlap)", "S"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -71,6 +74,31 @@ static void layout_from_args(CacheLayout *layout, const ModelDir *md, const Args
         if (cache_layout_apply_spec(layout, specs[i], err, sizeof(err)) != 0) die("--cache-codec '%s': %s", specs[i], err);
 }
 
+// Bits per element of every stored part, both ways (codec_bits_stored, codec_bits_paper), the
+// fitted values a part's codec keeps over all its streams (to amortize over the tokens a
+// deployment stores), and over all parts as stored: as JSON members, or as text lines.
+static void print_bits(const CacheLayout *cl, int json) {
+    long long elements = 0;
+    for (int s = 0; s < cl->n_streams; s++) elements += cl->part[cl->streams[s].part].width;
+    double all = elements ? 8.0 * (double)cache_layout_bytes_per_token(cl) / (double)elements : 0;
+    if (json) printf(",\"bits_per_element\":{\"all_parts_stored\":%.4f", all);
+    else printf("  bits/element: %.3f over all parts as stored", all);
+    for (int p = 0; p < N_PARTS; p++) {
+        if (!cl->part[p].present) continue;
+        const Codec *c = &cl->part[p].codec;
+        int W = cl->part[p].width;
+        long long fitted = 0;
+        for (int s = 0; s < cl->n_streams; s++) fitted += cl->streams[s].part == p ? codec_fit_elements(c, W) : 0;
+        if (json)
+            printf(",\"%s\":{\"stored\":%.4f,\"paper\":%.4f,\"fitted_values\":%lld}", cache_part_name(p), codec_bits_stored(c, W),
+                   codec_bits_paper(c, W), fitted);
+        else
+            printf("; %s %.3f stored, %.3f as its paper counts%s", cache_part_name(p), codec_bits_stored(c, W), codec_bits_paper(c, W),
+                   fitted ? " (+ codebooks)" : "");
+    }
+    printf(json ? "}" : "\n");
+}
+
 // --through-cache: both losses, the cache's bytes per token and codecs.
 static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoader *dl, int B, int T, long long max_batches,
                       int json, int tty, const char *data) {
@@ -90,12 +118,15 @@ static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoade
     if (json) {
         if (finite) printf("{\"loss\":%.6f,\"perplexity\":%.4f,\"loss_decoded\":%.6f,\"perplexity_decoded\":%.4f", full, exp(full), dec, exp(dec));
         else printf("{\"loss\":null,\"perplexity\":null,\"loss_decoded\":null,\"perplexity_decoded\":null");
-        printf(",\"cache_bytes_per_token\":%zu,\"cache\":\"%s\",\"tokens\":%lld,\"windows\":%lld,\"batches\":%lld}\n", bpt, codecs,
+        printf(",\"cache_bytes_per_token\":%zu,\"cache\":\"%s\",\"tokens\":%lld,\"windows\":%lld,\"batches\":%lld", bpt, codecs,
                cs.acc.count, r.windows, r.batches);
+        print_bits(&layout, 1);
+        printf("}\n");
     } else {
         printf("through the cache (%s, %zu bytes/token):\n", codecs, bpt);
         printf("  full forward with the codecs' round trips: loss %.4f | perplexity %.3f\n", full, exp(full));
         printf("  decoded token by token through the cache:  loss %.4f | perplexity %.3f\n", dec, exp(dec));
+        print_bits(&layout, 0);
         printf("  %lld tokens in %lld windows of %d\n", cs.acc.count, r.windows, T);
     }
     cache_layout_free(&layout);
@@ -109,6 +140,114 @@ static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoade
 static void show_progress(long long done, long long total, void *ctx) {
     (void)ctx;
     fprintf(stderr, "\reval %lld/%lld windows", done, total);
+}
+
+// ---------------------------------------------------------------- --ppl
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+// The token ids of --ppl FILE: a .bin file of little-endian uint32 ids, else text encoded with
+// the model's tokenizer (.jsonl: each line's "text", documents joined by <|endoftext|> when the
+// tokenizer has it). Dies with one line on a bad file.
+static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, int vocab, long long *n) {
+    size_t len;
+    char *buf = read_file(path, &len);
+    if (!buf) die("cannot read --ppl '%s': %s", path, strerror(errno));
+    int32_t *ids;
+    if (ends_with(path, ".bin")) {
+        if (len % 4) die("--ppl '%s': %zu bytes is not a whole number of uint32 token ids", path, len);
+        *n = (long long)(len / 4);
+        ids = xmalloc((len ? len : 4));
+        for (long long i = 0; i < *n; i++) {
+            const uint8_t *b = (const uint8_t *)buf + 4 * i;
+            uint32_t id = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+            if (id >= (uint32_t)vocab) die("--ppl '%s': token %lld is id %u, outside the model's vocabulary of %d", path, i, id, vocab);
+            ids[i] = (int32_t)id;
+        }
+        free(buf);
+        return ids;
+    }
+    if (memchr(buf, 0, len)) die("--ppl '%s' holds a NUL byte: not a text file (token ids go in a .bin file)", path);
+    Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, vocab);
+    TokEncoder *enc = tok_encoder_new(tok);
+    U32Vec out = {0};
+    if (ends_with(path, ".jsonl")) {
+        uint32_t eot = tok_special_id(tok, "<|endoftext|>");
+        long long line = 0, docs = 0;
+        for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+            line++;
+            if (!l[strspn(l, " \t\r")]) continue;
+            cJSON *j = cJSON_Parse(l);
+            const cJSON *t = j ? cJSON_GetObjectItemCaseSensitive(j, "text") : NULL;
+            if (!cJSON_IsString(t)) die("--ppl '%s' line %lld: not a JSON object with a \"text\" string", path, line);
+            if (docs++ && eot != TOK_NONE) u32vec_push(&out, eot);
+            tok_encode(enc, t->valuestring, strlen(t->valuestring), 0, &out);
+            cJSON_Delete(j);
+        }
+    } else {
+        tok_encode(enc, buf, len, 0, &out);
+    }
+    tok_encoder_free(enc);
+    tok_free(tok);
+    free(buf);
+    *n = (long long)out.n;
+    ids = xmalloc((out.n ? out.n : 1) * sizeof(int32_t));
+    for (size_t i = 0; i < out.n; i++) ids[i] = (int32_t)out.v[i];
+    free(out.v);
+    return ids;
+}
+
+static void show_ppl_progress(long long done, long long total, void *ctx) {
+    double *t0 = ctx, el = now_seconds() - *t0, rate = done / (el > 0 ? el : 1e-9);
+    fprintf(stderr, "\rppl %lld/%lld windows | %.1f windows/s | ETA %.0f s", done, total, rate, (total - done) / rate);
+}
+
+static int eval_ppl(const Args *a, const char *dir) {
+    static const char *NOT_WITH[] = {"data", "bench", "through-cache", "cache-codec", "max-batches", "shots", "seed", "limit",
+                                     "skip-bad", "full-forward", "items-out"};
+    for (size_t i = 0; i < sizeof(NOT_WITH) / sizeof(NOT_WITH[0]); i++)
+        if (args_get(a, SPECS, N_SPECS, NOT_WITH[i])) die("--%s does not apply to --ppl: drop one of them", NOT_WITH[i]);
+    if (!dir) die("clla eval --ppl needs --checkpoint DIR: see clla eval --help");
+    const char *path = args_get(a, SPECS, N_SPECS, "ppl");
+    const char *bs = args_get(a, SPECS, N_SPECS, "batch"), *ts = args_get(a, SPECS, N_SPECS, "seq"), *ss = args_get(a, SPECS, N_SPECS, "stride");
+    int B = bs ? (int)opt_i64("--batch", bs, 1, 1 << 20) : 0, T = ts ? (int)opt_i64("--seq", ts, 1, 1 << 30) : 0;
+    int S = ss ? (int)opt_i64("--stride", ss, 1, 1 << 30) : 0;
+    Config cfg;
+    Model model;
+    ModelDir md;
+    model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(a, SPECS, N_SPECS, "device")), 0, NULL);
+    if (!B) B = cfg.train.micro_batch;
+    if (!T) T = cfg.train.seq_len;
+    if (T > cfg.model.max_position_embeddings) die("--seq %d exceeds max_position_embeddings %d", T, cfg.model.max_position_embeddings);
+    if (!S) S = T;
+    if (S > T) die("--stride %d is longer than the window (--seq %d): windows would skip tokens; use a stride of at most %d", S, T, T);
+    long long n;
+    int32_t *ids = ppl_tokens(path, a, &md, cfg.model.vocab_size, &n);
+    if (n < 2) die("--ppl '%s' holds %lld tokens: perplexity needs at least 2", path, n);
+    int json = args_get(a, SPECS, N_SPECS, "json") != NULL, tty = !json && isatty(2);
+    double t0 = now_seconds();
+    EvalResult r = eval_strided(&model, ids, n, B, T, S, tty ? show_ppl_progress : NULL, &t0);
+    if (tty) fprintf(stderr, " | %.0f tok/s\n", (double)r.tokens / (now_seconds() - t0));
+    int finite = isfinite(r.loss);
+    if (json) {
+        if (finite) printf("{\"loss\":%.6f,\"perplexity\":%.4f", r.loss, exp(r.loss));
+        else printf("{\"loss\":null,\"perplexity\":null");
+        printf(",\"tokens\":%lld,\"windows\":%lld,\"seq\":%d,\"stride\":%d}\n", r.tokens, r.windows, T, S);
+    } else {
+        printf("loss %.4f | perplexity %.3f | %lld tokens of '%s' scored in %lld windows of %d, stride %d\n", r.loss, exp(r.loss),
+               r.tokens, path, r.windows, T, S);
+    }
+    free(ids);
+    model_dir_free(&md);
+    model_free(&model);
+    if (!finite) {
+        fflush(stdout);
+        die("the model's loss on '%s' is not finite (%g): its weights have diverged", path, r.loss);
+    }
+    return 0;
 }
 
 // ---------------------------------------------------------------- --bench
@@ -333,11 +472,14 @@ int cmd_eval(int argc, char **argv) {
     args_parse(&a, argc, argv, SPECS, N_SPECS,
                "usage: clla eval --checkpoint DIR --data FILE [--json] [--batch B] [--seq T] [--max-batches N]\n"
                "                 [--through-cache [--cache-codec SPEC ...]]\n"
+               "       clla eval --checkpoint DIR --ppl FILE [--seq T] [--stride S] [--batch B] [--tokenizer FILE] [--json]\n"
                "       clla eval --checkpoint DIR --bench FILE|DIR ... [--shots K] [--seed S] [--limit N] [--skip-bad]\n"
                "                 [--cache-codec SPEC ...] [--full-forward] [--tokenizer FILE] [--items-out FILE] [--json]\n"
                "Mean next-token loss and perplexity over the data's windows, in the order and with the\n"
                "seed (train.seed) that training-time validation uses; the last batch may be partial.\n"
                "Exits 1 when the loss is not finite (--json prints it as null).\n"
+               "With --ppl: perplexity of a text or token file in sliding windows of T tokens every S tokens, each\n"
+               "token scored once (with at least T - S tokens of context after the first window).\n"
                "With --bench: multiple-choice accuracy (acc, byte-normalized acc_norm, standard errors), each\n"
                "choice's continuation scored through the KV cache (docs/BENCHMARKS.md).",
                NULL, NULL, 0);
@@ -364,6 +506,8 @@ int cmd_eval(int argc, char **argv) {
         model_free(&model);
         return rc;
     }
+    if (args_get(&a, SPECS, N_SPECS, "ppl")) return eval_ppl(&a, dir);
+    if (args_get(&a, SPECS, N_SPECS, "stride")) die("--stride applies with --ppl: add --ppl FILE, or drop --stride");
     for (size_t i = 0; i < sizeof(BENCH_ONLY) / sizeof(BENCH_ONLY[0]); i++)
         if (args_get(&a, SPECS, N_SPECS, BENCH_ONLY[i])) die("--%s applies with --bench: add --bench FILE, or drop --%s", BENCH_ONLY[i], BENCH_ONLY[i]);
     if (!dir || !data) die("clla eval needs --checkpoint DIR and --data FILE: see clla eval --help");

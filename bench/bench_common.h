@@ -1,0 +1,57 @@
+// Helpers shared by the benchmark programs of bench/ (header-only: each bench is one program).
+#ifndef CLLA_BENCH_COMMON_H
+#define CLLA_BENCH_COMMON_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "common/util.h"
+#include "model/cache.h"
+
+// The machine's copy bandwidth: memcpy of 512 MiB, (read + written) bytes per second, best of 3.
+static inline double bench_copy_bandwidth(void) {
+    size_t n = (size_t)512 << 20;
+    char *a = xmalloc(n), *b = xmalloc(n);
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_seconds();
+        memcpy(b, a, n);
+        double bw = 2.0 * (double)n / (now_seconds() - t0);
+        best = bw > best ? bw : best;
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+// Standard normal vectors, as the benchmarks cache (decoder_fill_synthetic): n x W from seed.
+static inline float *bench_normal(size_t n, int W, uint64_t seed) {
+    float *x = xmalloc(n * (size_t)W * sizeof(float));
+    Rng r;
+    rng_seed(&r, seed);
+    for (size_t i = 0; i < n * (size_t)W; i++) x[i] = (float)rng_normal(&r);
+    return x;
+}
+
+// Gives every stream whose codec has fitted state (cq) a state fitted on standard normal
+// vectors, the values the benchmarks cache: timings do not depend on the values.
+static inline void bench_fit_synthetic(CacheLayout *cl) {
+    for (int s = 0; s < cl->n_streams; s++) {
+        const CachePart *part = &cl->part[cl->streams[s].part];
+        if (!codec_needs_fit(&part->codec)) continue;
+        size_t n = ((size_t)1 << part->codec.bits) * 4;
+        if (n < 4096) n = 4096;
+        float *x = bench_normal(n, part->width, 11 + (uint64_t)s);
+        void *state = NULL;
+        char err[512];
+        if (codec_traits(part->codec.kind)->fit(&part->codec, part->width, x, (int64_t)n, NULL, &state, err, sizeof(err)) != 0)
+            die("fitting %s on synthetic data: %s", codec_name(&part->codec), err);
+        cache_layout_set_fit(cl, s, state);
+        free(x);
+    }
+}
+
+#endif

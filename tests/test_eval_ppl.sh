@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# clla eval --ppl (eval/perplexity.c): sliding-window perplexity of a text or token file.
+#  - stride = window: the windows are the token file's consecutive windows, so the loss is
+#    plain clla eval --data's on the same file (1e-6);
+#  - every token but the first is scored exactly once whatever the stride, in the expected
+#    number of windows; the batch size changes nothing (1e-6);
+#  - a text file scores as the token file of its ids (clla tokenizer encode), a .jsonl's texts
+#    are joined by <|endoftext|>;
+#  - bad input: a stride longer than the window, --ppl with --data, --stride without --ppl, an id
+#    outside the vocabulary, a .bin of a partial id, a 1-token file, a bad JSONL line: one line.
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+: "${SRC:?set SRC to the source tree (ctest does this)}"
+. "$(dirname "$0")/lib/check.sh" test_eval_ppl
+refused() {   # NAME PATTERN -- command...
+    local name=$1 pat=$2
+    shift 3
+    if "$@" > x.out 2> x.err; then fail "$name: accepted"; return; fi
+    [ "$(wc -l < x.err)" -eq 1 ] && grep -Eq "$pat" x.err && ok "$name: $(cat x.err)" || fail "$name: message" x.err
+}
+"$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out tok.tok "$SRC/tests/fixtures/english.jsonl" > setup.log 2>&1
+cat > m.json <<JSON
+{"attention": "gqa", "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48, "max_position_embeddings": 64, "initializer_range": 0.2,
+ "train": {"seq_len": 16, "micro_batch": 2, "tokenizer": "tok.tok"}}
+JSON
+"$CLLA" init --config m.json --out m >> setup.log 2>&1 || { echo "FAIL setup"; cat setup.log; echo "0 passed, 1 failed"; exit 1; }
+E=("$CLLA" eval --checkpoint m --json)
+
+write_tokens t65.bin 65 7 256   # 4 windows of 16 + 1
+"${E[@]}" --data t65.bin --seq 16 --batch 2 > d.json 2> d.err
+"${E[@]}" --ppl t65.bin --seq 16 --stride 16 --batch 2 > p.json 2> p.err
+if near "$(field d.json loss)" "$(field p.json loss)" 1e-6 && [ "$(field p.json tokens)" = 64 ]; then
+    ok "stride = window: the loss of eval --data ($(field d.json loss)), 64 tokens"
+else fail "stride 16: $(cat p.json p.err) vs $(cat d.json d.err)"; fi
+
+write_tokens t50.bin 50 3 256
+for sw in "16 4" "5 8" "1 34" "3 12"; do   # windows: ceil((49 - 16) / S) + 1
+    set -- $sw
+    "${E[@]}" --ppl t50.bin --seq 16 --stride "$1" --batch 3 > s.json 2> s.err
+    "${E[@]}" --ppl t50.bin --seq 16 --stride "$1" --batch 1 > s1.json 2> s1.err
+    if [ "$(field s.json tokens)" = 49 ] && [ "$(field s.json windows)" = "$2" ] && near "$(field s.json loss)" "$(field s1.json loss)" 1e-6; then
+        ok "stride $1: 49 tokens scored once in $2 windows; batch 3 = batch 1 ($(field s.json loss))"
+    else fail "stride $1: $(cat s.json s.err) vs batch 1 $(cat s1.json)"; fi
+done
+
+python3 -c '
+import json, sys
+docs = [json.loads(l)["text"][:600] for l in open(sys.argv[1]) if l.strip()][:2]
+open("doc.txt", "w").write(docs[0])
+open("docs.jsonl", "w").write("".join(json.dumps({"text": d}) + "\n" for d in docs))' "$SRC/tests/fixtures/english.jsonl"
+"$CLLA" tokenizer encode --tokenizer tok.tok --file doc.txt | python3 -c '
+import struct, sys
+ids = [int(x) for x in sys.stdin.read().split()]
+open("doc.bin", "wb").write(struct.pack("<%dI" % len(ids), *ids))'
+"${E[@]}" --ppl doc.txt --seq 16 --stride 8 > t.json 2> t.err
+"${E[@]}" --ppl doc.bin --seq 16 --stride 8 > b.json 2> b.err
+if near "$(field t.json loss)" "$(field b.json loss)" 1e-7 && [ "$(field t.json tokens)" = "$(field b.json tokens)" ]; then
+    ok "a text scores as the token file of its ids ($(field t.json tokens) tokens)"
+else fail "text $(cat t.json t.err) vs ids $(cat b.json b.err)"; fi
+"${E[@]}" --ppl docs.jsonl --seq 16 > j.json 2> j.err && [ -n "$(field j.json loss)" ] && ok "a .jsonl of texts: $(cat j.json)" || fail "jsonl" j.err
+
+refused "stride longer than the window" "stride 17 is longer" -- "${E[@]}" --ppl t50.bin --seq 16 --stride 17
+refused "--ppl with --data" "does not apply to --ppl" -- "${E[@]}" --ppl t50.bin --data t50.bin
+refused "--stride without --ppl" "applies with --ppl" -- "${E[@]}" --data t50.bin --stride 4
+python3 -c 'import struct; open("big.bin", "wb").write(struct.pack("<3I", 5, 300, 7))'
+refused "an id outside the vocabulary" "outside the model's vocabulary of 300" -- "${E[@]}" --ppl big.bin
+head -c 10 t50.bin > odd.bin
+refused "a partial id" "not a whole number of uint32" -- "${E[@]}" --ppl odd.bin
+head -c 4 t50.bin > one.bin
+refused "one token" "at least 2" -- "${E[@]}" --ppl one.bin
+printf '{"text": "a"}\nnot json\n' > bad.jsonl
+refused "a bad JSONL line" "line 2" -- "${E[@]}" --ppl bad.jsonl
+refused "a missing file" "cannot read" -- "${E[@]}" --ppl nothere.txt
+echo "test_eval_ppl: $PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
