@@ -25,6 +25,7 @@
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "cli/open_tokenizer.h"
+#include "train/dist.h"
 
 static const ArgSpec SPECS[] = {
     {"checkpoint", 1, "model directory: a run directory, a checkpoint or a package (required)", "DIR"},
@@ -298,8 +299,11 @@ static void prepare_bench(BenchJob *j, const char *path, int K, uint64_t seed, l
         if (!(j->prompts[i] = bench_prompt(&j->b, j->scored[i], K, seed, err, sizeof(err)))) die("%s", err);
 }
 
-// Scores a prepared benchmark's items in file order. items_out: per-item lines, or NULL.
-static void run_bench(BenchScorer *sc, BenchJob *j, int tty, FILE *items_out, BenchRun *r) {
+// Scores a prepared benchmark's items. Under mpirun the items are dealt round-robin over the ranks
+// (item i to rank i mod world), each rank scores its own, and every rank gathers all the scores
+// (train/dist.h); totals and the per-item lines are then formed in file order from the gathered
+// scores, so any number of ranks gives the same numbers. items_out: per-item lines, or NULL.
+static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int tty, FILE *items_out, BenchRun *r) {
     const char *path = j->b.path;
     char err[1024];
     memset(r, 0, sizeof(*r));
@@ -307,13 +311,23 @@ static void run_bench(BenchScorer *sc, BenchJob *j, int tty, FILE *items_out, Be
     r->skipped = j->b.n_skipped;
     int *scored = j->scored;
     char **prompts = j->prompts;
-    long long n = j->n;
-    BenchTotals tot = {0};
+    long long n = j->n, per_rank = (n + dist->world - 1) / dist->world;
+    BenchScores *mine = xcalloc((size_t)(per_rank ? per_rank : 1), sizeof(BenchScores));
+    BenchScores *all = xcalloc((size_t)(per_rank ? per_rank : 1) * dist->world, sizeof(BenchScores));
     double t0 = now_seconds(), f0 = bench_scorer_forward_seconds(sc), last = 0;
+    for (long long i = dist->rank, k = 0; i < n; i += dist->world, k++) {
+        const BenchItem *it = &j->b.items[scored[i]];
+        if (bench_score_item(sc, it, prompts[i], &mine[k], err, sizeof(err)) != 0) die("%s:%d: %s", path, it->line, err);
+        if (tty && (now_seconds() - last > 0.1 || i + dist->world >= n)) {
+            last = now_seconds();
+            bench_progress(r->name, k + 1, per_rank, t0, i + dist->world >= n);
+        }
+    }
+    dist_allgather_bytes(dist, mine, (size_t)(per_rank ? per_rank : 1) * sizeof(BenchScores), all);
+    BenchTotals tot = {0};
     for (long long i = 0; i < n; i++) {
         const BenchItem *it = &j->b.items[scored[i]];
-        BenchScores s;
-        if (bench_score_item(sc, it, prompts[i], &s, err, sizeof(err)) != 0) die("%s:%d: %s", path, it->line, err);
+        const BenchScores s = all[(size_t)(i % dist->world) * (size_t)(per_rank ? per_rank : 1) + (size_t)(i / dist->world)];
         bench_totals_add(&tot, &s, it->label);
         if (items_out) {
             cJSON *o = cJSON_CreateObject();
@@ -335,11 +349,9 @@ static void run_bench(BenchScorer *sc, BenchJob *j, int tty, FILE *items_out, Be
             free(line);
             cJSON_Delete(o);
         }
-        if (tty && (now_seconds() - last > 0.1 || i + 1 == n)) {
-            last = now_seconds();
-            bench_progress(r->name, i + 1, n, t0, i + 1 == n);
-        }
     }
+    free(mine);
+    free(all);
     r->n = tot.n;
     r->seconds = now_seconds() - t0;
     r->forward_seconds = bench_scorer_forward_seconds(sc) - f0;
@@ -383,7 +395,7 @@ static int bench_files(const Args *a, char ***out) {
 
 // --bench: one JSON object per benchmark (--json), else a markdown table with one row for this
 // checkpoint and codec, columns per benchmark.
-static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const Args *a, int K, uint64_t seed,
+static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const Args *a, Dist *dist, int K, uint64_t seed,
                       long long limit, int json, int tty, const char *dir) {
     char **paths;
     int n_bench = bench_files(a, &paths);
@@ -396,8 +408,8 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     // leaves no file, nor a temporary
     char *items_buf = NULL;
     size_t items_len = 0;
-    FILE *items = items_path ? open_memstream(&items_buf, &items_len) : NULL;
-    if (items_path && !items) die("--items-out: %s", strerror(errno));
+    FILE *items = items_path && dist->rank == 0 ? open_memstream(&items_buf, &items_len) : NULL;
+    if (items_path && dist->rank == 0 && !items) die("--items-out: %s", strerror(errno));
     char codecs[512];
     model_dir_describe_cache(&layout, codecs, sizeof(codecs));
     size_t bpt = cache_layout_bytes_per_token(&layout);
@@ -407,7 +419,8 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     for (int i = 0; i < n_bench; i++) prepare_bench(&jobs[i], paths[i], K, seed, limit, skip_bad);
     for (int i = 0; i < n_bench; i++) {
         BenchRun *r = &runs[i];
-        run_bench(sc, &jobs[i], tty, items, r);
+        run_bench(sc, &jobs[i], dist, tty && dist->rank == 0, items, r);
+        if (dist->rank) continue;   // rank 0 reports for all
         fprintf(stderr, "bench %s: %lld items%s in %.2f s (%.1f items/s), %.0f%% of it in the model's forwards\n", r->name, r->n,
                 r->skipped ? " (bad lines skipped)" : "", r->seconds, r->seconds > 0 ? r->n / r->seconds : 0,
                 r->seconds > 0 ? 100 * r->forward_seconds / r->seconds : 0);
@@ -434,7 +447,7 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
             cJSON_Delete(o);
         }
     }
-    if (!json) {
+    if (!json && dist->rank == 0) {
         printf("| checkpoint | cache | bytes/token | shots |");
         for (int i = 0; i < n_bench; i++) printf(" %s acc | %s acc_norm |", runs[i].name, runs[i].name);
         printf("\n|---|---|---|---|");
@@ -496,14 +509,17 @@ int cmd_eval(int argc, char **argv) {
         int K = ks ? (int)opt_i64("--shots", ks, 0, 1 << 16) : 0;
         uint64_t seed = ss ? opt_u64("--seed", ss, UINT64_MAX) : 1234;
         long long limit = ls ? opt_i64("--limit", ls, 1, 1LL << 40) : 0;
+        Dist dist;
+        dist_init(&dist, 0);   // under mpirun the items are split over the ranks
         Config cfg;
         Model model;
         ModelDir md;
         model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
         int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
-        int rc = eval_bench(&model, &md, &cfg, &a, K, seed, limit, json, isatty(2), dir);
+        int rc = eval_bench(&model, &md, &cfg, &a, &dist, K, seed, limit, json, isatty(2), dir);
         model_dir_free(&md);
         model_free(&model);
+        dist_finalize(&dist);
         return rc;
     }
     if (args_get(&a, SPECS, N_SPECS, "ppl")) return eval_ppl(&a, dir);

@@ -203,5 +203,20 @@ bad "a missing benchmark file" "cannot read benchmark" --bench nothere.jsonl
 bad "--shots without --bench" "applies with --bench" --shots 1 --data x.bin
 bad "--data with --bench" "not to --bench" --bench two.jsonl --data x.bin
 bad "a shot count that is not a number" "shots" --bench two.jsonl --shots 2x
+
+# ---------------------------------------------------------------- ranks
+# mpirun deals the items over the ranks and gathers the scores: the same numbers for 1 and 2 ranks
+if command -v mpirun > /dev/null && ldd "$CLLA" 2> /dev/null | grep -q libmpi; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    R=(--checkpoint cq --bench "$SRC/eval/benchmarks/heldout_en.jsonl" --limit 7 --bench "$FX/hellaswag.jsonl" --json)
+    OMP_NUM_THREADS=1 "${B[@]}" "${R[@]}" --items-out r1.items > r1.json 2> r1.err
+    OMP_NUM_THREADS=1 timeout 120 mpirun --oversubscribe --bind-to none -np 2 "${B[@]}" "${R[@]}" --items-out r2.items > r2.json 2> r2.err
+    strip() { sed 's/"seconds":[0-9.e+-]*,"forward_seconds":[0-9.e+-]*//' "$1"; }
+    if [ -s r1.json ] && [ "$(wc -l < r2.json)" -eq 2 ] && [ "$(strip r1.json)" = "$(strip r2.json)" ] && cmp -s r1.items r2.items; then
+        ok "1 and 2 ranks: the same results and per-item log-likelihoods ($(wc -l < r1.items) items)"
+    else fail "1 vs 2 ranks: $(cat r1.json r1.err r2.json r2.err | head -c 600)"; fi
+else
+    echo "skip (printed reason): 1 vs 2 ranks needs mpirun and a clla built with MPI"
+fi
 echo "test_bench_cli: $PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
