@@ -32,7 +32,7 @@ static const ArgSpec SPECS[] = {
     {"tokens", 1, "calibration tokens to collect (default 4096)", "N"},
     {"batch", 1, "sequences per forward (default: train.micro_batch)", "B"},
     {"seq", 1, "tokens per sequence (default: train.seq_len)", "T"},
-    {"no-fisher", 0, "weigh every sample alike (the paper's uniform k-means) instead of by squared gradients", NULL},
+    {"no-fisher", 0, "cq: weigh every sample alike (the paper's uniform k-means) instead of by squared gradients", NULL},
     {"dtype", 1, "weights in the package: fp32 (default) or bf16", "fp32|bf16"},
     {"tokenizer", 1, "tokenizer file to include (default: the model's)", "FILE"},
     {"overwrite", 0, "replace an existing package at --out", NULL},
@@ -131,7 +131,7 @@ int cmd_calibrate(int argc, char **argv) {
     CacheLayout *cl = &md.cache;
     int to_fit = 0;
     for (int s = 0; s < cl->n_streams; s++) to_fit += codec_needs_fit(&cl->part[cl->streams[s].part].codec) && !(cl->fit && cl->fit[s]);
-    if (!to_fit) die("no cache codec to fit: --cache-codec names none that learns from data (cq does): use clla export for the others");
+    if (!to_fit) die("no cache codec to fit: --cache-codec names none that learns from data (cq and qet do): use clla export for the others");
     if (!B) B = cfg.train.micro_batch;
     if (!T) T = cfg.train.seq_len;
     if (T > cfg.model.max_position_embeddings) die("--seq %d exceeds max_position_embeddings %d", T, cfg.model.max_position_embeddings);
@@ -156,7 +156,13 @@ int cmd_calibrate(int argc, char **argv) {
         if (codec_needs_fit(&exact.part[p].codec)) exact.part[p].codec = (Codec){.kind = CODEC_FP32};
     model_use_cache_codecs(&model, &exact);
     cache_layout_free(&exact);
-    Collect c = {.m = &model, .cl = cl, .T = T, .fisher = !args_get(&a, SPECS, N_SPECS, "no-fisher"), .want = want,
+    // Fisher information only when a codec being fitted weighs by it (a backward pass per batch)
+    int fisher = 0;
+    for (int s = 0; s < cl->n_streams; s++) {
+        const Codec *codec = &cl->part[cl->streams[s].part].codec;
+        if (codec_needs_fit(codec) && !(cl->fit && cl->fit[s])) fisher |= codec_traits(codec->kind)->uses_fisher;
+    }
+    Collect c = {.m = &model, .cl = cl, .T = T, .fisher = fisher && !args_get(&a, SPECS, N_SPECS, "no-fisher"), .want = want,
                  .tty = isatty(2), .t0 = now_seconds()};
     c.x = xcalloc((size_t)cl->n_streams, sizeof(float *));
     c.f = xcalloc((size_t)cl->n_streams, sizeof(float *));
@@ -166,7 +172,8 @@ int cmd_calibrate(int argc, char **argv) {
         if ((size_t)W > widest) widest = (size_t)W;
         if (!codec_needs_fit(&cl->part[part].codec) || (cl->fit && cl->fit[s])) continue;
         c.x[s] = xmalloc((size_t)want * W * sizeof(float));
-        if (c.fisher && part != PART_OWN_KROPE) c.f[s] = xmalloc((size_t)want * W * sizeof(float));
+        if (c.fisher && part != PART_OWN_KROPE && codec_traits(cl->part[part].codec.kind)->uses_fisher)
+            c.f[s] = xmalloc((size_t)want * W * sizeof(float));
     }
     c.host = xmalloc((size_t)B * T * widest * sizeof(float));
     EvalResult r = {0};
@@ -211,7 +218,7 @@ int cmd_calibrate(int argc, char **argv) {
         codec_format(codec, spec, sizeof(spec));
         printf("  %-10s %-28s %.3f bits/element stored%s, %.3f as its paper counts", cache_part_name(p), spec,
                codec_bits_stored(codec, W), fit ? " (codes)" : "", codec_bits_paper(codec, W));
-        if (fit) printf("; plus codebooks of %lld fp16 values per stream", (long long)fit);
+        if (fit) printf("; plus codebooks of %lld values per stream", (long long)fit);
         printf("\n");
     }
     free(c.x);

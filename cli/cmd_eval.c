@@ -36,7 +36,7 @@ static const ArgSpec SPECS[] = {
     {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
     {"json", 0, "print one JSON object", NULL},
     {"through-cache", 0, "score through the KV cache: the full forward with each codec's round trip, and token by token through the decoder", NULL},
-    {"cache-codec", ARG_REPEAT, "with --through-cache or --bench: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G (cq: a package from clla calibrate)", "SPEC"},
+    {"cache-codec", ARG_REPEAT, "with --through-cache or --bench: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G (cq, qet: a package from clla calibrate)", "SPEC"},
     {"bench", ARG_REPEAT, "score a multiple-choice benchmark (generic or HellaSwag JSONL; a directory: its *.jsonl files) through the KV cache; repeatable", "FILE|DIR"},
     {"shots", 1, "with --bench: few-shot examples before each item (default 0)", "K"},
     {"seed", 1, "with --bench: seed of the few-shot draw (default 1234)", "S"},

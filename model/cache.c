@@ -147,7 +147,8 @@ static void no_format(const Codec *c, char *buf, size_t n) { if (n) buf[0] = 0; 
 
 static void int_group_defaults(Codec *c) { c->bits = 4; c->group = 32; }   // CLLA-quant's setting
 
-extern const CodecTraits CODEC_CQ_TRAITS;   // model/codec_cq.c
+extern const CodecTraits CODEC_CQ_TRAITS;    // model/codec_cq.c
+extern const CodecTraits CODEC_QET_TRAITS;   // model/codec_qet.c
 
 static const CodecTraits CODECS_SIMPLE[] = {
     [CODEC_FP32] = {.name = "fp32", .bytes_per_token = fp32_bytes, .encode = fp32_encode, .decode = fp32_decode,
@@ -163,7 +164,7 @@ static const CodecTraits CODECS_SIMPLE[] = {
 // The codec table: one row per kind (the codecs with fitted state live in files of their own).
 const CodecTraits *codec_traits(CodecKind kind) {
     if ((unsigned)kind >= N_CODECS) die("internal error: codec kind %d", (int)kind);
-    return kind == CODEC_CQ ? &CODEC_CQ_TRAITS : &CODECS_SIMPLE[kind];
+    return kind == CODEC_CQ ? &CODEC_CQ_TRAITS : kind == CODEC_QET ? &CODEC_QET_TRAITS : &CODECS_SIMPLE[kind];
 }
 
 int codec_needs_fit(const Codec *c) { return codec_traits(c->kind)->fit != NULL; }
@@ -212,7 +213,7 @@ int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
     for (int k = 0; k < N_CODECS; k++)
         if (strlen(codec_traits((CodecKind)k)->name) == nlen && !strncmp(codec_traits((CodecKind)k)->name, spec, nlen)) kind = k;
     if (kind < 0) {
-        snprintf(err, errlen, "unknown cache codec '%.*s': use fp32, bf16, int_group:bits=B,group=G or cq:bits=B,c=C", (int)nlen, spec);
+        snprintf(err, errlen, "unknown cache codec '%.*s': use fp32, bf16, int_group:bits=B,group=G, cq:bits=B,c=C or qet:levels=L,width=W,k1=K,k2=K", (int)nlen, spec);
         return -1;
     }
     c->kind = (CodecKind)kind;

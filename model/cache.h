@@ -17,12 +17,14 @@
 
 struct cJSON;
 
-typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, CODEC_CQ, N_CODECS } CodecKind;
+typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, CODEC_CQ, CODEC_QET, N_CODECS } CodecKind;
 
 typedef struct Codec {
     CodecKind kind;
-    int bits, group;      // int_group: bits per value, values per scale; cq: bits per code, channels per code (c)
-    int iters;            // cq: k-means iterations when fitted
+    int bits, group;      // int_group: bits per value, values per scale; cq: bits per code, channels per code (c);
+                          // qet: group = columns per product-quantization group (width)
+    int iters;            // cq, qet: k-means iterations when fitted
+    int levels, k[2];     // qet: swap-tree levels, centroids of stage 1 and of the residual stage (0: none)
     const void *fit;      // the fitted state of one stream (cache_stream_codec); NULL for the settings alone
 } Codec;
 
@@ -48,6 +50,7 @@ typedef struct CodecTraits {
     // with optional Fisher weights fisher[n][W]; the state travels as one fp32 tensor of
     // fit_shape (returns its rank), written by fit_save and checked and read by fit_load.
     int (*fit)(const Codec *c, int W, const float *x, int64_t n, const float *fisher, void **state, char *err, size_t errlen);
+    int uses_fisher;   // fit weighs the samples by their Fisher information (else it ignores fisher)
     void (*fit_free)(void *state);
     int (*fit_shape)(const Codec *c, int W, int64_t *shape);
     void (*fit_save)(const Codec *c, int W, const void *state, float *out);
@@ -134,7 +137,7 @@ size_t cache_stream_bytes_per_token(const CacheLayout *cl, int s);
 size_t cache_layout_bytes_per_token(const CacheLayout *cl);
 
 // Codec specs, as on the command line and in an export package's "cache" section:
-// "fp32", "bf16", "int_group:bits=4,group=32", "cq:bits=8,c=4". 0 on success; -1 with a message in err.
+// "fp32", "bf16", "int_group:bits=4,group=32", "cq:bits=8,c=4", "qet:levels=3,width=8,k1=256,k2=16". 0 on success; -1 with a message in err.
 int codec_parse(Codec *c, const char *spec, char *err, size_t errlen);
 // The spec of c (what codec_parse reads back).
 void codec_format(const Codec *c, char *buf, size_t n);

@@ -141,6 +141,7 @@ const CodecTraits CODEC_CQ_TRAITS = {
     .format = cq_codec_format,
     .bits_paper = cq_codec_bits_paper,
     .fit = cq_codec_fit,
+    .uses_fisher = 1,
     .fit_free = cq_codec_fit_free,
     .fit_shape = cq_codec_fit_shape,
     .fit_save = cq_codec_fit_save,

@@ -307,6 +307,15 @@ static int64_t row_bits(const QetState *st) {
 
 int64_t qet_bytes_per_row(const QetState *st) { return (row_bits(st) + 7) / 8; }
 
+int64_t qet_bytes_per_row_for(const QetSettings *s, const int *k) {
+    QetState st;
+    memset(&st, 0, sizeof(st));
+    st.s = *s;
+    st.m = s->dim / s->width;
+    for (int i = 0; i < s->stages; i++) st.st[i].code_bits = bits_for(k[i]);
+    return qet_bytes_per_row(&st);
+}
+
 int64_t qet_encode(const QetState *st, const float *x, int64_t n, uint8_t *out) {
     int64_t bpr = qet_bytes_per_row(st), total;
     if (ck_mul(n, bpr, &total)) return -1;

@@ -82,6 +82,8 @@ void qet_swap_row(const float *x, int dim, int levels, float *xs, uint8_t *flags
 void qet_unswap_row(const float *xs, int dim, int levels, const uint8_t *flags, float *x);
 
 int64_t qet_bytes_per_row(const QetState *st);
+// The same from the settings and the K of every stage (no fitted state needed).
+int64_t qet_bytes_per_row_for(const QetSettings *s, const int *k);
 // out[n * qet_bytes_per_row] <- the rows' records. Returns the bytes written, -1 on overflow.
 int64_t qet_encode(const QetState *st, const float *x, int64_t n, uint8_t *out);
 void qet_decode(const QetState *st, const uint8_t *codes, int64_t n, float *x);

@@ -16,6 +16,7 @@
 #include "model/cache.h"
 #include "model/model.h"
 #include "quant/cq.h"
+#include "quant/qet.h"
 
 static int passed, failed;
 static void check(int ok, const char *what) {
@@ -184,6 +185,47 @@ static void test_cq(void) {
     free(x); free(dec); free(ref); free(bytes); free(ref_bytes); free(saved); free(dec2);
 }
 
+// qet: the codec stores quant/qet.c's rows, bytes per token follow from the spec, the state's
+// tensor round-trips, and the codebook tensor's size is what fit_shape says.
+static void test_qet(void) {
+    const int W = 16, N = 400;
+    Codec c;
+    char err[512];
+    check(codec_parse(&c, "qet:levels=1,width=4,k1=16,k2=4,iters=4", err, sizeof(err)) == 0 && c.kind == CODEC_QET &&
+              c.levels == 1 && c.group == 4 && c.k[0] == 16 && c.k[1] == 4, "qet: spec parsed");
+    const CodecTraits *t = codec_traits(CODEC_QET);
+    float *x = malloc(sizeof(float) * N * W), *dec = malloc(sizeof(float) * N * W), *dec2 = malloc(sizeof(float) * N * W);
+    Rng r;
+    rng_seed(&r, 9);
+    for (int i = 0; i < N * W; i++) x[i] = (float)rng_normal(&r);
+    void *state = NULL;
+    check(t->fit(&c, W, x, N, NULL, &state, err, sizeof(err)) == 0, "qet: fitted on 400 rows");
+    c.fit = state;
+    // 8 flag bits (1 level, 16/2 pairs) + 4 groups x (4 + 2) code bits = 32 bits
+    size_t tb = codec_bytes_per_token(&c, W);
+    check(tb == 4 && tb == (size_t)qet_bytes_per_row(state) && codec_bits_paper(&c, W) == 2.0,
+          "qet: 4 bytes a token (flags + codes), as quant/qet.c stores a row; 2 bits per element");
+    uint8_t *bytes = malloc(tb * N), *ref = malloc(tb * N);
+    codec_encode(&c, bytes, x, N, W);
+    codec_decode(&c, dec, bytes, N, W);
+    qet_encode(state, x, N, ref);
+    check(!memcmp(bytes, ref, tb * N), "qet: the codec stores quant/qet.c's rows");
+    int64_t shape[4];
+    check(t->fit_shape(&c, W, shape) == 1 && shape[0] == 20 * W, "qet: state tensor [(k1 + k2) * W]");
+    float *saved = malloc(sizeof(float) * 20 * W);
+    t->fit_save(&c, W, state, saved);
+    void *loaded = NULL;
+    check(t->fit_load(&c, W, saved, &loaded, err, sizeof(err)) == 0, "qet: state loaded from its tensor");
+    Codec c2 = c;
+    c2.fit = loaded;
+    codec_encode(&c2, ref, x, N, W);
+    codec_decode(&c2, dec2, ref, N, W);
+    check(!memcmp(bytes, ref, tb * N) && !memcmp(dec, dec2, sizeof(float) * N * W), "qet: the loaded state encodes and decodes as the fitted one");
+    t->fit_free(loaded);
+    t->fit_free(state);
+    free(x); free(dec); free(dec2); free(bytes); free(ref); free(saved);
+}
+
 int main(void) {
     test_int_group(4, 32, 64, 9);
     test_int_group(4, 16, 48, 5);
@@ -192,6 +234,7 @@ int main(void) {
     test_bf16_fp32();
     test_model_latent_is_codec_output();
     test_cq();
+    test_qet();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

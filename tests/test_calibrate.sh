@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # clla calibrate and the cq cache codec (model/codec_cq.c) in the cache layer:
-#  - a latent model (cq on the latent and the rope keys) and a GQA model (cq on K and V) are
+#  - a latent model (cq on the latent and the rope keys) and a GQA model (cq, then qet, on K and V) are
 #    calibrated into packages that carry the codebooks; through those caches the full forward and
 #    the token-by-token decode give the same loss (1e-4), and generate runs;
 #  - calibration is deterministic, and the Fisher weights change the codebooks;
@@ -69,6 +69,15 @@ full=$(field pg.json loss) dec=$(field pg.json loss_decoded)
 if near "$full" "$dec" 1e-4 && grep -q '"cache":"k=cq:bits=4,c=2,iters=8 v=cq:bits=4,c=2,iters=8"' pg.json; then
     ok "gqa cq on k and v: full forward $full = decoded $dec"
 else fail "gqa cq: full $full vs decoded $dec" pg.jerr; fi
+
+# ---- qet (QET's swap tree, product quantization and residual stage) on K and V
+"$CLLA" calibrate run_gqa --data shards/train --tokens 512 --seq 16 --batch 4 --cache-codec qet:levels=1,width=4,k1=16,k2=4,iters=5 \
+    --out pq > pq.out 2> pq.err || fail "calibrate qet" pq.err
+"$CLLA" eval --checkpoint pq --data shards/val --max-batches 2 --batch 4 --seq 24 --through-cache --json > pq.json 2> pq.jerr
+full=$(field pq.json loss) dec=$(field pq.json loss_decoded)
+if near "$full" "$dec" 1e-4 && grep -q '"k":{"stored":2.0000,"paper":2.0000' pq.json && ! grep -q Fisher pq.out; then
+    ok "gqa qet on k and v: full forward $full = decoded $dec, 2 bits/element, no Fisher pass"
+else fail "gqa qet: full $full vs decoded $dec: $(cat pq.json pq.out)" pq.jerr; fi
 
 # ---- bad input
 refused "export with cq (no codebooks)" "calibrate" px -- "$CLLA" export run_clla --cache-codec latent=cq --out px
