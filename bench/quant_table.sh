@@ -5,14 +5,15 @@
 # steps of 16 x 128). Each model is evaluated through its cache (`clla eval --through-cache`:
 # full forward with the codecs' round trips and token by token, which must agree) with every
 # codec at 4, 3, 2 and 1 bits where it supports them: int_group (per-token groups of 32, 2-8
-# bits) and cq (calibrated by `clla calibrate`: 4 bits = c 2 b 8, 3 = c 2 b 6, 2 = c 4 b 8,
-# 1 = c 8 b 8), on K and V (MHA) or on the latent (CLLA; its rope keys stay bf16); CLLA-quant
-# with the int4 latent it was trained with. Writes OUT/results.jsonl, OUT/table.md and
+# bits), cq (calibrated by `clla calibrate`: 4 bits = c 2 b 8, 3 = c 2 b 6, 2 = c 4 b 8,
+# 1 = c 8 b 8) and qet (calibrated: 3 bits = 3 swap levels, width 8, K 256 + 16; 2 bits = 1
+# level, K 256 + 16), on K and V (MHA) or on the latent (CLLA; its rope keys stay bf16);
+# CLLA-quant with the int4 latent it was trained with. Writes OUT/results.jsonl, OUT/table.md and
 # OUT/perplexity_vs_bytes.{png,svg} (one line per model and codec).
 #
 #   bench/quant_table.sh [OUT]     (default runs/quant_table; trained models are reused)
 #
-# About 10 minutes on 2 cores. Environment: CLLA_BUILD_DIR (default build/), CLLA_DATA_CACHE
+# About 15 minutes on 2 cores. Environment: CLLA_BUILD_DIR (default build/), CLLA_DATA_CACHE
 # (default data_cache/), QT_STEPS (training steps, default 300), QT_BATCHES (eval batches of 16
 # windows, default 4), QT_CAL_TOKENS (calibration tokens, default 4096).
 set -euo pipefail
@@ -26,6 +27,8 @@ STEPS=${QT_STEPS:-300}
 BATCHES=${QT_BATCHES:-4}
 CAL=${QT_CAL_TOKENS:-4096}
 Q=$CACHE/quickstart
+PY=/usr/bin/python3   # Debian's, with python3-matplotlib (scripts/setup.sh)
+[ -x "$PY" ] || PY=python3
 [ -x "$CLLA" ] || { echo "quant_table: no $CLLA: build first (scripts/build.sh)" >&2; exit 1; }
 if [ ! -s "$Q/tokenizer.tok" ] || [ ! -d "$Q/shards/train" ]; then
   echo "quant_table: $Q has no tokenizer or shards: run scripts/quickstart.sh once (it makes them)" >&2
@@ -65,9 +68,16 @@ for m in mha clla clla_quant; do
       --out "$pkg" --overwrite > "$pkg.calibrate.log"
     evaluate "$pkg" "$m" "cq $1"
   done
+  for ql in "3 3" "2 1"; do
+    set -- $ql
+    pkg=$OUT/${m}_qet$1
+    "$CLLA" calibrate "$RUN" --data "$Q/shards/train" --tokens "$CAL" --cache-codec "${prefix}qet:levels=$2,width=8,k1=256,k2=16" \
+      --out "$pkg" --overwrite > "$pkg.calibrate.log"
+    evaluate "$pkg" "$m" "qet $1"
+  done
 done
 
-python3 - "$OUT" <<'PY'
+"$PY" - "$OUT" <<'PY'
 import json, sys, os
 out = sys.argv[1]
 rows = [json.loads(l) for l in open(os.path.join(out, "results.jsonl"))]
