@@ -1,5 +1,5 @@
-// clla calibrate: fits the cache codecs that learn from the model's own activations (cq's
-// codebooks) and writes an inference package that carries them (docs/QUANTIZERS.md,
+// clla calibrate: fits the cache codecs that learn from the model's own activations (cq's and
+// qet's codebooks) and writes an inference package that carries them (docs/QUANTIZERS.md,
 // "In the cache layer").
 //
 // Calibration windows of the data run through the model, forward and backward (the LM loss, our
@@ -108,7 +108,8 @@ int cmd_calibrate(int argc, char **argv) {
     args_parse(&a, argc, argv, SPECS, N_SPECS,
                "usage: clla calibrate MODEL_DIR --data PATH --cache-codec SPEC [...] --out PACKAGE [--tokens N] [--batch B] [--seq T]\n"
                "                      [--no-fisher] [--dtype fp32|bf16] [--tokenizer FILE] [--overwrite]\n"
-               "Fits the cache codecs that learn from the model's activations (cq: codebooks by Fisher-weighted k-means)\n"
+               "Fits the cache codecs that learn from the model's activations (cq: codebooks by Fisher-weighted k-means;\n"
+               "qet: QET's stage codebooks by k-means)\n"
                "on calibration data and writes an inference package that carries them (serve it with clla generate or\n"
                "clla eval --through-cache).",
                pos, &n_pos, 1);

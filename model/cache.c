@@ -252,15 +252,16 @@ static int set_part_codec(CacheLayout *cl, int p, const Codec *c, char *err, siz
         snprintf(err, errlen, "cache part %s (width %d): %s", PART_NAMES[p], cl->part[p].width, why);
         return -1;
     }
-    Codec old = cl->part[p].codec;
-    cl->part[p].codec = *c;
-    cl->part[p].codec.fit = NULL;
     char a[160], b[160];
-    codec_format(&old, a, sizeof(a));
+    codec_format(&cl->part[p].codec, a, sizeof(a));
     codec_format(c, b, sizeof(b));
-    if (cl->fit && strcmp(a, b))   // another codec: the streams' fitted states no longer apply
+    // another codec: the streams' fitted states no longer apply (freed by the codec they belong
+    // to, so before the part changes codec)
+    if (cl->fit && strcmp(a, b))
         for (int s = 0; s < cl->n_streams; s++)
             if (cl->streams[s].part == p) cache_layout_set_fit(cl, s, NULL);
+    cl->part[p].codec = *c;
+    cl->part[p].codec.fit = NULL;
     return 0;
 }
 

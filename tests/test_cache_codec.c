@@ -180,6 +180,15 @@ static void test_cq(void) {
     check(cache_layout_check_fitted(&cl, err, sizeof(err)) == 0, "cq: fitted layout accepted");
     check(cache_layout_apply_spec(&cl, "v=cq:bits=3,c=2", err, sizeof(err)) == 0 && cache_layout_check_fitted(&cl, err, sizeof(err)) != 0,
           "cq: changing the settings drops the fitted states");
+    // a fitted cq part switched to another codec: its states are freed as cq's (valgrind-clean)
+    for (int s = 0; s < cl.n_streams; s++)
+        if (cl.streams[s].part == PART_V) {
+            void *st = NULL;
+            t->fit(&cl.part[PART_V].codec, 8, x, N, NULL, &st, err, sizeof(err));
+            cache_layout_set_fit(&cl, s, st);
+        }
+    check(cache_layout_apply_spec(&cl, "v=qet:levels=1,width=4,k1=4,k2=0", err, sizeof(err)) == 0 &&
+          cache_layout_check_fitted(&cl, err, sizeof(err)) != 0 && strstr(err, "qet"), "cq -> qet: the cq states dropped, qet needs its own");
     cache_layout_free(&cl);
     t->fit_free(state);
     free(x); free(dec); free(ref); free(bytes); free(ref_bytes); free(saved); free(dec2);
