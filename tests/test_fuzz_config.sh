@@ -16,7 +16,9 @@ fuzz_begin test_fuzz_config
 "$CC" "${FLAGS[@]}" "$SRC/tests/fuzz/fuzz_config.c" "$SRC/model/config.c" "$SRC/model/config_hf.c" \
   "$SRC/model/config_sizes.c" "$SRC/common/json_strict.c" "$SRC/common/num.c" "$SRC/model/tensor_table.c" \
   "$SRC/model/params.c" "$SRC/model/activations.c" "$SRC/model/cache.c" "$SRC/model/moe.c" \
-  "$SRC/model/safetensors.c" "$SRC/model/hf_config.c" "$SRC/backend/backend_ops.c" "$W/util.o" -lcjson -lm -o "$W/fuzz_config" 2>> "$W/cc.err"
+  "$SRC/model/safetensors.c" "$SRC/model/hf_config.c" "$SRC/backend/backend_ops.c" \
+  "$SRC/model/codec_cq.c" "$SRC/model/codec_qet.c" "$SRC/quant/cq.c" "$SRC/quant/qet.c" "$SRC/quant/kmeans.c" \
+  "$W/util.o" -lcjson -lm -o "$W/fuzz_config" 2>> "$W/cc.err"
 check $? "build fuzz_config with -fsanitize=fuzzer,address,undefined"
 [ -s "$W/cc.err" ] && head -20 "$W/cc.err"
 
