@@ -299,10 +299,20 @@ static void prepare_bench(BenchJob *j, const char *path, int K, uint64_t seed, l
         if (!(j->prompts[i] = bench_prompt(&j->b, j->scored[i], K, seed, err, sizeof(err)))) die("%s", err);
 }
 
-// Scores a prepared benchmark's items. Under mpirun the items are dealt round-robin over the ranks
-// (item i to rank i mod world), each rank scores its own, and every rank gathers all the scores
-// (train/dist.h); totals and the per-item lines are then formed in file order from the gathered
-// scores, so any number of ranks gives the same numbers. items_out: per-item lines, or NULL.
+// Items in batches: sorted by prompt and longest choice length (bytes; ties by file order), cut into
+// runs of at most BENCH_BATCH_SEQS choices, so a batch's sequences have similar lengths and few
+// padded positions. The batches depend only on the benchmark, never on the ranks.
+typedef struct ItemLen { long long len; long long i; } ItemLen;
+static int by_len(const void *a, const void *b) {
+    const ItemLen *x = a, *y = b;
+    return x->len != y->len ? (x->len < y->len ? -1 : 1) : (x->i < y->i ? -1 : x->i > y->i);
+}
+
+// Scores a prepared benchmark's items, several per batch (bench_score_batch). Under mpirun the
+// batches are dealt round-robin over the ranks, each rank scores its own, and every rank gathers
+// all the scores (train/dist.h); totals and the per-item lines are then formed in file order from
+// the gathered scores, so any number of ranks gives the same numbers. items_out: per-item lines,
+// or NULL.
 static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int tty, FILE *items_out, BenchRun *r) {
     const char *path = j->b.path;
     char err[1024];
@@ -311,23 +321,53 @@ static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int tty, FILE *i
     r->skipped = j->b.n_skipped;
     int *scored = j->scored;
     char **prompts = j->prompts;
-    long long n = j->n, per_rank = (n + dist->world - 1) / dist->world;
-    BenchScores *mine = xcalloc((size_t)(per_rank ? per_rank : 1), sizeof(BenchScores));
-    BenchScores *all = xcalloc((size_t)(per_rank ? per_rank : 1) * dist->world, sizeof(BenchScores));
-    double t0 = now_seconds(), f0 = bench_scorer_forward_seconds(sc), last = 0;
-    for (long long i = dist->rank, k = 0; i < n; i += dist->world, k++) {
+    long long n = j->n;
+    ItemLen *order = xmalloc((size_t)(n ? n : 1) * sizeof(ItemLen));
+    for (long long i = 0; i < n; i++) {
         const BenchItem *it = &j->b.items[scored[i]];
-        if (bench_score_item(sc, it, prompts[i], &mine[k], err, sizeof(err)) != 0) die("%s:%d: %s", path, it->line, err);
-        if (tty && (now_seconds() - last > 0.1 || i + dist->world >= n)) {
+        size_t longest = it->continuation ? strlen(it->continuation) : 0;
+        for (int c = 0; c < it->n_choices; c++) longest = strlen(it->choices[c]) > longest ? strlen(it->choices[c]) : longest;
+        order[i] = (ItemLen){(long long)(strlen(prompts[i]) + longest), i};
+    }
+    qsort(order, (size_t)n, sizeof(ItemLen), by_len);
+    long long *first = xmalloc((size_t)(n + 1) * sizeof(long long)), n_batches = 0;   // batch b: order[first[b], first[b + 1])
+    for (long long k = 0; k < n;) {
+        first[n_batches++] = k;
+        int seqs = 0;
+        while (k < n && seqs + j->b.items[scored[order[k].i]].n_choices <= BENCH_BATCH_SEQS) seqs += j->b.items[scored[order[k++].i]].n_choices;
+    }
+    first[n_batches] = n;
+    BenchScores *mine = xcalloc((size_t)(n ? n : 1), sizeof(BenchScores)), *all = xcalloc((size_t)(n ? n : 1) * dist->world, sizeof(BenchScores));
+    const BenchItem *bitems[BENCH_BATCH_SEQS];
+    char *bprompts[BENCH_BATCH_SEQS];
+    BenchScores bout[BENCH_BATCH_SEQS];
+    long long done = 0, mine_total = 0;
+    for (long long b = dist->rank; b < n_batches; b += dist->world) mine_total += first[b + 1] - first[b];
+    double t0 = now_seconds(), f0 = bench_scorer_forward_seconds(sc), last = 0;
+    for (long long b = dist->rank; b < n_batches; b += dist->world) {
+        int m = (int)(first[b + 1] - first[b]), bad = 0;
+        for (int k = 0; k < m; k++) {
+            long long i = order[first[b] + k].i;
+            bitems[k] = &j->b.items[scored[i]];
+            bprompts[k] = prompts[i];
+        }
+        if (bench_score_batch(sc, m, bitems, bprompts, bout, &bad, err, sizeof(err)) != 0) die("%s:%d: %s", path, bitems[bad]->line, err);
+        for (int k = 0; k < m; k++) mine[order[first[b] + k].i] = bout[k];
+        done += m;
+        if (tty && (now_seconds() - last > 0.1 || done == mine_total)) {
             last = now_seconds();
-            bench_progress(r->name, k + 1, per_rank, t0, i + dist->world >= n);
+            bench_progress(r->name, done, mine_total, t0, done == mine_total);
         }
     }
-    dist_allgather_bytes(dist, mine, (size_t)(per_rank ? per_rank : 1) * sizeof(BenchScores), all);
+    // every item is scored by one rank (its batch's): the others leave it zero
+    dist_allgather_bytes(dist, mine, (size_t)(n ? n : 1) * sizeof(BenchScores), all);
+    long long *owner = xmalloc((size_t)(n ? n : 1) * sizeof(long long));
+    for (long long b = 0; b < n_batches; b++)
+        for (long long k = first[b]; k < first[b + 1]; k++) owner[order[k].i] = b % dist->world;
     BenchTotals tot = {0};
     for (long long i = 0; i < n; i++) {
         const BenchItem *it = &j->b.items[scored[i]];
-        const BenchScores s = all[(size_t)(i % dist->world) * (size_t)(per_rank ? per_rank : 1) + (size_t)(i / dist->world)];
+        const BenchScores s = all[(size_t)owner[i] * (size_t)(n ? n : 1) + (size_t)i];
         bench_totals_add(&tot, &s, it->label);
         if (items_out) {
             cJSON *o = cJSON_CreateObject();
@@ -352,6 +392,9 @@ static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int tty, FILE *i
     }
     free(mine);
     free(all);
+    free(owner);
+    free(order);
+    free(first);
     r->n = tot.n;
     r->seconds = now_seconds() - t0;
     r->forward_seconds = bench_scorer_forward_seconds(sc) - f0;

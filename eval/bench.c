@@ -266,7 +266,7 @@ BenchScorer *bench_scorer_new(Model *m, const CacheLayout *layout, const Tokeniz
     // the layout's, or a prefill would round through the served codecs while the cache holds others
     model_use_cache_codecs(m, layout);
     if (full_forward) m->apply_codecs = 1;
-    else s->d = decoder_new(m, layout, BENCH_MAX_CHOICES, s->max_len);
+    else s->d = decoder_new(m, layout, BENCH_BATCH_SEQS, s->max_len);
     return s;
 }
 
@@ -338,34 +338,44 @@ static int build_seqs(BenchScorer *s, const BenchItem *it, const char *prompt, S
 
 static double logprob(const float *logits, int V, uint32_t target) { return -eval_token_nll(logits, V, (int)target); }
 
-// Through the decoder: every choice's context prefilled in one batched forward, then the
-// continuations decoded one token a step, the choices still running side by side.
-static void score_cached(BenchScorer *s, const BenchItem *it, Seqs *q, BenchScores *out) {
-    int C = it->n_choices, V = s->m->cfg.vocab_size;
-    int ids[BENCH_MAX_CHOICES], lens[BENCH_MAX_CHOICES], act[BENCH_MAX_CHOICES];
-    const int32_t *prompts[BENCH_MAX_CHOICES];
-    int32_t toks[BENCH_MAX_CHOICES];
-    float *logits = logits_buf(s, (size_t)C * V);
-    for (int c = 0; c < C; c++) {
-        ids[c] = c;
-        prompts[c] = (const int32_t *)q->ctx[c].v + q->start[c];
-        lens[c] = (int)q->ctx[c].n - q->start[c];
-    }
+// Through the decoder: every choice of every item of the batch prefilled in one batched forward,
+// then the continuations decoded one token a step, all the sequences still running side by side.
+static void score_cached(BenchScorer *s, int n, const BenchItem *const *items, Seqs *qs, BenchScores *outs) {
+    int V = s->m->cfg.vocab_size, S = 0;
+    int ids[BENCH_BATCH_SEQS], lens[BENCH_BATCH_SEQS], act[BENCH_BATCH_SEQS], item_of[BENCH_BATCH_SEQS], choice_of[BENCH_BATCH_SEQS];
+    const int32_t *prompts[BENCH_BATCH_SEQS];
+    int32_t toks[BENCH_BATCH_SEQS];
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < items[i]->n_choices; c++, S++) {
+            if (S == BENCH_BATCH_SEQS) die("internal error: a benchmark batch of more than %d sequences", BENCH_BATCH_SEQS);
+            ids[S] = S;
+            item_of[S] = i;
+            choice_of[S] = c;
+            prompts[S] = (const int32_t *)qs[i].ctx[c].v + qs[i].start[c];
+            lens[S] = (int)qs[i].ctx[c].n - qs[i].start[c];
+        }
+    float *logits = logits_buf(s, (size_t)S * V);
     double t0 = now_seconds();
-    decoder_prefill(s->d, C, ids, prompts, lens, logits);
+    decoder_prefill(s->d, S, ids, prompts, lens, logits);
     s->forward_seconds += now_seconds() - t0;
-    for (int c = 0; c < C; c++) out->loglik[c] = logprob(logits + (size_t)c * V, V, q->cont[c].v[0]);
+    for (int j = 0; j < S; j++)
+        outs[item_of[j]].loglik[choice_of[j]] = logprob(logits + (size_t)j * V, V, qs[item_of[j]].cont[choice_of[j]].v[0]);
     for (int t = 1;; t++) {
-        int n = 0;
-        for (int c = 0; c < C; c++)
-            if ((int)q->cont[c].n > t) { act[n] = c; toks[n] = (int32_t)q->cont[c].v[t - 1]; n++; }
-        if (!n) break;
+        int na = 0;
+        for (int j = 0; j < S; j++) {
+            const U32Vec *cont = &qs[item_of[j]].cont[choice_of[j]];
+            if ((int)cont->n > t) { act[na] = j; toks[na] = (int32_t)cont->v[t - 1]; na++; }
+        }
+        if (!na) break;
         t0 = now_seconds();
-        decoder_step(s->d, n, act, toks, logits);
+        decoder_step(s->d, na, act, toks, logits);
         s->forward_seconds += now_seconds() - t0;
-        for (int i = 0; i < n; i++) out->loglik[act[i]] += logprob(logits + (size_t)i * V, V, q->cont[act[i]].v[t]);
+        for (int k = 0; k < na; k++) {
+            int j = act[k];
+            outs[item_of[j]].loglik[choice_of[j]] += logprob(logits + (size_t)k * V, V, qs[item_of[j]].cont[choice_of[j]].v[t]);
+        }
     }
-    for (int c = 0; c < C; c++) decoder_release(s->d, c);
+    for (int j = 0; j < S; j++) decoder_release(s->d, j);
 }
 
 // The check path: one full-sequence forward of every choice's tokens, right-padded.
@@ -397,16 +407,33 @@ static void score_full(BenchScorer *s, const BenchItem *it, Seqs *q, BenchScores
     free(in);
 }
 
-int bench_score_item(BenchScorer *s, const BenchItem *it, const char *prompt, BenchScores *out, char *err, size_t errlen) {
-    Seqs q;
-    memset(&q, 0, sizeof(q));
-    int rc = build_seqs(s, it, prompt, &q, out, err, errlen);
-    if (rc == 0) {
-        if (s->full_forward) score_full(s, it, &q, out);
-        else score_cached(s, it, &q, out);
+int bench_score_batch(BenchScorer *s, int n, const BenchItem *const *items, char *const *prompts, BenchScores *outs, int *bad,
+                      char *err, size_t errlen) {
+    int total = 0;
+    for (int i = 0; i < n; i++) total += items[i]->n_choices;
+    if (n < 1 || total > BENCH_BATCH_SEQS) die("internal error: a benchmark batch of %d items, %d choices", n, total);
+    Seqs *qs = xcalloc((size_t)n, sizeof(Seqs));
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++)
+        if (build_seqs(s, items[i], prompts[i], &qs[i], &outs[i], err, errlen) != 0) {
+            rc = -1;
+            if (bad) *bad = i;
+        }
+    if (!rc) {
+        if (s->full_forward)
+            for (int i = 0; i < n; i++) score_full(s, items[i], &qs[i], &outs[i]);
+        else
+            score_cached(s, n, items, qs, outs);
     }
-    for (int c = 0; c < BENCH_MAX_CHOICES; c++) { free(q.ctx[c].v); free(q.cont[c].v); }
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < BENCH_MAX_CHOICES; c++) { free(qs[i].ctx[c].v); free(qs[i].cont[c].v); }
+    free(qs);
     return rc;
+}
+
+int bench_score_item(BenchScorer *s, const BenchItem *it, const char *prompt, BenchScores *out, char *err, size_t errlen) {
+    char *p = (char *)prompt;
+    return bench_score_batch(s, 1, &it, &p, out, NULL, err, errlen);
 }
 
 // ---------------------------------------------------------------- metrics

@@ -18,6 +18,9 @@
 #include "model/model.h"
 
 #define BENCH_MAX_CHOICES 16
+// Sequences (choices) scored together at most: several items share one prefill and one run of
+// decode steps (bench_score_batch).
+#define BENCH_BATCH_SEQS 32
 
 typedef struct BenchItem {
     char *context;        // the text before the scored part
@@ -79,6 +82,12 @@ void bench_scorer_free(BenchScorer *s);
 // in err (a continuation longer than the model's context, a context with no token and no
 // <|endoftext|> to stand in for it).
 int bench_score_item(BenchScorer *s, const BenchItem *it, const char *prompt, BenchScores *out, char *err, size_t errlen);
+// The same for n items at once, their choices (at most BENCH_BATCH_SEQS in all) prefilled together
+// and decoded side by side. On an error *bad (may be NULL) is the index of the item it names.
+// A sequence's numbers can change in the last bits with the batch it runs in (the matmuls take
+// other paths for other row counts): callers that must agree across runs form the same batches.
+int bench_score_batch(BenchScorer *s, int n, const BenchItem *const *items, char *const *prompts, BenchScores *outs, int *bad,
+                      char *err, size_t errlen);
 // Seconds spent in model forwards (prefill, steps, full forwards) so far.
 double bench_scorer_forward_seconds(const BenchScorer *s);
 
