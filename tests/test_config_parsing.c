@@ -11,18 +11,8 @@
 #include "model/config_hf.h"
 #include "model/mem_plan.h"
 #include "model/tensor_table.h"
+#include "tests/lib/check.h"
 
-static int failures = 0;
-
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (!(cond)) {                                            \
-            failures++;                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);           \
-            printf(__VA_ARGS__);                                  \
-            printf("\n");                                         \
-        }                                                         \
-    } while (0)
 
 static void test_integers(void) {
     static const struct { const char *s; int rc; int64_t v; } I[] = {

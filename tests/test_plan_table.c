@@ -11,18 +11,9 @@
 #include "model/config.h"
 #include "model/mem_plan.h"
 #include "model/model.h"
+#include "tests/lib/check.h"
 
-static int failures = 0, compared = 0;
-
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (!(cond)) {                                            \
-            failures++;                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);           \
-            printf(__VA_ARGS__);                                  \
-            printf("\n");                                         \
-        }                                                         \
-    } while (0)
+static int compared = 0;
 
 static void same_totals(const char *what, const char *cfg, const TensorTable *full, const TensorTable *plan) {
     CHECK(full->n == plan->n, "%s %s: %d tensors, plan counts %d", cfg, what, full->n, plan->n);
