@@ -56,24 +56,18 @@ for m in mha clla clla_quant; do
       --set "train.data=$Q/shards/train" --set "train.val_data=$Q/shards/val" --set "train.tokenizer=$Q/tokenizer.tok"
   fi
   echo "== $m through its cache"
-  part=k_v; prefix=""
-  [ "$m" != mha ] && { part=latent; prefix="latent="; }
+  prefix=""
+  [ "$m" != mha ] && prefix="latent="
   if [ "$m" = clla_quant ]; then evaluate "$RUN" "$m" "int4 (trained)"; continue; fi
   evaluate "$RUN" "$m" bf16 --cache-codec "${prefix}bf16"
   for b in 4 3 2; do evaluate "$RUN" "$m" "int_group $b" --cache-codec "${prefix}int_group:bits=$b,group=32"; done
-  for cb in "4 2 8" "3 2 6" "2 4 8" "1 8 8"; do
-    set -- $cb
-    pkg=$OUT/${m}_cq$1
-    "$CLLA" calibrate "$RUN" --data "$Q/shards/train" --tokens "$CAL" --cache-codec "${prefix}cq:bits=$3,c=$2,iters=25" \
-      --out "$pkg" --overwrite > "$pkg.calibrate.log"
-    evaluate "$pkg" "$m" "cq $1"
-  done
-  for ql in "3 3" "2 1"; do
-    set -- $ql
-    pkg=$OUT/${m}_qet$1
-    "$CLLA" calibrate "$RUN" --data "$Q/shards/train" --tokens "$CAL" --cache-codec "${prefix}qet:levels=$2,width=8,k1=256,k2=16" \
-      --out "$pkg" --overwrite > "$pkg.calibrate.log"
-    evaluate "$pkg" "$m" "qet $1"
+  # the calibrated codecs: label (the package name without its underscore) and spec
+  for lc in "cq_4 cq:bits=8,c=2" "cq_3 cq:bits=6,c=2" "cq_2 cq:bits=8,c=4" "cq_1 cq:bits=8,c=8" \
+            "qet_3 qet:levels=3,width=8,k1=256,k2=16" "qet_2 qet:levels=1,width=8,k1=256,k2=16"; do
+    set -- $lc
+    pkg=$OUT/${m}_${1/_/}
+    "$CLLA" calibrate "$RUN" --data "$Q/shards/train" --tokens "$CAL" --cache-codec "${prefix}$2" --out "$pkg" --overwrite > "$pkg.calibrate.log"
+    evaluate "$pkg" "$m" "${1/_/ }"
   done
 done
 

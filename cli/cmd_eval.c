@@ -24,6 +24,7 @@
 #include "model/model_dir.h"
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/cache_codec_args.h"
 #include "cli/open_tokenizer.h"
 #include "train/dist.h"
 
@@ -70,9 +71,7 @@ static void layout_from_args(CacheLayout *layout, const ModelDir *md, const Args
     const char *specs[256];
     int n_specs = args_get_all(a, SPECS, N_SPECS, "cache-codec", specs, 256);
     cache_layout_copy(layout, &md->cache);
-    char err[512];
-    for (int i = 0; i < n_specs; i++)
-        if (cache_layout_apply_spec(layout, specs[i], err, sizeof(err)) != 0) die("--cache-codec '%s': %s", specs[i], err);
+    apply_cache_codec_args(layout, specs, n_specs);
 }
 
 // Bits per element of every stored part, both ways (codec_bits_stored, codec_bits_paper), the

@@ -22,6 +22,7 @@
 #include "model/sampler.h"
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/cache_codec_args.h"
 #include "cli/open_tokenizer.h"
 #include "train/checkpoint.h"
 
@@ -262,9 +263,8 @@ int cmd_generate(int argc, char **argv) {
     Model model;
     ModelDir md;
     model_dir_load(&md, &model, &cfg, dir, device_backend(OPT("device")), 0, NULL);
-    CacheLayout layout = md.cache;
-    for (int i = 0; i < n_codecs; i++)
-        if (cache_layout_apply_spec(&layout, codec_specs[i], err, sizeof(err)) != 0) die("--cache-codec '%s': %s", codec_specs[i], err);
+    apply_cache_codec_args(&md.cache, codec_specs, n_codecs);
+    const CacheLayout *layout = &md.cache;
     Tokenizer *tok = open_tokenizer(OPT("tokenizer"), &md, cfg.model.vocab_size);
     const int V = cfg.model.vocab_size, ctx = cfg.model.max_position_embeddings;
     int32_t stop_tokens[MAX_LIST + 1];
@@ -312,7 +312,7 @@ int cmd_generate(int argc, char **argv) {
     // sample only ids the tokenizer can print (a model's vocab may be padded beyond it)
     g.V_tok = (int)tok_vocab_size(tok);
     sampler_init(&g.sampler, &sp, g.V_tok);
-    Decoder *dec = decoder_new(&model, &layout, batch, max_len);
+    Decoder *dec = decoder_new(&model, layout, batch, max_len);
     Seq **slot = xcalloc((size_t)batch, sizeof(Seq *));
     float *logits = xmalloc((size_t)batch * V * sizeof(float));
     int *ids = xmalloc((size_t)batch * sizeof(int)), *lens = xmalloc((size_t)batch * sizeof(int));

@@ -1,4 +1,5 @@
 #include "cli/package_out.h"
+#include "cli/cache_codec_args.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -103,10 +104,7 @@ void package_load_source(ModelDir *md, Model *model, Config *cfg, const char *sr
         if (ckpt_validate(src, err, sizeof(err)) != 0) die("checkpoint '%s' is damaged: %s", src, err);
     }
     model_dir_load(md, model, cfg, src, backend_cpu(), 0, NULL);
-    for (int i = 0; i < n_specs; i++) {
-        char err[512];
-        if (cache_layout_apply_spec(&md->cache, specs[i], err, sizeof(err)) != 0) die("--cache-codec '%s': %s", specs[i], err);
-    }
+    apply_cache_codec_args(&md->cache, specs, n_specs);
 }
 
 void package_out_begin(PackageOut *po, const char *out, int overwrite, const char *tok_arg, const char *model_tok, int vocab_size) {

@@ -400,7 +400,8 @@ void cache_layout_set_fit(CacheLayout *cl, int s, void *state) {
         cl->fit = xcalloc((size_t)cl->n_streams, sizeof(void *));
         cl->owns_fit = 1;
     }
-    if (!cl->owns_fit) die("internal error: setting a fitted state in a layout that shares its states");
+    // a copy that shares its source's states may drop one (another codec for the part), not own one
+    if (!cl->owns_fit && state) die("internal error: setting a fitted state in a layout that shares its states");
     free_fit(cl, s);
     cl->fit[s] = state;
 }

@@ -125,7 +125,8 @@ void cache_layout_free(CacheLayout *cl);
 void cache_layout_copy(CacheLayout *dst, const CacheLayout *src);
 // Stream s's codec: its part's, with the stream's fitted state.
 Codec cache_stream_codec(const CacheLayout *cl, int s);
-// Gives stream s its fitted state (the layout owns it from now on).
+// Gives stream s its fitted state (the layout owns it from now on); NULL drops the stream's state
+// (freed when the layout owns it; a copy sharing its source's states only forgets it).
 void cache_layout_set_fit(CacheLayout *cl, int s, void *state);
 // 0 when every stream whose codec needs fitted state has it; else -1 with a message naming the
 // part and what to run.

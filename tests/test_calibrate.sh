@@ -50,6 +50,10 @@ if near "$full" "$dec" 1e-4; then ok "latent cq: full forward $full = decoded $d
 "$CLLA" eval --checkpoint run_clla --data shards/val --max-batches 2 --batch 4 --seq 24 --through-cache --json > bf.json 2>/dev/null
 bf=$(field bf.json loss)
 if ! near "$full" "$bf" 1e-6; then ok "the codebooks change the loss (bf16 $bf, cq 2 bits/element $full)"; else fail "cq gives bf16's loss $bf"; fi
+"$CLLA" eval --checkpoint pk --data shards/val --max-batches 2 --batch 4 --seq 24 --through-cache --json \
+    --cache-codec latent=bf16 --cache-codec k_rope=bf16 > over.json 2> over.err
+if near "$(field over.json loss)" "$bf" 1e-6; then ok "the package's cq parts overridden by --cache-codec bf16: the states dropped, bf16's loss"
+else fail "override: $(cat over.json) vs bf16 $bf" over.err; fi
 "$CLLA" generate --model pk --prompt "The" --max-new-tokens 4 > gen.out 2> gen.err && [ -s gen.out ] &&
     ok "generate through the cq cache" || fail "generate" gen.err
 
