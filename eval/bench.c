@@ -338,44 +338,106 @@ static int build_seqs(BenchScorer *s, const BenchItem *it, const char *prompt, S
 
 static double logprob(const float *logits, int V, uint32_t target) { return -eval_token_nll(logits, V, (int)target); }
 
-// Through the decoder: every choice of every item of the batch prefilled in one batched forward,
-// then the continuations decoded one token a step, all the sequences still running side by side.
+// The tokens choice c of an item reads (its context after left truncation): n of them at *v.
+static const int32_t *choice_ctx(const Seqs *q, int c, int *n) {
+    *n = (int)q->ctx[c].n - q->start[c];
+    return (const int32_t *)q->ctx[c].v + q->start[c];
+}
+
+// How many leading tokens every choice of the item reads alike (0 if a single choice): the
+// part prefilled once and forked. A plain item shares its whole context; a partial-scoring
+// item (Winogrande) the prompt before the option.
+static int shared_prefix(const BenchItem *it, const Seqs *q) {
+    if (it->n_choices < 2) return 0;
+    int n0, p;
+    const int32_t *t0 = choice_ctx(q, 0, &n0);
+    p = n0;
+    for (int c = 1; c < it->n_choices; c++) {
+        int n;
+        const int32_t *t = choice_ctx(q, c, &n);
+        int k = 0;
+        while (k < p && k < n && t[k] == t0[k]) k++;
+        p = k;
+    }
+    return p;
+}
+
+// One choice's run through the decoder: after the prefill, `feed` tokens go in one a step (the
+// rest of its context past the shared prefix, then its continuation but the last token), and
+// the logits from `skip` on score the continuation.
+typedef struct ChoiceRun {
+    int item, choice, prefill_row;
+    int skip, n_tail;
+    int32_t *tail;   // context tail + continuation
+} ChoiceRun;
+
+// Through the decoder: the context each item's choices share prefilled once, with every
+// unshared one, in one batched forward; the shared sequences forked into one per choice
+// (model/decode.h: full cache blocks shared, not copied); then all the choices' remaining
+// tokens decoded one a step, side by side.
 static void score_cached(BenchScorer *s, int n, const BenchItem *const *items, Seqs *qs, BenchScores *outs) {
-    int V = s->m->cfg.vocab_size, S = 0;
-    int ids[BENCH_BATCH_SEQS], lens[BENCH_BATCH_SEQS], act[BENCH_BATCH_SEQS], item_of[BENCH_BATCH_SEQS], choice_of[BENCH_BATCH_SEQS];
+    int V = s->m->cfg.vocab_size, S = 0, np = 0;
+    ChoiceRun run[BENCH_BATCH_SEQS];
+    int pids[BENCH_BATCH_SEQS], plens[BENCH_BATCH_SEQS], act[BENCH_BATCH_SEQS];
     const int32_t *prompts[BENCH_BATCH_SEQS];
     int32_t toks[BENCH_BATCH_SEQS];
-    for (int i = 0; i < n; i++)
+    int forks[BENCH_BATCH_SEQS][2], n_forks = 0;
+    for (int i = 0; i < n; i++) {
+        int shared = shared_prefix(items[i], &qs[i]), base = S;
         for (int c = 0; c < items[i]->n_choices; c++, S++) {
             if (S == BENCH_BATCH_SEQS) die("internal error: a benchmark batch of more than %d sequences", BENCH_BATCH_SEQS);
-            ids[S] = S;
-            item_of[S] = i;
-            choice_of[S] = c;
-            prompts[S] = (const int32_t *)qs[i].ctx[c].v + qs[i].start[c];
-            lens[S] = (int)qs[i].ctx[c].n - qs[i].start[c];
+            int nc;
+            const int32_t *ctx = choice_ctx(&qs[i], c, &nc);
+            int prefix = shared ? shared : nc;
+            const U32Vec *cont = &qs[i].cont[c];
+            ChoiceRun *r = &run[S];
+            r->item = i;
+            r->choice = c;
+            r->skip = nc - prefix;
+            r->n_tail = r->skip + (int)cont->n;
+            r->tail = xmalloc((size_t)r->n_tail * sizeof(int32_t));
+            memcpy(r->tail, ctx + prefix, (size_t)r->skip * sizeof(int32_t));
+            for (size_t k = 0; k < cont->n; k++) r->tail[r->skip + (int)k] = (int32_t)cont->v[k];
+            if (!shared || c == 0) {
+                pids[np] = S;
+                prompts[np] = ctx;
+                plens[np] = prefix;
+                np++;
+            } else {
+                forks[n_forks][0] = base;
+                forks[n_forks][1] = S;
+                n_forks++;
+            }
+            r->prefill_row = np - 1;
         }
+    }
     float *logits = logits_buf(s, (size_t)S * V);
     double t0 = now_seconds();
-    decoder_prefill(s->d, S, ids, prompts, lens, logits);
+    decoder_prefill(s->d, np, pids, prompts, plens, logits);
+    for (int f = 0; f < n_forks; f++) decoder_fork(s->d, forks[f][0], forks[f][1]);
     s->forward_seconds += now_seconds() - t0;
-    for (int j = 0; j < S; j++)
-        outs[item_of[j]].loglik[choice_of[j]] = logprob(logits + (size_t)j * V, V, qs[item_of[j]].cont[choice_of[j]].v[0]);
+    for (int j = 0; j < S; j++) {
+        outs[run[j].item].loglik[run[j].choice] = 0;
+        if (run[j].skip == 0)
+            outs[run[j].item].loglik[run[j].choice] = logprob(logits + (size_t)run[j].prefill_row * V, V, (uint32_t)run[j].tail[0]);
+    }
     for (int t = 1;; t++) {
         int na = 0;
-        for (int j = 0; j < S; j++) {
-            const U32Vec *cont = &qs[item_of[j]].cont[choice_of[j]];
-            if ((int)cont->n > t) { act[na] = j; toks[na] = (int32_t)cont->v[t - 1]; na++; }
-        }
+        for (int j = 0; j < S; j++)
+            if (run[j].n_tail > t) { act[na] = j; toks[na] = run[j].tail[t - 1]; na++; }
         if (!na) break;
         t0 = now_seconds();
         decoder_step(s->d, na, act, toks, logits);
         s->forward_seconds += now_seconds() - t0;
         for (int k = 0; k < na; k++) {
-            int j = act[k];
-            outs[item_of[j]].loglik[choice_of[j]] += logprob(logits + (size_t)k * V, V, qs[item_of[j]].cont[choice_of[j]].v[t]);
+            const ChoiceRun *r = &run[act[k]];
+            if (t >= r->skip) outs[r->item].loglik[r->choice] += logprob(logits + (size_t)k * V, V, (uint32_t)r->tail[t]);
         }
     }
-    for (int j = 0; j < S; j++) decoder_release(s->d, j);
+    for (int j = 0; j < S; j++) {
+        decoder_release(s->d, j);
+        free(run[j].tail);
+    }
 }
 
 // The check path: one full-sequence forward of every choice's tokens, right-padded.

@@ -32,6 +32,7 @@ struct Decoder {
     uint8_t ***blocks;
     int cap_ids, n_ids;
     int *free_ids, n_free;
+    int *refs;             // [cap_ids]: sequences whose tables hold the block (forks share full blocks)
     int *table;            // [max_seqs * max_blocks]
     int *len;              // [max_seqs]
     PagedStream *ps;       // [n_streams]
@@ -64,7 +65,11 @@ static void stream_decode(const void *codec, float *dst, const uint8_t *src, int
 
 // A block id with storage in every stream: a released one, or a new one.
 static int block_take(Decoder *d) {
-    if (d->n_free) return d->free_ids[--d->n_free];
+    if (d->n_free) {
+        int id = d->free_ids[--d->n_free];
+        d->refs[id] = 1;
+        return id;
+    }
     if (d->n_ids == d->cap_ids) {
         int cap = d->cap_ids ? 2 * d->cap_ids : 16;
         for (int s = 0; s < d->cl.n_streams; s++) {
@@ -72,6 +77,7 @@ static int block_take(Decoder *d) {
             d->ps[s].blocks = d->blocks[s];
         }
         d->free_ids = xrealloc(d->free_ids, (size_t)cap * sizeof(int));
+        d->refs = xrealloc(d->refs, (size_t)cap * sizeof(int));
         d->cap_ids = cap;
     }
     int id = d->n_ids++;
@@ -79,8 +85,10 @@ static int block_take(Decoder *d) {
         d->blocks[s][id] = d->m->be->alloc(cache_stream_bytes_per_token(&d->cl, s) * DECODE_BLOCK_TOKENS);
         d->ps[s].n_blocks = d->n_ids;
     }
+    d->refs[id] = 1;
     return id;
 }
+
 
 // Makes room for token position pos of sequence seq (a new block at each block boundary).
 static void reserve(Decoder *d, int seq, int pos) {
@@ -226,6 +234,7 @@ void decoder_free(Decoder *d) {
     }
     free(d->blocks);
     free(d->free_ids);
+    free(d->refs);
     free(d->table);
     free(d->len);
     free(d->ps);
@@ -439,8 +448,39 @@ int decoder_seq_len(const Decoder *d, int seq) {
 void decoder_release(Decoder *d, int seq) {
     check_seq(d, seq);
     int blocks = (d->len[seq] + DECODE_BLOCK_TOKENS - 1) / DECODE_BLOCK_TOKENS;
-    for (int b = 0; b < blocks; b++) d->free_ids[d->n_free++] = d->table[(size_t)seq * d->max_blocks + b];
+    for (int b = 0; b < blocks; b++) {
+        int id = d->table[(size_t)seq * d->max_blocks + b];
+        if (--d->refs[id] == 0) d->free_ids[d->n_free++] = id;
+    }
     d->len[seq] = 0;
+}
+
+// Full blocks are never written again (a sequence only appends), so the fork shares them; the
+// partial last block is the one place both sequences will write next, so dst gets a copy.
+void decoder_fork(Decoder *d, int src, int dst) {
+    check_seq(d, src);
+    check_seq(d, dst);
+    if (src == dst) die("decoder: a sequence cannot be forked into itself (%d)", src);
+    if (d->len[src] < 1) die("decoder: sequence %d is empty: nothing to fork", src);
+    if (d->len[dst]) die("decoder: sequence %d is not empty: a fork starts a sequence", dst);
+    int len = d->len[src], full = len / DECODE_BLOCK_TOKENS, rest = len % DECODE_BLOCK_TOKENS;
+    int *from = d->table + (size_t)src * d->max_blocks, *to = d->table + (size_t)dst * d->max_blocks;
+    for (int b = 0; b < full; b++) {
+        to[b] = from[b];
+        d->refs[from[b]]++;
+    }
+    if (rest) {
+        to[full] = block_take(d);
+        for (int s = 0; s < d->cl.n_streams; s++)
+            d->m->be->copy(d->blocks[s][to[full]], d->blocks[s][from[full]], (size_t)rest * d->ps[s].token_bytes);
+    }
+    d->len[dst] = len;
+}
+
+size_t decoder_blocks_in_use(const Decoder *d) {
+    size_t n = 0;
+    for (int i = 0; i < d->n_ids; i++) n += d->refs[i] > 0;
+    return n;
 }
 
 size_t decoder_bytes_per_token(const Decoder *d) { return cache_layout_bytes_per_token(&d->cl); }

@@ -45,7 +45,14 @@ void decoder_extend(Decoder *d, int seq, const int32_t *tokens, int n, float *lo
 // seconds, for timing steps (their time does not depend on the values).
 void decoder_fill_synthetic(Decoder *d, int seq, int n, uint64_t seed);
 
+// Starts the empty sequence dst as a copy of sequence src (non-empty): the two share src's full
+// blocks (kept until both are released) and dst gets its own copy of the partial last one, so a
+// context prefilled once serves several continuations (benchmark choices, beam candidates).
+void decoder_fork(Decoder *d, int src, int dst);
+
 int decoder_seq_len(const Decoder *d, int seq);
+// Blocks some sequence holds now (a block shared by forks counts once).
+size_t decoder_blocks_in_use(const Decoder *d);
 // Frees a sequence's blocks for reuse (its length becomes 0).
 void decoder_release(Decoder *d, int seq);
 // Bytes held by cache blocks now (blocks in use and free ones kept for reuse), every stream.

@@ -2,9 +2,11 @@
 # clla eval --bench and eval/convert_bench.py (docs/BENCHMARKS.md):
 #  - every converter turns its fixture items (tests/fixtures/bench/, written for these tests) into
 #    the generic JSONL with the right label, and clla scores the result;
-#  - the decoder path (context prefilled, continuation decoded through the cache) and the
-#    full-sequence forward give the same per-choice log-likelihoods (1e-4) with an fp32 cache,
-#    with a bf16 cache and with a CLLA-quant + MoE model's int4 latent, and the same acc/acc_norm;
+#  - the decoder path (the context the choices share prefilled once and forked, the rest decoded
+#    through the cache) and the full-sequence forward give the same per-choice log-likelihoods
+#    (1e-4) with an fp32 cache and with a CLLA-quant + MoE model's int4 latent, within a rounding
+#    flip (5e-3) with a bf16 cache and a 2-bit latent, and the same acc/acc_norm, plain items and
+#    partial-scoring ones (Winogrande: the choices share only the prompt before the option);
 #  - bad input: a malformed line (its line number; --skip-bad scores the rest), a label out of
 #    range, an empty choice, an unknown format, more shots than the dev split holds, a bench-only
 #    option without --bench: one line, exit != 0, no --items-out file left.
@@ -84,16 +86,21 @@ cat > two.jsonl <<'EOF'
 {"context": "The cat sat on the", "choices": [" mat.", " moon and the stars, far above the quiet town."], "label": 0}
 {"context": "Water is", "choices": [" wet", " dry", " a kind of fish that swims"], "label": 1}
 EOF
-cat "$FX/generic.jsonl" two.jsonl > mixed.jsonl
-same() {   # same NAME FILE_A FILE_B: per-choice log-likelihoods within 1e-4, same picks
-    "$PY" - "$2" "$3" <<'PYEOF'
+cat "$FX/generic.jsonl" two.jsonl winogrande.jsonl > mixed.jsonl   # winogrande: partial scoring, choices share the prompt before the option
+# same TOL FILE_A FILE_B: per-choice log-likelihoods within TOL, same picks. 1e-4 where the cache
+# stores fp32; a rounding codec (bf16, int_group) gets 5e-3: a value within an ulp of a rounding
+# boundary rounds differently on the two paths (a step's matmul sums in another order than the
+# full forward's), moving one log-likelihood by ~1e-3 at 2 bits; a wrong cache moves them by 1 and more.
+same() {
+    "$PY" - "$1" "$2" "$3" <<'PYEOF'
 import json, sys
 def need(cond, msg):
     if not cond:
         print(msg)
         sys.exit(1)
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
+tol = float(sys.argv[1])
+a = [json.loads(l) for l in open(sys.argv[2])]
+b = [json.loads(l) for l in open(sys.argv[3])]
 need(len(a) == len(b) and a, "item counts differ")
 worst = 0.0
 for x, y in zip(a, b):
@@ -101,24 +108,24 @@ for x, y in zip(a, b):
     need(x["tokens"] == y["tokens"] and x["bytes"] == y["bytes"], f"tokens differ: {x} vs {y}")
     for u, v in zip(x["loglik"], y["loglik"]):
         worst = max(worst, abs(u - v))
-need(worst <= 1e-4, f"largest difference {worst:.3e} > 1e-4")
+need(worst <= tol, f"largest difference {worst:.3e} > {tol:g}")
 print(f"{len(a)} items, largest difference {worst:.1e}")
 PYEOF
 }
-for c in "gqa|fp32" "gqa|bf16" "cq|k_rope=fp32" "cq|latent=int_group:bits=2,group=8"; do
-    IFS='|' read -r model codec <<< "$c"
+for c in "gqa|fp32|1e-4" "gqa|bf16|5e-3" "cq|k_rope=fp32|1e-4" "cq|latent=int_group:bits=2,group=8|5e-3"; do
+    IFS='|' read -r model codec tol <<< "$c"
     for path in dec full; do
         extra=(); [ $path = full ] && extra=(--full-forward)
         "${B[@]}" --checkpoint $model --bench mixed.jsonl --shots 1 --cache-codec "$codec" --json --items-out "$path.items" "${extra[@]}" \
             > "$path.json" 2> "$path.err" || fail "$model $codec $path: $(tail -n 1 "$path.err")"
     done
-    if msg=$(same x dec.items full.items 2>&1); then ok "$model, cache $codec: decoder = full forward ($msg)"; else fail "$model $codec: $msg"; fi
+    if msg=$(same "$tol" dec.items full.items 2>&1); then ok "$model, cache $codec: decoder = full forward ($msg, tolerance $tol)"; else fail "$model $codec: $msg"; fi
     a=$(grep -o '"acc":[^,]*,"acc_stderr":[^,]*,"acc_norm":[^,]*' dec.json) b=$(grep -o '"acc":[^,]*,"acc_stderr":[^,]*,"acc_norm":[^,]*' full.json)
     [ -n "$a" ] && [ "$a" = "$b" ] && ok "$model, cache $codec: the same $a" || fail "$model $codec: [$a] vs [$b]"
 done
 "${B[@]}" --checkpoint cq --bench mixed.jsonl --cache-codec latent=int_group:bits=2,group=8 --items-out q2.items > /dev/null 2>&1
 "${B[@]}" --checkpoint cq --bench mixed.jsonl --items-out q4.items > /dev/null 2>&1
-if ! same x q2.items q4.items > /dev/null 2>&1; then ok "the cache codec reaches the scores (2-bit latent differs from the trained 4-bit)"
+if ! same 1e-4 q2.items q4.items > /dev/null 2>&1; then ok "the cache codec reaches the scores (2-bit latent differs from the trained 4-bit)"
 else fail "a 2-bit latent scored as the 4-bit one"; fi
 "${B[@]}" --checkpoint gqa --bench mixed.jsonl --bench two.jsonl > md.out 2> md.err
 [ "$(sed -n 1p md.out)" = "| checkpoint | cache | bytes/token | shots | mixed acc | mixed acc_norm | two acc | two acc_norm |" ] &&
@@ -141,7 +148,7 @@ for path in dec full; do
     extra=(); [ $path = full ] && extra=(--full-forward)
     "${B[@]}" --checkpoint short --bench long.jsonl --cache-codec fp32 --items-out "long_$path.items" "${extra[@]}" > /dev/null 2> long.err
 done
-if grep -q '"truncated":true' long_dec.items && msg=$(same x long_dec.items long_full.items 2>&1); then ok "a context beyond max_position_embeddings is cut on the left, both paths alike ($msg)"
+if grep -q '"truncated":true' long_dec.items && msg=$(same 1e-4 long_dec.items long_full.items 2>&1); then ok "a context beyond max_position_embeddings is cut on the left, both paths alike ($msg)"
 else fail "long context: $(cat long_dec.items long.err) ${msg:-}"; fi
 echo '{"context": "a", "choices": [" one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen", " b"], "label": 1}' > longcont.jsonl
 if "${B[@]}" --checkpoint short --bench longcont.jsonl > x.out 2> x.err; then fail "a continuation longer than the context accepted"

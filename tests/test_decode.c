@@ -10,7 +10,8 @@
 // figure of `clla info` (model/cache.c), rounded up to whole blocks; codecs encode their own
 // round trip to the same bytes except int_group at 8 bits (why prefill encodes the value before
 // its round trip, model/decode.c); released blocks are reused; decoder_extend (chunked
-// prefill through the cache) gives the same logits.
+// prefill through the cache) gives the same logits; forked sequences share full blocks and
+// decode as if each had been prefilled alone.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +75,56 @@ static void layout_for(CacheLayout *cl, const Model *m, const char *specs) {
     snprintf(buf, sizeof(buf), "%s", specs);
     for (char *save = NULL, *s = strtok_r(buf, ";", &save); s; s = strtok_r(NULL, ";", &save))
         if (cache_layout_apply_spec(cl, s, err, sizeof(err)) != 0) { printf("bad spec %s: %s\n", s, err); exit(1); }
+}
+
+// Forks: the prefix tok[0][..p) prefilled once in sequence 0, forked into 1 and 2, 0 released;
+// 1 goes on with tok[0] (its logits must equal the full forward's row 0) and 2 with tok[1]'s
+// tokens after the prefix (its logits must equal a decoder that prefilled that mix itself).
+// Full blocks are shared, the partial last one copied (p = 37) or there is none (p = 32).
+static double check_fork(Model *m, const CacheLayout *cl, int32_t tok[NSEQ][TMAX], const float *full, const char *name) {
+    int V = m->cfg.vocab_size, n0 = LENS[0] < LENS[1] ? LENS[0] : LENS[1];
+    double worst = 0;
+    float *lg = malloc((size_t)2 * V * sizeof(float)), *ref = malloc((size_t)TMAX * V * sizeof(float));
+    static const int PREFIX[] = {37, 32};
+    for (int k = 0; k < 2; k++) {
+        int p = PREFIX[k], zero = 0, rest = p % DECODE_BLOCK_TOKENS ? 1 : 0;
+        int32_t mix[TMAX];
+        for (int t = 0; t < n0; t++) mix[t] = t < p ? tok[0][t] : tok[1][t];
+        // the reference: the mix prefilled and stepped by a decoder of its own
+        Decoder *d = decoder_new(m, cl, 1, TMAX);
+        const int32_t *pm = mix;
+        decoder_prefill(d, 1, &zero, &pm, &p, NULL);
+        for (int t = p; t < n0; t++) decoder_step(d, 1, &zero, &mix[t], ref + (size_t)t * V);
+        decoder_free(d);
+
+        d = decoder_new(m, cl, 3, TMAX);
+        const int32_t *p0 = tok[0];
+        decoder_prefill(d, 1, &zero, &p0, &p, NULL);
+        decoder_fork(d, 0, 1);
+        decoder_fork(d, 0, 2);
+        check(decoder_blocks_in_use(d) == (size_t)(p / DECODE_BLOCK_TOKENS + 3 * rest), "a fork shares the full blocks", name);
+        decoder_release(d, 0);
+        check(decoder_blocks_in_use(d) == (size_t)(p / DECODE_BLOCK_TOKENS + 2 * rest), "a released fork source keeps the shared blocks", name);
+        check(decoder_seq_len(d, 1) == p && decoder_seq_len(d, 2) == p, "a fork has the source's length", name);
+        int ids[2] = {1, 2};
+        for (int t = p; t < n0; t++) {
+            int32_t next[2] = {tok[0][t], mix[t]};
+            decoder_step(d, 2, ids, next, lg);
+            for (int v = 0; v < V; v++) {
+                double e1 = fabs(lg[v] - full[(size_t)t * V + v]);
+                double e2 = fabs(lg[(size_t)V + v] - ref[(size_t)t * V + v]);
+                if (e1 > worst) worst = e1;
+                if (e2 > worst) worst = e2;
+            }
+        }
+        decoder_release(d, 1);
+        decoder_release(d, 2);
+        check(decoder_blocks_in_use(d) == 0, "every block free after the forks are released", name);
+        decoder_free(d);
+    }
+    free(lg);
+    free(ref);
+    return worst;
 }
 
 static void run_case(const Case *cs, int ci) {
@@ -183,6 +234,9 @@ static void run_case(const Case *cs, int ci) {
         }
         decoder_free(d);
     }
+    double fork_err = check_fork(&m, &cl, tok, full, cs->name);
+    check(fork_err <= 1e-4, "forked sequences decode as if prefilled alone", cs->name);
+    if (fork_err > worst) worst = fork_err;
     // a prefill of the whole sequences (the full forward's shape): the cached latent decodes bit
     // for bit to the latent the training forward used (CLLA-quant: its int_group codes)
     if (R) {
