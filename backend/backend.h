@@ -105,16 +105,17 @@ typedef struct Backend {
     // x is (N, H, S) and row n sits at position pos[n] (int32, backend memory).
     void (*rope_rows_forward)(float *x, int N, int H, int S, int off, int D, const int *pos, float theta);
 
-    // ---- causal softmax attention with grouped heads ----
+    // ---- causal softmax attention with grouped heads, no T x T matrix ----
     // q (B, T, NH, DQK), k (B, T, NKV, DQK), v (B, T, NKV, DV); query head h reads kv head
-    // h / (NH / NKV). out (B, T, NH, DV). att (B, NH, T, T) receives the softmax
-    // probabilities (fp32 on every backend; entries above the diagonal are 0).
-    // scores = scale * q.k, positions s > t masked.
-    void (*attention_forward)(float *out, float *att, const float *q, const float *k, const float *v,
+    // h / (NH / NKV). scores = scale * q.k, positions s > t masked. out (B, T, NH, DV) =
+    // softmax(scores) v; lse (B, NH, T, fp32 on every backend) = the log-sum-exp of each
+    // score row, all the backward needs to recompute the probabilities (FlashAttention-2).
+    void (*attention_forward)(float *out, float *lse, const float *q, const float *k, const float *v,
                               int B, int T, int NH, int NKV, int DQK, int DV, float scale);
-    // dq, dk, dv accumulate. scratch: fp32 buffer of B*NH*T*T elements (dscores).
+    // dq, dk, dv accumulate; out and lse as the forward wrote them. scratch: fp32 (B, NH, T)
+    // (the rows' dO . O).
     void (*attention_backward)(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                               const float *att, const float *q, const float *k, const float *v,
+                               const float *out, const float *lse, const float *q, const float *k, const float *v,
                                int B, int T, int NH, int NKV, int DQK, int DV, float scale);
 
     // ---- attention of one query row per sequence over a paged cache (decoding) ----

@@ -1,155 +1,240 @@
-// Causal softmax attention with grouped heads, first version: cuBLAS strided-batched GEMMs
-// and row-softmax kernels, the full (T, T) score matrix materialised as the contract asks
-// (att receives fp32 probabilities). Query head h reads kv head h / (NH / NKV).
+// Causal softmax attention with grouped heads, without the T x T matrix (the contract of
+// backend/backend.h): the forward keeps out and the row log-sum-exp lse, the backward recomputes
+// the probabilities from them. Query head h reads kv head h / (NH / NKV).
 //
-// Layouts (row-major): q (B, T, NH, DQK), k (B, T, NKV, DQK), v (B, T, NKV, DV),
-// out (B, T, NH, DV), att (B, NH, T, T). For one head h, Q_h of batch row b is a (T, DQK)
-// matrix with row stride NH * DQK, and batch rows are T * NH * DQK apart: so each GEMM runs
-// once per query head, batched over b. cuBLAS is column-major: a row-major (R, K) matrix
-// with row stride ld is the column-major (K, R) matrix with leading dimension ld.
+// Layouts (row-major): q (B, T, NH, DQK), k (B, T, NKV, DQK), v (B, T, NKV, DV), out (B, T, NH,
+// DV), all bf16; lse and the backward's scratch Delta (B, NH, T) fp32.
 //
-// Precision: scores and probabilities are fp32 (GEMM output and softmax); the P @ V and
-// gradient GEMMs take bf16 copies of P and dS (tensor cores want one input type), with
-// fp32 accumulation. dk and dv are accumulated over a group's NH / NKV query heads in fp32
-// scratch, then added to the bf16 gradients once.
+// This is the correctness-first version (docs/GPU.md, "Attention"): one warp per query row
+// (forward, dQ) or key row (dK, dV), fp32 arithmetic on CUDA cores, online softmax over chunks
+// of 32 keys (lane j scores key s0 + j), the output or gradient row in registers spread over the
+// lanes (lane l holds elements l, l + 32, ...; widths up to ATT_MAX_D). Causal work only: a row
+// visits the keys (queries) on its side of the diagonal. Like the CPU op, P (for P V and dV) and
+// dS (for dQ and dK) are rounded to bf16 where a tensor-core kernel would read them, and lse is
+// accumulated from the unrounded P, so the cpu-bf16 backend predicts this one. dK and dV sum a
+// group's query heads in fp32 registers and are added to the bf16 gradient once; nothing is
+// added by two warps, so the result does not depend on the schedule.
+//
+// What it is not yet: an FA2-style tiled kernel with tensor-core mma or cuDNN's fused attention.
 #include "kernels/cuda_common.cuh"
 
-// C (m, n) = alpha op(A) op(B) + beta C, column-major, bf16 A and B, batched with strides.
-static void gemm_sb(bool ta, bool tb, int m, int n, int k, float alpha, const void *A, int lda,
-                    long long sA, const void *B, int ldb, long long sB, float beta, void *C,
-                    cudaDataType_t ctype, int ldc, long long sC, int batch) {
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(cuda_cublas(), ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                            tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
-                                            A, CUDA_R_16BF, lda, sA, B, CUDA_R_16BF, ldb, sB, &beta,
-                                            C, ctype, ldc, sC, batch, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT));
+#define ATT_MAX_D 256                 // widest DQK and DV (8 registers per lane)
+#define ATT_REGS (ATT_MAX_D / 32)
+#define ATT_WARPS 4                   // rows per block
+
+static __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// dot(x (fp32, shared), y (bf16, global)) over n, sequential: one lane's whole dot product.
+static __device__ __forceinline__ float dot_row(const float *x, const bf16 *y, int n) {
+    float s = 0.0f;
+    for (int d = 0; d < n; d++) s += x[d] * ld(y + d);
+    return s;
 }
 
-#define ATT_ROWS_PER_BLOCK 4   // one warp per row
+// Copies a bf16 row of n into the warp's shared row (fp32), lanes striding.
+static __device__ __forceinline__ void row_to_shared(float *dst, const bf16 *src, int n, int lane) {
+    for (int d = lane; d < n; d += 32) dst[d] = ld(src + d);
+    __syncwarp();
+}
 
-// In place on fp32 scores (already scaled): causal softmax of row (b, h, t) over s <= t,
-// zeros above the diagonal; also writes the bf16 copy pb.
-__global__ void causal_softmax_kernel(float *att, bf16 *pb, int T, size_t rows) {
-    const size_t row = (size_t)blockIdx.x * ATT_ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    const int t = (int)(row % T);
-    float *a = att + row * T;
-    bf16 *p = pb + row * T;
-    float m = -INFINITY;
-    for (int s = lane; s <= t; s += 32) m = fmaxf(m, a[s]);
-    m = warp_max(m);
-    float sum = 0.0f;
-    for (int s = lane; s <= t; s += 32) sum += expf(a[s] - m);
-    sum = warp_sum(sum);
-    for (int s = lane; s < T; s += 32) {
-        const float v = s <= t ? expf(a[s] - m) / sum : 0.0f;
-        a[s] = v;
-        p[s] = to_bf16(v);
+// One warp per query row r = (b, h, t), r in [0, B NH T).
+__global__ void attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T,
+                                         int NH, int NKV, int DQK, int DV, float scale) {
+    extern __shared__ float sh[];   // ATT_WARPS rows of DQK: the warp's query
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t r = (size_t)blockIdx.x * ATT_WARPS + warp;
+    if (r >= (size_t)B * NH * T) return;
+    const int t = (int)(r % T), h = (int)(r / T % NH), b = (int)(r / ((size_t)T * NH)), kvh = h / (NH / NKV);
+    float *qs = sh + (size_t)warp * DQK;
+    row_to_shared(qs, q + (((size_t)b * T + t) * NH + h) * DQK, DQK, lane);
+    const bf16 *kb = k + (size_t)b * T * NKV * DQK + (size_t)kvh * DQK;
+    const bf16 *vb = v + (size_t)b * T * NKV * DV + (size_t)kvh * DV;
+    float o[ATT_REGS];
+#pragma unroll
+    for (int i = 0; i < ATT_REGS; i++) o[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int s0 = 0; s0 <= t; s0 += 32) {
+        const int s = s0 + lane;
+        const float sc = s <= t ? scale * dot_row(qs, kb + (size_t)s * NKV * DQK, DQK) : -INFINITY;
+        const float mx = fmaxf(m, warp_max(sc));   // key s0 <= t is always in: mx finite
+        const float alpha = expf(m - mx), p = s <= t ? expf(sc - mx) : 0.0f;
+        l = l * alpha + warp_sum(p);
+        m = mx;
+        const float pb = bf16_round(p);
+#pragma unroll
+        for (int i = 0; i < ATT_REGS; i++) o[i] *= alpha;
+        const int n = t - s0 + 1 < 32 ? t - s0 + 1 : 32;
+        for (int j = 0; j < n; j++) {
+            const float pj = __shfl_sync(0xFFFFFFFFu, pb, j);
+            const bf16 *vr = vb + (size_t)(s0 + j) * NKV * DV;
+#pragma unroll
+            for (int i = 0; i < ATT_REGS; i++) {
+                const int d = lane + 32 * i;
+                if (d < DV) o[i] += pj * ld(vr + d);
+            }
+        }
+    }
+    bf16 *orow = out + (((size_t)b * T + t) * NH + h) * DV;
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int i = 0; i < ATT_REGS; i++) {
+        const int d = lane + 32 * i;
+        if (d < DV) orow[d] = to_bf16(o[i] * inv);
+    }
+    if (lane == 0) lse[((size_t)b * NH + h) * T + t] = m + logf(l);
+}
+
+// Delta (b, h, t) = dO . O, one warp per row.
+__global__ void attention_delta_kernel(float *delta, const bf16 *dout, const bf16 *out, int B, int T, int NH, int DV) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t r = (size_t)blockIdx.x * ATT_WARPS + warp;
+    if (r >= (size_t)B * NH * T) return;
+    const int t = (int)(r % T), h = (int)(r / T % NH), b = (int)(r / ((size_t)T * NH));
+    const size_t off = (((size_t)b * T + t) * NH + h) * DV;
+    float s = 0.0f;
+    for (int d = lane; d < DV; d += 32) s += ld(dout + off + d) * ld(out + off + d);
+    s = warp_sum(s);
+    if (lane == 0) delta[((size_t)b * NH + h) * T + t] = s;
+}
+
+// dQ row (b, h, t) += scale sum_s dS_ts k_s, dS = P (dP - Delta), P = exp(S - lse), dP = dO v^T.
+__global__ void attention_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
+                                    const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV, int DQK, int DV,
+                                    float scale) {
+    extern __shared__ float sh[];   // ATT_WARPS x (DQK + DV): the warp's query and dO rows
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t r = (size_t)blockIdx.x * ATT_WARPS + warp;
+    if (r >= (size_t)B * NH * T) return;
+    const int t = (int)(r % T), h = (int)(r / T % NH), b = (int)(r / ((size_t)T * NH)), kvh = h / (NH / NKV);
+    float *qs = sh + (size_t)warp * (DQK + DV), *gs = qs + DQK;
+    const size_t qrow = ((size_t)b * T + t) * NH + h;
+    row_to_shared(qs, q + qrow * DQK, DQK, lane);
+    row_to_shared(gs, dout + qrow * DV, DV, lane);
+    const bf16 *kb = k + (size_t)b * T * NKV * DQK + (size_t)kvh * DQK;
+    const bf16 *vb = v + (size_t)b * T * NKV * DV + (size_t)kvh * DV;
+    const float lt = lse[((size_t)b * NH + h) * T + t], dt = delta[((size_t)b * NH + h) * T + t];
+    float acc[ATT_REGS];
+#pragma unroll
+    for (int i = 0; i < ATT_REGS; i++) acc[i] = 0.0f;
+    for (int s0 = 0; s0 <= t; s0 += 32) {
+        const int s = s0 + lane;
+        float ds = 0.0f;
+        if (s <= t) {
+            const float p = expf(scale * dot_row(qs, kb + (size_t)s * NKV * DQK, DQK) - lt);
+            ds = bf16_round(p * (dot_row(gs, vb + (size_t)s * NKV * DV, DV) - dt));
+        }
+        const int n = t - s0 + 1 < 32 ? t - s0 + 1 : 32;
+        for (int j = 0; j < n; j++) {
+            const float dj = __shfl_sync(0xFFFFFFFFu, ds, j);
+            const bf16 *kr = kb + (size_t)(s0 + j) * NKV * DQK;
+#pragma unroll
+            for (int i = 0; i < ATT_REGS; i++) {
+                const int d = lane + 32 * i;
+                if (d < DQK) acc[i] += dj * ld(kr + d);
+            }
+        }
+    }
+    bf16 *g = dq + qrow * DQK;
+#pragma unroll
+    for (int i = 0; i < ATT_REGS; i++) {
+        const int d = lane + 32 * i;
+        if (d < DQK) g[d] = to_bf16(ld(g + d) + scale * acc[i]);
     }
 }
 
-// Row (b, h, t): dS = P (dP - sum_s P dP) over s <= t, 0 above the diagonal; bf16 copies of
-// P and dS for the gradient GEMMs. dp (fp32, the caller's scratch) is left as it is.
-__global__ void causal_softmax_backward_kernel(bf16 *dsb, bf16 *pb, const float *dp, const float *att,
-                                               int T, size_t rows) {
-    const size_t row = (size_t)blockIdx.x * ATT_ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    const int t = (int)(row % T);
-    const float *a = att + row * T, *d = dp + row * T;
-    float dot = 0.0f;
-    for (int s = lane; s <= t; s += 32) dot += a[s] * d[s];
-    dot = warp_sum(dot);
-    for (int s = lane; s < T; s += 32) {
-        const float pv = s <= t ? a[s] : 0.0f;
-        const float ds = s <= t ? pv * (d[s] - dot) : 0.0f;
-        pb[row * T + s] = to_bf16(pv);
-        dsb[row * T + s] = to_bf16(ds);
+// dK, dV row (b, kvh, s) += over the group's heads and queries t >= s: scale dS_ts q_t, P_ts dO_t.
+__global__ void attention_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
+                                     const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV,
+                                     int DQK, int DV, float scale) {
+    extern __shared__ float sh[];   // ATT_WARPS x (DQK + DV): the warp's key and value rows
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t r = (size_t)blockIdx.x * ATT_WARPS + warp;
+    if (r >= (size_t)B * NKV * T) return;
+    const int s = (int)(r % T), kvh = (int)(r / T % NKV), b = (int)(r / ((size_t)T * NKV)), G = NH / NKV;
+    float *ks = sh + (size_t)warp * (DQK + DV), *vs = ks + DQK;
+    const size_t krow = ((size_t)b * T + s) * NKV + kvh;
+    row_to_shared(ks, k + krow * DQK, DQK, lane);
+    row_to_shared(vs, v + krow * DV, DV, lane);
+    float gk[ATT_REGS], gv[ATT_REGS];
+#pragma unroll
+    for (int i = 0; i < ATT_REGS; i++) gk[i] = gv[i] = 0.0f;
+    for (int h = kvh * G; h < (kvh + 1) * G; h++) {
+        const bf16 *qb = q + (size_t)b * T * NH * DQK + (size_t)h * DQK;
+        const bf16 *gb = dout + (size_t)b * T * NH * DV + (size_t)h * DV;
+        const float *lh = lse + ((size_t)b * NH + h) * T, *dh = delta + ((size_t)b * NH + h) * T;
+        for (int t0 = s; t0 < T; t0 += 32) {
+            const int t = t0 + lane;
+            float p = 0.0f, ds = 0.0f;
+            if (t < T) {
+                const float pf = expf(scale * dot_row(ks, qb + (size_t)t * NH * DQK, DQK) - lh[t]);
+                ds = bf16_round(pf * (dot_row(vs, gb + (size_t)t * NH * DV, DV) - dh[t]));
+                p = bf16_round(pf);
+            }
+            const int n = T - t0 < 32 ? T - t0 : 32;
+            for (int j = 0; j < n; j++) {
+                const float pj = __shfl_sync(0xFFFFFFFFu, p, j), dj = __shfl_sync(0xFFFFFFFFu, ds, j);
+                const bf16 *qr = qb + (size_t)(t0 + j) * NH * DQK, *gr = gb + (size_t)(t0 + j) * NH * DV;
+#pragma unroll
+                for (int i = 0; i < ATT_REGS; i++) {
+                    const int d = lane + 32 * i;
+                    if (d < DQK) gk[i] += dj * ld(qr + d);
+                    if (d < DV) gv[i] += pj * ld(gr + d);
+                }
+            }
+        }
+    }
+    bf16 *gkr = dk + krow * DQK, *gvr = dv + krow * DV;
+#pragma unroll
+    for (int i = 0; i < ATT_REGS; i++) {
+        const int d = lane + 32 * i;
+        if (d < DQK) gkr[d] = to_bf16(ld(gkr + d) + scale * gk[i]);
+        if (d < DV) gvr[d] = to_bf16(ld(gvr + d) + gv[i]);
     }
 }
 
-static void check_heads(int NH, int NKV) {
+static void check_shape(int NH, int NKV, int DQK, int DV) {
     if (NKV <= 0 || NH % NKV != 0)
         die("attention: %d query heads cannot be grouped over %d kv heads: num_key_value_heads must divide num_attention_heads", NH, NKV);
+    if (DQK > ATT_MAX_D || DV > ATT_MAX_D)
+        die("attention: head widths %d (query/key) and %d (value) exceed the CUDA kernel's %d: use narrower heads or "
+            "raise ATT_MAX_D in kernels/cuda_attention.cu", DQK, DV, ATT_MAX_D);
 }
 
-extern "C" void cuda_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                                       int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
-    if (B <= 0 || T <= 0 || NH <= 0) return;
-    check_heads(NH, NKV);
-    const int G = NH / NKV;
-    const size_t TT = (size_t)T * T, rows = (size_t)B * NH * T;
-    bf16 *pb = (bf16 *)cuda_scratch(SCRATCH_ATT_P, (size_t)B * NH * TT * sizeof(bf16));
-    const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
-    bf16 *O = (bf16 *)out;
+static unsigned row_blocks(size_t rows) { return (unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS); }
 
-    // scores^T (T_k, T_q) = scale * K_j (T_k, DQK) @ Q_h^T, written straight into att (fp32).
-    for (int h = 0; h < NH; h++) {
-        const int j = h / G;
-        gemm_sb(true, false, T, T, DQK, scale,
-                K + (size_t)j * DQK, NKV * DQK, (long long)T * NKV * DQK,
-                Q + (size_t)h * DQK, NH * DQK, (long long)T * NH * DQK,
-                0.0f, att + (size_t)h * TT, CUDA_R_32F, T, (long long)NH * TT, B);
-    }
-    causal_softmax_kernel<<<(unsigned)((rows + ATT_ROWS_PER_BLOCK - 1) / ATT_ROWS_PER_BLOCK), 32 * ATT_ROWS_PER_BLOCK>>>(
-        att, pb, T, rows);
+// Dynamic shared memory of a kernel; above the 48 KiB default it must be opted into.
+static size_t shared_bytes(const void *kernel, int per_warp_floats) {
+    const size_t bytes = (size_t)ATT_WARPS * per_warp_floats * sizeof(float);
+    if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return bytes;
+}
+
+extern "C" void cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                                       int T, int NH, int NKV, int DQK, int DV, float scale) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    check_shape(NH, NKV, DQK, DV);
+    const size_t rows = (size_t)B * NH * T;
+    const size_t sb = shared_bytes((const void *)attention_forward_kernel, DQK);
+    attention_forward_kernel<<<row_blocks(rows), 32 * ATT_WARPS, sb>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
+                                                                     (const bf16 *)v, B, T, NH, NKV, DQK, DV, scale);
     CUDA_LAUNCHED();
-    // out_h^T (DV, T_q) = V_j^T (DV, T_k) @ P^T (T_k, T_q)
-    for (int h = 0; h < NH; h++) {
-        const int j = h / G;
-        gemm_sb(false, false, DV, T, T, 1.0f,
-                V + (size_t)j * DV, NKV * DV, (long long)T * NKV * DV,
-                pb + (size_t)h * TT, T, (long long)NH * TT,
-                0.0f, O + (size_t)h * DV, CUDA_R_16BF, NH * DV, (long long)T * NH * DV, B);
-    }
 }
 
 extern "C" void cuda_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                                        const float *att, const float *q, const float *k, const float *v,
-                                        int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
+                                        const float *out, const float *lse, const float *q, const float *k,
+                                        const float *v, int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
-    check_heads(NH, NKV);
-    const int G = NH / NKV;
-    const size_t TT = (size_t)T * T, rows = (size_t)B * NH * T;
-    const size_t nk = (size_t)B * T * NKV * DQK, nv = (size_t)B * T * NKV * DV;
-    bf16 *pb = (bf16 *)cuda_scratch(SCRATCH_ATT_P, (size_t)B * NH * TT * sizeof(bf16));
-    bf16 *dsb = (bf16 *)cuda_scratch(SCRATCH_ATT_DS, (size_t)B * NH * TT * sizeof(bf16));
-    float *dk_acc = (float *)cuda_scratch(SCRATCH_ATT_DK, nk * sizeof(float));
-    float *dv_acc = (float *)cuda_scratch(SCRATCH_ATT_DV, nv * sizeof(float));
+    check_shape(NH, NKV, DQK, DV);
+    const size_t rows = (size_t)B * NH * T, kv_rows = (size_t)B * NKV * T;
     const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v, *dO = (const bf16 *)dout;
-    bf16 *dQ = (bf16 *)dq, *dK = (bf16 *)dk, *dV = (bf16 *)dv;
-
-    // dP^T (T_k, T_q) = V_j (T_k, DV) @ dO_h^T, into the caller's fp32 scratch.
-    for (int h = 0; h < NH; h++) {
-        const int j = h / G;
-        gemm_sb(true, false, T, T, DV, 1.0f,
-                V + (size_t)j * DV, NKV * DV, (long long)T * NKV * DV,
-                dO + (size_t)h * DV, NH * DV, (long long)T * NH * DV,
-                0.0f, scratch + (size_t)h * TT, CUDA_R_32F, T, (long long)NH * TT, B);
-    }
-    causal_softmax_backward_kernel<<<(unsigned)((rows + ATT_ROWS_PER_BLOCK - 1) / ATT_ROWS_PER_BLOCK),
-                                     32 * ATT_ROWS_PER_BLOCK>>>(dsb, pb, scratch, att, T, rows);
+    attention_delta_kernel<<<row_blocks(rows), 32 * ATT_WARPS>>>(scratch, dO, (const bf16 *)out, B, T, NH, DV);
     CUDA_LAUNCHED();
-    for (int h = 0; h < NH; h++) {
-        const int j = h / G;
-        const float beta_kv = (h % G == 0) ? 0.0f : 1.0f;   // first head of the group starts the sum
-        // dQ_h^T (DQK, T_q) += scale * K_j^T (DQK, T_k) @ dS^T (T_k, T_q)
-        gemm_sb(false, false, DQK, T, T, scale,
-                K + (size_t)j * DQK, NKV * DQK, (long long)T * NKV * DQK,
-                dsb + (size_t)h * TT, T, (long long)NH * TT,
-                1.0f, dQ + (size_t)h * DQK, CUDA_R_16BF, NH * DQK, (long long)T * NH * DQK, B);
-        // dK_j^T (DQK, T_k) (+)= scale * Q_h^T (DQK, T_q) @ dS (T_q, T_k)
-        gemm_sb(false, true, DQK, T, T, scale,
-                Q + (size_t)h * DQK, NH * DQK, (long long)T * NH * DQK,
-                dsb + (size_t)h * TT, T, (long long)NH * TT,
-                beta_kv, dk_acc + (size_t)j * DQK, CUDA_R_32F, NKV * DQK, (long long)T * NKV * DQK, B);
-        // dV_j^T (DV, T_k) (+)= dO_h^T (DV, T_q) @ P (T_q, T_k)
-        gemm_sb(false, true, DV, T, T, 1.0f,
-                dO + (size_t)h * DV, NH * DV, (long long)T * NH * DV,
-                pb + (size_t)h * TT, T, (long long)NH * TT,
-                beta_kv, dv_acc + (size_t)j * DV, CUDA_R_32F, NKV * DV, (long long)T * NKV * DV, B);
-    }
-    cuda_add_f32_to_bf16(dK, dk_acc, nk);
-    cuda_add_f32_to_bf16(dV, dv_acc, nv);
+    size_t sb = shared_bytes((const void *)attention_dq_kernel, DQK + DV);
+    attention_dq_kernel<<<row_blocks(rows), 32 * ATT_WARPS, sb>>>((bf16 *)dq, dO, lse, scratch, Q, K, V, B, T, NH, NKV,
+                                                                DQK, DV, scale);
+    CUDA_LAUNCHED();
+    sb = shared_bytes((const void *)attention_dkv_kernel, DQK + DV);
+    attention_dkv_kernel<<<row_blocks(kv_rows), 32 * ATT_WARPS, sb>>>((bf16 *)dk, (bf16 *)dv, dO, lse, scratch, Q, K,
+                                                                    V, B, T, NH, NKV, DQK, DV, scale);
+    CUDA_LAUNCHED();
 }

@@ -105,11 +105,7 @@ void cuda_bf16_to_f32(float *dst, const bf16 *src, size_t n);
 // The contents are undefined on return; a grow frees the old buffer (cudaFree synchronizes,
 // so no kernel still uses it).
 enum CudaScratchSlot {
-    SCRATCH_ATT_P = 0,    // attention: bf16 probabilities (B, NH, T, T)
-    SCRATCH_ATT_DS,       // attention backward: bf16 dscores (B, NH, T, T)
-    SCRATCH_ATT_DK,       // attention backward: fp32 dk accumulator (B, T, NKV, DQK)
-    SCRATCH_ATT_DV,       // attention backward: fp32 dv accumulator (B, T, NKV, DV)
-    SCRATCH_EMB,          // embedding backward: sort keys, values and CUB temporaries
+    SCRATCH_EMB = 0,      // embedding backward: sort keys, values and CUB temporaries
     SCRATCH_PARTIAL,      // row-chunk partial sums (rmsnorm dweight, sumsq)
     SCRATCH_ROPE,         // rope cos/sin table
     SCRATCH_MOE_A,        // MoE router backward: fp32 copies of inp and weight, fp32 dinp

@@ -55,12 +55,12 @@ void cuda_paged_attention(float *out, const float *q, const PagedStream *k, cons
                           const PagedStream *v, const int *block_table, int max_blocks, const int *lens,
                           int n, int NH, int NKV, int DK, int DK2, int DV, float scale);
 
-// ---- causal grouped-head attention (cuda_attention.cu) ----
-void cuda_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                            int B, int T, int NH, int NKV, int DQK, int DV, float scale);
-void cuda_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                             const float *att, const float *q, const float *k, const float *v,
-                             int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+// ---- causal grouped-head attention, no T x T matrix (cuda_attention.cu) ----
+void cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
+                            int NKV, int DQK, int DV, float scale);
+void cuda_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,
+                             const float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
+                             int NKV, int DQK, int DV, float scale);
 
 // ---- softmax cross-entropy (cuda_xent.cu) ----
 void cuda_xent_forward(float *losses, const float *logits, const int *targets, int N, int V,

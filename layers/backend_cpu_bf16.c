@@ -7,7 +7,7 @@
 //    cuBLAS beta = 1 on a bf16 output included);
 //  - weights are rounded from separate fp32 masters with the CUDA backend's stochastic
 //    rounding (backend/bf16.h), bit for bit;
-//  - weight gradients, optimizer state, rstd, att, losses and the MoE router buffers stay
+//  - weight gradients, optimizer state, rstd, lse, losses and the MoE router buffers stay
 //    fp32, as on the GPU;
 //  - attention rounds P and dS to bf16 where the CUDA GEMMs read them (the *_bf16p ops).
 // Storage stays fp32 (act_bytes 4) holding bf16-representable values, so every CPU op runs
@@ -126,20 +126,20 @@ static void emu_paged_attention(float *out, const float *q, const PagedStream *k
     round_n(out, (size_t)n * NH * DV);
 }
 
-// ---- attention: bf16 P and dS inside, bf16 out / dq / dk / dv, fp32 att ----
+// ---- attention: bf16 P and dS inside, bf16 out / dq / dk / dv, fp32 lse ----
 
-static void emu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
+static void emu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                                   int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
-    cpu_attention_forward_bf16p(out, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+    cpu_attention_forward_bf16p(out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale);
     round_n(out, (size_t)B * T * NH * DV);
 }
 
 // The GPU sums dk and dv over a group's query heads in fp32 and adds them once; the CPU op
 // does the same inside its fp32 buffers, so one rounding after it matches.
 static void emu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                                   const float *att, const float *q, const float *k, const float *v,
+                                   const float *out, const float *lse, const float *q, const float *k, const float *v,
                                    int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
-    cpu_attention_backward_bf16p(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+    cpu_attention_backward_bf16p(dq, dk, dv, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale);
     round_n(dq, (size_t)B * T * NH * DQK);
     round_n(dk, (size_t)B * T * NKV * DQK);
     round_n(dv, (size_t)B * T * NKV * DV);

@@ -1,20 +1,32 @@
-// Causal softmax attention with grouped heads (MHA: NKV = NH, GQA, MQA: NKV = 1).
+// Causal softmax attention with grouped heads (MHA: NKV = NH, GQA, MQA: NKV = 1), without the
+// T x T matrix: the forward keeps the output and each row's log-sum-exp, the backward
+// recomputes the probabilities tile by tile from them (FlashAttention-2's contract,
+// backend/backend.h).
 //
 // Layouts (row-major): q (B, T, NH, DQK), k (B, T, NKV, DQK), v (B, T, NKV, DV),
-// out (B, T, NH, DV), att (B, NH, T, T). Query head h reads kv head h / (NH / NKV).
-// A head's rows are strided views (row t of head h of q is at q + (b T + t) NH DQK + h DQK),
-// which sgemm takes directly through its leading dimension: no transposed copies.
+// out (B, T, NH, DV), lse (B, NH, T). Query head h reads kv head h / (NH / NKV). A head's rows
+// are strided views (row t of head h of q is at q + (b T + t) NH DQK + h DQK), which sgemm
+// takes directly through its leading dimension: no transposed copies.
 //
-// Work is split into query-row blocks of ATT_BLOCK rows. For rows [r0, r1) only key
-// columns [0, r1) can be unmasked, so each block multiplies just that rectangle: about half
-// the flops of a full T x T product. Blocks are independent OpenMP tasks, each calling a
-// single-threaded sgemm (OpenBLAS's OpenMP build does not thread inside a parallel region),
-// so the parallelism is over (b, h, block) and the result does not depend on the schedule.
+// Tiles: ATT_BQ query rows by ATT_BK keys. Scores, probabilities and their gradients exist only
+// as one tile per thread (16 KiB each: the working set of a tile, its Q, K and V rows included,
+// stays in a core's L2); the tile products go through single-threaded sgemm (OpenBLAS's OpenMP
+// build does not thread inside a parallel region). Causal: key tiles right of a query tile's
+// last row are skipped, not computed and masked, so the work is half the square.
 //
-// The *_bf16p variants serve the bf16 emulation backend (layers/backend_cpu_bf16.c): the
-// CUDA attention hands P and dS to its GEMMs as bf16 copies (tensor cores take one input
-// type) while att keeps fp32 P, so these round P (for P V and dV) and dS (for dQ and dK) to
-// bf16 at the same points. One implementation with a flag, so the two cannot drift apart.
+// Forward, one task per (b, h, query tile), online softmax over its key tiles in order:
+//   m' = max(m, rowmax S), P = exp(S - m'), l = l e^(m - m') + rowsum P, O = O e^(m - m') + P V,
+// then out = O / l and lse = m + log l.
+// Backward, with P = exp(S - lse) recomputed and Delta_t = dO_t . O_t:
+//   dP = dO V^T, dS = P (dP - Delta), dQ += scale dS K, dK += scale dS^T Q, dV += P^T dO.
+// Phase 1 tasks (b, h, query tile) own their dQ rows; phase 2 tasks (b, kv head, key tile) own
+// their dK and dV rows and sum the group's query heads in a fixed order. So nothing is added
+// by two threads (no atomics) and the result does not depend on the thread count, at the price
+// of computing S and dP twice (7 tile products per tile instead of FlashAttention-2's 5).
+//
+// The *_bf16p variants serve the bf16 emulation backend (layers/backend_cpu_bf16.c): the CUDA
+// kernel hands P (for P V and dV) and dS (for dQ and dK) to its tensor-core products as bf16,
+// so these round at the same points. One implementation with a flag, so the two cannot drift.
 #include "layers/cpu_ops.h"
 
 #include <assert.h>
@@ -26,175 +38,206 @@
 #include "common/util.h"
 #include "backend/bf16.h"
 
-#define ATT_BLOCK 64
+#define ATT_BQ 64   // query rows per tile
+#define ATT_BK 64   // keys per tile
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
-// dst (rows, cols), row stride ld_dst = bf16 round-to-nearest-even of src (row stride ld_src).
-static void round_block_bf16(float *dst, int ld_dst, const float *src, int ld_src, int rows, int cols) {
+static inline float round_bf16(float x) { return sr_bf16_to_f32(sr_f32_to_bf16_rne(x)); }
+
+// The strided views of one (b, head) of the four layouts.
+typedef struct Heads {
+    int T, NH, NKV, DQK, DV, group;
+    int ldq, ldk, ldv, ldo;
+} Heads;
+
+static Heads heads(int T, int NH, int NKV, int DQK, int DV) {
+    assert(NKV > 0 && NH % NKV == 0 && DQK > 0 && DV > 0);
+    return (Heads){T, NH, NKV, DQK, DV, NH / NKV, NH * DQK, NKV * DQK, NKV * DV, NH * DV};
+}
+
+// S (rows, cols; row stride ATT_BK) = scale Q[r0:r0+rows] K[c0:c0+cols]^T for query head qh
+// and its kv head; entries with key > query are set to -inf (only in the diagonal tiles).
+static void score_tile(float *S, const float *qh, const float *kh, const Heads *hd, int r0, int rows, int c0,
+                       int cols, float scale) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hd->DQK, scale, qh + (size_t)r0 * hd->ldq,
+                hd->ldq, kh + (size_t)c0 * hd->ldk, hd->ldk, 0.0f, S, ATT_BK);
+    if (c0 + cols - 1 <= r0) return;   // the whole tile is at or below the diagonal
     for (int i = 0; i < rows; i++)
-        for (int j = 0; j < cols; j++)
-            dst[(size_t)i * ld_dst + j] = sr_bf16_to_f32(sr_f32_to_bf16_rne(src[(size_t)i * ld_src + j]));
+        for (int j = imin(cols, r0 + i - c0 + 1 > 0 ? r0 + i - c0 + 1 : 0); j < cols; j++) S[(size_t)i * ATT_BK + j] = -INFINITY;
 }
 
-// out, att: written (not accumulated). scores = scale * q.k; s > t masked.
-// bf16p: P V multiplies the bf16-rounded P (att itself stays fp32).
-static void attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                              int B, int T, int NH, int NKV, int DQK, int DV, float scale, int bf16p) {
-    assert(NKV > 0 && NH % NKV == 0 && DQK > 0 && DV > 0);
-    const int group = NH / NKV;
-    const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
-    const int ldq = NH * DQK, ldk = NKV * DQK, ldv = NKV * DV, ldo = NH * DV;
-    // dynamic: later blocks have more columns, so static chunks would be unbalanced.
-    #pragma omp parallel for collapse(3) schedule(dynamic, 1)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int blk = 0; blk < nblk; blk++) {
-                const int kvh = h / group;
-                const int r0 = blk * ATT_BLOCK, r1 = imin(T, r0 + ATT_BLOCK), rows = r1 - r0;
-                const float *qh = q + (size_t)b * T * ldq + (size_t)h * DQK;
-                const float *kh = k + (size_t)b * T * ldk + (size_t)kvh * DQK;
-                const float *vh = v + (size_t)b * T * ldv + (size_t)kvh * DV;
-                float *oh = out + (size_t)b * T * ldo + (size_t)h * DV;
-                float *a = att + ((size_t)b * NH + h) * T * T;
-                // scores[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, DQK,
-                            scale, qh + (size_t)r0 * ldq, ldq, kh, ldk,
-                            0.0f, a + (size_t)r0 * T, T);
-                // softmax over s <= t; everything above the diagonal (also s >= r1, which the
-                // sgemm did not touch) is set to 0, both as the contract's att and so that the
-                // PV product below can run over the whole [0, r1) rectangle.
-                for (int t = r0; t < r1; t++) {
-                    float *row = a + (size_t)t * T;
-                    float m = -INFINITY;
-                    for (int s = 0; s <= t; s++) m = row[s] > m ? row[s] : m;
-                    double sum = 0.0;
-                    for (int s = 0; s <= t; s++) {
-                        row[s] = expf(row[s] - m);
-                        sum += row[s];
+// ---------------------------------------------------------------- forward
+
+// out, lse: written (not accumulated).
+static void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                              int NH, int NKV, int DQK, int DV, float scale, int bf16p) {
+    const Heads hd = heads(T, NH, NKV, DQK, DV);
+    const int nq = (T + ATT_BQ - 1) / ATT_BQ;
+    #pragma omp parallel
+    {
+        float *S = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
+        float *O = xmalloc((size_t)ATT_BQ * DV * sizeof(float));
+        float m[ATT_BQ], l[ATT_BQ];
+        // dynamic: later query tiles have more key tiles, so static chunks would be unbalanced
+        #pragma omp for collapse(3) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++)
+                for (int qt = 0; qt < nq; qt++) {
+                    const int kvh = h / hd.group, r0 = qt * ATT_BQ, rows = imin(T - r0, ATT_BQ);
+                    const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
+                    const float *kh = k + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
+                    const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
+                    for (int i = 0; i < rows; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+                    memset(O, 0, (size_t)rows * DV * sizeof(float));
+                    for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
+                        const int cols = imin(r0 + rows - c0, ATT_BK);
+                        score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
+                        for (int i = 0; i < rows; i++) {
+                            float *row = S + (size_t)i * ATT_BK, mx = m[i];
+                            for (int j = 0; j < cols; j++) mx = row[j] > mx ? row[j] : mx;
+                            // every row sees its own key in its first tile, so mx is finite
+                            const float alpha = expf(m[i] - mx);
+                            float sum = 0.0f;
+                            for (int j = 0; j < cols; j++) {
+                                row[j] = expf(row[j] - mx);
+                                sum += row[j];
+                                if (bf16p) row[j] = round_bf16(row[j]);
+                            }
+                            l[i] = l[i] * alpha + sum;
+                            m[i] = mx;
+                            if (alpha != 1.0f)
+                                for (int d = 0; d < DV; d++) O[(size_t)i * DV + d] *= alpha;
+                        }
+                        // O += P V[c0:c0+cols]
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, DV, cols, 1.0f, S, ATT_BK,
+                                    vh + (size_t)c0 * hd.ldv, hd.ldv, 1.0f, O, DV);
                     }
-                    const float inv = (float)(1.0 / sum);
-                    for (int s = 0; s <= t; s++) row[s] *= inv;
-                    if (t + 1 < T) memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+                    float *oh = out + ((size_t)b * T + r0) * hd.ldo + (size_t)h * DV;
+                    float *lh = lse + ((size_t)b * NH + h) * T + r0;
+                    for (int i = 0; i < rows; i++) {
+                        const float inv = 1.0f / l[i];
+                        for (int d = 0; d < DV; d++) oh[(size_t)i * hd.ldo + d] = O[(size_t)i * DV + d] * inv;
+                        lh[i] = m[i] + logf(l[i]);
+                    }
                 }
-                // out[r0:r1] = P[r0:r1, 0:r1] V[0:r1]
-                float *pb = NULL;
-                if (bf16p) {
-                    pb = xmalloc((size_t)rows * r1 * sizeof(float));
-                    round_block_bf16(pb, r1, a + (size_t)r0 * T, T, rows, r1);
-                }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, DV, r1,
-                            1.0f, pb ? pb : a + (size_t)r0 * T, pb ? r1 : T, vh, ldv,
-                            0.0f, oh + (size_t)r0 * ldo, ldo);
-                free(pb);
-            }
+        free(S);
+        free(O);
+    }
+}
+
+void cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
+                           int NKV, int DQK, int DV, float scale) {
+    attention_forward(out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale, 0);
+}
+
+void cpu_attention_forward_bf16p(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                 int NH, int NKV, int DQK, int DV, float scale) {
+    attention_forward(out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale, 1);
+}
+
+// ---------------------------------------------------------------- backward
+
+// The probabilities and score gradients of one tile: P = exp(S - lse) (in S; 0 where masked)
+// and dS = P (dP - Delta) (in dP), with dP = dO V^T computed here. bf16p: P and dS rounded.
+static void grad_tile(float *S, float *dP, const float *doh, const float *vh, const float *lh, const float *delta,
+                      const Heads *hd, int r0, int rows, int c0, int cols, int bf16p) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hd->DV, 1.0f, doh + (size_t)r0 * hd->ldo, hd->ldo,
+                vh + (size_t)c0 * hd->ldv, hd->ldv, 0.0f, dP, ATT_BK);
+    for (int i = 0; i < rows; i++) {
+        float *p = S + (size_t)i * ATT_BK, *d = dP + (size_t)i * ATT_BK;
+        const float li = lh[r0 + i], di = delta[r0 + i];
+        for (int j = 0; j < cols; j++) {
+            const float pj = expf(p[j] - li);   // exp(-inf) = 0 above the diagonal
+            d[j] = pj * (d[j] - di);
+            p[j] = pj;
+            if (bf16p) { p[j] = round_bf16(p[j]); d[j] = round_bf16(d[j]); }
         }
     }
 }
 
-void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                           int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
-    attention_forward(out, att, q, k, v, B, T, NH, NKV, DQK, DV, scale, 0);
-}
-
-void cpu_attention_forward_bf16p(float *out, float *att, const float *q, const float *k, const float *v,
-                                 int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
-    attention_forward(out, att, q, k, v, B, T, NH, NKV, DQK, DV, scale, 1);
-}
-
-// With P = softmax(S), S = scale Q K^T (causal), O = P V and dO given:
-//   dV = P^T dO ; dP = dO V^T ; dS = P * (dP - rowsum(P * dP)) ; dQ = scale dS K ; dK = scale dS^T Q
-// dq, dk, dv accumulate. scratch (B, NH, T, T) holds dS.
-//
-// Phase 1, tasks (b, h, query block): dS rows and dQ rows; each task owns its rows.
-// Phase 2, tasks (b, kv head, key block): dK and dV rows of that key block, summing the
-// group's query heads in a fixed order. A kv head is shared by NH/NKV query heads, so
-// splitting phase 2 by query head would make several tasks add into the same dK rows; owning
-// the kv rows instead keeps it race-free without atomics and deterministic.
-// bf16p: dS is rounded to bf16 in scratch before the dQ and dK products, and dV multiplies
-// the bf16-rounded P.
-static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                               const float *att, const float *q, const float *k, const float *v,
-                               int B, int T, int NH, int NKV, int DQK, int DV, float scale, int bf16p) {
-    assert(NKV > 0 && NH % NKV == 0 && DQK > 0 && DV > 0);
-    const int group = NH / NKV;
-    const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
-    const int ldq = NH * DQK, ldk = NKV * DQK, ldv = NKV * DV, ldo = NH * DV;
-
-    #pragma omp parallel for collapse(3) schedule(dynamic, 1)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int blk = 0; blk < nblk; blk++) {
-                const int kvh = h / group;
-                const int r0 = blk * ATT_BLOCK, r1 = imin(T, r0 + ATT_BLOCK), rows = r1 - r0;
-                const float *kh = k + (size_t)b * T * ldk + (size_t)kvh * DQK;
-                const float *vh = v + (size_t)b * T * ldv + (size_t)kvh * DV;
-                const float *doh = dout + (size_t)b * T * ldo + (size_t)h * DV;
-                float *dqh = dq + (size_t)b * T * ldq + (size_t)h * DQK;
-                const float *a = att + ((size_t)b * NH + h) * T * T;
-                float *ds = scratch + ((size_t)b * NH + h) * T * T;
-                // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, DV,
-                            1.0f, doh + (size_t)r0 * ldo, ldo, vh, ldv,
-                            0.0f, ds + (size_t)r0 * T, T);
-                // softmax backward, row by row; zero above the diagonal so that phase 2 and
-                // the dQ product can multiply whole rectangles.
-                for (int t = r0; t < r1; t++) {
-                    const float *p = a + (size_t)t * T;
-                    float *d = ds + (size_t)t * T;
-                    double dot = 0.0;
-                    for (int s = 0; s <= t; s++) dot += (double)p[s] * d[s];
-                    const float fdot = (float)dot;
-                    for (int s = 0; s <= t; s++) d[s] = p[s] * (d[s] - fdot);
-                    if (bf16p) round_block_bf16(d, T, d, T, 1, t + 1);
-                    if (t + 1 < T) memset(d + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
-                }
-                // dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1]
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, DQK, r1,
-                            scale, ds + (size_t)r0 * T, T, kh, ldk,
-                            1.0f, dqh + (size_t)r0 * ldq, ldq);
+// With P = softmax(S), S = scale Q K^T (causal), O = P V and dO given (see the top):
+// dq, dk, dv accumulate. scratch: fp32 (B, NH, T), receives Delta.
+static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,
+                               const float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
+                               int NKV, int DQK, int DV, float scale, int bf16p) {
+    const Heads hd = heads(T, NH, NKV, DQK, DV);
+    const int nq = (T + ATT_BQ - 1) / ATT_BQ, nk = (T + ATT_BK - 1) / ATT_BK;
+    // Delta (b, h, t) = dO . O, in double (a sum of DV products that cancel)
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *o = out + ((size_t)b * T + t) * hd.ldo + (size_t)h * DV;
+                const float *g = dout + ((size_t)b * T + t) * hd.ldo + (size_t)h * DV;
+                double s = 0.0;
+                for (int d = 0; d < DV; d++) s += (double)o[d] * g[d];
+                scratch[((size_t)b * NH + h) * T + t] = (float)s;
             }
-        }
-    }
-
-    #pragma omp parallel for collapse(3) schedule(dynamic, 1)
-    for (int b = 0; b < B; b++) {
-        for (int kvh = 0; kvh < NKV; kvh++) {
-            for (int blk = 0; blk < nblk; blk++) {
-                // key rows [s0, s1) receive gradient only from query rows t >= s0.
-                const int s0 = blk * ATT_BLOCK, s1 = imin(T, s0 + ATT_BLOCK), keys = s1 - s0;
-                float *dkh = dk + (size_t)b * T * ldk + (size_t)kvh * DQK;
-                float *dvh = dv + (size_t)b * T * ldv + (size_t)kvh * DV;
-                float *pb = bf16p ? xmalloc((size_t)(T - s0) * keys * sizeof(float)) : NULL;
-                for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-                    const float *qh = q + (size_t)b * T * ldq + (size_t)h * DQK;
-                    const float *doh = dout + (size_t)b * T * ldo + (size_t)h * DV;
-                    const float *a = att + ((size_t)b * NH + h) * T * T;
-                    const float *ds = scratch + ((size_t)b * NH + h) * T * T;
-                    // dK[s0:s1] += scale * dS[s0:T, s0:s1]^T Q[s0:T]
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, DQK, T - s0,
-                                scale, ds + (size_t)s0 * T + s0, T, qh + (size_t)s0 * ldq, ldq,
-                                1.0f, dkh + (size_t)s0 * ldk, ldk);
-                    // dV[s0:s1] += P[s0:T, s0:s1]^T dO[s0:T]
-                    if (pb) round_block_bf16(pb, keys, a + (size_t)s0 * T + s0, T, T - s0, keys);
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, DV, T - s0,
-                                1.0f, pb ? pb : a + (size_t)s0 * T + s0, pb ? keys : T, doh + (size_t)s0 * ldo, ldo,
-                                1.0f, dvh + (size_t)s0 * ldv, ldv);
+    #pragma omp parallel
+    {
+        float *S = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
+        float *dP = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
+        // phase 1: dQ rows of a query tile
+        #pragma omp for collapse(3) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++)
+                for (int qt = 0; qt < nq; qt++) {
+                    const int kvh = h / hd.group, r0 = qt * ATT_BQ, rows = imin(T - r0, ATT_BQ);
+                    const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
+                    const float *kh = k + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
+                    const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
+                    const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
+                    const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
+                    float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
+                    for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
+                        const int cols = imin(r0 + rows - c0, ATT_BK);
+                        score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
+                        grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
+                        // dQ[r0:] += scale dS K[c0:c0+cols]
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, DQK, cols, scale, dP, ATT_BK,
+                                    kh + (size_t)c0 * hd.ldk, hd.ldk, 1.0f, dqh + (size_t)r0 * hd.ldq, hd.ldq);
+                    }
                 }
-                free(pb);
-            }
-        }
+        // phase 2: dK and dV rows of a key tile, from the query tiles at and below it
+        #pragma omp for collapse(3) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int kvh = 0; kvh < NKV; kvh++)
+                for (int kt = 0; kt < nk; kt++) {
+                    const int c0 = kt * ATT_BK, cols = imin(T - c0, ATT_BK);
+                    const float *kh = k + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
+                    const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
+                    float *dkh = dk + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
+                    float *dvh = dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
+                    for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
+                        const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
+                        const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
+                        const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
+                        for (int r0 = c0 / ATT_BQ * ATT_BQ; r0 < T; r0 += ATT_BQ) {
+                            const int rows = imin(T - r0, ATT_BQ);
+                            score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
+                            grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
+                            // dV[c0:] += P^T dO[r0:r0+rows] ; dK[c0:] += scale dS^T Q[r0:r0+rows]
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, DV, rows, 1.0f, S, ATT_BK,
+                                        doh + (size_t)r0 * hd.ldo, hd.ldo, 1.0f, dvh + (size_t)c0 * hd.ldv, hd.ldv);
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, DQK, rows, scale, dP, ATT_BK,
+                                        qh + (size_t)r0 * hd.ldq, hd.ldq, 1.0f, dkh + (size_t)c0 * hd.ldk, hd.ldk);
+                        }
+                    }
+                }
+        free(S);
+        free(dP);
     }
 }
 
-void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                            const float *att, const float *q, const float *k, const float *v,
-                            int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
-    attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale, 0);
+void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,
+                            const float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
+                            int NKV, int DQK, int DV, float scale) {
+    attention_backward(dq, dk, dv, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale, 0);
 }
 
-void cpu_attention_backward_bf16p(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                                  const float *att, const float *q, const float *k, const float *v,
-                                  int B, int T, int NH, int NKV, int DQK, int DV, float scale) {
-    attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale, 1);
+void cpu_attention_backward_bf16p(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,
+                                  const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                  int NH, int NKV, int DQK, int DV, float scale) {
+    attention_backward(dq, dk, dv, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale, 1);
 }

@@ -51,18 +51,18 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                          int n, int NH, int NKV, int DK, int DK2, int DV, float scale);
 
 // ---- causal grouped-head attention (cpu_attention.c) ----
-void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                           int B, int T, int NH, int NKV, int DQK, int DV, float scale);
-void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                            const float *att, const float *q, const float *k, const float *v,
-                            int B, int T, int NH, int NKV, int DQK, int DV, float scale);
-// The same ops with P and dS rounded to bf16 where the CUDA backend's GEMMs read them (for
-// the bf16 emulation backend): P before P V and dV, dS before dQ and dK; att stays fp32.
-void cpu_attention_forward_bf16p(float *out, float *att, const float *q, const float *k, const float *v,
-                                 int B, int T, int NH, int NKV, int DQK, int DV, float scale);
-void cpu_attention_backward_bf16p(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                                  const float *att, const float *q, const float *k, const float *v,
-                                  int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+void cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
+                           int NKV, int DQK, int DV, float scale);
+void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,
+                            const float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
+                            int NKV, int DQK, int DV, float scale);
+// The same ops with P and dS rounded to bf16 where the CUDA kernel's tensor-core products read
+// them (for the bf16 emulation backend): P before P V and dV, dS before dQ and dK.
+void cpu_attention_forward_bf16p(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                 int NH, int NKV, int DQK, int DV, float scale);
+void cpu_attention_backward_bf16p(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,
+                                  const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                  int NH, int NKV, int DQK, int DV, float scale);
 
 // ---- SwiGLU (cpu_swiglu.c) ----
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);

@@ -48,8 +48,8 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
     int latent = config_is_latent(c), R = c->kv_lora_rank, DR = latent ? c->qk_rope_head_dim : 0, Rq = c->q_lora_rank;
     // B and T come from the config (bounded by config_check_sizes) or from eval/debug-step
     // options: checked here too, as the kernels index the N rows with int
-    int64_t N, att, DQK = (int64_t)D + DR;
-    if (B <= 0 || T <= 0 || ck_mul(B, T, &N) || N > INT_MAX || ck_mul(N, NH, &att))
+    int64_t N, head_rows, DQK = (int64_t)D + DR;   // head_rows: B T NH, one per attention score row
+    if (B <= 0 || T <= 0 || ck_mul(B, T, &N) || N > INT_MAX || ck_mul(N, NH, &head_rows))
         die("a batch of %d sequences of %d tokens (%d heads) is too large to lay out: use a smaller batch or sequence", B, T, NH);
 
     TensorTable *a = &m->acts;
@@ -82,7 +82,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
             x->k = act(a, DT_STORE, N, NH * DQK, "layers.%d.k", l);
             x->v = act(a, DT_STORE, N, (int64_t)NH * DV, "layers.%d.v", l);
         }
-        x->att = act(a, DT_F32, att, T, "layers.%d.att", l);
+        x->lse = act(a, DT_F32, head_rows, 1, "layers.%d.lse", l);
         x->att_out = act(a, DT_STORE, N, (int64_t)NH * DV, "layers.%d.att_out", l);
         x->res_mid = act(a, DT_STORE, N, C, "layers.%d.res_mid", l);
         x->h_mlp = act(a, DT_STORE, N, C, "layers.%d.h_mlp", l);
@@ -128,7 +128,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
         ga->dact = act(g, DT_STORE, N, I, "dact", 0);
     }
     ga->dlogits = act(g, DT_STORE, N, V, "dlogits", 0);
-    ga->dscores = act(g, DT_F32, att, T, "dscores", 0);
+    ga->att_delta = act(g, DT_F32, head_rows, 1, "att_delta", 0);
     m->gsa = xcalloc((size_t)m->n_slots, sizeof(SlotActs));
     add_slot_acts(g, m->gsa, &m->cache, N, "d");
     table_layout(g, store_bytes);

@@ -105,7 +105,7 @@ static void plain_forward(Model *m, int l) {
         cache_roundtrip(m, l, PART_K, A(s->k));
         cache_roundtrip(m, l, PART_V, A(s->v));
     }
-    be->attention_forward(A(x->att_out), A(x->att), A(x->q), A(s->k), A(s->v), B, T, NH, NKV, D, DV, attn_scale(c));
+    be->attention_forward(A(x->att_out), A(x->lse), A(x->q), A(s->k), A(s->v), B, T, NH, NKV, D, DV, attn_scale(c));
 }
 
 static void plain_backward(Model *m, int l) {
@@ -118,7 +118,7 @@ static void plain_backward(Model *m, int l) {
     const SlotActs *s = &m->sa[slot], *gs = &m->gsa[slot];
     int B = m->B, T = m->T, N = B * T, C = c->hidden_size, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
     int D = c->head_dim, DV = c->v_head_dim;
-    be->attention_backward(DA(ga->dq), DA(gs->k), DA(gs->v), DA(ga->dscores), DA(ga->datt_out), A(x->att),
+    be->attention_backward(DA(ga->dq), DA(gs->k), DA(gs->v), DA(ga->att_delta), DA(ga->datt_out), A(x->att_out), A(x->lse),
                            A(x->q), A(s->k), A(s->v), B, T, NH, NKV, D, DV, attn_scale(c));
     query_backward(m, l);
     if (cache_is_producer(&m->cache, l)) {
@@ -191,7 +191,7 @@ static void latent_forward(Model *m, int l) {
         be->copy_cols(A(x->k), NH * DQK, h * DQK + D, kr, DR, 0, N, DR, 0);
         be->copy_cols(A(x->v), NH * DV, h * DV, A(x->kv), NH * (D + DV), h * (D + DV) + D, N, DV, 0);
     }
-    be->attention_forward(A(x->att_out), A(x->att), A(x->q), A(x->k), A(x->v), B, T, NH, NH, DQK, DV, attn_scale(c));
+    be->attention_forward(A(x->att_out), A(x->lse), A(x->q), A(x->k), A(x->v), B, T, NH, NH, DQK, DV, attn_scale(c));
 }
 
 static void latent_backward(Model *m, int l) {
@@ -207,7 +207,7 @@ static void latent_backward(Model *m, int l) {
     size_t sb = be->act_bytes;
     be->zero(DA(ga->dk), (size_t)N * NH * DQK * sb);
     be->zero(DA(ga->dv), (size_t)N * NH * DV * sb);
-    be->attention_backward(DA(ga->dq), DA(ga->dk), DA(ga->dv), DA(ga->dscores), DA(ga->datt_out), A(x->att),
+    be->attention_backward(DA(ga->dq), DA(ga->dk), DA(ga->dv), DA(ga->att_delta), DA(ga->datt_out), A(x->att_out), A(x->lse),
                            A(x->q), A(x->k), A(x->v), B, T, NH, NH, DQK, DV, attn_scale(c));
     query_backward(m, l);
     // keys and values back into kv and the rope key (summed over heads, fixed order)

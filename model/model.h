@@ -37,7 +37,7 @@ typedef struct LayerActs {
     int k_rope;          // latent consumer with its own rope key: (B,T,DR) after RoPE
     int kv;              // latent: (B,T,NH,D+DV) kv_b_proj output, per head [k_nope | v]
     int k, v;            // latent: (B,T,NH,D+DR) keys [k_nope | k_rope], (B,T,NH,DV) values
-    int att;             // (B,NH,T,T) f32 softmax probabilities
+    int lse;             // (B,NH,T) f32 log-sum-exp of each attention score row
     int att_out;         // (B,T,NH,DV)
     int res_mid;         // (B,T,C) residual after attention
     int h_mlp;           // (B,T,C) post_attention_layernorm output
@@ -69,7 +69,7 @@ typedef struct GradActs {
     int datt_out;        // (B,T,NH,DV)
     int dgate, dup, dact;  // (B,T,I)
     int dlogits;         // (B,T,V)
-    int dscores;         // (B,NH,T,T) f32 scratch for attention backward
+    int att_delta;       // (B,NH,T) f32 scratch of the attention backward (dO . O per row)
 } GradActs;
 
 typedef struct Model {

@@ -4,7 +4,9 @@
 #    lines): the ratio clla / PyTorch, the targets, PyTorch run at the batch, length and peak
 #    bench_gpu used, one line per MoE config; a skipped PyTorch leaves the targets "not measured";
 #  - on this machine: the real bench_gpu prints why it skips and exits 0, and so does the driver;
-#  - bench/bench_torch_gpu.py --smoke --json: one JSON result (the script itself runs).
+#  - bench/bench_torch_gpu.py --smoke --json: one JSON result (the script itself runs);
+#  - bench_train at tiny sizes: the attention share, the activated parameters of a MoE model
+#    (counted by hand below); bench_torch_cpu.py runs the twin in fp32 and refuses MoE.
 # Prints "N passed, M failed".
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -68,6 +70,33 @@ if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
         ok "bench_torch_gpu.py --smoke --json: $(echo "$out" | head -c 120)..." || fail "bench_torch_gpu.py --smoke: $out"
 else
     echo "     (bench_torch_gpu.py smoke run skipped: /usr/bin/python3 has no torch)"
+fi
+
+# the CPU training benchmark and its PyTorch baseline (bench/bench_train_vs_torch.sh), at tiny sizes
+SMALL=(--set hidden_size=64 --set num_hidden_layers=2 --set num_attention_heads=2 --set intermediate_size=128
+       --set moe_intermediate_size=32 --set vocab_size=512 --set train.seq_len=64 --set train.micro_batch=2)
+out=$("$BUILD/bench/bench_train" --config bench/train_d512_moe.json "${SMALL[@]}" --steps 1 --json 2>&1)
+js=$(echo "$out" | grep '^{' | tail -n 1)
+echo "$js" | /usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.stdin.readline())
+assert 0 < r["attention_share"] < 1 and r["tokens_per_s"] > 0
+# per layer: attention 4 x 64 x 64, two norms of 64, router 8 x 64, the shared experts 3 x 64 x 64,
+# 2 of the 8 routed experts of 3 x 64 x 32; then the final norm
+layer = 4 * 64 * 64 + 2 * 64 + 8 * 64 + 3 * 64 * 64 + 2 * 3 * 64 * 32
+assert r["activated_params"] == 2 * layer + 64, r["activated_params"]
+print(r["activated_params"])' > act.out 2>&1 && ok "bench_train on a MoE config: attention share, activated parameters $(cat act.out)" ||
+    fail "bench_train MoE: $out $(cat act.out)"
+grep -q "activated per token" <<< "$out" && ! grep -q "uses every expert" <<< "$out" && ok "bench_train counts activated parameters" ||
+    fail "bench_train parameter line: $(grep params <<< "$out")"
+if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
+    out=$(/usr/bin/python3 bench/bench_torch_cpu.py --config bench/train_d512_clla_quant.json "${SMALL[@]}" --steps 1 --json 2>&1)
+    echo "$out" | grep '^{' | /usr/bin/python3 -c 'import json,sys; r=json.loads(sys.stdin.readline()); assert r["tokens_per_s"] > 0 and r["T"] == 64' 2> /dev/null &&
+        ok "bench_torch_cpu.py runs the twin (CLLA-quant) in fp32" || fail "bench_torch_cpu.py: $out"
+    if /usr/bin/python3 bench/bench_torch_cpu.py --config bench/train_d512_moe.json "${SMALL[@]}" > moe.out 2>&1; then fail "bench_torch_cpu.py accepted a MoE config"
+    else grep -q "MoE" moe.out && ok "bench_torch_cpu.py refuses MoE: $(cat moe.out)" || fail "moe refusal: $(cat moe.out)"; fi
+else
+    echo "     (bench_torch_cpu.py runs skipped: /usr/bin/python3 has no torch)"
 fi
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

@@ -5,9 +5,10 @@
 // of different lengths (crossing at least three cache blocks) is prefilled to different
 // points, then decoded token by token with the same tokens (teacher forcing). Every position's
 // logits must equal the full forward's (which applies the same codecs where the cache holds a
-// value) within 1e-4. Also: the cached CLLA-quant codes decode bit for bit to the latent the
-// training forward used; the bytes the decoder holds are the tokens stored times the per-token
-// figure of `clla info` (model/cache.c), rounded up to whole blocks; codecs encode their own
+// value) within 1e-4 (1e-3 with bf16 parts: a rounding flip, see CASES). Also: the cached
+// CLLA-quant codes decode bit for bit to the latent the training forward used; the bytes the
+// decoder holds are the tokens stored times the per-token figure of `clla info`
+// (model/cache.c), rounded up to whole blocks; codecs encode their own
 // round trip to the same bytes except int_group at 8 bits (why prefill encodes the value before
 // its round trip, model/decode.c); released blocks are reused; decoder_extend (chunked
 // prefill through the cache) gives the same logits; forked sequences share full blocks and
@@ -32,6 +33,7 @@ typedef struct Case {
     const char *name;
     const char *json;
     const char *codecs;   // cache_layout_apply_spec specs, ';'-separated (NULL: all fp32 but a quantized latent)
+    double tol;           // |decode - full| allowed (0: 1e-4)
 } Case;
 
 #define BASE "\"vocab_size\":37,\"hidden_size\":24,\"num_attention_heads\":4,\"head_dim\":6,\"intermediate_size\":20," \
@@ -39,22 +41,25 @@ typedef struct Case {
 #define LAT "\"kv_lora_rank\":16,\"qk_rope_head_dim\":4,"
 #define MOE "\"n_routed_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":12,\"n_shared_experts\":1,\"moe_capacity_factor\":1.0,"
 static const Case CASES[] = {
-    {"mha", "{" BASE "\"attention\":\"mha\",\"num_hidden_layers\":2}", NULL},
-    {"gqa", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", NULL},
-    {"mqa moe", "{" BASE MOE "\"attention\":\"mqa\",\"num_hidden_layers\":2}", NULL},
-    {"cla F=2 L=3", "{" BASE "\"attention\":\"cla\",\"num_hidden_layers\":3}", NULL},
-    {"gqa_cla F=3 L=4", "{" BASE "\"attention\":\"gqa_cla\",\"num_key_value_heads\":2,\"share_factor\":3,\"num_hidden_layers\":4}", NULL},
-    {"mla q_lora dv!=d", "{" BASE LAT "\"attention\":\"mla\",\"q_lora_rank\":8,\"v_head_dim\":5,\"num_hidden_layers\":2}", NULL},
-    {"clla F=2 L=3", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", NULL},
-    {"clla_share_krope F=3 L=4", "{" BASE LAT "\"attention\":\"clla_share_krope\",\"share_factor\":3,\"num_hidden_layers\":4}", NULL},
-    {"clla_share_kvproj F=4 L=5", "{" BASE LAT "\"attention\":\"clla_share_kvproj\",\"share_factor\":4,\"num_hidden_layers\":5}", NULL},
-    {"clla_quant 4 bits moe", "{" BASE LAT MOE "\"attention\":\"clla_quant\",\"latent_quant_group\":8,\"num_hidden_layers\":3}", NULL},
-    {"clla_quant 2 bits", "{" BASE LAT "\"attention\":\"clla_quant\",\"latent_quant_bits\":2,\"latent_quant_group\":8,\"num_hidden_layers\":3}", NULL},
-    {"clla_quant 8 bits F=3", "{" BASE LAT "\"attention\":\"clla_quant\",\"latent_quant_bits\":8,\"latent_quant_group\":16,\"share_factor\":3,\"num_hidden_layers\":4}", NULL},
-    {"clla_quant_share_kvproj", "{" BASE LAT "\"attention\":\"clla_quant_share_kvproj\",\"latent_quant_group\":16,\"num_hidden_layers\":3}", NULL},
-    // the served defaults: bf16 parts (both paths apply the same bf16 rounding)
-    {"gqa bf16 cache", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", "bf16"},
-    {"clla bf16 krope, int4 latent", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", "bf16;latent=int_group:bits=4,group=8"},
+    {"mha", "{" BASE "\"attention\":\"mha\",\"num_hidden_layers\":2}", NULL, 0},
+    {"gqa", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", NULL, 0},
+    {"mqa moe", "{" BASE MOE "\"attention\":\"mqa\",\"num_hidden_layers\":2}", NULL, 0},
+    {"cla F=2 L=3", "{" BASE "\"attention\":\"cla\",\"num_hidden_layers\":3}", NULL, 0},
+    {"gqa_cla F=3 L=4", "{" BASE "\"attention\":\"gqa_cla\",\"num_key_value_heads\":2,\"share_factor\":3,\"num_hidden_layers\":4}", NULL, 0},
+    {"mla q_lora dv!=d", "{" BASE LAT "\"attention\":\"mla\",\"q_lora_rank\":8,\"v_head_dim\":5,\"num_hidden_layers\":2}", NULL, 0},
+    {"clla F=2 L=3", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", NULL, 0},
+    {"clla_share_krope F=3 L=4", "{" BASE LAT "\"attention\":\"clla_share_krope\",\"share_factor\":3,\"num_hidden_layers\":4}", NULL, 0},
+    {"clla_share_kvproj F=4 L=5", "{" BASE LAT "\"attention\":\"clla_share_kvproj\",\"share_factor\":4,\"num_hidden_layers\":5}", NULL, 0},
+    {"clla_quant 4 bits moe", "{" BASE LAT MOE "\"attention\":\"clla_quant\",\"latent_quant_group\":8,\"num_hidden_layers\":3}", NULL, 0},
+    {"clla_quant 2 bits", "{" BASE LAT "\"attention\":\"clla_quant\",\"latent_quant_bits\":2,\"latent_quant_group\":8,\"num_hidden_layers\":3}", NULL, 0},
+    {"clla_quant 8 bits F=3", "{" BASE LAT "\"attention\":\"clla_quant\",\"latent_quant_bits\":8,\"latent_quant_group\":16,\"share_factor\":3,\"num_hidden_layers\":4}", NULL, 0},
+    {"clla_quant_share_kvproj", "{" BASE LAT "\"attention\":\"clla_quant_share_kvproj\",\"latent_quant_group\":16,\"num_hidden_layers\":3}", NULL, 0},
+    // the served defaults: bf16 parts (both paths apply the same bf16 rounding, but a value
+    // within an ulp of a rounding boundary may round the other way: a step computes k and v in
+    // a one-row matmul, the full forward in a many-row one, and their fp32 sums can differ in
+    // the last bit; one flipped bf16 element moves the logits by ~1e-4, a wrong cache by 1e-1)
+    {"gqa bf16 cache", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", "bf16", 1e-3},
+    {"clla bf16 krope, int4 latent", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", "bf16;latent=int_group:bits=4,group=8", 1e-3},
 };
 
 #define NSEQ 3
@@ -235,7 +240,8 @@ static void run_case(const Case *cs, int ci) {
         decoder_free(d);
     }
     double fork_err = check_fork(&m, &cl, tok, full, cs->name);
-    check(fork_err <= 1e-4, "forked sequences decode as if prefilled alone", cs->name);
+    double tol = cs->tol > 0 ? cs->tol : 1e-4;
+    check(fork_err <= tol, "forked sequences decode as if prefilled alone", cs->name);
     if (fork_err > worst) worst = fork_err;
     // a prefill of the whole sequences (the full forward's shape): the cached latent decodes bit
     // for bit to the latent the training forward used (CLLA-quant: its int_group codes)
@@ -256,7 +262,7 @@ static void run_case(const Case *cs, int ci) {
         free(v);
         decoder_free(d);
     }
-    check(worst <= 1e-4, "decoded logits equal the full forward's", cs->name);
+    check(worst <= tol, "decoded logits equal the full forward's", cs->name);
     printf("%-32s bytes/token %5zu  max |decode - full| %.2e\n", cs->name, cache_layout_bytes_per_token(&cl), worst);
     free(lg);
     free(full);

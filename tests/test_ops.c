@@ -8,7 +8,7 @@
 // are the op's fp32 rounding (~1e-6) and the finite-difference error (~1e-9).
 //
 // Sizes are deliberately odd (no multiples of 8 or 32) so that remainder paths run, and
-// larger than the ops' internal blocks (attention rows: 64, dweight channel blocks) where
+// larger than the ops' internal blocks (attention tiles: 64, dweight channel blocks) where
 // that matters. Backward ops must ACCUMULATE: each is run twice and must give 2x.
 //
 // Output: one line per check, then "N passed, M failed"; exit status 1 if anything failed.
@@ -201,8 +201,8 @@ static void ref_rope(double *x, int B, int T, int H, int S, int off, int D, int 
             }
 }
 
-// Causal grouped attention; att may be NULL.
-static void ref_attention(double *out, double *att, const double *q, const double *k, const double *v,
+// Causal grouped attention; lse (B, NH, T: the log-sum-exp of each score row) may be NULL.
+static void ref_attention(double *out, double *lse, const double *q, const double *k, const double *v,
                           int B, int T, int NH, int NKV, int DQK, int DV, double scale) {
     double *sc = dalloc((size_t)T);
     for (int b = 0; b < B; b++)
@@ -221,15 +221,12 @@ static void ref_attention(double *out, double *att, const double *q, const doubl
                 double z = 0.0;
                 for (int s = 0; s <= t; s++) { sc[s] = exp(sc[s] - m); z += sc[s]; }
                 for (int s = 0; s <= t; s++) sc[s] /= z;
+                if (lse) lse[((size_t)b * NH + h) * T + t] = m + log(z);
                 double *ot = out + (((size_t)b * T + t) * NH + h) * DV;
                 for (int i = 0; i < DV; i++) {
                     double acc = 0.0;
                     for (int s = 0; s <= t; s++) acc += sc[s] * v[(((size_t)b * T + s) * NKV + kvh) * DV + i];
                     ot[i] = acc;
-                }
-                if (att) {
-                    double *arow = att + (((size_t)b * NH + h) * T + t) * T;
-                    for (int s = 0; s < T; s++) arow[s] = s <= t ? sc[s] : 0.0;
                 }
             }
         }
@@ -525,17 +522,17 @@ static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV, int w
     const float scale = (float)(1.0 / sqrt((double)DQK)) * 1.3f;
     const size_t nq = (size_t)B * T * NH * DQK, nk = (size_t)B * T * NKV * DQK;
     const size_t nv = (size_t)B * T * NKV * DV, no = (size_t)B * T * NH * DV;
-    const size_t na = (size_t)B * NH * T * T;
+    const size_t nl = (size_t)B * NH * T;
     float *q = frand(nq, -1.5, 1.5), *k = frand(nk, -1.5, 1.5), *v = frand(nv, -1, 1);
-    float *out = falloc(no), *att = frand(na, -1, 1);   // garbage: the op must overwrite all of it
+    float *out = frand(no, -1, 1), *lse = frand(nl, -1, 1);   // garbage: the op must overwrite all of it
     double *q_d = to_double(q, nq), *k_d = to_double(k, nk), *v_d = to_double(v, nv);
-    double *ref = dalloc(no), *ref_att = dalloc(na);
-    be->attention_forward(out, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
-    ref_attention(ref, ref_att, q_d, k_d, v_d, B, T, NH, NKV, DQK, DV, (double)scale);
+    double *ref = dalloc(no), *ref_lse = dalloc(nl);
+    be->attention_forward(out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+    ref_attention(ref, ref_lse, q_d, k_d, v_d, B, T, NH, NKV, DQK, DV, (double)scale);
     snprintf(name, sizeof name, "attention_forward out B=%d T=%d NH=%d NKV=%d DQK=%d DV=%d",
              B, T, NH, NKV, DQK, DV);
     check(name, maxrel(out, ref, no), TOL_FWD);
-    check("attention_forward att (probabilities, 0 above diagonal)", maxrel(att, ref_att, na), TOL_FWD);
+    check("attention_forward lse (log-sum-exp of each score row)", maxrel(lse, ref_lse, nl), TOL_FWD);
 
     if (with_backward) {
         float *dout = frand(no, -1, 1);
@@ -544,8 +541,8 @@ static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV, int w
                         .nout = no, .dims = {B, T, NH, NKV, DQK, DV}, .par = {(double)scale}};
         double *gq = fd_grad(&pb, 0, nq), *gk = fd_grad(&pb, 1, nk), *gv = fd_grad(&pb, 2, nv);
         float *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nv);
-        float *scratch = frand(na, -1, 1);   // garbage too
-        be->attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+        float *scratch = frand(nl, -1, 1);   // garbage too
+        be->attention_backward(dq, dk, dv, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale);
         snprintf(name, sizeof name, "attention_backward dq (NH=%d NKV=%d T=%d)", NH, NKV, T);
         check(name, maxrel(dq, gq, nq), TOL_BWD);
         snprintf(name, sizeof name, "attention_backward dk (NH=%d NKV=%d T=%d)", NH, NKV, T);
@@ -553,7 +550,7 @@ static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV, int w
         snprintf(name, sizeof name, "attention_backward dv (NH=%d NKV=%d T=%d)", NH, NKV, T);
         check(name, maxrel(dv, gv, nv), TOL_BWD);
         float *dq1 = fcopy(dq, nq), *dk1 = fcopy(dk, nk), *dv1 = fcopy(dv, nv);
-        be->attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+        be->attention_backward(dq, dk, dv, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale);
         const double e2 = fmax(maxrel_2x(dq, dq1, nq), fmax(maxrel_2x(dk, dk1, nk), maxrel_2x(dv, dv1, nv)));
         check("attention_backward dq,dk,dv accumulate (2 calls = 2x)", e2, TOL_ACC);
 
@@ -561,17 +558,17 @@ static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV, int w
         memset(dq, 0, nq * sizeof(float)); memset(dk, 0, nk * sizeof(float)); memset(dv, 0, nv * sizeof(float));
         memset(dq1, 0, nq * sizeof(float)); memset(dk1, 0, nk * sizeof(float)); memset(dv1, 0, nv * sizeof(float));
         omp_set_num_threads(1);
-        be->attention_backward(dq1, dk1, dv1, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+        be->attention_backward(dq1, dk1, dv1, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale);
         omp_set_num_threads(nt);
-        be->attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, DQK, DV, scale);
+        be->attention_backward(dq, dk, dv, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, DQK, DV, scale);
         check("attention_backward bitwise equal, 1 vs all threads",
               memcmp(dq, dq1, nq * sizeof(float)) == 0 && memcmp(dk, dk1, nk * sizeof(float)) == 0 &&
               memcmp(dv, dv1, nv * sizeof(float)) == 0 ? 0.0 : 1.0, 0.0);
         free(dout); free(dout_d); free(gq); free(gk); free(gv); free(dq); free(dk); free(dv);
         free(scratch); free(dq1); free(dk1); free(dv1);
     }
-    free(q); free(k); free(v); free(out); free(att); free(q_d); free(k_d); free(v_d);
-    free(ref); free(ref_att);
+    free(q); free(k); free(v); free(out); free(lse); free(q_d); free(k_d); free(v_d);
+    free(ref); free(ref_lse);
 }
 
 static void test_swiglu(size_t n) {
@@ -739,8 +736,12 @@ int main(void) {
     test_attention(2, 13, 6, 2, 7, 5, 1);     // GQA, DQK != DV
     test_attention(2, 11, 3, 3, 5, 7, 1);     // MHA
     test_attention(1, 11, 4, 1, 6, 9, 1);     // MQA
-    test_attention(1, 70, 2, 1, 3, 2, 1);     // two row blocks (64 + 6)
-    test_attention(2, 133, 4, 2, 17, 9, 0);   // three row blocks, forward only
+    test_attention(1, 70, 2, 1, 3, 2, 1);     // two tiles (64 + 6)
+    test_attention(1, 1, 4, 2, 5, 3, 1);      // T = 1
+    test_attention(1, 67, 8, 1, 4, 3, 1);     // group of 8 query heads, a tile of 3 rows
+    test_attention(1, 130, 2, 2, 5, 3, 1);    // three tiles (64 + 64 + 2)
+    test_attention(2, 133, 4, 2, 17, 9, 0);   // three tiles, forward only
+    test_attention(1, 300, 2, 1, 24, 16, 0);  // five tiles, forward only
 
     test_swiglu(101);
     test_swiglu(40009);   // parallel path

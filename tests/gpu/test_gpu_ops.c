@@ -469,25 +469,25 @@ static void test_rope(int B, int T, int H, int S, int off, int D, int pos0) {
 
 static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV) {
     const size_t nq = (size_t)B * T * NH * DQK, nk = (size_t)B * T * NKV * DQK, nv = (size_t)B * T * NKV * DV;
-    const size_t no = (size_t)B * T * NH * DV, na = (size_t)B * NH * T * T;
+    const size_t no = (size_t)B * T * NH * DV, na = (size_t)B * NH * T;
     const float scale = 1.0f / sqrtf((float)DQK);
     float *hq = rnd(nq, -1.5, 1.5), *hk = rnd(nk, -1.5, 1.5), *hv = rnd(nv, -1, 1), *hd = rnd(no, -1, 1);
     float *hdq = rnd(nq, -0.1, 0.1), *hdk = rnd(nk, -0.1, 0.1), *hdv = rnd(nv, -0.1, 0.1);
     float *hz = xalloc(na * sizeof(float));
     Buf q = buf_act(hq, nq), k = buf_act(hk, nk), v = buf_act(hv, nv), o = buf_act(hd, no), d = buf_act(hd, no);
-    Buf att = buf_raw(hz, na), scr = buf_raw(hz, na);
+    Buf lse = buf_raw(hz, na), scr = buf_raw(hz, na);
     Buf dq = buf_act(hdq, nq), dk = buf_act(hdk, nk), dv = buf_act(hdv, nv);
     char name[160], shape[64];
     snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d DQK=%d DV=%d", B, T, NH, NKV, DQK, DV);
-    cpu->attention_forward(o.c, att.c, q.c, k.c, v.c, B, T, NH, NKV, DQK, DV, scale);
-    gpu->attention_forward(o.g, att.g, q.g, k.g, v.g, B, T, NH, NKV, DQK, DV, scale);
+    cpu->attention_forward(o.c, lse.c, q.c, k.c, v.c, B, T, NH, NKV, DQK, DV, scale);
+    gpu->attention_forward(o.g, lse.g, q.g, k.g, v.g, B, T, NH, NKV, DQK, DV, scale);
     snprintf(name, sizeof name, "attention_forward out %s", shape);
     compare(name, &o, TOL_SUM);
-    snprintf(name, sizeof name, "attention_forward att %s", shape);
-    compare(name, &att, TOL_F32);
+    snprintf(name, sizeof name, "attention_forward lse %s", shape);
+    compare(name, &lse, TOL_F32);
     void *q0 = gpu_snapshot(&dq), *k0 = gpu_snapshot(&dk), *v0 = gpu_snapshot(&dv);
-    cpu->attention_backward(dq.c, dk.c, dv.c, scr.c, d.c, att.c, q.c, k.c, v.c, B, T, NH, NKV, DQK, DV, scale);
-    gpu->attention_backward(dq.g, dk.g, dv.g, scr.g, d.g, att.g, q.g, k.g, v.g, B, T, NH, NKV, DQK, DV, scale);
+    cpu->attention_backward(dq.c, dk.c, dv.c, scr.c, d.c, o.c, lse.c, q.c, k.c, v.c, B, T, NH, NKV, DQK, DV, scale);
+    gpu->attention_backward(dq.g, dk.g, dv.g, scr.g, d.g, o.g, lse.g, q.g, k.g, v.g, B, T, NH, NKV, DQK, DV, scale);
     snprintf(name, sizeof name, "attention_backward dq %s", shape);
     compare(name, &dq, TOL_ATTBWD);
     snprintf(name, sizeof name, "attention_backward dk %s", shape);
@@ -496,13 +496,13 @@ static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV) {
     compare(name, &dv, TOL_SUM);
     void *q1 = gpu_snapshot(&dq), *k1 = gpu_snapshot(&dk), *v1 = gpu_snapshot(&dv);
     gpu_restore(&dq, q0); gpu_restore(&dk, k0); gpu_restore(&dv, v0);
-    gpu->attention_backward(dq.g, dk.g, dv.g, scr.g, d.g, att.g, q.g, k.g, v.g, B, T, NH, NKV, DQK, DV, scale);
+    gpu->attention_backward(dq.g, dk.g, dv.g, scr.g, d.g, o.g, lse.g, q.g, k.g, v.g, B, T, NH, NKV, DQK, DV, scale);
     void *q2 = gpu_snapshot(&dq), *k2 = gpu_snapshot(&dk), *v2 = gpu_snapshot(&dv);
     snprintf(name, sizeof name, "attention_backward deterministic %s", shape);
     result(name, !memcmp(q1, q2, nq * 2) && !memcmp(k1, k2, nk * 2) && !memcmp(v1, v2, nv * 2), "bitwise");
     free(q2); free(k2); free(v2);
     free(q0); free(k0); free(v0); free(q1); free(k1); free(v1);
-    buf_free(&q); buf_free(&k); buf_free(&v); buf_free(&o); buf_free(&d); buf_free(&att); buf_free(&scr);
+    buf_free(&q); buf_free(&k); buf_free(&v); buf_free(&o); buf_free(&d); buf_free(&lse); buf_free(&scr);
     buf_free(&dq); buf_free(&dk); buf_free(&dv);
     free(hq); free(hk); free(hv); free(hd); free(hdq); free(hdk); free(hdv); free(hz);
 }
@@ -780,6 +780,10 @@ int main(void) {
     test_attention(1, 65, 6, 1, 33, 17);    // MQA, odd dims
     test_attention(1, 33, 4, 1, 16, 24);
     test_attention(2, 40, 8, 8, 64, 64);    // MHA
+    // production shapes (issue 16): T = 2048, head widths 64, 128 and the latent form's 160 / 96
+    test_attention(1, 2048, 4, 4, 64, 64);
+    test_attention(1, 2048, 4, 2, 128, 128);
+    test_attention(1, 2048, 2, 2, 160, 96);
 
     test_xent(1, 5);
     test_xent(7, 1001);
