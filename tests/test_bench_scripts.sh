@@ -85,16 +85,16 @@ assert 0 < r["attention_share"] < 1 and r["tokens_per_s"] > 0
 # 2 of the 8 routed experts of 3 x 64 x 32; then the final norm
 layer = 4 * 64 * 64 + 2 * 64 + 8 * 64 + 3 * 64 * 64 + 2 * 3 * 64 * 32
 assert r["activated_params"] == 2 * layer + 64, r["activated_params"]
-print(r["activated_params"])' > act.out 2>&1 && ok "bench_train on a MoE config: attention share, activated parameters $(cat act.out)" ||
-    fail "bench_train MoE: $out $(cat act.out)"
+print(r["activated_params"])' > "$WORK/act.out" 2>&1 && ok "bench_train on a MoE config: attention share, activated parameters $(cat "$WORK/act.out")" ||
+    fail "bench_train MoE: $out $(cat "$WORK/act.out")"
 grep -q "activated per token" <<< "$out" && ! grep -q "uses every expert" <<< "$out" && ok "bench_train counts activated parameters" ||
     fail "bench_train parameter line: $(grep params <<< "$out")"
 if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
     out=$(/usr/bin/python3 bench/bench_torch_cpu.py --config bench/train_d512_clla_quant.json "${SMALL[@]}" --steps 1 --json 2>&1)
     echo "$out" | grep '^{' | /usr/bin/python3 -c 'import json,sys; r=json.loads(sys.stdin.readline()); assert r["tokens_per_s"] > 0 and r["T"] == 64' 2> /dev/null &&
         ok "bench_torch_cpu.py runs the twin (CLLA-quant) in fp32" || fail "bench_torch_cpu.py: $out"
-    if /usr/bin/python3 bench/bench_torch_cpu.py --config bench/train_d512_moe.json "${SMALL[@]}" > moe.out 2>&1; then fail "bench_torch_cpu.py accepted a MoE config"
-    else grep -q "MoE" moe.out && ok "bench_torch_cpu.py refuses MoE: $(cat moe.out)" || fail "moe refusal: $(cat moe.out)"; fi
+    if /usr/bin/python3 bench/bench_torch_cpu.py --config bench/train_d512_moe.json "${SMALL[@]}" > "$WORK/moe.out" 2>&1; then fail "bench_torch_cpu.py accepted a MoE config"
+    else grep -q "MoE" "$WORK/moe.out" && ok "bench_torch_cpu.py refuses MoE: $(cat "$WORK/moe.out")" || fail "moe refusal: $(cat "$WORK/moe.out")"; fi
 else
     echo "     (bench_torch_cpu.py runs skipped: /usr/bin/python3 has no torch)"
 fi
