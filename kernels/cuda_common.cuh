@@ -17,25 +17,34 @@ typedef __nv_bfloat16 bf16;
 
 extern "C" void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
+// Every CUDA error ends here: the call, its site and function, and a hint that fits the error
+// (a missing device, memory, or a kernel fault with how to find the op that caused it).
+void cuda_fail(cudaError_t err, const char *what, const char *file, int line, const char *func)
+    __attribute__((noreturn));
+// CLLA_CUDA_SYNC=1 in the environment: synchronize after every kernel launch and library call,
+// so an asynchronous fault is reported at the op that caused it (slow; for debugging).
+int cuda_sync_debug(void);
+// After a kernel launch or a cuBLAS call: launch errors, and in sync-debug mode the kernel's own.
+void cuda_after_launch(const char *file, int line, const char *func);
+
 #define CUDA_CHECK(call)                                                                  \
     do {                                                                                  \
         cudaError_t err_ = (call);                                                        \
-        if (err_ != cudaSuccess)                                                          \
-            die("CUDA error in %s (%s:%d): %s: check that a CUDA GPU is visible "         \
-                "(nvidia-smi, CUDA_VISIBLE_DEVICES) and has enough free memory",          \
-                #call, __FILE__, __LINE__, cudaGetErrorString(err_));                     \
+        if (err_ != cudaSuccess) cuda_fail(err_, #call, __FILE__, __LINE__, __func__);    \
     } while (0)
 
 #define CUBLAS_CHECK(call)                                                                \
     do {                                                                                  \
         cublasStatus_t st_ = (call);                                                      \
         if (st_ != CUBLAS_STATUS_SUCCESS)                                                 \
-            die("cuBLAS error in %s (%s:%d): %s (status %d)", #call, __FILE__, __LINE__,  \
-                cublasGetStatusString(st_), (int)st_);                                    \
+            die("cuBLAS error in %s (%s:%d, %s): %s (status %d)", #call, __FILE__, __LINE__, \
+                __func__, cublasGetStatusString(st_), (int)st_);                         \
+        if (cuda_sync_debug()) cuda_after_launch(__FILE__, __LINE__, __func__);          \
     } while (0)
 
-// After a kernel launch: launch-configuration errors surface here, at their launch site.
-#define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+// After a kernel launch: launch-configuration errors surface here, at their launch site;
+// with CLLA_CUDA_SYNC=1 the kernel's execution errors too.
+#define CUDA_LAUNCHED() cuda_after_launch(__FILE__, __LINE__, __func__)
 
 // Grid size for a grid-stride elementwise loop: enough blocks to fill any current GPU,
 // capped so that the grid never depends on the device (results never depend on it anyway).

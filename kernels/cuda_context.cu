@@ -4,6 +4,8 @@
 #include "kernels/backend_cuda.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 // 32 MiB: what cuBLASLt's Hopper kernels ask for at most; Ampere needs less.
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20)
@@ -13,6 +15,58 @@ static cublasLtHandle_t g_cublaslt;
 static void *g_lt_workspace;
 static void *g_scratch[SCRATCH_NSLOTS];
 static size_t g_scratch_bytes[SCRATCH_NSLOTS];
+
+static int g_sync_debug = -1;   // -1: CLLA_CUDA_SYNC not read yet
+
+int cuda_sync_debug(void) {
+    if (g_sync_debug < 0) {
+        const char *v = getenv("CLLA_CUDA_SYNC");
+        g_sync_debug = v && *v && strcmp(v, "0") != 0;
+    }
+    return g_sync_debug;
+}
+
+// The hint for an error: only a missing device or driver is about visibility.
+static const char *error_hint(cudaError_t err) {
+    switch (err) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+        return "check that a CUDA GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES) and that its driver supports this CUDA version";
+    case cudaErrorMemoryAllocation:
+        return "the GPU is out of memory: use a smaller batch or sequence (clla info --device cuda shows the plan)";
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+        return "a kernel faulted, and errors are reported late unless synchronized: rerun with CLLA_CUDA_SYNC=1 to "
+               "name the op that faulted, or under compute-sanitizer (scripts/gpu_check.sh does both)";
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+        return "this build has no kernels for this GPU: rebuild with its architecture in CMAKE_CUDA_ARCHITECTURES";
+    default:
+        return "see the CUDA error above";
+    }
+}
+
+void cuda_fail(cudaError_t err, const char *what, const char *file, int line, const char *func) {
+    die("CUDA error in %s (%s:%d, %s): %s: %s", what, file, line, func, cudaGetErrorString(err), error_hint(err));
+}
+
+void cuda_after_launch(const char *file, int line, const char *func) {
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) cuda_fail(err, "a kernel launch", file, line, func);
+    if (cuda_sync_debug()) {
+        err = cudaDeviceSynchronize();
+        if (err != cudaSuccess) cuda_fail(err, "the op launched here (CLLA_CUDA_SYNC=1)", file, line, func);
+    }
+}
 
 cublasHandle_t cuda_cublas(void) {
     if (!g_cublas) {

@@ -8,7 +8,7 @@
 // are the op's fp32 rounding (~1e-6) and the finite-difference error (~1e-9).
 //
 // Sizes are deliberately odd (no multiples of 8 or 32) so that remainder paths run, and
-// larger than the ops' internal blocks (attention tiles: 64, dweight channel blocks) where
+// larger than the ops' internal blocks (attention tiles: 128, dweight channel blocks) where
 // that matters. Backward ops must ACCUMULATE: each is run twice and must give 2x.
 //
 // Output: one line per check, then "N passed, M failed"; exit status 1 if anything failed.
@@ -736,12 +736,13 @@ int main(void) {
     test_attention(2, 13, 6, 2, 7, 5, 1);     // GQA, DQK != DV
     test_attention(2, 11, 3, 3, 5, 7, 1);     // MHA
     test_attention(1, 11, 4, 1, 6, 9, 1);     // MQA
-    test_attention(1, 70, 2, 1, 3, 2, 1);     // two tiles (64 + 6)
+    test_attention(1, 70, 2, 1, 3, 2, 1);     // one partial tile
     test_attention(1, 1, 4, 2, 5, 3, 1);      // T = 1
-    test_attention(1, 67, 8, 1, 4, 3, 1);     // group of 8 query heads, a tile of 3 rows
-    test_attention(1, 130, 2, 2, 5, 3, 1);    // three tiles (64 + 64 + 2)
-    test_attention(2, 133, 4, 2, 17, 9, 0);   // three tiles, forward only
-    test_attention(1, 300, 2, 1, 24, 16, 0);  // five tiles, forward only
+    test_attention(1, 67, 8, 1, 4, 3, 1);     // group of 8 query heads
+    test_attention(1, 130, 2, 2, 5, 3, 1);    // two tiles (128 + 2)
+    test_attention(1, 261, 2, 1, 3, 2, 1);    // three tiles (128 + 128 + 5)
+    test_attention(2, 133, 4, 2, 17, 9, 0);   // two tiles, forward only
+    test_attention(1, 300, 2, 1, 24, 16, 0);  // three tiles, forward only
 
     test_swiglu(101);
     test_swiglu(40009);   // parallel path

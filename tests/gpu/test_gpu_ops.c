@@ -28,6 +28,10 @@
 //
 // No usable GPU: prints "skipped: no CUDA device (<reason>)" and exits 77. Otherwise one
 // line per check, then "N passed, M failed"; exit status 1 on any failure.
+//   test_gpu_ops [--small | --production | --probe]
+// --small leaves out the production shapes (matmul 8192 x 2048 x 5632, attention at T = 2048,
+// cross-entropy at V = 32000 and 128256; what compute-sanitizer can afford), --production runs
+// only them, --probe only checks for a device (scripts/gpu_check.sh).
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -727,15 +731,44 @@ static void test_expert_matmul(int E, int C, int OC, const int *rows_per_expert)
     free(off); free(hi); free(ho); free(hdi); free(hdw); free(w); free(dw); free(wc); free(wg); free(dwc); free(dwg);
 }
 
-int main(void) {
+// The production shapes of scripts/gpu_check.sh: the sizes the models train at, against the
+// CPU op (the CPU side takes seconds on a GPU machine's cores).
+static void test_production(void) {
+    test_matmul(8192, 2048, 5632, 0);          // dense ~1B: tokens x d_model x d_ff
+    test_attention(1, 2048, 4, 4, 64, 64);
+    test_attention(1, 2048, 4, 2, 128, 128);
+    test_attention(1, 2048, 2, 2, 160, 96);    // MLA / CLLA: head 128 + rope 32, value 96
+    test_xent(64, 32000);                      // Llama-2's vocabulary, 64 rows
+    test_xent(32, 128256);                     // Llama-3's
+}
+
+int main(int argc, char **argv) {
+    // no argument: every test; --small: all but the production shapes (for compute-sanitizer);
+    // --production: only those; --probe: is there a device (exit 0) or not (77)
+    int small = 1, production = 1, probe = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--small")) production = 0;
+        else if (!strcmp(argv[i], "--production")) small = 0;
+        else if (!strcmp(argv[i], "--probe")) probe = 1;
+        else {
+            fprintf(stderr, "test_gpu_ops: unknown argument '%s' (--small, --production or --probe)\n", argv[i]);
+            return 2;
+        }
+    }
     char reason[256];
     if (!cuda_device_available(reason, sizeof reason)) {
         printf("skipped: no CUDA device (%s)\n", reason);
         return 77;
     }
     printf("test_gpu_ops on %s\n", reason);
+    if (probe) return 0;
     cpu = backend_cpu();
     gpu = backend_cuda();
+    if (!small) {
+        test_production();
+        printf("%d passed, %d failed\n", n_passed, n_failed);
+        return n_failed ? 1 : 0;
+    }
 
     test_table();
     test_memory();
@@ -780,10 +813,7 @@ int main(void) {
     test_attention(1, 65, 6, 1, 33, 17);    // MQA, odd dims
     test_attention(1, 33, 4, 1, 16, 24);
     test_attention(2, 40, 8, 8, 64, 64);    // MHA
-    // production shapes (issue 16): T = 2048, head widths 64, 128 and the latent form's 160 / 96
-    test_attention(1, 2048, 4, 4, 64, 64);
-    test_attention(1, 2048, 4, 2, 128, 128);
-    test_attention(1, 2048, 2, 2, 160, 96);
+    test_attention(1, 300, 2, 1, 160, 96);  // several 64-row tiles, the latent form's widths
 
     test_xent(1, 5);
     test_xent(7, 1001);
@@ -803,6 +833,7 @@ int main(void) {
     test_expert_matmul(4, 40, 56, (const int[]){7, 0, 33, 1});
     test_expert_matmul(3, 64, 96, (const int[]){0, 65, 0});
 
+    if (production) test_production();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh without a GPU (docs/GPU.md, "scripts/gpu_check.sh"):
+#  - --dry-run: every step skipped with the reason, exit 0, summary.jsonl one JSON object a step;
+#  - fake binaries (shell scripts standing for the GPU tests): a failing op test is rerun with
+#    CLLA_CUDA_SYNC=1 and the op that faulted is named in the summary; a skipping test keeps its
+#    reason; sanitizers run through COMPUTE_SANITIZER; any failure makes the exit status 1;
+#  - the real CUDA build's binaries when this machine has them: every step skipped, with the
+#    binaries' "no CUDA device" reason;
+#  - --bundle: the binaries and the libraries they load, but glibc and CUDA; a non-empty bundle
+#    directory is refused; an unknown argument is refused.
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+: "${SRC:?set SRC to the source tree (ctest does this)}"
+. "$(dirname "$0")/lib/check.sh" test_gpu_check
+GC="$SRC/scripts/gpu_check.sh"
+PY=/usr/bin/python3
+summary_ok() {   # summary_ok FILE: every line a JSON object with step, status, reason, seconds
+    "$PY" -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert rows and all(set(r) == {"step", "status", "reason", "seconds"} for r in rows)
+assert all(r["status"] in ("pass", "fail", "skipped") for r in rows)
+print(len(rows))' "$1"
+}
+
+# ---- dry run
+if bash "$GC" --dry-run --out dry > dry.log 2>&1 && n=$(summary_ok dry/summary.jsonl) && [ "$n" -eq 8 ] &&
+   [ "$(grep -c '"status":"skipped","reason":"dry run' dry/summary.jsonl)" -eq 8 ]; then ok "--dry-run: $n steps, each skipped with the reason"
+else fail "dry run: $(cat dry.log)"; fi
+
+# ---- fake binaries
+mkdir -p fake/bin
+cat > fake/bin/test_gpu_ops <<'EOS'
+#!/bin/sh
+case "$1" in
+--probe) echo "test_gpu_ops on FakeGPU"; exit 0 ;;
+--production) echo "12 passed, 0 failed"; exit 0 ;;
+esac
+if [ "${CLLA_CUDA_SYNC:-0}" = 1 ]; then
+    echo "clla: error: CUDA error in the op launched here (CLLA_CUDA_SYNC=1) (kernels/cuda_attention.cu:210, cuda_attention_forward): an illegal memory access was encountered"
+    exit 1
+fi
+echo "FAIL attention_forward out B=1 T=1 (the error surfaced later)"; echo "90 passed, 1 failed"; exit 1
+EOS
+printf '#!/bin/sh\necho "40 passed, 0 failed"\n' > fake/bin/test_gpu_train
+printf '#!/bin/sh\necho "skipped: no CUDA device (fake: decode needs a second stream)"\nexit 77\n' > fake/bin/test_gpu_decode
+printf '#!/bin/sh\necho "{\\"bench\\":\\"bench_gpu\\",\\"tokens_per_s\\":1000}"\n' > fake/bin/bench_gpu
+printf '#!/bin/sh\necho "sanitizer $2" >> "%s/sanitizer.calls"\nshift 4\n"$@" > /dev/null\necho "========= ERROR SUMMARY: 0 errors"\n' "$PWD" > fake/sanitizer
+chmod +x fake/bin/* fake/sanitizer
+COMPUTE_SANITIZER=$PWD/fake/sanitizer bash "$GC" --bin fake --out run > run.log 2>&1
+rc=$?
+status() { "$PY" -c 'import json,sys; print(next((r["status"] + " " + r["reason"]) for r in map(json.loads, open(sys.argv[1])) if r["step"] == sys.argv[2]))' run/summary.jsonl "$1" 2>/dev/null; }
+[ $rc -eq 1 ] && summary_ok run/summary.jsonl > /dev/null && ok "a failing step: exit 1, summary.jsonl well formed" || fail "fake run: rc $rc $(cat run.log)"
+s=$(status test_gpu_ops); [[ $s == fail* && $s == *"FAIL attention_forward"* ]] && ok "the failing op test: $s" || fail "test_gpu_ops: $s"
+s=$(status test_gpu_ops.sync); [[ $s == fail* && $s == *"cuda_attention_forward"* ]] && ok "rerun with CLLA_CUDA_SYNC=1 names the op: $s" || fail "sync rerun: $s"
+s=$(status production_shapes); [[ $s == pass* ]] && ok "production shapes: $s" || fail "production: $s"
+s=$(status test_gpu_decode); [[ $s == "skipped skipped: no CUDA device (fake"* ]] && ok "a skipping test keeps its reason: $s" || fail "decode: $s"
+s=$(status sanitizer.initcheck); [[ $s == pass* ]] && grep -q "sanitizer memcheck" sanitizer.calls && grep -q "sanitizer initcheck" sanitizer.calls &&
+    ok "memcheck and initcheck through COMPUTE_SANITIZER" || fail "sanitizer: $s $(cat sanitizer.calls 2>&1)"
+s=$(status bench_gpu); [[ $s == pass*tokens_per_s* ]] && [ -s run/bench_gpu.log ] && ok "bench_gpu --json logged: $s" || fail "bench_gpu: $s"
+
+# ---- the real CUDA build, where this machine has one (no GPU: every step skipped)
+CB=${CLLA_CUDA_BUILD_DIR:-$SRC/build-cuda}
+if [ -x "$CB/tests/gpu/test_gpu_ops" ]; then
+    bash "$GC" --bin "$CB" --out real > real.log 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && [ "$(grep -c '"status":"skipped","reason":"skipped: no CUDA device' real/summary.jsonl)" -eq 8 ]; then
+        ok "the CUDA build without a GPU: 8 steps skipped ($(grep -m1 -o 'no CUDA device[^"]*' real/summary.jsonl))"
+    elif "$CB/tests/gpu/test_gpu_ops" --probe > /dev/null 2>&1; then echo "     (this machine has a GPU: the real run is scripts/gpu_check.sh itself)"
+    else fail "real binaries without a GPU: rc $rc $(cat real.log)"; fi
+else
+    echo "     (no CUDA build at $CB: the real-binaries check is skipped)"
+fi
+
+# ---- --bundle from a build tree (real ELF binaries standing for the GPU ones), refusals
+mkdir -p tree/tests/gpu tree/bench
+for b in test_gpu_ops test_gpu_train test_gpu_decode; do cp "$CLLA" tree/tests/gpu/$b; done
+cp "$CLLA" tree/bench/bench_gpu
+if bash "$GC" --bundle bdl --build tree > bundle.log 2>&1 && [ "$(ls bdl/bin | wc -l)" -eq 4 ] &&
+   ls bdl/lib | grep -q '^libopenblas' && ! ls bdl/lib | grep -Eq '^(libc|libm|libcudart)\.so'; then
+    ok "--bundle: $(tail -n 1 bundle.log)"
+else fail "bundle: $(cat bundle.log; ls bdl/bin bdl/lib 2>&1)"; fi
+if bash "$GC" --bundle bdl --build tree > b2.log 2>&1; then fail "a non-empty bundle directory overwritten"
+else grep -q "not empty" b2.log && ok "a non-empty bundle directory refused: $(cat b2.log)" || fail "bundle refusal: $(cat b2.log)"; fi
+bash "$GC" --frobnicate > x.log 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "unknown argument" x.log && ok "unknown argument: $(cat x.log)" || fail "unknown argument: rc $rc $(cat x.log)"
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
