@@ -37,6 +37,21 @@ static __device__ __forceinline__ void row_to_shared(float *dst, const bf16 *src
     __syncwarp();
 }
 
+// acc (lane l holds elements l, l + 32, ...) += sum_j w_j row_j over the n <= 32 rows starting at
+// rows (row stride `stride`, width `width`), w_j being lane j's w: the weighted sum of a chunk.
+static __device__ __forceinline__ void add_weighted_rows(float acc[ATT_REGS], float w, const bf16 *rows, size_t stride,
+                                                         int n, int width, int lane) {
+    for (int j = 0; j < n; j++) {
+        const float wj = __shfl_sync(0xFFFFFFFFu, w, j);
+        const bf16 *r = rows + (size_t)j * stride;
+#pragma unroll
+        for (int i = 0; i < ATT_REGS; i++) {
+            const int d = lane + 32 * i;
+            if (d < width) acc[i] += wj * ld(r + d);
+        }
+    }
+}
+
 // One warp per query row r = (b, h, t), r in [0, B NH T).
 __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T,
                                          int NH, int NKV, int DQK, int DV, float scale) {
@@ -64,15 +79,7 @@ __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, c
 #pragma unroll
         for (int i = 0; i < ATT_REGS; i++) o[i] *= alpha;
         const int n = t - s0 + 1 < 32 ? t - s0 + 1 : 32;
-        for (int j = 0; j < n; j++) {
-            const float pj = __shfl_sync(0xFFFFFFFFu, pb, j);
-            const bf16 *vr = vb + (size_t)(s0 + j) * NKV * DV;
-#pragma unroll
-            for (int i = 0; i < ATT_REGS; i++) {
-                const int d = lane + 32 * i;
-                if (d < DV) o[i] += pj * ld(vr + d);
-            }
-        }
+        add_weighted_rows(o, pb, vb + (size_t)s0 * NKV * DV, (size_t)NKV * DV, n, DV, lane);
     }
     bf16 *orow = out + (((size_t)b * T + t) * NH + h) * DV;
     const float inv = 1.0f / l;
@@ -124,15 +131,7 @@ __global__ void attention_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse
             ds = bf16_round(p * (dot_row(gs, vb + (size_t)s * NKV * DV, DV) - dt));
         }
         const int n = t - s0 + 1 < 32 ? t - s0 + 1 : 32;
-        for (int j = 0; j < n; j++) {
-            const float dj = __shfl_sync(0xFFFFFFFFu, ds, j);
-            const bf16 *kr = kb + (size_t)(s0 + j) * NKV * DQK;
-#pragma unroll
-            for (int i = 0; i < ATT_REGS; i++) {
-                const int d = lane + 32 * i;
-                if (d < DQK) acc[i] += dj * ld(kr + d);
-            }
-        }
+        add_weighted_rows(acc, ds, kb + (size_t)s0 * NKV * DQK, (size_t)NKV * DQK, n, DQK, lane);
     }
     bf16 *g = dq + qrow * DQK;
 #pragma unroll
@@ -171,16 +170,8 @@ __global__ void attention_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const
                 p = bf16_round(pf);
             }
             const int n = T - t0 < 32 ? T - t0 : 32;
-            for (int j = 0; j < n; j++) {
-                const float pj = __shfl_sync(0xFFFFFFFFu, p, j), dj = __shfl_sync(0xFFFFFFFFu, ds, j);
-                const bf16 *qr = qb + (size_t)(t0 + j) * NH * DQK, *gr = gb + (size_t)(t0 + j) * NH * DV;
-#pragma unroll
-                for (int i = 0; i < ATT_REGS; i++) {
-                    const int d = lane + 32 * i;
-                    if (d < DQK) gk[i] += dj * ld(qr + d);
-                    if (d < DV) gv[i] += pj * ld(gr + d);
-                }
-            }
+            add_weighted_rows(gk, ds, qb + (size_t)t0 * NH * DQK, (size_t)NH * DQK, n, DQK, lane);
+            add_weighted_rows(gv, p, gb + (size_t)t0 * NH * DV, (size_t)NH * DV, n, DV, lane);
         }
     }
     bf16 *gkr = dk + krow * DQK, *gvr = dv + krow * DV;

@@ -82,6 +82,21 @@ static Heads heads(int T, int NH, int NKV, int DQK, int DV) {
     return (Heads){T, NH, NKV, DQK, DV, NH / NKV, NH * DQK, NKV * DQK, NKV * DV, NH * DV};
 }
 
+// Where query head h of batch row b and its kv head start in q, k, v and (offset `o`, in
+// elements) in out and dout.
+typedef struct HeadRows {
+    const float *q, *k, *v;
+    size_t o;
+} HeadRows;
+
+static HeadRows head_rows(const Heads *hd, const float *q, const float *k, const float *v, int b, int h) {
+    const int kvh = h / hd->group;
+    return (HeadRows){q + (size_t)b * hd->T * hd->ldq + (size_t)h * hd->DQK,
+                      k + (size_t)b * hd->T * hd->ldk + (size_t)kvh * hd->DQK,
+                      v + (size_t)b * hd->T * hd->ldv + (size_t)kvh * hd->DV,
+                      (size_t)b * hd->T * hd->ldo + (size_t)h * hd->DV};
+}
+
 // S (rows, cols; row stride ATT_BK) = scale Q[r0:r0+rows] K[c0:c0+cols]^T for query head qh
 // and its kv head; entries with key > query are set to -inf (only in the diagonal tiles).
 static void score_tile(float *S, const float *qh, const float *kh, const Heads *hd, int r0, int rows, int c0,
@@ -110,10 +125,9 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
         for (int b = 0; b < B; b++)
             for (int h = 0; h < NH; h++)
                 for (int qt = 0; qt < nq; qt++) {
-                    const int kvh = h / hd.group, r0 = qt * ATT_BQ, rows = imin(T - r0, ATT_BQ);
-                    const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
-                    const float *kh = k + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
-                    const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
+                    const int r0 = qt * ATT_BQ, rows = imin(T - r0, ATT_BQ);
+                    const HeadRows hr = head_rows(&hd, q, k, v, b, h);
+                    const float *qh = hr.q, *kh = hr.k, *vh = hr.v;
                     for (int i = 0; i < rows; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
                     memset(O, 0, (size_t)rows * DV * sizeof(float));
                     for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
@@ -135,7 +149,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, DV, cols, 1.0f, S, ATT_BK,
                                     vh + (size_t)c0 * hd.ldv, hd.ldv, 1.0f, O, DV);
                     }
-                    float *oh = out + ((size_t)b * T + r0) * hd.ldo + (size_t)h * DV;
+                    float *oh = out + hr.o + (size_t)r0 * hd.ldo;
                     float *lh = lse + ((size_t)b * NH + h) * T + r0;
                     for (int i = 0; i < rows; i++) {
                         const float inv = 1.0f / l[i];
@@ -203,11 +217,9 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
         for (int b = 0; b < B; b++)
             for (int h = 0; h < NH; h++)
                 for (int qt = 0; qt < nq; qt++) {
-                    const int kvh = h / hd.group, r0 = qt * ATT_BQ, rows = imin(T - r0, ATT_BQ);
-                    const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
-                    const float *kh = k + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
-                    const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
-                    const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
+                    const int r0 = qt * ATT_BQ, rows = imin(T - r0, ATT_BQ);
+                    const HeadRows hr = head_rows(&hd, q, k, v, b, h);
+                    const float *qh = hr.q, *kh = hr.k, *vh = hr.v, *doh = dout + hr.o;
                     const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
                     float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
                     for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
