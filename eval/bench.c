@@ -362,9 +362,9 @@ static int shared_prefix(const BenchItem *it, const Seqs *q) {
     return p;
 }
 
-// One choice's run through the decoder: after the prefill, `feed` tokens go in one a step (the
-// rest of its context past the shared prefix, then its continuation but the last token), and
-// the logits from `skip` on score the continuation.
+// One choice's run through the decoder: after the prefill, its tail goes in one token a step (the
+// rest of its context past the shared prefix, then its continuation but the last token); the
+// logits from tail position `skip` on (the prefill's own when skip is 0) score the continuation.
 typedef struct ChoiceRun {
     int item, choice, prefill_row;
     int skip, n_tail;
