@@ -183,6 +183,15 @@ int64_t codec_fit_elements(const Codec *c, int W) {
     return n;
 }
 
+int codec_check_codebook(const float *data, size_t n, float max_abs, const char *what, char *err, size_t errlen) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(data[i]) || fabsf(data[i]) > max_abs) {
+            snprintf(err, errlen, "codebook value %zu is %g, not a finite %s", i, (double)data[i], what);
+            return -1;
+        }
+    return 0;
+}
+
 const char *codec_name(const Codec *c) { return codec_traits(c->kind)->name; }
 size_t codec_bytes_per_token(const Codec *c, int W) { return codec_traits(c->kind)->bytes_per_token(c, W); }
 void codec_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W) { codec_traits(c->kind)->encode(c, dst, src, N, W); }

@@ -76,6 +76,9 @@ double codec_bits_stored(const Codec *c, int W);
 double codec_bits_paper(const Codec *c, int W);
 // The elements of a fitted state's tensor (0 for codecs without one).
 int64_t codec_fit_elements(const Codec *c, int W);
+// For the fit_load of a codec: the n codebook values of a package are finite and within
+// max_abs; else -1 and "codebook value I is X, not a finite <what>" in err.
+int codec_check_codebook(const float *data, size_t n, float max_abs, const char *what, char *err, size_t errlen);
 
 enum { PART_K = 0, PART_V, PART_LATENT, PART_KROPE, PART_OWN_KROPE, N_PARTS };
 

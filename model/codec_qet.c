@@ -133,12 +133,7 @@ static void qet_codec_fit_save(const Codec *c, int W, const void *state, float *
 static int qet_codec_fit_load(const Codec *c, int W, const float *data, void **state, char *err, size_t errlen) {
     QetSettings s = settings(c, W);
     if (qet_settings_check(&s, err, errlen) != 0) return -1;
-    size_t total = ((size_t)c->k[0] + c->k[1]) * W;
-    for (size_t i = 0; i < total; i++)
-        if (!isfinite(data[i])) {
-            snprintf(err, errlen, "codebook value %zu is %g, not finite", i, (double)data[i]);
-            return -1;
-        }
+    if (codec_check_codebook(data, ((size_t)c->k[0] + c->k[1]) * W, INFINITY, "value", err, errlen) != 0) return -1;
     QetState *st = xcalloc(1, sizeof(QetState));
     st->s = s;
     st->m = W / s.width;

@@ -230,6 +230,9 @@ static void test_qet(void) {
     codec_encode(&c2, ref, x, N, W);
     codec_decode(&c2, dec2, ref, N, W);
     check(!memcmp(bytes, ref, tb * N) && !memcmp(dec, dec2, sizeof(float) * N * W), "qet: the loaded state encodes and decodes as the fitted one");
+    saved[3 * W + 1] = INFINITY;
+    void *bad = NULL;
+    check(t->fit_load(&c, W, saved, &bad, err, sizeof(err)) != 0 && strstr(err, "not a finite"), "qet: an infinity in the codebook is refused");
     t->fit_free(loaded);
     t->fit_free(state);
     free(x); free(dec); free(dec2); free(bytes); free(ref); free(saved);
