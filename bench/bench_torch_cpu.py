@@ -22,6 +22,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
 def main():
@@ -77,13 +78,11 @@ def main():
     n = len(times)
     median = times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
     tok_s = B * T / median
-    # bench/bench_train.c's FLOP convention: 6 (non-embedding params + head) + the causal attention term
+    # bench/bench_train.c's FLOP convention (bench/bench_torch_gpu.py computes it for both scripts)
+    from bench_torch_gpu import flops_per_token
     params = sum(p.numel() for name, p in model.named_parameters()
                  if name not in ("model.embed_tokens.weight", "lm_head.weight"))
-    head = V * mc.hidden_size
-    L, NH = mc.num_hidden_layers, mc.num_attention_heads
-    dqk = mc.head_dim + (mc.qk_rope_head_dim if getattr(mc, "kv_lora_rank", 0) else 0)
-    flops = 6.0 * (params + head) + 6.0 * L * NH * (dqk + mc.v_head_dim) * (T + 1) / 2.0
+    flops = flops_per_token(raw, params + V * mc.hidden_size, T)
     print(f"torch {torch.__version__}, {threads} threads, {mc.attention}, B={B} T={T}: {tok_s:.1f} tokens/s "
           f"(median of {n} steps), model {tok_s * flops / 1e9:.1f} GFLOP/s")
     if args.json:

@@ -30,7 +30,8 @@ def flops_per_token(cfg, n_matmul_params, T):
     L, NH = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     D = cfg.get("head_dim", cfg["hidden_size"] // NH)
     DV = cfg.get("v_head_dim", D)
-    return 6.0 * n_matmul_params + 6.0 * L * NH * (D + DV) * (T + 1) / 2.0
+    DQK = D + (cfg.get("qk_rope_head_dim", 0) if cfg.get("kv_lora_rank", 0) else 0)   # latent: + the rope key
+    return 6.0 * n_matmul_params + 6.0 * L * NH * (DQK + DV) * (T + 1) / 2.0
 
 
 def build(torch, cfg):

@@ -41,7 +41,8 @@ for model in mha clla_quant moe; do
         tok=$(field tokens_per_s "$js") ratio=$(field ratio "$js") share=$(field attention_share "$js")
         torch_tok="-" vs="-"
         # the twin's explicit attention keeps scores, probabilities and their masked copy per layer
-        need_kb=$(( 8 * 8 * B * T * T * 4 * 3 / 1024 ))
+        LNH=$("$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c["num_hidden_layers"] * c["num_attention_heads"])' "$cfg")
+        need_kb=$(( LNH * B * T * T * 4 * 3 / 1024 ))
         if [ $model = moe ]; then torch_tok="(no baseline)"
         elif [ $need_kb -gt $(( MEM_KB / 2 )) ]; then torch_tok="(T x T needs $(( need_kb / 1048576 )) GiB)"
         else
