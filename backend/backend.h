@@ -27,20 +27,21 @@
 
 // One stream of a paged KV cache as a backend reads it (model/decode.c builds them from the
 // cache layer): tokens in blocks of block_tokens, token_bytes bytes each, in backend memory.
-// A host backend may call decode, which turns n consecutive tokens of a block into fp32
-// vectors of `width` (the stream's codec, any kind). A device backend reads the layouts it
-// knows itself, named by kind: PAGED_F32 (fp32 values), PAGED_BF16 (bf16 values),
-// PAGED_INT_GROUP ([scales: width/group bf16][codes: width values of `bits` bits, two's
-// complement, packed little-endian], model/cache.c); PAGED_OTHER only through decode.
+// A host backend may call decode, which turns the first n tokens of block block_id into fp32
+// vectors of `width` (the stream's codec, any kind; a block codec's block is whole or its fp16
+// window, which the owner of ctx knows). A device backend reads the layouts it knows itself,
+// named by kind: PAGED_F32 (fp32 values), PAGED_BF16 (bf16 values), PAGED_INT_GROUP ([scales:
+// width/group bf16][codes: width values of `bits` bits, two's complement, packed little-endian],
+// model/cache.c); PAGED_OTHER only through decode.
 enum { PAGED_F32 = 0, PAGED_BF16, PAGED_INT_GROUP, PAGED_OTHER };
 typedef struct PagedStream {
     int width;
-    size_t token_bytes;
+    size_t token_bytes;          // 0 for a block codec (PAGED_OTHER: read only through decode)
     int block_tokens;
     uint8_t *const *blocks;      // block id -> its storage (a host array of backend pointers)
     int n_blocks;                // ids in blocks
-    const void *codec;           // passed to decode
-    void (*decode)(const void *codec, float *dst, const uint8_t *src, int n, int width);
+    const void *ctx;             // passed to decode
+    void (*decode)(const void *ctx, float *dst, int block_id, int n);
     int is_f32;                  // kind == PAGED_F32: read in place
     int kind, bits, group;       // PAGED_*; bits and group of PAGED_INT_GROUP
 } PagedStream;

@@ -155,9 +155,9 @@ int main(int argc, char **argv) {
         decoder_extend(d, 0, prompt, P, lg);
         double pf_chunk = P / (now_seconds() - t0);
         decoder_free(d);
-        size_t bpt = cache_layout_bytes_per_token(&cl);
+        double bpt = cache_layout_bytes_per_token(&cl);
         if (json)
-            printf("{\"preset\":\"%s\",\"prefill_tokens\":%d,\"prefill_full_tok_s\":%.1f,\"prefill_chunked_tok_s\":%.1f,\"bytes_per_token\":%zu}\n",
+            printf("{\"preset\":\"%s\",\"prefill_tokens\":%d,\"prefill_full_tok_s\":%.1f,\"prefill_chunked_tok_s\":%.1f,\"bytes_per_token\":%.10g}\n",
                    preset, P, pf_full, pf_chunk, bpt);
         else
             printf("%-24s prefill 1024 tokens: %.0f tok/s (full forward), %.0f tok/s (chunked through the cache)\n",
@@ -183,10 +183,10 @@ int main(int argc, char **argv) {
                 double roof = fmax((cache_read + wbytes) / bw, B * step_flops(&m, ctx + 2) / sg);
                 if (json)
                     printf("{\"preset\":\"%s\",\"context\":%d,\"batch\":%d,\"ms_per_step\":%.3f,\"cache_bytes_read\":%.0f,"
-                           "\"roofline_ms\":%.3f,\"x_roofline\":%.3f,\"bytes_per_token\":%zu}\n",
+                           "\"roofline_ms\":%.3f,\"x_roofline\":%.3f,\"bytes_per_token\":%.10g}\n",
                            preset, ctx, B, best * 1e3, cache_read, roof * 1e3, best / roof, bpt);
                 else
-                    printf("%-24s %6d %5d %9.2f %11.1f %11.2f %9.2f %11zu\n", preset, ctx, B, best * 1e3, cache_read / 1e6,
+                    printf("%-24s %6d %5d %9.2f %11.1f %11.2f %9.2f %11.10g\n", preset, ctx, B, best * 1e3, cache_read / 1e6,
                            roof * 1e3, best / roof, bpt);
                 fflush(stdout);
                 free(lgb);

@@ -208,7 +208,7 @@ int cmd_calibrate(int argc, char **argv) {
     package_out_write(&po, &model, &cfg, cl, dtype);
     char codecs[512];
     model_dir_describe_cache(cl, codecs, sizeof(codecs));
-    printf("wrote %s: cache %s fitted on %lld tokens of %s%s; %zu cache bytes/token\n", po.out, codecs, c.have, data,
+    printf("wrote %s: cache %s fitted on %lld tokens of %s%s; %.10g cache bytes/token\n", po.out, codecs, c.have, data,
            c.fisher ? " (Fisher-weighted)" : "", cache_layout_bytes_per_token(cl));
     for (int p = 0; p < N_PARTS; p++) {
         if (!cl->part[p].present) continue;

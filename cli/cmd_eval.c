@@ -37,7 +37,7 @@ static const ArgSpec SPECS[] = {
     {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
     {"json", 0, "print one JSON object", NULL},
     {"through-cache", 0, "score through the KV cache: the full forward with each codec's round trip, and token by token through the decoder", NULL},
-    {"cache-codec", ARG_REPEAT, "with --through-cache or --bench: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G (cq, qet: a package from clla calibrate)", "SPEC"},
+    {"cache-codec", ARG_REPEAT, "with --through-cache or --bench: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G, kivi:bits=B,group=G,residual=R (cq, qet: a package from clla calibrate)", "SPEC"},
     {"bench", ARG_REPEAT, "score a multiple-choice benchmark (generic or HellaSwag JSONL; a directory: its *.jsonl files) through the KV cache; repeatable", "FILE|DIR"},
     {"shots", 1, "with --bench: few-shot examples before each item (default 0)", "K"},
     {"seed", 1, "with --bench: seed of the few-shot draw (default 1234)", "S"},
@@ -76,24 +76,30 @@ static void layout_from_args(CacheLayout *layout, const ModelDir *md, const Args
 
 // Bits per element of every stored part, both ways (codec_bits_stored, codec_bits_paper), the
 // fitted values a part's codec keeps over all its streams (to amortize over the tokens a
-// deployment stores), and over all parts as stored: as JSON members, or as text lines.
-static void print_bits(const CacheLayout *cl, int json) {
+// deployment stores), and over all parts as stored: as JSON members, or as text lines. "Stored"
+// counts everything a window of T tokens keeps: a block codec's fp16 window of the block being
+// filled too (codec_seq_bytes), so it depends on T.
+static void print_bits(const CacheLayout *cl, int json, int T) {
+    char err[256];
+    int bt = cache_layout_block_tokens(cl, err, sizeof(err));
+    if (bt < 0) die("%s", err);
     long long elements = 0;
     for (int s = 0; s < cl->n_streams; s++) elements += cl->part[cl->streams[s].part].width;
-    double all = elements ? 8.0 * (double)cache_layout_bytes_per_token(cl) / (double)elements : 0;
-    if (json) printf(",\"bits_per_element\":{\"all_parts_stored\":%.4f", all);
-    else printf("  bits/element: %.3f over all parts as stored", all);
+    double all = elements ? 8.0 * (double)cache_layout_seq_bytes(cl, T) / ((double)elements * T) : 0;
+    if (json) printf(",\"cache_bytes_per_window\":%zu,\"bits_per_element\":{\"all_parts_stored\":%.4f", cache_layout_seq_bytes(cl, T), all);
+    else printf("  bits/element: %.3f over all parts as stored (%zu bytes a window of %d)", all, cache_layout_seq_bytes(cl, T), T);
     for (int p = 0; p < N_PARTS; p++) {
         if (!cl->part[p].present) continue;
         const Codec *c = &cl->part[p].codec;
         int W = cl->part[p].width;
+        double stored = 8.0 * (double)codec_seq_bytes(c, W, bt, T) / ((double)W * T);
         long long fitted = 0;
         for (int s = 0; s < cl->n_streams; s++) fitted += cl->streams[s].part == p ? codec_fit_elements(c, W) : 0;
         if (json)
-            printf(",\"%s\":{\"stored\":%.4f,\"paper\":%.4f,\"fitted_values\":%lld}", cache_part_name(p), codec_bits_stored(c, W),
+            printf(",\"%s\":{\"stored\":%.4f,\"paper\":%.4f,\"fitted_values\":%lld}", cache_part_name(p), stored,
                    codec_bits_paper(c, W), fitted);
         else
-            printf("; %s %.3f stored, %.3f as its paper counts%s", cache_part_name(p), codec_bits_stored(c, W), codec_bits_paper(c, W),
+            printf("; %s %.3f stored, %.3f as its paper counts%s", cache_part_name(p), stored, codec_bits_paper(c, W),
                    fitted ? " (+ codebooks)" : "");
     }
     printf(json ? "}" : "\n");
@@ -113,20 +119,21 @@ static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoade
     double full = cs.acc.count ? cs.acc.full_sum / cs.acc.count : 0, dec = cs.acc.count ? cs.acc.decode_sum / cs.acc.count : 0;
     char codecs[512];
     model_dir_describe_cache(&layout, codecs, sizeof(codecs));
-    size_t bpt = cache_layout_bytes_per_token(&layout);
+    double bpt = cache_layout_bytes_per_token(&layout);
     int finite = isfinite(full) && isfinite(dec);
     if (json) {
         if (finite) printf("{\"loss\":%.6f,\"perplexity\":%.4f,\"loss_decoded\":%.6f,\"perplexity_decoded\":%.4f", full, exp(full), dec, exp(dec));
         else printf("{\"loss\":null,\"perplexity\":null,\"loss_decoded\":null,\"perplexity_decoded\":null");
-        printf(",\"cache_bytes_per_token\":%zu,\"cache\":\"%s\",\"tokens\":%lld,\"windows\":%lld,\"batches\":%lld", bpt, codecs,
+        printf(",\"cache_bytes_per_token\":%.10g,\"cache\":\"%s\",\"tokens\":%lld,\"windows\":%lld,\"batches\":%lld", bpt, codecs,
                cs.acc.count, r.windows, r.batches);
-        print_bits(&layout, 1);
+        print_bits(&layout, 1, T);
         printf("}\n");
     } else {
-        printf("through the cache (%s, %zu bytes/token):\n", codecs, bpt);
-        printf("  full forward with the codecs' round trips: loss %.4f | perplexity %.3f\n", full, exp(full));
+        printf("through the cache (%s, %.10g bytes/token):\n", codecs, bpt);
+        printf("  %s: loss %.4f | perplexity %.3f\n", cache_layout_has_blocks(&layout) ? "chunked prefill through the cache, a block per forward"
+               : "full forward with the codecs' round trips", full, exp(full));
         printf("  decoded token by token through the cache:  loss %.4f | perplexity %.3f\n", dec, exp(dec));
-        print_bits(&layout, 0);
+        print_bits(&layout, 0, T);
         printf("  %lld tokens in %lld windows of %d\n", cs.acc.count, r.windows, T);
     }
     cache_layout_free(&layout);
@@ -454,7 +461,7 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     if (items_path && dist->rank == 0 && !items) die("--items-out: %s", strerror(errno));
     char codecs[512];
     model_dir_describe_cache(&layout, codecs, sizeof(codecs));
-    size_t bpt = cache_layout_bytes_per_token(&layout);
+    double bpt = cache_layout_bytes_per_token(&layout);
     BenchScorer *sc = bench_scorer_new(model, &layout, tok, full);
     BenchRun *runs = xcalloc((size_t)n_bench, sizeof(BenchRun));
     BenchJob *jobs = xcalloc((size_t)n_bench, sizeof(BenchJob));
@@ -472,7 +479,7 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
             cJSON_AddStringToObject(o, "benchmark", r->name);
             cJSON_AddStringToObject(o, "file", paths[i]);
             cJSON_AddStringToObject(o, "cache", codecs);
-            cJSON_AddNumberToObject(o, "cache_bytes_per_token", (double)bpt);
+            cJSON_AddNumberToObject(o, "cache_bytes_per_token", bpt);
             cJSON_AddStringToObject(o, "path", full ? "full-forward" : "decoder");
             cJSON_AddNumberToObject(o, "shots", K);
             cJSON_AddNumberToObject(o, "items", (double)r->n);
@@ -494,7 +501,7 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
         for (int i = 0; i < n_bench; i++) printf(" %s acc | %s acc_norm |", runs[i].name, runs[i].name);
         printf("\n|---|---|---|---|");
         for (int i = 0; i < n_bench; i++) printf("---|---|");
-        printf("\n| %s | %s | %zu | %d |", dir, codecs, bpt, K);
+        printf("\n| %s | %s | %.10g | %d |", dir, codecs, bpt, K);
         for (int i = 0; i < n_bench; i++)
             printf(" %.4f ± %.4f | %.4f ± %.4f |", runs[i].acc, runs[i].acc_se, runs[i].acc_norm, runs[i].acc_norm_se);
         printf("\n");

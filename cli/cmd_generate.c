@@ -42,7 +42,7 @@ static const ArgSpec SPECS[] = {
     {"json", 0, "one JSON object per prompt on stdout (JSON lines)", NULL},
     {"device", 1, "cpu (default), cpu-bf16 or cuda", "cpu|cpu-bf16|cuda"},
     {"tokenizer", 1, "tokenizer file (default: the package's, or the run's train.tokenizer)", "FILE"},
-    {"cache-codec", ARG_REPEAT, "cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G (cq, qet: a package from clla calibrate)", "SPEC"},
+    {"cache-codec", ARG_REPEAT, "cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G, kivi:bits=B,group=G,residual=R (cq, qet: a package from clla calibrate)", "SPEC"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 #define MAX_LIST 256
@@ -379,7 +379,7 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr,
             "generate: %d prompt%s, %lld prompt tokens in %.3f s (%.1f tok/s prefill), %lld tokens generated, "
             "%lld decoded in %.3f s (%.1f tok/s decode), %.3f s in all\n"
-            "cache: %zu bytes held at the peak (%lld tokens stored), %zu bytes per token (%s)\n",
+            "cache: %zu bytes held at the peak (%lld tokens stored), %.10g bytes per token (%s)\n",
             pl.n, pl.n == 1 ? "" : "s", prompt_tokens, t_prefill, t_prefill > 0 ? prompt_tokens / t_prefill : 0.0, generated,
             decoded, t_decode, t_decode > 0 ? decoded / t_decode : 0.0, total, peak_bytes, peak_tokens,
             decoder_bytes_per_token(dec), codecs);

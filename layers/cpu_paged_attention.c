@@ -229,7 +229,7 @@ static void chunk_rows(const PagedStream *s, const int *blocks, int nt, float *s
     for (int b = 0, t0 = 0; t0 < nt; b++, t0 += BT) {
         const int n = nt - t0 < BT ? nt - t0 : BT;
         const uint8_t *src = s->blocks[blocks[b]];
-        if (!in_place) s->decode(s->codec, scratch + (size_t)t0 * s->width, src, n, s->width);
+        if (!in_place) s->decode(s->ctx, scratch + (size_t)t0 * s->width, blocks[b], n);
         for (int j = 0; j < n; j++)
             row[t0 + j] = in_place ? src + (size_t)j * s->token_bytes : (const uint8_t *)(scratch + (size_t)(t0 + j) * s->width);
     }

@@ -149,6 +149,7 @@ static void int_group_defaults(Codec *c) { c->bits = 4; c->group = 32; }   // CL
 
 extern const CodecTraits CODEC_CQ_TRAITS;    // model/codec_cq.c
 extern const CodecTraits CODEC_QET_TRAITS;   // model/codec_qet.c
+extern const CodecTraits CODEC_KIVI_TRAITS;  // model/codec_kivi.c
 
 static const CodecTraits CODECS_SIMPLE[] = {
     [CODEC_FP32] = {.name = "fp32", .bytes_per_token = fp32_bytes, .encode = fp32_encode, .decode = fp32_decode,
@@ -164,11 +165,44 @@ static const CodecTraits CODECS_SIMPLE[] = {
 // The codec table: one row per kind (the codecs with fitted state live in files of their own).
 const CodecTraits *codec_traits(CodecKind kind) {
     if ((unsigned)kind >= N_CODECS) die("internal error: codec kind %d", (int)kind);
-    return kind == CODEC_CQ ? &CODEC_CQ_TRAITS : kind == CODEC_QET ? &CODEC_QET_TRAITS : &CODECS_SIMPLE[kind];
+    switch (kind) {
+    case CODEC_CQ: return &CODEC_CQ_TRAITS;
+    case CODEC_QET: return &CODEC_QET_TRAITS;
+    case CODEC_KIVI: return &CODEC_KIVI_TRAITS;
+    default: return &CODECS_SIMPLE[kind];
+    }
+}
+
+int codec_block_tokens(const Codec *c) {
+    const CodecTraits *t = codec_traits(c->kind);
+    return t->block_tokens ? t->block_tokens(c) : 1;
+}
+
+size_t codec_span_bytes(const Codec *c, int W, int N) {
+    const CodecTraits *t = codec_traits(c->kind);
+    if (!t->block_tokens) return (size_t)N * t->bytes_per_token(c, W);
+    int bt = t->block_tokens(c);
+    if (N % bt) die("internal error: %d tokens of codec %s, whose blocks are %d tokens", N, t->name, bt);
+    return (size_t)(N / bt) * t->block_bytes(c, W);
+}
+
+double codec_bytes_per_token_avg(const Codec *c, int W) {
+    int bt = codec_block_tokens(c);
+    return (double)codec_span_bytes(c, W, bt) / bt;
+}
+
+// A sequence of T tokens in blocks of BT: a block codec's blocks are encoded once the sequence
+// has moved past them (model/decode.c), so the last ((T - 1) mod BT) + 1 tokens are in the fp16
+// window and the blocks before it are encoded.
+size_t codec_seq_bytes(const Codec *c, int W, int BT, int64_t T) {
+    if (T <= 0) return 0;
+    if (!codec_traits(c->kind)->block_tokens) return (size_t)T * codec_bytes_per_token(c, W);
+    int64_t closed = (T - 1) / BT;
+    return (size_t)closed * codec_span_bytes(c, W, BT) + (size_t)(T - closed * BT) * (size_t)W * 2;
 }
 
 int codec_needs_fit(const Codec *c) { return codec_traits(c->kind)->fit != NULL; }
-double codec_bits_stored(const Codec *c, int W) { return 8.0 * (double)codec_bytes_per_token(c, W) / W; }
+double codec_bits_stored(const Codec *c, int W) { return 8.0 * codec_bytes_per_token_avg(c, W) / W; }
 double codec_bits_paper(const Codec *c, int W) {
     const CodecTraits *t = codec_traits(c->kind);
     if (t->bits_paper) return t->bits_paper(c, W);
@@ -193,13 +227,19 @@ int codec_check_codebook(const float *data, size_t n, float max_abs, const char 
 }
 
 const char *codec_name(const Codec *c) { return codec_traits(c->kind)->name; }
-size_t codec_bytes_per_token(const Codec *c, int W) { return codec_traits(c->kind)->bytes_per_token(c, W); }
+size_t codec_bytes_per_token(const Codec *c, int W) {
+    const CodecTraits *t = codec_traits(c->kind);
+    if (!t->bytes_per_token) die("internal error: codec %s stores blocks, not tokens (codec_span_bytes)", t->name);
+    return t->bytes_per_token(c, W);
+}
 void codec_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W) { codec_traits(c->kind)->encode(c, dst, src, N, W); }
 void codec_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W) { codec_traits(c->kind)->decode(c, dst, src, N, W); }
 
 void codec_roundtrip(const Codec *c, const Backend *be, float *out, const float *in, int N, int W) {
     const CodecTraits *t = codec_traits(c->kind);
     if (t->roundtrip) { t->roundtrip(c, be, out, in, N, W); return; }
+    if (t->block_tokens)
+        die("internal error: codec %s keeps a full-precision window, so it has no full-sequence round trip: read it through the decoder", t->name);
     // through the host codec, exactly what the cache would store and give back
     size_t n = (size_t)N * W;
     float *h = xmalloc(n * sizeof(float));
@@ -222,7 +262,8 @@ int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
     for (int k = 0; k < N_CODECS; k++)
         if (strlen(codec_traits((CodecKind)k)->name) == nlen && !strncmp(codec_traits((CodecKind)k)->name, spec, nlen)) kind = k;
     if (kind < 0) {
-        snprintf(err, errlen, "unknown cache codec '%.*s': use fp32, bf16, int_group:bits=B,group=G, cq:bits=B,c=C or qet:levels=L,width=W,k1=K,k2=K", (int)nlen, spec);
+        snprintf(err, errlen, "unknown cache codec '%.*s': use fp32, bf16, int_group:bits=B,group=G, cq:bits=B,c=C, "
+                 "qet:levels=L,width=W,k1=K,k2=K or kivi:bits=B,group=G,residual=R", (int)nlen, spec);
         return -1;
     }
     c->kind = (CodecKind)kind;
@@ -255,8 +296,15 @@ void codec_format(const Codec *c, char *buf, size_t n) {
 static const char *const PART_NAMES[N_PARTS] = {"k", "v", "latent", "k_rope", "own_k_rope"};
 const char *cache_part_name(int part) { return part >= 0 && part < N_PARTS ? PART_NAMES[part] : "?"; }
 
-static int set_part_codec(CacheLayout *cl, int p, const Codec *c, char *err, size_t errlen) {
+// What part p's vectors are to attention: the latent is both key and value (absorbed attention
+// scores queries against it and sums it), the rope keys are keys.
+static int part_use(int p) { return p == PART_V ? CODEC_USE_VALUES : p == PART_LATENT ? CODEC_USE_LATENT : CODEC_USE_KEYS; }
+
+static int set_part_codec(CacheLayout *cl, int p, const Codec *given, char *err, size_t errlen) {
     char why[256];
+    Codec cc = *given;
+    cc.use = part_use(p);
+    const Codec *c = &cc;
     if (codec_traits(c->kind)->check(c, cl->part[p].width, why, sizeof(why)) != 0) {
         snprintf(err, errlen, "cache part %s (width %d): %s", PART_NAMES[p], cl->part[p].width, why);
         return -1;
@@ -349,6 +397,7 @@ void cache_layout(CacheLayout *cl, const ModelConfig *m) {
     // MLA (F = 1) read the slot's
     int consumer_krope = latent && F > 1 && (m->share == SHARE_LATENT || m->share == SHARE_LATENT_KVPROJ);
     if (consumer_krope) cl->part[PART_OWN_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16};
+    for (int p = 0; p < N_PARTS; p++) cl->part[p].codec.use = part_use(p);
 
     cl->role = xcalloc((size_t)L, sizeof(LayerRole));
     cl->streams = xcalloc((size_t)L * 2, sizeof(CacheStream));
@@ -443,14 +492,49 @@ void cache_layout_copy(CacheLayout *dst, const CacheLayout *src) {
     memcpy(dst->streams, src->streams, (size_t)src->n_streams * sizeof(CacheStream));
 }
 
-size_t cache_stream_bytes_per_token(const CacheLayout *cl, int s) {
+double cache_stream_bytes_per_token(const CacheLayout *cl, int s) {
     const CachePart *part = &cl->part[cl->streams[s].part];
-    return codec_bytes_per_token(&part->codec, part->width);
+    return codec_bytes_per_token_avg(&part->codec, part->width);
 }
 
-size_t cache_layout_bytes_per_token(const CacheLayout *cl) {
-    size_t total = 0;
+double cache_layout_bytes_per_token(const CacheLayout *cl) {
+    double total = 0;
     for (int s = 0; s < cl->n_streams; s++) total += cache_stream_bytes_per_token(cl, s);
+    return total;
+}
+
+int cache_layout_has_blocks(const CacheLayout *cl) {
+    for (int p = 0; p < N_PARTS; p++)
+        if (cl->part[p].present && codec_block_tokens(&cl->part[p].codec) > 1) return 1;
+    return 0;
+}
+
+int cache_layout_block_tokens(const CacheLayout *cl, char *err, size_t errlen) {
+    int bt = CACHE_MIN_BLOCK_TOKENS;
+    for (int p = 0; p < N_PARTS; p++)
+        if (cl->part[p].present && codec_block_tokens(&cl->part[p].codec) > bt) bt = codec_block_tokens(&cl->part[p].codec);
+    for (int p = 0; p < N_PARTS; p++) {
+        if (!cl->part[p].present) continue;
+        int b = codec_block_tokens(&cl->part[p].codec);
+        if (bt % b) {
+            snprintf(err, errlen, "cache part %s encodes blocks of %d tokens, which do not divide the cache's blocks of %d: "
+                     "give every block codec a block (kivi residual) that divides the largest, e.g. powers of two",
+                     cache_part_name(p), b, bt);
+            return -1;
+        }
+    }
+    return bt;
+}
+
+size_t cache_layout_seq_bytes(const CacheLayout *cl, int64_t T) {
+    char err[256];
+    int bt = cache_layout_block_tokens(cl, err, sizeof(err));
+    if (bt < 0) die("%s", err);
+    size_t total = 0;
+    for (int s = 0; s < cl->n_streams; s++) {
+        const CachePart *part = &cl->part[cl->streams[s].part];
+        total += codec_seq_bytes(&part->codec, part->width, bt, T);
+    }
     return total;
 }
 
@@ -473,7 +557,7 @@ void cache_bytes_per_token(const ModelConfig *m, CacheBytes *out) {
             else if (cl.role[l].own_krope) paper += m->qk_rope_head_dim;
         }
     }
-    out->total = (double)cache_layout_bytes_per_token(&cl);
+    out->total = cache_layout_bytes_per_token(&cl);
     out->per_layer = out->total / L;
     out->paper = paper / L;
     out->mha_total = (double)L * m->num_attention_heads * (m->head_dim + m->v_head_dim) * 2.0;

@@ -17,7 +17,11 @@
 
 struct cJSON;
 
-typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, CODEC_CQ, CODEC_QET, N_CODECS } CodecKind;
+typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, CODEC_CQ, CODEC_QET, CODEC_KIVI, N_CODECS } CodecKind;
+
+// What the vectors of a part are to attention (set by the layout from the part, read by the
+// codecs whose scheme differs: KIVI quantizes keys per channel and values per token).
+enum { CODEC_USE_KEYS = 0, CODEC_USE_VALUES, CODEC_USE_LATENT };
 
 typedef struct Codec {
     CodecKind kind;
@@ -25,6 +29,9 @@ typedef struct Codec {
                           // qet: group = columns per product-quantization group (width)
     int iters;            // cq, qet: k-means iterations when fitted
     int levels, k[2];     // qet: swap-tree levels, centroids of stage 1 and of the residual stage (0: none)
+    int window;           // block codecs (kivi): tokens encoded together as one block; the tokens of the
+                          // block a sequence is still filling are kept in fp16 (the full-precision window)
+    int use;              // CODEC_USE_*: set by the layout from the part the codec serves
     const void *fit;      // the fitted state of one stream (cache_stream_codec); NULL for the settings alone
 } Codec;
 
@@ -51,6 +58,11 @@ typedef struct CodecTraits {
     // fit_shape (returns its rank), written by fit_save and checked and read by fit_load.
     int (*fit)(const Codec *c, int W, const float *x, int64_t n, const float *fisher, void **state, char *err, size_t errlen);
     int uses_fisher;   // fit weighs the samples by their Fisher information (else it ignores fisher)
+    // Block codecs (NULL: a per-token codec). block_tokens: tokens encoded together; encode and
+    // decode then take N a multiple of it, and block_bytes is the size of one block (bytes_per_token
+    // is NULL: a token's share of a block need not be whole bytes).
+    int (*block_tokens)(const Codec *c);
+    size_t (*block_bytes)(const Codec *c, int W);
     void (*fit_free)(void *state);
     int (*fit_shape)(const Codec *c, int W, int64_t *shape);
     void (*fit_save)(const Codec *c, int W, const void *state, float *out);
@@ -59,9 +71,15 @@ typedef struct CodecTraits {
 
 const CodecTraits *codec_traits(CodecKind kind);
 const char *codec_name(const Codec *c);
-// Bytes one token's vector of width W occupies, every overhead counted (scales).
+// Bytes one token's vector of width W occupies, every overhead counted (scales). Per-token
+// codecs only (codec_block_tokens == 1).
 size_t codec_bytes_per_token(const Codec *c, int W);
-// Host: N vectors of width W to bytes (N * codec_bytes_per_token) and back.
+// Tokens a codec encodes together (1: every token on its own; block codecs: their block).
+int codec_block_tokens(const Codec *c);
+// Bytes of N tokens of width W, N a multiple of codec_block_tokens; and per token on average.
+size_t codec_span_bytes(const Codec *c, int W, int N);
+double codec_bytes_per_token_avg(const Codec *c, int W);
+// Host: N vectors of width W to bytes (codec_span_bytes) and back (N a multiple of the block).
 void codec_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W);
 void codec_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W);
 // Backend buffers: out = decode(encode(in)). out may equal in.
@@ -70,9 +88,14 @@ void codec_roundtrip(const Codec *c, const Backend *be, float *out, const float 
 static inline int codec_is_exact(const Codec *c) { return c->kind == CODEC_FP32; }
 // Does the codec need fitted state (clla calibrate) before it can encode?
 int codec_needs_fit(const Codec *c);
-// Bits per element: everything a token stores (8 x bytes_per_token / W), and as the codec's
-// paper counts them (the nominal code width, scales and codebooks left out).
+// Bits per element: everything a token stores (8 x bytes_per_token / W; a block codec's encoded
+// blocks, its fp16 window not counted), and as the codec's paper counts them (the nominal code
+// width, scales and codebooks left out).
 double codec_bits_stored(const Codec *c, int W);
+// Everything a sequence of T tokens stores in a cache of block_tokens-token blocks (the
+// decoder's): a block codec's closed blocks and the fp16 window of the block being filled
+// (model/decode.c, "Block codecs"); per-token codecs T x bytes_per_token.
+size_t codec_seq_bytes(const Codec *c, int W, int block_tokens, int64_t T);
 double codec_bits_paper(const Codec *c, int W);
 // The elements of a fitted state's tensor (0 for codecs without one).
 int64_t codec_fit_elements(const Codec *c, int W);
@@ -136,9 +159,19 @@ void cache_layout_set_fit(CacheLayout *cl, int s, void *state);
 int cache_layout_check_fitted(const CacheLayout *cl, char *err, size_t errlen);
 static inline int cache_slot_of(const CacheLayout *cl, int layer) { return cl->role[layer].slot; }
 static inline int cache_is_producer(const CacheLayout *cl, int layer) { return cl->role[layer].producer; }
-// Bytes per token of stream s, and of all streams (the whole model).
-size_t cache_stream_bytes_per_token(const CacheLayout *cl, int s);
-size_t cache_layout_bytes_per_token(const CacheLayout *cl);
+// Bytes per token of stream s, and of all streams (the whole model); block codecs on average
+// over their encoded blocks (the fp16 window of the open block left out: cache_layout_seq_bytes).
+double cache_stream_bytes_per_token(const CacheLayout *cl, int s);
+double cache_layout_bytes_per_token(const CacheLayout *cl);
+// The tokens of one cache block for this layout: CACHE_MIN_BLOCK_TOKENS, or the largest block of
+// its block codecs when every other one divides it; -1 with a message when they do not.
+#define CACHE_MIN_BLOCK_TOKENS 16
+int cache_layout_block_tokens(const CacheLayout *cl, char *err, size_t errlen);
+// Does some stream use a block codec (a full-precision window whose contents depend on when a
+// query reads them, so no full-sequence round trip exists)?
+int cache_layout_has_blocks(const CacheLayout *cl);
+// Everything stored for one sequence of T tokens, every stream (codec_seq_bytes summed).
+size_t cache_layout_seq_bytes(const CacheLayout *cl, int64_t T);
 
 // Codec specs, as on the command line and in an export package's "cache" section:
 // "fp32", "bf16", "int_group:bits=4,group=32", "cq:bits=8,c=4", "qet:levels=3,width=8,k1=256,k2=16". 0 on success; -1 with a message in err.

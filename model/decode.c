@@ -3,10 +3,17 @@
 // where each layer's query attends over the stored tokens (docs/CACHE.md, "Decoding through the cache").
 //
 // Storage: one pool of blocks per cache stream (model/cache.h: a producer's K, V, latent, rope
-// key; a consumer's own rope key), DECODE_BLOCK_TOKENS tokens per block in the stream's codec.
+// key; a consumer's own rope key), blocks of decoder_block_tokens tokens in the stream's codec.
 // A block id names the same block in every stream, so one block table per sequence serves all
 // layers. Blocks are allocated when a sequence first needs them and kept for reuse when it is
 // released: the bytes held grow with the tokens stored, rounded up to whole blocks.
+//
+// Block codecs (kivi; model/cache.h): a block is encoded as one unit, so the block a sequence is
+// filling is kept in fp16 (stage[s][id], the full-precision window) and encoded when the sequence
+// moves past it: writing position b * block_tokens closes block b - 1. A query therefore reads
+// the encoded blocks before its own and the fp16 tokens of its own block, whether it runs as a
+// step or as a row of a chunk (decoder_extend cuts chunks at block boundaries, and a prefill goes
+// through decoder_extend): the cache's contents at a query do not depend on how the tokens came.
 //
 // Absorbed latent attention (MLA, CLLA): with W_UK_h, W_UV_h the rows of
 // kv_b_proj that make head h's key and value from the latent C,
@@ -23,16 +30,29 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "model/model_internal.h"
+#include "quant/fp16.h"
+
+// What a backend's decode callback of stream s needs (PagedStream.ctx).
+typedef struct StreamRead {
+    const struct Decoder *d;
+    int s;
+} StreamRead;
 
 struct Decoder {
     Model *m;
     CacheLayout cl;
     int max_seqs, max_len, max_blocks;   // max_blocks: per sequence
+    int bt;                // tokens per block (cache_layout_block_tokens)
+    int has_blocks;        // some stream uses a block codec
     // storage: blocks[s][id], the same ids in every stream
     uint8_t ***blocks;
+    uint16_t ***stage;     // [s][id]: a block codec's fp16 window while block id is open (else NULL)
+    int *is_block;         // [n_streams]: the stream's codec encodes blocks
+    StreamRead *rd;        // [n_streams]
     int cap_ids, n_ids;
     int *free_ids, n_free;
     int *refs;             // [cap_ids]: sequences whose tables hold the block (forks share full blocks)
+    int *closed;           // [cap_ids]: the block codecs' streams of block id are encoded
     int *table;            // [max_seqs * max_blocks]
     int *len;              // [max_seqs]
     PagedStream *ps;       // [n_streams]
@@ -57,8 +77,22 @@ struct Decoder {
 #define A(i) ((float *)table_ptr_store(&m->acts, m->act, (i)))
 #define S(i) ((float *)table_ptr_store(&d->scratch, d->scratch_buf, (i)))
 
-static void stream_decode(const void *codec, float *dst, const uint8_t *src, int n, int width) {
-    codec_decode((const Codec *)codec, dst, src, n, width);
+static int width_of(const Decoder *d, int s) { return d->cl.part[d->cl.streams[s].part].width; }
+
+// The backends' decode callback: the first n tokens of block id of stream s as fp32.
+static void stream_decode(const void *ctx, float *dst, int id, int n) {
+    const StreamRead *r = ctx;
+    const Decoder *d = r->d;
+    const int s = r->s, W = width_of(d, s);
+    if (!d->is_block[s]) { codec_decode(&d->codecs[s], dst, d->blocks[s][id], n, W); return; }
+    const uint16_t *st = d->stage[s][id];
+    if (st) {
+        for (size_t i = 0; i < (size_t)n * W; i++) dst[i] = fp16_to_float(st[i]);
+        return;
+    }
+    // an encoded block is read only by rows past it, so whole
+    if (n != d->bt) die("internal error: %d tokens read of an encoded block of %d", n, d->bt);
+    codec_decode(&d->codecs[s], dst, d->blocks[s][id], d->bt, W);
 }
 
 // ---------------------------------------------------------------- storage
@@ -74,30 +108,69 @@ static int block_take(Decoder *d) {
         int cap = d->cap_ids ? 2 * d->cap_ids : 16;
         for (int s = 0; s < d->cl.n_streams; s++) {
             d->blocks[s] = xrealloc(d->blocks[s], (size_t)cap * sizeof(uint8_t *));
+            d->stage[s] = xrealloc(d->stage[s], (size_t)cap * sizeof(uint16_t *));
             d->ps[s].blocks = d->blocks[s];
         }
         d->free_ids = xrealloc(d->free_ids, (size_t)cap * sizeof(int));
         d->refs = xrealloc(d->refs, (size_t)cap * sizeof(int));
+        d->closed = xrealloc(d->closed, (size_t)cap * sizeof(int));
         d->cap_ids = cap;
     }
     int id = d->n_ids++;
     for (int s = 0; s < d->cl.n_streams; s++) {
-        d->blocks[s][id] = d->m->be->alloc(cache_stream_bytes_per_token(&d->cl, s) * DECODE_BLOCK_TOKENS);
+        d->blocks[s][id] = d->m->be->alloc(codec_span_bytes(&d->codecs[s], width_of(d, s), d->bt));
+        d->stage[s][id] = NULL;
         d->ps[s].n_blocks = d->n_ids;
     }
     d->refs[id] = 1;
     return id;
 }
 
-
-// Makes room for token position pos of sequence seq (a new block at each block boundary).
-static void reserve(Decoder *d, int seq, int pos) {
-    if (pos % DECODE_BLOCK_TOKENS == 0) d->table[(size_t)seq * d->max_blocks + pos / DECODE_BLOCK_TOKENS] = block_take(d);
+// A block starts open: its block codecs' streams get an fp16 window (kept from an earlier use).
+static int block_open(Decoder *d) {
+    int id = block_take(d);
+    d->closed[id] = 0;
+    for (int s = 0; s < d->cl.n_streams; s++)
+        if (d->is_block[s] && !d->stage[s][id]) d->stage[s][id] = xmalloc((size_t)d->bt * width_of(d, s) * sizeof(uint16_t));
+    return id;
 }
 
+// Encodes the fp16 windows of block id (whole: the sequence has moved past it) into its storage.
+// A block shared by forks is closed by the first of them to move on.
+static void block_close(Decoder *d, int id) {
+    if (d->closed[id]) return;
+    for (int s = 0; s < d->cl.n_streams; s++) {
+        if (!d->is_block[s]) continue;
+        int W = width_of(d, s);
+        size_t n = (size_t)d->bt * W, bytes = codec_span_bytes(&d->codecs[s], W, d->bt);
+        float *x = xmalloc(n * sizeof(float));
+        uint8_t *enc = xmalloc(bytes);
+        for (size_t i = 0; i < n; i++) x[i] = fp16_to_float(d->stage[s][id][i]);
+        codec_encode(&d->codecs[s], enc, x, d->bt, W);
+        d->m->be->upload(d->blocks[s][id], enc, bytes);
+        free(x);
+        free(enc);
+        free(d->stage[s][id]);
+        d->stage[s][id] = NULL;
+    }
+    d->closed[id] = 1;
+}
+
+
+// Makes room for token position pos of sequence seq: a new block at each block boundary, where
+// the block before it is closed.
+static void reserve(Decoder *d, int seq, int pos) {
+    if (pos % d->bt) return;
+    int *table = d->table + (size_t)seq * d->max_blocks, b = pos / d->bt;
+    if (b > 0 && d->has_blocks) block_close(d, table[b - 1]);
+    table[b] = block_open(d);
+}
+
+static int block_id_at(const Decoder *d, int seq, int pos) { return d->table[(size_t)seq * d->max_blocks + pos / d->bt]; }
+
+// A per-token stream's bytes of token pos.
 static uint8_t *token_ptr(const Decoder *d, int s, int seq, int pos) {
-    int id = d->table[(size_t)seq * d->max_blocks + pos / DECODE_BLOCK_TOKENS];
-    return d->blocks[s][id] + (size_t)(pos % DECODE_BLOCK_TOKENS) * cache_stream_bytes_per_token(&d->cl, s);
+    return d->blocks[s][block_id_at(d, seq, pos)] + (size_t)(pos % d->bt) * d->ps[s].token_bytes;
 }
 
 // The model buffer holding what stream s's layer wrote in the last forward.
@@ -116,10 +189,23 @@ static float *stream_source(Decoder *d, int s) {
 }
 
 // Encodes one token's vector x into stream s at (seq, pos): on the host, then into the block
-// (backend memory) with one upload.
+// (backend memory) with one upload; a block codec's token goes to its open block's fp16 window.
 static void write_token(Decoder *d, int s, int seq, int pos, const float *x) {
-    codec_encode(&d->codecs[s], d->tok, x, 1, d->cl.part[d->cl.streams[s].part].width);
-    d->m->be->upload(token_ptr(d, s, seq, pos), d->tok, cache_stream_bytes_per_token(&d->cl, s));
+    int W = width_of(d, s);
+    if (d->is_block[s]) {
+        uint16_t *st = d->stage[s][block_id_at(d, seq, pos)];
+        if (!st) die("internal error: position %d written into an encoded block", pos);
+        st += (size_t)(pos % d->bt) * W;
+        for (int j = 0; j < W; j++) {
+            if (!(fabsf(x[j]) <= 65504.0f))
+                die("cache part %s: value %g at position %d is beyond the fp16 window's range: serve this model with another codec",
+                    cache_part_name(d->cl.streams[s].part), (double)x[j], pos);
+            st[j] = fp16_from_float(x[j]);
+        }
+        return;
+    }
+    codec_encode(&d->codecs[s], d->tok, x, 1, W);
+    d->m->be->upload(token_ptr(d, s, seq, pos), d->tok, d->ps[s].token_bytes);
 }
 
 // Encodes rows of the streams layer l writes: row r of the model's batch goes to sequence
@@ -155,23 +241,31 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
         die("decoder: the cache layout was made for another model");
     d->max_seqs = max_seqs;
     d->max_len = max_len;
-    d->max_blocks = (max_len + DECODE_BLOCK_TOKENS - 1) / DECODE_BLOCK_TOKENS;
-    d->blocks = xcalloc((size_t)d->cl.n_streams, sizeof(uint8_t **));
+    char err[512];
+    d->bt = cache_layout_block_tokens(&d->cl, err, sizeof(err));
+    if (d->bt < 0) die("%s", err);
+    d->has_blocks = cache_layout_has_blocks(&d->cl);
+    d->max_blocks = (max_len + d->bt - 1) / d->bt;
+    d->blocks = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(uint8_t **));
+    d->stage = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(uint16_t **));
+    d->is_block = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(int));
+    d->rd = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(StreamRead));
     d->table = xcalloc((size_t)max_seqs * d->max_blocks, sizeof(int));
     d->len = xcalloc((size_t)max_seqs, sizeof(int));
-    char err[512];
     if (cache_layout_check_fitted(&d->cl, err, sizeof(err)) != 0) die("%s", err);
     d->ps = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(PagedStream));
     d->codecs = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(Codec));
-    size_t widest = 1;
+    size_t widest = 1;   // bytes of one encoded token (per-token streams)
     for (int s = 0; s < d->cl.n_streams; s++) {
         const CachePart *part = &d->cl.part[d->cl.streams[s].part];
         d->codecs[s] = cache_stream_codec(&d->cl, s);
         const Codec *codec = &d->codecs[s];
         int kind = codec->kind == CODEC_FP32 ? PAGED_F32 : codec->kind == CODEC_BF16 ? PAGED_BF16
                  : codec->kind == CODEC_INT_GROUP ? PAGED_INT_GROUP : PAGED_OTHER;
-        d->ps[s] = (PagedStream){part->width, cache_stream_bytes_per_token(&d->cl, s), DECODE_BLOCK_TOKENS, NULL, 0,
-                                 codec, stream_decode, kind == PAGED_F32, kind, codec->bits, codec->group};
+        d->is_block[s] = codec_block_tokens(codec) > 1;
+        d->rd[s] = (StreamRead){d, s};
+        d->ps[s] = (PagedStream){part->width, d->is_block[s] ? 0 : codec_bytes_per_token(codec, part->width), d->bt, NULL, 0,
+                                 &d->rd[s], stream_decode, kind == PAGED_F32, kind, codec->bits, codec->group};
         if (d->ps[s].token_bytes > widest) widest = d->ps[s].token_bytes;
     }
     d->tok = xmalloc(widest);
@@ -229,12 +323,20 @@ void decoder_free(Decoder *d) {
     if (!d) return;
     Model *m = d->m;
     for (int s = 0; s < d->cl.n_streams; s++) {
-        for (int i = 0; i < d->n_ids; i++) m->be->release(d->blocks[s][i]);
+        for (int i = 0; i < d->n_ids; i++) {
+            m->be->release(d->blocks[s][i]);
+            free(d->stage[s][i]);
+        }
         free(d->blocks[s]);
+        free(d->stage[s]);
     }
     free(d->blocks);
+    free(d->stage);
+    free(d->is_block);
+    free(d->rd);
     free(d->free_ids);
     free(d->refs);
+    free(d->closed);
     free(d->table);
     free(d->len);
     free(d->ps);
@@ -342,6 +444,13 @@ void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const
         for (int j = 0; j < i; j++)
             if (seq_ids[j] == seq_ids[i]) die("decoder: sequence %d twice in one prefill", seq_ids[i]);
     }
+    if (d->has_blocks) {
+        // a block codec has no full-sequence round trip (its window depends on the query's
+        // position): the prompt goes through the cache a block at a time, as steps would read it
+        for (int i = 0; i < n; i++)
+            decoder_extend(d, seq_ids[i], prompts[i], lens[i], logits ? logits + (size_t)i * m->cfg.vocab_size : NULL);
+        return;
+    }
     // right-padded batch: causal attention keeps the padding out of every real position
     int32_t *in = xcalloc((size_t)n * T, sizeof(int32_t));
     int *row_seq = xmalloc((size_t)n * T * sizeof(int)), *row_pos = xmalloc((size_t)n * T * sizeof(int));
@@ -418,27 +527,33 @@ void decoder_step(Decoder *d, int n, const int *seq_ids, const int32_t *tokens, 
     for (int i = 0; i < n; i++) d->len[seq_ids[i]]++;
 }
 
-void decoder_extend(Decoder *d, int seq, const int32_t *tokens, int n, float *logits) {
+// decoder_extend and decoder_extend_all: logits (V) after the last token, or all (n, V) after each.
+static void extend(Decoder *d, int seq, const int32_t *tokens, int n, float *logits, float *all) {
     check_seq(d, seq);
     if (n < 1 || d->len[seq] + n > d->max_len)
         die("decoder: extending sequence %d of %d tokens by %d exceeds %d", seq, d->len[seq], n, d->max_len);
+    const size_t V = (size_t)d->m->cfg.vocab_size;
     for (int done = 0; done < n;) {
         int c = n - done < d->max_rows ? n - done : d->max_rows;
+        // with block codecs a chunk stays within one block: its rows then read the cache as steps would
+        int room = d->bt - d->len[seq] % d->bt;
+        if (d->has_blocks && c > room) c = room;
         for (int i = 0; i < c; i++) {
             d->row_seq[i] = seq;
             d->h_pos[i] = d->len[seq] + i;
         }
         int last = done + c == n;
-        float *rows_logits = last && logits ? xmalloc((size_t)c * d->m->cfg.vocab_size * sizeof(float)) : NULL;
+        float *rows_logits = all ? all + (size_t)done * V : last && logits ? xmalloc((size_t)c * V * sizeof(float)) : NULL;
         run_rows(d, c, tokens + done, rows_logits);
-        if (rows_logits) {
-            memcpy(logits, rows_logits + (size_t)(c - 1) * d->m->cfg.vocab_size, (size_t)d->m->cfg.vocab_size * sizeof(float));
-            free(rows_logits);
-        }
+        if (last && logits) memcpy(logits, rows_logits + (size_t)(c - 1) * V, V * sizeof(float));
+        if (rows_logits && !all) free(rows_logits);
         d->len[seq] += c;
         done += c;
     }
 }
+
+void decoder_extend(Decoder *d, int seq, const int32_t *tokens, int n, float *logits) { extend(d, seq, tokens, n, logits, NULL); }
+void decoder_extend_all(Decoder *d, int seq, const int32_t *tokens, int n, float *logits) { extend(d, seq, tokens, n, NULL, logits); }
 
 int decoder_seq_len(const Decoder *d, int seq) {
     check_seq(d, seq);
@@ -447,7 +562,7 @@ int decoder_seq_len(const Decoder *d, int seq) {
 
 void decoder_release(Decoder *d, int seq) {
     check_seq(d, seq);
-    int blocks = (d->len[seq] + DECODE_BLOCK_TOKENS - 1) / DECODE_BLOCK_TOKENS;
+    int blocks = (d->len[seq] + d->bt - 1) / d->bt;
     for (int b = 0; b < blocks; b++) {
         int id = d->table[(size_t)seq * d->max_blocks + b];
         if (--d->refs[id] == 0) d->free_ids[d->n_free++] = id;
@@ -455,24 +570,27 @@ void decoder_release(Decoder *d, int seq) {
     d->len[seq] = 0;
 }
 
-// Full blocks are never written again (a sequence only appends), so the fork shares them; the
-// partial last block is the one place both sequences will write next, so dst gets a copy.
+// Full blocks are never written again (a sequence only appends), so the fork shares them (a full
+// block still open is closed by whichever sequence moves past it first); the partial last block
+// is the one place both sequences will write next, so dst gets a copy.
 void decoder_fork(Decoder *d, int src, int dst) {
     check_seq(d, src);
     check_seq(d, dst);
     if (src == dst) die("decoder: a sequence cannot be forked into itself (%d)", src);
     if (d->len[src] < 1) die("decoder: sequence %d is empty: nothing to fork", src);
     if (d->len[dst]) die("decoder: sequence %d is not empty: a fork starts a sequence", dst);
-    int len = d->len[src], full = len / DECODE_BLOCK_TOKENS, rest = len % DECODE_BLOCK_TOKENS;
+    int len = d->len[src], full = len / d->bt, rest = len % d->bt;
     int *from = d->table + (size_t)src * d->max_blocks, *to = d->table + (size_t)dst * d->max_blocks;
     for (int b = 0; b < full; b++) {
         to[b] = from[b];
         d->refs[from[b]]++;
     }
     if (rest) {
-        to[full] = block_take(d);
-        for (int s = 0; s < d->cl.n_streams; s++)
-            d->m->be->copy(d->blocks[s][to[full]], d->blocks[s][from[full]], (size_t)rest * d->ps[s].token_bytes);
+        to[full] = block_open(d);
+        for (int s = 0; s < d->cl.n_streams; s++) {
+            if (d->is_block[s]) memcpy(d->stage[s][to[full]], d->stage[s][from[full]], (size_t)rest * width_of(d, s) * sizeof(uint16_t));
+            else d->m->be->copy(d->blocks[s][to[full]], d->blocks[s][from[full]], (size_t)rest * d->ps[s].token_bytes);
+        }
     }
     d->len[dst] = len;
 }
@@ -483,15 +601,52 @@ size_t decoder_blocks_in_use(const Decoder *d) {
     return n;
 }
 
-size_t decoder_bytes_per_token(const Decoder *d) { return cache_layout_bytes_per_token(&d->cl); }
-size_t decoder_cache_bytes(const Decoder *d) { return (size_t)d->n_ids * DECODE_BLOCK_TOKENS * decoder_bytes_per_token(d); }
+double decoder_bytes_per_token(const Decoder *d) { return cache_layout_bytes_per_token(&d->cl); }
+int decoder_block_tokens(const Decoder *d) { return d->bt; }
+
+size_t decoder_cache_bytes(const Decoder *d) {
+    size_t total = 0;
+    for (int s = 0; s < d->cl.n_streams; s++) {
+        int W = width_of(d, s);
+        total += (size_t)d->n_ids * codec_span_bytes(&d->codecs[s], W, d->bt);
+        for (int i = 0; i < d->n_ids; i++) total += d->stage[s][i] ? (size_t)d->bt * W * sizeof(uint16_t) : 0;
+    }
+    return total;
+}
+
+// From the blocks' state: encoded blocks at their size, open ones at their tokens in fp16.
+size_t decoder_seq_bytes(const Decoder *d, int seq) {
+    check_seq(d, seq);
+    size_t total = 0;
+    const int len = d->len[seq];
+    for (int b = 0; b * d->bt < len; b++) {
+        const int id = d->table[(size_t)seq * d->max_blocks + b], tokens = len - b * d->bt < d->bt ? len - b * d->bt : d->bt;
+        for (int s = 0; s < d->cl.n_streams; s++) {
+            int W = width_of(d, s);
+            if (!d->is_block[s]) total += (size_t)tokens * d->ps[s].token_bytes;
+            else if (d->stage[s][id]) total += (size_t)tokens * W * sizeof(uint16_t);
+            else total += codec_span_bytes(&d->codecs[s], W, d->bt);
+        }
+    }
+    return total;
+}
+
 const CacheLayout *decoder_layout(const Decoder *d) { return &d->cl; }
 
 void decoder_read(const Decoder *d, int s, int seq, int pos, float *out) {
     check_seq(d, seq);
     if (s < 0 || s >= d->cl.n_streams || pos < 0 || pos >= d->len[seq]) die("decoder_read: no stream %d position %d", s, pos);
-    d->m->be->download(d->tok, token_ptr(d, s, seq, pos), d->ps[s].token_bytes);
-    codec_decode(&d->codecs[s], out, d->tok, 1, d->cl.part[d->cl.streams[s].part].width);
+    int W = width_of(d, s), id = block_id_at(d, seq, pos);
+    if (!d->is_block[s]) {
+        d->m->be->download(d->tok, token_ptr(d, s, seq, pos), d->ps[s].token_bytes);
+        codec_decode(&d->codecs[s], out, d->tok, 1, W);
+        return;
+    }
+    const int n = d->stage[s][id] ? pos % d->bt + 1 : d->bt;
+    float *all = xmalloc((size_t)n * W * sizeof(float));
+    stream_decode(&d->rd[s], all, id, n);
+    memcpy(out, all + (size_t)(pos % d->bt) * W, (size_t)W * sizeof(float));
+    free(all);
 }
 
 void model_use_cache_codecs(Model *m, const CacheLayout *layout) {
@@ -523,7 +678,7 @@ void decoder_fill_synthetic(Decoder *d, int seq, int n, uint64_t seed) {
         int pos = d->len[seq] + t;
         reserve(d, seq, pos);
         for (int s = 0; s < d->cl.n_streams; s++) {
-            int W = d->cl.part[d->cl.streams[s].part].width;
+            int W = width_of(d, s);
             if ((size_t)W > d->row_cap) { d->row = xrealloc(d->row, (size_t)W * sizeof(float)); d->row_cap = (size_t)W; }
             for (int j = 0; j < W; j++) d->row[j] = (float)rng_normal(&r);
             write_token(d, s, seq, pos, d->row);

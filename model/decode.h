@@ -15,7 +15,7 @@
 #include "model/cache.h"
 #include "model/model.h"
 
-#define DECODE_BLOCK_TOKENS 16   // tokens per cache block
+#define DECODE_BLOCK_TOKENS CACHE_MIN_BLOCK_TOKENS   // tokens per cache block without block codecs
 #define DECODE_CHUNK_ROWS 128    // rows per forward when a sequence is extended by many tokens
 
 typedef struct Decoder Decoder;
@@ -39,6 +39,8 @@ void decoder_step(Decoder *d, int n, const int *seq_ids, const int32_t *tokens, 
 // step would, and no T x T matrix exists (chunked prefill of long contexts). logits (V), host,
 // may be NULL: the next-token logits after the last token.
 void decoder_extend(Decoder *d, int seq, const int32_t *tokens, int n, float *logits);
+// The same, with the logits after every token: all (n, V), host.
+void decoder_extend_all(Decoder *d, int seq, const int32_t *tokens, int n, float *all);
 
 // Benchmarks: appends n positions to sequence seq whose cache entries are random vectors (unit
 // normal) encoded with each stream's codec, without running the model: a long context in
@@ -55,11 +57,17 @@ int decoder_seq_len(const Decoder *d, int seq);
 size_t decoder_blocks_in_use(const Decoder *d);
 // Frees a sequence's blocks for reuse (its length becomes 0).
 void decoder_release(Decoder *d, int seq);
-// Bytes held by cache blocks now (blocks in use and free ones kept for reuse), every stream.
+// Bytes held by cache blocks now (blocks in use and free ones kept for reuse, block codecs'
+// fp16 windows while open), every stream.
 size_t decoder_cache_bytes(const Decoder *d);
+// Bytes sequence seq stores, read from its blocks' state (encoded, or fp16 windows of the tokens
+// in them): equals cache_layout_seq_bytes of its length.
+size_t decoder_seq_bytes(const Decoder *d, int seq);
 // Bytes one token occupies in the cache, all streams of all layers (== cache_bytes_per_token's
-// total for the same layout).
-size_t decoder_bytes_per_token(const Decoder *d);
+// total for the same layout; block codecs on average over encoded blocks).
+double decoder_bytes_per_token(const Decoder *d);
+// Tokens per cache block (cache_layout_block_tokens of the decoder's layout).
+int decoder_block_tokens(const Decoder *d);
 const CacheLayout *decoder_layout(const Decoder *d);
 // The stored vector of stream s (model/cache.h) at position pos of sequence seq, decoded (tests).
 void decoder_read(const Decoder *d, int s, int seq, int pos, float *out);

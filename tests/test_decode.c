@@ -263,7 +263,7 @@ static void run_case(const Case *cs, int ci) {
         decoder_free(d);
     }
     check(worst <= tol, "decoded logits equal the full forward's", cs->name);
-    printf("%-32s bytes/token %5zu  max |decode - full| %.2e\n", cs->name, cache_layout_bytes_per_token(&cl), worst);
+    printf("%-32s bytes/token %5.10g  max |decode - full| %.2e\n", cs->name, cache_layout_bytes_per_token(&cl), worst);
     free(lg);
     free(full);
     free(slot_c);

@@ -36,6 +36,25 @@ q2=$(field q2.json loss) q2d=$(field q2.json loss_decoded)
 if near "$q2" "$q2d" 1e-4 && ! near "$q2" "$full" 1e-4; then ok "a 2-bit latent changes the loss ($full -> $q2) and both paths agree"
 else fail "2-bit latent: full $q2 decoded $q2d (4-bit $full)"; fi
 
+# kivi (a block codec: the block being filled is read in fp16, so the "full" pass is the window
+# extended through the cache a block per forward); both passes agree, the stored bits count the
+# fp16 window of the 24-token window (16 encoded + 8 in fp16), the paper's do not
+"${E[@]}" --through-cache --cache-codec latent=kivi:bits=2,group=8,residual=16 > kv.json 2> kv.err
+kf=$(field kv.json loss) kd=$(field kv.json loss_decoded)
+if near "$kf" "$kd" 1e-4 && ! near "$kf" "$full" 1e-4; then ok "kivi 2-bit latent: chunked $kf = decoded $kd, not the int4 loss $full"
+else fail "kivi: chunked $kf decoded $kd ($(cat kv.err))"; fi
+python3 - kv.json <<'PY' && ok "kivi bits: latent stored counts 16 encoded + 8 fp16 tokens of 16 channels, paper 2" || fail "kivi bits: $(cat kv.json)"
+import json, sys
+j = json.load(open(sys.argv[1]))
+lat = j["bits_per_element"]["latent"]
+# one closed block of 16 tokens: 16 channels x (fp16 scale + min) x 2 token groups + 16 x 16 x 2 bits; 8 tokens x 16 x fp16
+want = 8 * (16 * 4 * 2 + 16 * 16 * 2 // 8 + 8 * 16 * 2) / (24 * 16)
+assert abs(lat["stored"] - want) < 1e-3, (lat, want)
+assert lat["paper"] == 2.0, lat
+PY
+"$CLLA" eval --checkpoint m --data shards/val --max-batches 1 --through-cache --cache-codec latent=kivi:residual=12,group=8 > x.out 2> x.err &&
+    fail "kivi residual 12 with group 8 accepted" || { grep -q "not a multiple" x.err && ok "kivi residual not a multiple of the group: $(cat x.err)" || fail "message: $(cat x.err)"; }
+
 if "$CLLA" eval --checkpoint m --data shards/val --cache-codec fp32 > x.out 2> x.err; then fail "--cache-codec without --through-cache accepted"
 else grep -q "through-cache" x.err && ok "--cache-codec without --through-cache: $(cat x.err)" || fail "message: $(cat x.err)"; fi
 if "${E[@]}" --through-cache --cache-codec k=fp32 > x.out 2> x.err; then fail "a part the model lacks accepted"

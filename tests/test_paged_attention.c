@@ -26,8 +26,9 @@ typedef struct Stream {
     float *values;   // (n_blocks * BT, width) decoded values by block id, what attention must see
 } Stream;
 
-static void codec_cb(const void *codec, float *dst, const uint8_t *src, int n, int width) {
-    codec_decode((const Codec *)codec, dst, src, n, width);
+static void codec_cb(const void *ctx, float *dst, int block_id, int n) {
+    const Stream *s = ctx;
+    codec_decode(&s->codec, dst, s->blocks[block_id], n, s->ps.width);
 }
 
 static void stream_make(Stream *s, int n_blocks, int width, const Codec *c, Rng *r) {
@@ -44,7 +45,7 @@ static void stream_make(Stream *s, int n_blocks, int width, const Codec *c, Rng 
     }
     free(x);
     int kind = c->kind == CODEC_FP32 ? PAGED_F32 : c->kind == CODEC_BF16 ? PAGED_BF16 : PAGED_INT_GROUP;
-    s->ps = (PagedStream){width, tb, BT, s->blocks, n_blocks, &s->codec, codec_cb, kind == PAGED_F32, kind, c->bits, c->group};
+    s->ps = (PagedStream){width, tb, BT, s->blocks, n_blocks, s, codec_cb, kind == PAGED_F32, kind, c->bits, c->group};
 }
 
 static void stream_free(Stream *s, int n_blocks) {
