@@ -40,8 +40,12 @@ typedef struct PagedStream {
     int block_tokens;
     uint8_t *const *blocks;      // block id -> its storage (a host array of backend pointers)
     int n_blocks;                // ids in blocks
-    const void *ctx;             // passed to decode
+    const void *ctx;             // passed to decode and score
     void (*decode)(const void *ctx, float *dst, int block_id, int n);
+    // A key stream whose codec scores without decoding (qjl; NULL otherwise): sc[j] = q . k_j for
+    // the first n tokens of block block_id, k_j the `head`-th vector of width DK of token j (a host
+    // backend calls it instead of decode for the keys; the values of the same stream still decode).
+    void (*score)(const void *ctx, float *sc, const float *q, int head, int block_id, int n);
     int is_f32;                  // kind == PAGED_F32: read in place
     int kind, bits, group;       // PAGED_*; bits and group of PAGED_INT_GROUP
 } PagedStream;

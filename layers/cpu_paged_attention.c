@@ -243,7 +243,7 @@ static Part part_of(const PagedStream *s, const uint8_t *const *row, int first, 
 void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const PagedStream *k2,
                          const PagedStream *v, const int *block_table, int max_blocks, const int *lens,
                          int n, int NH, int NKV, int DK, int DK2, int DV, float scale) {
-    const int BT = k->block_tokens, group = NH / NKV, DQ = DK + DK2, same_v = v == k;
+    const int BT = k->block_tokens, group = NH / NKV, DQ = DK + DK2, same_v = v == k, k_scored = k->score != NULL;
     // bytes a token brings (decoded streams count their fp32 scratch)
     size_t token = 0;
     for (int j = 0; j < 3; j++) {
@@ -275,7 +275,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
         float *k2buf = !k2 || read_in_place(k2) ? NULL : xmalloc((size_t)CT * k2->width * sizeof(float));
         const uint8_t **rows = xmalloc((size_t)3 * CT * sizeof(*rows));
         const uint8_t **krow = rows, **vrow = same_v ? rows : rows + CT, **k2row = rows + 2 * CT;
-        float *sc = xmalloc((size_t)NH * CT * sizeof(float));
+        float *sc = xmalloc((size_t)(NH + 1) * CT * sizeof(float));   // + one row of a scored stream's raw scores
         float *qk = xmalloc((size_t)NH * (DQ > 0 ? DQ : 1) * sizeof(float));
         #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_items; it++) {
@@ -283,7 +283,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             const int t0 = chunk * CT, nt = lens[i] - t0 < CT ? lens[i] - t0 : CT;
             const int *blocks = block_table + (size_t)i * max_blocks + chunk * chunk_blocks;
             float *st = state + (size_t)it * per_item;
-            chunk_rows(k, blocks, nt, kbuf, krow);
+            if (!k_scored || same_v) chunk_rows(k, blocks, nt, kbuf, krow);   // keys, or the values they share a stream with
             if (!same_v) chunk_rows(v, blocks, nt, vbuf, vrow);
             if (k2) chunk_rows(k2, blocks, nt, k2buf, k2row);
             // the chunk is walked token-major, TILE_TOKENS rows at a time for every head (the rows
@@ -300,10 +300,20 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
                 const int m = nt - ta < TILE_TOKENS ? nt - ta : TILE_TOKENS;
                 const Part kp2 = k2 ? part_of(k2, k2row + ta, 0, DK2) : (Part){NULL, 0, 0, 0};
+                const Part none = {NULL, 0, 0, 0};   // a scored key stream: only the rope part here
                 for (int h = 0; h < NH; h++) {
-                    const Part kp = part_of(k, krow + ta, (h / group) * DK, DK);
+                    const Part kp = k_scored ? none : part_of(k, krow + ta, (h / group) * DK, DK);
                     scores(sc + (size_t)h * CT + ta, qk + (size_t)h * DQ, &kp, qk + (size_t)h * DQ + DK, &kp2, m, scale);
                 }
+            }
+            if (k_scored) {   // the codec's scores of the key part, block by block, added scaled
+                float *raw = sc + (size_t)NH * CT;
+                for (int h = 0; h < NH; h++)
+                    for (int b = 0, tb = 0; tb < nt; b++, tb += BT) {
+                        const int nb = nt - tb < BT ? nt - tb : BT;
+                        k->score(k->ctx, raw, q + ((size_t)i * NH + h) * DQ, h / group, blocks[b], nb);
+                        for (int j = 0; j < nb; j++) sc[(size_t)h * CT + tb + j] += scale * raw[j];
+                    }
             }
             for (int h = 0; h < NH; h++) {
                 float *s = sc + (size_t)h * CT, mx = s[0];

@@ -150,6 +150,7 @@ static void int_group_defaults(Codec *c) { c->bits = 4; c->group = 32; }   // CL
 extern const CodecTraits CODEC_CQ_TRAITS;    // model/codec_cq.c
 extern const CodecTraits CODEC_QET_TRAITS;   // model/codec_qet.c
 extern const CodecTraits CODEC_KIVI_TRAITS;  // model/codec_kivi.c
+extern const CodecTraits CODEC_QJL_TRAITS;   // model/codec_qjl.c
 
 static const CodecTraits CODECS_SIMPLE[] = {
     [CODEC_FP32] = {.name = "fp32", .bytes_per_token = fp32_bytes, .encode = fp32_encode, .decode = fp32_decode,
@@ -169,6 +170,7 @@ const CodecTraits *codec_traits(CodecKind kind) {
     case CODEC_CQ: return &CODEC_CQ_TRAITS;
     case CODEC_QET: return &CODEC_QET_TRAITS;
     case CODEC_KIVI: return &CODEC_KIVI_TRAITS;
+    case CODEC_QJL: return &CODEC_QJL_TRAITS;
     default: return &CODECS_SIMPLE[kind];
     }
 }
@@ -202,6 +204,19 @@ size_t codec_seq_bytes(const Codec *c, int W, int BT, int64_t T) {
 }
 
 int codec_needs_fit(const Codec *c) { return codec_traits(c->kind)->fit != NULL; }
+
+void codec_bind(Codec *c, int W) {
+    const CodecTraits *t = codec_traits(c->kind);
+    if (t->bind && !c->fit) c->fit = t->bind(c, W);
+}
+
+void codec_unbind(Codec *c) {
+    const CodecTraits *t = codec_traits(c->kind);
+    if (t->bind && c->fit) t->unbind((void *)c->fit);
+    if (t->bind) c->fit = NULL;
+}
+
+int codec_head_width(const Codec *c, int W) { return c->head > 0 ? c->head : W; }
 double codec_bits_stored(const Codec *c, int W) { return 8.0 * codec_bytes_per_token_avg(c, W) / W; }
 double codec_bits_paper(const Codec *c, int W) {
     const CodecTraits *t = codec_traits(c->kind);
@@ -263,7 +278,7 @@ int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
         if (strlen(codec_traits((CodecKind)k)->name) == nlen && !strncmp(codec_traits((CodecKind)k)->name, spec, nlen)) kind = k;
     if (kind < 0) {
         snprintf(err, errlen, "unknown cache codec '%.*s': use fp32, bf16, int_group:bits=B,group=G, cq:bits=B,c=C, "
-                 "qet:levels=L,width=W,k1=K,k2=K or kivi:bits=B,group=G,residual=R", (int)nlen, spec);
+                 "qet:levels=L,width=W,k1=K,k2=K, kivi:bits=B,group=G,residual=R or qjl:m=M,o=O,mo=MO,group=G,buffer=B,bits=VB,vgroup=VG", (int)nlen, spec);
         return -1;
     }
     c->kind = (CodecKind)kind;
@@ -304,6 +319,7 @@ static int set_part_codec(CacheLayout *cl, int p, const Codec *given, char *err,
     char why[256];
     Codec cc = *given;
     cc.use = part_use(p);
+    cc.head = cl->part[p].head;
     const Codec *c = &cc;
     if (codec_traits(c->kind)->check(c, cl->part[p].width, why, sizeof(why)) != 0) {
         snprintf(err, errlen, "cache part %s (width %d): %s", PART_NAMES[p], cl->part[p].width, why);
@@ -385,19 +401,27 @@ void cache_layout(CacheLayout *cl, const ModelConfig *m) {
     cl->n_slots = (L - 1) / F + 1;   // ceil(L / F), no overflow at F = INT_MAX
     Codec bf16 = {.kind = CODEC_BF16};
     if (!latent) {
-        cl->part[PART_K] = (CachePart){1, m->num_key_value_heads * m->head_dim, bf16};
-        cl->part[PART_V] = (CachePart){1, m->num_key_value_heads * m->v_head_dim, bf16};
+        cl->part[PART_K] = (CachePart){1, m->num_key_value_heads * m->head_dim, bf16, 0};
+        cl->part[PART_V] = (CachePart){1, m->num_key_value_heads * m->v_head_dim, bf16, 0};
     } else {
         Codec lat = bf16;
         if (m->latent_quant_bits) lat = (Codec){.kind = CODEC_INT_GROUP, .bits = m->latent_quant_bits, .group = m->latent_quant_group};
-        cl->part[PART_LATENT] = (CachePart){1, m->kv_lora_rank, lat};
-        cl->part[PART_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16};
+        cl->part[PART_LATENT] = (CachePart){1, m->kv_lora_rank, lat, 0};
+        cl->part[PART_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16, 0};
     }
     // consumers of share=latent and latent_kvproj project their own rope key; latent_krope and
     // MLA (F = 1) read the slot's
     int consumer_krope = latent && F > 1 && (m->share == SHARE_LATENT || m->share == SHARE_LATENT_KVPROJ);
-    if (consumer_krope) cl->part[PART_OWN_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16};
-    for (int p = 0; p < N_PARTS; p++) cl->part[p].codec.use = part_use(p);
+    if (consumer_krope) cl->part[PART_OWN_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16, 0};
+    // one attention head's channels: K and V hold num_key_value_heads heads; the latent and the
+    // rope keys are one vector each (one "head" for the codecs that work per head)
+    cl->part[PART_K].head = m->head_dim;
+    cl->part[PART_V].head = m->v_head_dim;
+    for (int p = PART_LATENT; p < N_PARTS; p++) cl->part[p].head = cl->part[p].width;
+    for (int p = 0; p < N_PARTS; p++) {
+        cl->part[p].codec.use = part_use(p);
+        cl->part[p].codec.head = cl->part[p].head;
+    }
 
     cl->role = xcalloc((size_t)L, sizeof(LayerRole));
     cl->streams = xcalloc((size_t)L * 2, sizeof(CacheStream));

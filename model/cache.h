@@ -17,7 +17,7 @@
 
 struct cJSON;
 
-typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, CODEC_CQ, CODEC_QET, CODEC_KIVI, N_CODECS } CodecKind;
+typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, CODEC_CQ, CODEC_QET, CODEC_KIVI, CODEC_QJL, N_CODECS } CodecKind;
 
 // What the vectors of a part are to attention (set by the layout from the part, read by the
 // codecs whose scheme differs: KIVI quantizes keys per channel and values per token).
@@ -32,7 +32,12 @@ typedef struct Codec {
     int window;           // block codecs (kivi): tokens encoded together as one block; the tokens of the
                           // block a sequence is still filling are kept in fp16 (the full-precision window)
     int use;              // CODEC_USE_*: set by the layout from the part the codec serves
-    const void *fit;      // the fitted state of one stream (cache_stream_codec); NULL for the settings alone
+    int head;             // channels of one attention head in the part (set by the layout; 0: the whole width)
+    int m, o, mo, gk;     // qjl: sign bits per key, outlier channels, their sign bits, tokens sharing outliers
+                          // (o, mo < 0: chosen from the head width); bits, group = value bits and group
+    unsigned seed;        // qjl: the projection's seed
+    const void *fit;      // the fitted state of one stream (cache_stream_codec), or the derived state
+                          // of a bound codec (codec_bind); NULL for the settings alone
 } Codec;
 
 // What a codec is, as a table indexed by kind (every function of this header dispatches
@@ -63,6 +68,13 @@ typedef struct CodecTraits {
     // is NULL: a token's share of a block need not be whole bytes).
     int (*block_tokens)(const Codec *c);
     size_t (*block_bytes)(const Codec *c, int W);
+    // Derived state (NULL: none): what a codec computes from its settings alone before it can
+    // encode (qjl's projection), made by bind and freed by unbind (codec_bind).
+    void *(*bind)(const Codec *c, int W);
+    void (*unbind)(void *state);
+    // Scores without decoding (NULL: decode and dot): sc[j] = q . k_j for the n tokens of an
+    // encoded block, k_j the vector of attention head `head` (q has Codec.head values).
+    void (*scores)(const Codec *c, float *sc, const float *q, int head, const uint8_t *block, int n, int W);
     void (*fit_free)(void *state);
     int (*fit_shape)(const Codec *c, int W, int64_t *shape);
     void (*fit_save)(const Codec *c, int W, const void *state, float *out);
@@ -70,6 +82,8 @@ typedef struct CodecTraits {
 } CodecTraits;
 
 const CodecTraits *codec_traits(CodecKind kind);
+// Does the codec score queries against its encoded keys without decoding them (qjl)?
+static inline int codec_has_scores(const Codec *c) { return codec_traits(c->kind)->scores != NULL; }
 const char *codec_name(const Codec *c);
 // Bytes one token's vector of width W occupies, every overhead counted (scales). Per-token
 // codecs only (codec_block_tokens == 1).
@@ -88,6 +102,12 @@ void codec_roundtrip(const Codec *c, const Backend *be, float *out, const float 
 static inline int codec_is_exact(const Codec *c) { return c->kind == CODEC_FP32; }
 // Does the codec need fitted state (clla calibrate) before it can encode?
 int codec_needs_fit(const Codec *c);
+// Gives a codec with derived state (qjl) that state for width W in c->fit (a no-op for the
+// others, and for a codec with its fitted state already); codec_unbind frees what codec_bind made.
+void codec_bind(Codec *c, int W);
+void codec_unbind(Codec *c);
+// The heads of a part of width W (W / Codec.head) and one head's channels.
+int codec_head_width(const Codec *c, int W);
 // Bits per element: everything a token stores (8 x bytes_per_token / W; a block codec's encoded
 // blocks, its fp16 window not counted), and as the codec's paper counts them (the nominal code
 // width, scales and codebooks left out).
@@ -109,6 +129,7 @@ typedef struct CachePart {
     int present;
     int width;            // elements per token
     Codec codec;
+    int head;             // channels of one attention head (K, V: head_dim, v_head_dim; latent, k_rope: the width)
 } CachePart;
 
 // The role of one layer in the cache layer: the single place where sharing is decided

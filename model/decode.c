@@ -95,6 +95,30 @@ static void stream_decode(const void *ctx, float *dst, int id, int n) {
     codec_decode(&d->codecs[s], dst, d->blocks[s][id], d->bt, W);
 }
 
+// The backends' score callback of a key stream whose codec scores (qjl): exact dot products over
+// the fp16 window of an open block, the codec's estimate over an encoded one.
+static void stream_score(const void *ctx, float *sc, const float *q, int head, int id, int n) {
+    const StreamRead *r = ctx;
+    const Decoder *d = r->d;
+    const int s = r->s, W = width_of(d, s), hd = codec_head_width(&d->codecs[s], W);
+    const uint16_t *st = d->stage[s][id];
+    if (st) {
+        for (int j = 0; j < n; j++) {
+            const uint16_t *k = st + (size_t)j * W + (size_t)head * hd;
+            float a = 0.0f;
+            for (int i = 0; i < hd; i++) a += q[i] * fp16_to_float(k[i]);
+            sc[j] = a;
+        }
+        return;
+    }
+    if (n != d->bt) die("internal error: %d tokens scored of an encoded block of %d", n, d->bt);
+    const Codec *c = &d->codecs[s];
+    const size_t per = codec_span_bytes(c, W, codec_block_tokens(c));
+    for (int b = 0; b < d->bt / codec_block_tokens(c); b++)   // the codec's blocks inside the cache block
+        codec_traits(c->kind)->scores(c, sc + (size_t)b * codec_block_tokens(c), q, head, d->blocks[s][id] + (size_t)b * per,
+                                      codec_block_tokens(c), W);
+}
+
 // ---------------------------------------------------------------- storage
 
 // A block id with storage in every stream: a released one, or a new one.
@@ -259,13 +283,15 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
     for (int s = 0; s < d->cl.n_streams; s++) {
         const CachePart *part = &d->cl.part[d->cl.streams[s].part];
         d->codecs[s] = cache_stream_codec(&d->cl, s);
+        codec_bind(&d->codecs[s], part->width);
         const Codec *codec = &d->codecs[s];
         int kind = codec->kind == CODEC_FP32 ? PAGED_F32 : codec->kind == CODEC_BF16 ? PAGED_BF16
                  : codec->kind == CODEC_INT_GROUP ? PAGED_INT_GROUP : PAGED_OTHER;
         d->is_block[s] = codec_block_tokens(codec) > 1;
         d->rd[s] = (StreamRead){d, s};
         d->ps[s] = (PagedStream){part->width, d->is_block[s] ? 0 : codec_bytes_per_token(codec, part->width), d->bt, NULL, 0,
-                                 &d->rd[s], stream_decode, kind == PAGED_F32, kind, codec->bits, codec->group};
+                                 &d->rd[s], stream_decode, codec_has_scores(codec) ? stream_score : NULL, kind == PAGED_F32, kind,
+                                 codec->bits, codec->group};
         if (d->ps[s].token_bytes > widest) widest = d->ps[s].token_bytes;
     }
     d->tok = xmalloc(widest);
@@ -340,6 +366,7 @@ void decoder_free(Decoder *d) {
     free(d->table);
     free(d->len);
     free(d->ps);
+    for (int s = 0; s < d->cl.n_streams; s++) codec_unbind(&d->codecs[s]);
     free(d->codecs);
     free(d->row_seq);
     free(d->h_pos);

@@ -1,23 +1,25 @@
-// Block codecs in the decoder (model/decode.c, "Block codecs"): kivi on the K/V caches of MHA and
-// GQA models and on the latent of CLLA and MLA models.
+// Block codecs in the decoder (model/decode.c, "Block codecs"): kivi and qjl on the K/V caches of
+// MHA and GQA models and on the latent of CLLA and MLA models.
 //
-// Storage, against quant/kivi.c directly (one-layer models, so a token's cached value does not
-// depend on what earlier tokens' attention read):
+// Storage, against quant/kivi.c and quant/qjl.c directly (one-layer models, so a token's cached
+// value does not depend on what earlier tokens' attention read):
 //  - while a token's block is open, decoder_read gives the fp16 rounding of what the layer wrote
 //    (the full-precision window), within fp16 of the full forward's value;
-//  - once the sequence has moved past the block, every token of it reads back exactly as
-//    kivi_encode + kivi_decode of the window's fp16 values (keys per channel, values per token);
+//  - once the sequence has moved past the block, every token of it reads back exactly as the
+//    quantizer's encode + decode of the window's fp16 values (kivi: keys per channel, values per
+//    token; qjl: value records, or for keys the estimator's vectors), head by head;
 //  - the bytes a sequence stores, read from its blocks' state (decoder_seq_bytes), equal the
-//    printed accounting (cache_layout_seq_bytes) and a count made here from quant/kivi.c's sizes.
+//    printed accounting (cache_layout_seq_bytes) and a count made here from quant/'s sizes.
 // Paths (models of 2 to 3 layers, several presets): a prompt prefilled at any split point, then
 // stepped, gives the logits of stepping from the first token (prefill goes through the cache a
-// block per forward; a chunk crossing a block boundary would let its earlier rows read their own
-// block encoded); forked sequences (a full open block shared, or a partial one copied) decode as
-// if alone; eval_through_cache's two passes agree, and a 2-bit cache changes the loss many times
-// more than an 8-bit one.
-// Tolerance 1e-3 on logits: a step computes k and v in a one-row matmul, a prefill chunk in a
-// many-row one; their last bits can differ and flip an fp16 rounding of the window (test_decode.c
-// gives bf16 caches the same allowance for the same reason).
+// block per forward); forked sequences (a full open block shared, or a partial one copied) decode
+// as if alone; eval_through_cache's two passes agree, and a 2-bit cache changes the loss many
+// times more than an 8-bit one.
+// Scores: the paged attention op's scores path (qjl's estimator) equals attention over the
+// decoded estimator vectors; over an open block the decoder scores the fp16 window exactly.
+// Tolerance 1e-3 on logits across paths: a step computes k and v in a one-row matmul, a prefill
+// chunk in a many-row one; their last bits can differ and flip an fp16 rounding of the window
+// (test_decode.c gives bf16 caches the same allowance for the same reason).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +30,7 @@
 #include "model/decode.h"
 #include "quant/fp16.h"
 #include "quant/kivi.h"
+#include "quant/qjl.h"
 
 static int passed, failed;
 
@@ -60,6 +63,38 @@ static void layout_for(CacheLayout *cl, const Model *m, const char *specs) {
     snprintf(buf, sizeof(buf), "%s", specs);
     for (char *save = NULL, *s = strtok_r(buf, ";", &save); s; s = strtok_r(NULL, ";", &save))
         if (cache_layout_apply_spec(cl, s, err, sizeof(err)) != 0) { printf("bad spec %s: %s\n", s, err); exit(1); }
+}
+
+// quant/qjl.c's round trip of one block of fp16 values x [BT, W], head by head: value records
+// (values, latent) or the keys' estimator vectors (keys), and its size
+static void qjl_block_roundtrip(const Codec *given, const float *x, int W, float *out, int64_t *bytes) {
+    Codec c = *given;
+    c.fit = NULL;
+    codec_bind(&c, W);
+    const QjlState *st = c.fit;
+    const int d = st->set.head_dim, H = W / d, keys = c.use != CODEC_USE_VALUES, values = c.use != CODEC_USE_KEYS;
+    float *xh = malloc((size_t)BT * d * sizeof(float)), *yh = malloc((size_t)BT * d * sizeof(float));
+    uint8_t *enc = malloc((size_t)qjl_key_bytes(&st->set, BT) + (size_t)qjl_value_token_bytes(&st->set) * BT);
+    char err[256];
+    *bytes = 0;
+    for (int h = 0; h < H; h++) {
+        for (int t = 0; t < BT; t++) memcpy(xh + (size_t)t * d, x + (size_t)t * W + (size_t)h * d, (size_t)d * sizeof(float));
+        if (keys) {
+            if (qjl_encode_keys(st, xh, BT, enc, err, sizeof(err))) check(0, err, "qjl storage");
+            if (!values) qjl_decode_keys(st, enc, BT, yh);
+            *bytes += qjl_key_bytes(&st->set, BT);
+        }
+        if (values) {
+            if (qjl_encode_values(&st->set, xh, BT, enc, err, sizeof(err))) check(0, err, "qjl storage");
+            qjl_decode_values(&st->set, enc, BT, yh);
+            *bytes += (int64_t)qjl_value_token_bytes(&st->set) * BT;
+        }
+        for (int t = 0; t < BT; t++) memcpy(out + (size_t)t * W + (size_t)h * d, yh + (size_t)t * d, (size_t)d * sizeof(float));
+    }
+    free(xh);
+    free(yh);
+    free(enc);
+    codec_unbind(&c);
 }
 
 // quant/kivi.c's round trip of one block of fp16 values x [BT, W], and its size
@@ -125,7 +160,8 @@ static void check_storage(const Case *cs) {
             }
             // the block before t's closed when t entered a new one: quant/kivi.c's round trip
             if (codec_block_tokens(c) > 1 && t % BT == 0 && t > 0) {
-                kivi_block_roundtrip(c, win[p] + (size_t)(t - BT) * W, W, want, &closed_bytes[p]);
+                if (c->kind == CODEC_KIVI) kivi_block_roundtrip(c, win[p] + (size_t)(t - BT) * W, W, want, &closed_bytes[p]);
+                else qjl_block_roundtrip(c, win[p] + (size_t)(t - BT) * W, W, want, &closed_bytes[p]);
                 for (int i = 0; i < BT; i++) {
                     decoder_read(d, s, 0, t - BT + i, got);
                     if (memcmp(got, want + (size_t)i * W, (size_t)W * sizeof(float))) closed_ok = 0;
@@ -148,8 +184,8 @@ static void check_storage(const Case *cs) {
         }
     }
     check(window_ok, "the open block reads as the fp16 rounding of what the layer wrote", cs->name);
-    check(closed_ok, "a closed block reads as quant/kivi.c's round trip of its fp16 window, bit for bit", cs->name);
-    check(bytes_ok, "bytes stored = the printed accounting = quant/kivi.c's sizes, at every length", cs->name);
+    check(closed_ok, "a closed block reads as quant/'s round trip of its fp16 window, bit for bit", cs->name);
+    check(bytes_ok, "bytes stored = the printed accounting = quant/'s sizes, at every length", cs->name);
     printf("%-28s storage: %d tokens, %zu bytes stored (%.2f bytes/token; %.4g amortized over closed blocks)\n", cs->name, T,
            decoder_seq_bytes(d, 0), (double)decoder_seq_bytes(d, 0) / T, cache_layout_bytes_per_token(&cl));
     decoder_free(d);
@@ -227,6 +263,35 @@ static void check_paths(const Case *cs) {
     free(m);
 }
 
+// While every token is in the window (fewer than a block), a qjl key stream is scored exactly
+// over fp16 keys (the decoder's score callback on an open block, head by head under GQA): the
+// logits equal those of a kivi stream, whose window is fp16 too, to summation order.
+static void check_window_exact(void) {
+    Model *m = model_new("{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", "window", 8);
+    enum { T = 40 };
+    int V = m->cfg.vocab_size, seq = 0;
+    int32_t tok[T];
+    for (int t = 0; t < T; t++) tok[t] = (int32_t)((t * 7 + 3) % V);
+    float *lg[2];
+    const char *specs[2] = {"fp32;k=qjl:m=64,o=2,mo=32,group=8,buffer=64", "fp32;k=kivi:bits=2,group=8,residual=64"};
+    for (int k = 0; k < 2; k++) {
+        CacheLayout cl;
+        layout_for(&cl, m, specs[k]);
+        Decoder *d = decoder_new(m, &cl, 1, T);
+        lg[k] = malloc((size_t)T * V * sizeof(float));
+        decoder_extend_all(d, seq, tok, T, lg[k]);
+        decoder_free(d);
+        cache_layout_free(&cl);
+    }
+    double w = max_diff(lg[0], lg[1], (size_t)T * V);
+    printf("%-28s all in the window: qjl vs kivi logits differ by %.2e\n", "gqa", w);
+    check(w < 1e-5, "qjl over its fp16 window = kivi over its fp16 window", "window");
+    free(lg[0]);
+    free(lg[1]);
+    model_free(m);
+    free(m);
+}
+
 static void check_through_cache(void) {
     const char *json = "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}";
     Model *m = model_new(json, "through_cache", 5);
@@ -263,6 +328,13 @@ static void check_refusals(void) {
         {"v=kivi:group=5,residual=40", "does not divide"},
         {"kivi:bits=9", "bits=9"},
         {"kivi:window=4", "no setting 'window'"},
+        {"qjl:m=12", "multiple of 8"},
+        {"qjl:o=2,mo=0", "set mo to 0 exactly when o is 0"},
+        {"qjl:o=8", "below the head dimension"},
+        {"v=qjl:vgroup=3", "must divide the head dimension"},
+        {"qjl:buffer=36,group=8", "multiple of group=8"},
+        {"qjl:bits=9", "qjl bits=9"},
+        {"qjl:proj=1", "no setting 'proj'"},
     };
     for (size_t i = 0; i < sizeof(BAD) / sizeof(BAD[0]); i++) {
         CacheLayout cl;
@@ -284,20 +356,104 @@ static void check_refusals(void) {
     free(m);
 }
 
+// The scores path of the paged attention op (backend/backend.h, PagedStream.score): a qjl key
+// stream scored by the codec's estimator gives the attention of the same stream decoded to the
+// estimator's vectors (qjl_decode_keys: their dot product with any query is the estimate), with
+// GQA head mapping, a second key part (the rope key of latent models), a partial last block and
+// values in the same stream (the latent: scored keys, values decoded from the same stream). Tolerance 1e-4 of the output's scale: the two sum in
+// different orders.
+typedef struct ScoreStream {
+    Codec c;
+    int W;
+    uint8_t **blocks;
+} ScoreStream;
+static void ss_decode(const void *ctx, float *dst, int id, int n) {
+    const ScoreStream *s = ctx;
+    float *all = malloc((size_t)BT * s->W * sizeof(float));
+    codec_decode(&s->c, all, s->blocks[id], BT, s->W);
+    memcpy(dst, all, (size_t)n * s->W * sizeof(float));
+    free(all);
+}
+static void ss_score(const void *ctx, float *sc, const float *q, int head, int id, int n) {
+    const ScoreStream *s = ctx;
+    float *all = malloc((size_t)BT * sizeof(float));
+    codec_traits(s->c.kind)->scores(&s->c, all, q, head, s->blocks[id], BT, s->W);
+    memcpy(sc, all, (size_t)n * sizeof(float));
+    free(all);
+}
+
+static void check_score_path(const char *name, int NH, int NKV, int DK, int DK2, int latent) {
+    enum { NB = 3, LEN = NB * BT - 5 };
+    const int W = NKV * DK, DV = latent ? DK : DK, DQ = DK + DK2;
+    Rng r;
+    rng_seed(&r, 99);
+    char err[256];
+    ScoreStream ks = {{0}, W, malloc(NB * sizeof(uint8_t *))}, k2s = {{0}, DK2, NULL}, vs = {{0}, NKV * DV, malloc(NB * sizeof(uint8_t *))};
+    if (codec_parse(&ks.c, "qjl:m=64,o=2,mo=32,group=8,buffer=32", err, sizeof(err))) { check(0, err, name); return; }
+    ks.c.use = latent ? CODEC_USE_LATENT : CODEC_USE_KEYS;
+    ks.c.head = DK;
+    codec_bind(&ks.c, W);
+    vs.c = (Codec){.kind = CODEC_FP32};
+    k2s.c = (Codec){.kind = CODEC_FP32};
+    k2s.blocks = malloc(NB * sizeof(uint8_t *));
+    float *x = malloc((size_t)BT * W * sizeof(float));
+    for (int b = 0; b < NB; b++) {
+        for (int i = 0; i < BT * W; i++) x[i] = (float)rng_normal(&r) * (i % DK == 1 ? 6.0f : 1.0f);   // an outlier channel
+        ks.blocks[b] = malloc(codec_span_bytes(&ks.c, W, BT));
+        codec_encode(&ks.c, ks.blocks[b], x, BT, W);
+        vs.blocks[b] = malloc((size_t)BT * NKV * DV * 4);
+        k2s.blocks[b] = malloc((size_t)BT * (DK2 ? DK2 : 1) * 4);
+        for (int i = 0; i < BT * NKV * DV; i++) ((float *)vs.blocks[b])[i] = (float)rng_normal(&r);
+        for (int i = 0; i < BT * DK2; i++) ((float *)k2s.blocks[b])[i] = (float)rng_normal(&r);
+    }
+    PagedStream kp = {W, 0, BT, ks.blocks, NB, &ks, ss_decode, ss_score, 0, PAGED_OTHER, 0, 0};
+    // the same bytes, decoded to the estimator's vectors (a keys-only view: the keys come first in a block)
+    ScoreStream keys_view = ks;
+    keys_view.c.use = CODEC_USE_KEYS;
+    PagedStream kd = kp, vd = kp;
+    kd.ctx = &keys_view;
+    kd.score = vd.score = NULL;   // vd: the latent's values, decoded to their records
+    PagedStream k2p = {DK2, (size_t)DK2 * 4, BT, k2s.blocks, NB, &k2s, NULL, NULL, 1, PAGED_F32, 0, 0};
+    PagedStream vp = {NKV * DV, (size_t)NKV * DV * 4, BT, vs.blocks, NB, &vs, NULL, NULL, 1, PAGED_F32, 0, 0};
+    float *q = malloc((size_t)NH * DQ * sizeof(float)), *o1 = malloc((size_t)NH * DV * sizeof(float)), *o2 = malloc((size_t)NH * DV * sizeof(float));
+    for (int i = 0; i < NH * DQ; i++) q[i] = (float)rng_normal(&r) * 0.3f;
+    int table[NB] = {2, 0, 1}, len = LEN;
+    const Backend *be = backend_cpu();
+    // the latent: values are the same stream (decoded to the value records)
+    be->paged_attention(o1, q, &kp, DK2 ? &k2p : NULL, latent ? &kp : &vp, table, NB, &len, 1, NH, NKV, DK, DK2, DV, 0.3f);
+    be->paged_attention(o2, q, &kd, DK2 ? &k2p : NULL, latent ? &vd : &vp, table, NB, &len, 1, NH, NKV, DK, DK2, DV, 0.3f);
+    double worst = 0, mag = 0;
+    for (int i = 0; i < NH * DV; i++) { worst = fmax(worst, fabs(o1[i] - o2[i])); mag = fmax(mag, fabs(o2[i])); }
+    printf("%-28s scores path vs decoded estimator vectors: max |diff| %.2e (outputs up to %.2f)\n", name, worst, mag);
+    check(worst <= 1e-4 * fmax(mag, 1.0) && mag > 0, "the codec's scores = attention over the decoded estimator vectors", name);
+    for (int b = 0; b < NB; b++) { free(ks.blocks[b]); free(vs.blocks[b]); free(k2s.blocks[b]); }
+    free(ks.blocks); free(vs.blocks); free(k2s.blocks); free(x); free(q); free(o1); free(o2);
+    codec_unbind(&ks.c);
+}
+
 int main(void) {
     static const Case STORAGE[] = {
         {"mha kivi 2 bits", "{" BASE "\"attention\":\"mha\",\"num_hidden_layers\":1}", "kivi:bits=2,group=8,residual=32"},
         {"gqa kivi 4 bits k, bf16 v", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":1}",
          "bf16;k=kivi:bits=4,group=16,residual=32"},
         {"mla kivi latent and k_rope", "{" BASE LAT "\"attention\":\"mla\",\"num_hidden_layers\":1}", "kivi:bits=3,group=8,residual=32"},
+        {"gqa qjl k and v", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":1}",
+         "qjl:m=64,o=2,mo=32,group=8,buffer=32,bits=2,vgroup=4"},
+        {"mla qjl latent, kivi k_rope", "{" BASE LAT "\"attention\":\"mla\",\"num_hidden_layers\":1}",
+         "latent=qjl:m=64,o=2,mo=32,group=8,buffer=32,bits=3;k_rope=kivi:bits=4,group=4,residual=32"},
     };
     static const Case PATHS[] = {
         {"gqa kivi 3 bits", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", "kivi:bits=3,group=8,residual=32"},
         {"cla F=2 L=3 kivi k32 v16", "{" BASE "\"attention\":\"cla\",\"num_hidden_layers\":3}", "fp32;v=kivi:bits=2,group=8,residual=16;k=kivi:bits=4,group=8,residual=32"},
         {"clla F=2 L=3 kivi latent", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", "fp32;latent=kivi:bits=2,group=8,residual=32"},
+        {"gqa qjl", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", "qjl:m=64,o=0,mo=0,group=8,buffer=32,bits=4"},
+        {"clla F=2 L=3 qjl latent", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", "fp32;latent=qjl:m=64,o=2,mo=32,group=8,buffer=32,bits=4"},
     };
     for (size_t i = 0; i < sizeof(STORAGE) / sizeof(STORAGE[0]); i++) check_storage(&STORAGE[i]);
     for (size_t i = 0; i < sizeof(PATHS) / sizeof(PATHS[0]); i++) check_paths(&PATHS[i]);
+    check_score_path("gqa qjl keys", 4, 2, 8, 0, 0);
+    check_score_path("latent qjl + fp32 rope key", 4, 1, 16, 4, 1);
+    check_window_exact();
     check_through_cache();
     check_refusals();
     printf("test_decode_blocks: %d passed, %d failed\n", passed, failed);

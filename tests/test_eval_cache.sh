@@ -52,6 +52,12 @@ want = 8 * (16 * 4 * 2 + 16 * 16 * 2 // 8 + 8 * 16 * 2) / (24 * 16)
 assert abs(lat["stored"] - want) < 1e-3, (lat, want)
 assert lat["paper"] == 2.0, lat
 PY
+# qjl on the latent: the keys' signs scored by the estimator, the values' records summed
+"${E[@]}" --through-cache --cache-codec latent=qjl:m=64,group=8,buffer=16,bits=2 > qj.json 2> qj.err
+jf=$(field qj.json loss) jd=$(field qj.json loss_decoded)
+if near "$jf" "$jd" 1e-4 && ! near "$jf" "$full" 1e-4; then ok "qjl latent: chunked $jf = decoded $jd"
+else fail "qjl: chunked $jf decoded $jd ($(cat qj.err))"; fi
+grep -q '"latent":{"stored":[0-9.]*,"paper":6.0000' qj.json && ok "qjl latent paper bits: 64/16 sign bits + 2 value bits" || fail "qjl bits: $(cat qj.json)"
 "$CLLA" eval --checkpoint m --data shards/val --max-batches 1 --through-cache --cache-codec latent=kivi:residual=12,group=8 > x.out 2> x.err &&
     fail "kivi residual 12 with group 8 accepted" || { grep -q "not a multiple" x.err && ok "kivi residual not a multiple of the group: $(cat x.err)" || fail "message: $(cat x.err)"; }
 
