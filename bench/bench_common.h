@@ -47,7 +47,7 @@ static inline void bench_fit_synthetic(CacheLayout *cl) {
         float *x = bench_normal(n, part->width, 11 + (uint64_t)s);
         void *state = NULL;
         char err[512];
-        if (codec_traits(part->codec.kind)->fit(&part->codec, part->width, x, (int64_t)n, NULL, &state, err, sizeof(err)) != 0)
+        if (codec_traits(part->codec.kind)->fit(&part->codec, part->width, x, (int64_t)n, (int64_t)n, NULL, &state, err, sizeof(err)) != 0)
             die("fitting %s on synthetic data: %s", codec_name(&part->codec), err);
         cache_layout_set_fit(cl, s, state);
         free(x);

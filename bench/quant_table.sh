@@ -6,14 +6,17 @@
 # full forward with the codecs' round trips and token by token, which must agree) with every
 # codec at 4, 3, 2 and 1 bits where it supports them: int_group (per-token groups of 32, 2-8
 # bits), cq (calibrated by `clla calibrate`: 4 bits = c 2 b 8, 3 = c 2 b 6, 2 = c 4 b 8,
-# 1 = c 8 b 8) and qet (calibrated: 3 bits = 3 swap levels, width 8, K 256 + 16; 2 bits = 1
-# level, K 256 + 16), on K and V (MHA) or on the latent (CLLA; its rope keys stay bf16);
+# 1 = c 8 b 8), qet (calibrated: 3 bits = 3 swap levels, width 8, K 256 + 16; 2 bits = 1
+# level, K 256 + 16), kivi (b bits, groups of 32, a 32-token fp16 window: the eval windows are
+# 128 tokens, which the reference's 128-token window would hold whole) and qjl (keys m = b x the
+# head width sign bits, no outlier split, values b bits, a 32-token buffer), on K and V (MHA) or
+# on the latent (CLLA; its rope keys stay bf16);
 # CLLA-quant with the int4 latent it was trained with. Writes OUT/results.jsonl, OUT/table.md and
 # OUT/perplexity_vs_bytes.{png,svg} (one line per model and codec).
 #
 #   bench/quant_table.sh [OUT]     (default runs/quant_table; trained models are reused)
 #
-# About 15 minutes on 2 cores. Environment: CLLA_BUILD_DIR (default build/), CLLA_DATA_CACHE
+# About 25 minutes on 2 cores. Environment: CLLA_BUILD_DIR (default build/), CLLA_DATA_CACHE
 # (default data_cache/), QT_STEPS (training steps, default 300), QT_BATCHES (eval batches of 16
 # windows, default 4), QT_CAL_TOKENS (calibration tokens, default 4096).
 set -euo pipefail
@@ -68,6 +71,13 @@ for m in mha clla clla_quant; do
     pkg=$OUT/${m}_${1/_/}
     "$CLLA" calibrate "$RUN" --data "$Q/shards/train" --tokens "$CAL" --cache-codec "${prefix}$2" --out "$pkg" --overwrite > "$pkg.calibrate.log"
     evaluate "$pkg" "$m" "${1/_/ }"
+  done
+  # kivi and qjl: nothing fitted; the head width sizes qjl's projection
+  hd=64
+  [ "$m" != mha ] && hd=$(grep -o '"kv_lora_rank": *[0-9]*' "bench/quant/$m.json" | grep -o '[0-9]*$')
+  for b in 4 3 2 1; do
+    evaluate "$RUN" "$m" "kivi $b" --cache-codec "${prefix}kivi:bits=$b,group=32,residual=32"
+    evaluate "$RUN" "$m" "qjl $b" --cache-codec "${prefix}qjl:m=$((b * hd)),o=0,mo=0,group=32,buffer=32,bits=$b"
   done
 done
 

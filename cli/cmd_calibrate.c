@@ -1,13 +1,14 @@
 // clla calibrate: fits the cache codecs that learn from the model's own activations (cq's and
-// qet's codebooks) and writes an inference package that carries them (docs/QUANTIZERS.md,
-// "In the cache layer").
+// qet's codebooks, kvquant's datatypes and key ranges) and writes an inference package that
+// carries them (docs/QUANTIZERS.md, "In the cache layer").
 //
 // Calibration windows of the data run through the model, forward and backward (the LM loss, our
 // own backward pass): every cache stream's payload (a producer's K, V, latent, k_rope; a
 // consumer's own k_rope) is collected as it would be cached, with its Fisher information, the
 // squared gradient of the loss with respect to each cached element. RoPE-carrying parts (K,
 // k_rope) are cached after RoPE, and the backward pass leaves their gradients rotated back to
-// before it: they are rotated forward again so that value and weight match. A consumer's own
+// before it: they are rotated forward again so that value and weight match, unless the codec
+// codes keys before RoPE (kvquant), whose values are rotated back instead. A consumer's own
 // k_rope has no stored gradient (its buffer is reused per layer): its samples weigh alike.
 // Then each stream's codec is fitted and the package written (cli/package_out.c).
 #include <math.h>
@@ -23,6 +24,7 @@
 #include "model/decode.h"
 #include "model/model_dir.h"
 #include "cli/commands.h"
+#include "quant/kvquant.h"
 #include "cli/package_out.h"
 
 static const ArgSpec SPECS[] = {
@@ -84,9 +86,17 @@ static void collect_batch(const int32_t *in, const int32_t *tg, int rows, void *
         float *val, *grad;
         stream_buffers(m, s, &val, &grad);
         m->be->act_to_host(c->host, val, (size_t)n * W);
+        const int rotated = part == PART_K || part == PART_KROPE || part == PART_OWN_KROPE;
+        const int pre_rope = rotated && codec_traits(c->cl->part[part].codec.kind)->pre_rope;
+        if (pre_rope) {   // a codec of keys before RoPE (kvquant): the values rotated back, row by row of each window
+            int heads = part == PART_K ? mc->num_key_value_heads : 1, D = part == PART_K ? mc->head_dim : mc->qk_rope_head_dim;
+            for (int r = 0; r < rows; r++) kvq_rope_rows(c->host + (size_t)r * c->T * W, c->T, heads, D, 0, mc->rope_theta, -1);
+        }
         memcpy(c->x[s] + (size_t)c->have * W, c->host, (size_t)take * W * sizeof(float));
         if (!c->f[s]) continue;
-        if (part == PART_K || part == PART_KROPE) {   // cached after RoPE: rotate the gradient forward again
+        // the backward pass leaves a rotated key's gradient rotated back, before RoPE: where a
+        // pre-RoPE codec wants it; a post-RoPE codec has it rotated forward again
+        if ((part == PART_K || part == PART_KROPE) && !pre_rope) {
             int heads = part == PART_K ? mc->num_key_value_heads : 1, D = part == PART_K ? mc->head_dim : mc->qk_rope_head_dim;
             m->be->rope_forward(grad, rows, c->T, heads, D, 0, D, 0, mc->rope_theta);
         }
@@ -109,7 +119,8 @@ int cmd_calibrate(int argc, char **argv) {
                "usage: clla calibrate MODEL_DIR --data PATH --cache-codec SPEC [...] --out PACKAGE [--tokens N] [--batch B] [--seq T]\n"
                "                      [--no-fisher] [--dtype fp32|bf16] [--tokenizer FILE] [--overwrite]\n"
                "Fits the cache codecs that learn from the model's activations (cq: codebooks by Fisher-weighted k-means;\n"
-               "qet: QET's stage codebooks by k-means)\n"
+               "qet: QET's stage codebooks by k-means; kvquant: per-stream datatypes by Fisher-weighted k-means and the\n"
+               "keys' per-channel ranges, before RoPE)\n"
                "on calibration data and writes an inference package that carries them (serve it with clla generate or\n"
                "clla eval --through-cache).",
                pos, &n_pos, 1);
@@ -132,7 +143,7 @@ int cmd_calibrate(int argc, char **argv) {
     CacheLayout *cl = &md.cache;
     int to_fit = 0;
     for (int s = 0; s < cl->n_streams; s++) to_fit += codec_needs_fit(&cl->part[cl->streams[s].part].codec) && !(cl->fit && cl->fit[s]);
-    if (!to_fit) die("no cache codec to fit: --cache-codec names none that learns from data (cq and qet do): use clla export for the others");
+    if (!to_fit) die("no cache codec to fit: --cache-codec names none that learns from data (cq, qet and kvquant do): use clla export for the others");
     if (!B) B = cfg.train.micro_batch;
     if (!T) T = cfg.train.seq_len;
     if (T > cfg.model.max_position_embeddings) die("--seq %d exceeds max_position_embeddings %d", T, cfg.model.max_position_embeddings);
@@ -197,7 +208,7 @@ int cmd_calibrate(int argc, char **argv) {
         }
         void *state = NULL;
         char err[512];
-        if (codec_traits(codec->kind)->fit(codec, W, c.x[s], c.have, c.f[s], &state, err, sizeof(err)) != 0)
+        if (codec_traits(codec->kind)->fit(codec, W, c.x[s], c.have, T, c.f[s], &state, err, sizeof(err)) != 0)
             die("fitting %s of layer %d: %s: nothing was written", cache_part_name(part), cl->streams[s].layer, err);
         cache_layout_set_fit(cl, s, state);
         done++;

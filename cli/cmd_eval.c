@@ -74,25 +74,27 @@ static void layout_from_args(CacheLayout *layout, const ModelDir *md, const Args
     apply_cache_codec_args(layout, specs, n_specs);
 }
 
-// Bits per element of every stored part, both ways (codec_bits_stored, codec_bits_paper), the
-// fitted values a part's codec keeps over all its streams (to amortize over the tokens a
-// deployment stores), and over all parts as stored: as JSON members, or as text lines. "Stored"
-// counts everything a window of T tokens keeps: a block codec's fp16 window of the block being
-// filled too (codec_seq_bytes), so it depends on T.
-static void print_bits(const CacheLayout *cl, int json, int T) {
-    char err[256];
-    int bt = cache_layout_block_tokens(cl, err, sizeof(err));
-    if (bt < 0) die("%s", err);
+// Bits per element of every stored part, both ways: everything the cache stored, measured from
+// the decoder's blocks at the end of each window (acc->stored: a block codec's fp16 window of the
+// block being filled and kvquant's variable-size records included, so it depends on the window
+// length), and as the codec's paper counts (codec_bits_paper); the fitted values a part's codec
+// keeps over all its streams (to amortize over the tokens a deployment stores), and over all
+// parts as stored: as JSON members, or as text lines.
+static void print_bits(const CacheLayout *cl, int json, const CacheLoss *acc) {
     long long elements = 0;
+    double bytes = 0;
     for (int s = 0; s < cl->n_streams; s++) elements += cl->part[cl->streams[s].part].width;
-    double all = elements ? 8.0 * (double)cache_layout_seq_bytes(cl, T) / ((double)elements * T) : 0;
-    if (json) printf(",\"cache_bytes_per_window\":%zu,\"bits_per_element\":{\"all_parts_stored\":%.4f", cache_layout_seq_bytes(cl, T), all);
-    else printf("  bits/element: %.3f over all parts as stored (%zu bytes a window of %d)", all, cache_layout_seq_bytes(cl, T), T);
+    for (int p = 0; p < N_PARTS; p++) bytes += acc->stored[p];
+    const double tokens = acc->stored_tokens ? (double)acc->stored_tokens : 1;
+    double all = elements ? 8.0 * bytes / ((double)elements * tokens) : 0;
+    if (json) printf(",\"cache_bytes_stored_per_token\":%.4f,\"bits_per_element\":{\"all_parts_stored\":%.4f", bytes / tokens, all);
+    else printf("  bits/element: %.3f over all parts as stored (%.2f bytes a token, measured)", all, bytes / tokens);
     for (int p = 0; p < N_PARTS; p++) {
         if (!cl->part[p].present) continue;
         const Codec *c = &cl->part[p].codec;
-        int W = cl->part[p].width;
-        double stored = 8.0 * (double)codec_seq_bytes(c, W, bt, T) / ((double)W * T);
+        int W = cl->part[p].width, streams = 0;
+        for (int s = 0; s < cl->n_streams; s++) streams += cl->streams[s].part == p;
+        double stored = 8.0 * acc->stored[p] / ((double)W * streams * tokens);
         long long fitted = 0;
         for (int s = 0; s < cl->n_streams; s++) fitted += cl->streams[s].part == p ? codec_fit_elements(c, W) : 0;
         if (json)
@@ -110,7 +112,7 @@ static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoade
                       int json, int tty, const char *data) {
     CacheLayout layout;
     layout_from_args(&layout, md, a);
-    CacheScore cs = {model, &layout, T, {0, 0, 0}};
+    CacheScore cs = {.model = model, .layout = &layout, .T = T};
     EvalResult r = {0};
     double t0 = now_seconds();
     eval_for_each_batch(dl, B, T, max_batches * B, score_through_cache, &cs, tty ? show_progress : NULL, NULL, &r);
@@ -126,14 +128,14 @@ static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoade
         else printf("{\"loss\":null,\"perplexity\":null,\"loss_decoded\":null,\"perplexity_decoded\":null");
         printf(",\"cache_bytes_per_token\":%.10g,\"cache\":\"%s\",\"tokens\":%lld,\"windows\":%lld,\"batches\":%lld", bpt, codecs,
                cs.acc.count, r.windows, r.batches);
-        print_bits(&layout, 1, T);
+        print_bits(&layout, 1, &cs.acc);
         printf("}\n");
     } else {
         printf("through the cache (%s, %.10g bytes/token):\n", codecs, bpt);
         printf("  %s: loss %.4f | perplexity %.3f\n", cache_layout_has_blocks(&layout) ? "chunked prefill through the cache, a block per forward"
                : "full forward with the codecs' round trips", full, exp(full));
         printf("  decoded token by token through the cache:  loss %.4f | perplexity %.3f\n", dec, exp(dec));
-        print_bits(&layout, 0, T);
+        print_bits(&layout, 0, &cs.acc);
         printf("  %lld tokens in %lld windows of %d\n", cs.acc.count, r.windows, T);
     }
     cache_layout_free(&layout);

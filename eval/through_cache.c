@@ -62,6 +62,10 @@ void eval_through_cache(Model *m, const CacheLayout *layout, const int32_t *inpu
             if (target != IGNORE_INDEX) acc->decode_sum += eval_token_nll(logits + (size_t)b * V, V, target);
         }
     }
+    for (int b = 0; b < B; b++) {
+        for (int s = 0; s < layout->n_streams; s++) acc->stored[layout->streams[s].part] += (double)decoder_stream_seq_bytes(d, s, b);
+        acc->stored_tokens += decoder_seq_len(d, b);
+    }
     decoder_free(d);
     free(ids); free(one); free(first); free(tok); free(logits);
 }

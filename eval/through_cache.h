@@ -16,6 +16,10 @@ typedef struct CacheLoss {
     double full_sum;      // sum of token losses, full forward with the codecs' round trips
     double decode_sum;    // the same tokens decoded one at a time through the cache
     long long count;      // scored tokens (targets other than IGNORE_INDEX)
+    // what the cache stored, measured from the decoder's blocks at the end of each window
+    // (decoder_stream_seq_bytes): bytes per part over all its streams, and the tokens stored
+    double stored[N_PARTS];
+    long long stored_tokens;
 } CacheLoss;
 
 // B windows of T tokens (inputs, targets, as the data loader gives them), with the codecs of

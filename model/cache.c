@@ -151,6 +151,7 @@ extern const CodecTraits CODEC_CQ_TRAITS;    // model/codec_cq.c
 extern const CodecTraits CODEC_QET_TRAITS;   // model/codec_qet.c
 extern const CodecTraits CODEC_KIVI_TRAITS;  // model/codec_kivi.c
 extern const CodecTraits CODEC_QJL_TRAITS;   // model/codec_qjl.c
+extern const CodecTraits CODEC_KVQUANT_TRAITS;   // model/codec_kvquant.c
 
 static const CodecTraits CODECS_SIMPLE[] = {
     [CODEC_FP32] = {.name = "fp32", .bytes_per_token = fp32_bytes, .encode = fp32_encode, .decode = fp32_decode,
@@ -171,8 +172,14 @@ const CodecTraits *codec_traits(CodecKind kind) {
     case CODEC_QET: return &CODEC_QET_TRAITS;
     case CODEC_KIVI: return &CODEC_KIVI_TRAITS;
     case CODEC_QJL: return &CODEC_QJL_TRAITS;
+    case CODEC_KVQUANT: return &CODEC_KVQUANT_TRAITS;
     default: return &CODECS_SIMPLE[kind];
     }
+}
+
+int codec_is_blocked(const Codec *c) {
+    const CodecTraits *t = codec_traits(c->kind);
+    return t->block_tokens != NULL || t->encode_token != NULL;
 }
 
 int codec_block_tokens(const Codec *c) {
@@ -253,8 +260,8 @@ void codec_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W) 
 void codec_roundtrip(const Codec *c, const Backend *be, float *out, const float *in, int N, int W) {
     const CodecTraits *t = codec_traits(c->kind);
     if (t->roundtrip) { t->roundtrip(c, be, out, in, N, W); return; }
-    if (t->block_tokens)
-        die("internal error: codec %s keeps a full-precision window, so it has no full-sequence round trip: read it through the decoder", t->name);
+    if (codec_is_blocked(c))
+        die("internal error: codec %s is stored in blocks at their positions, so it has no full-sequence round trip: read it through the decoder", t->name);
     // through the host codec, exactly what the cache would store and give back
     size_t n = (size_t)N * W;
     float *h = xmalloc(n * sizeof(float));
@@ -278,7 +285,8 @@ int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
         if (strlen(codec_traits((CodecKind)k)->name) == nlen && !strncmp(codec_traits((CodecKind)k)->name, spec, nlen)) kind = k;
     if (kind < 0) {
         snprintf(err, errlen, "unknown cache codec '%.*s': use fp32, bf16, int_group:bits=B,group=G, cq:bits=B,c=C, "
-                 "qet:levels=L,width=W,k1=K,k2=K, kivi:bits=B,group=G,residual=R or qjl:m=M,o=O,mo=MO,group=G,buffer=B,bits=VB,vgroup=VG", (int)nlen, spec);
+                 "qet:levels=L,width=W,k1=K,k2=K, kivi:bits=B,group=G,residual=R, qjl:m=M,o=O,mo=MO,group=G,buffer=B,bits=VB,vgroup=VG "
+                 "or kvquant:bits=B,outliers_permille=P,sink=S", (int)nlen, spec);
         return -1;
     }
     c->kind = (CodecKind)kind;
@@ -529,7 +537,7 @@ double cache_layout_bytes_per_token(const CacheLayout *cl) {
 
 int cache_layout_has_blocks(const CacheLayout *cl) {
     for (int p = 0; p < N_PARTS; p++)
-        if (cl->part[p].present && codec_block_tokens(&cl->part[p].codec) > 1) return 1;
+        if (cl->part[p].present && codec_is_blocked(&cl->part[p].codec)) return 1;
     return 0;
 }
 

@@ -17,7 +17,7 @@
 
 struct cJSON;
 
-typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, CODEC_CQ, CODEC_QET, CODEC_KIVI, CODEC_QJL, N_CODECS } CodecKind;
+typedef enum { CODEC_FP32 = 0, CODEC_BF16, CODEC_INT_GROUP, CODEC_CQ, CODEC_QET, CODEC_KIVI, CODEC_QJL, CODEC_KVQUANT, N_CODECS } CodecKind;
 
 // What the vectors of a part are to attention (set by the layout from the part, read by the
 // codecs whose scheme differs: KIVI quantizes keys per channel and values per token).
@@ -36,6 +36,8 @@ typedef struct Codec {
     int m, o, mo, gk;     // qjl: sign bits per key, outlier channels, their sign bits, tokens sharing outliers
                           // (o, mo < 0: chosen from the head width); bits, group = value bits and group
     unsigned seed;        // qjl: the projection's seed
+    int sink, qnorm, permille;   // kvquant: tokens kept in fp16 at a sequence's start, Q-Norm (1 on, 0 off,
+                                 // -1 the paper's: at 2 bits), sparse outliers per thousand elements
     const void *fit;      // the fitted state of one stream (cache_stream_codec), or the derived state
                           // of a bound codec (codec_bind); NULL for the settings alone
 } Codec;
@@ -58,10 +60,12 @@ typedef struct CodecTraits {
     void (*format)(const Codec *c, char *buf, size_t n);   // the settings part of the spec ("" if none)
     // bits per element as the codec's paper counts them (NULL: everything stored, 8 x bytes / W)
     double (*bits_paper)(const Codec *c, int W);
-    // Fitted state (NULL fit: the codec has none). fit learns it from n sample vectors x[n][W]
-    // with optional Fisher weights fisher[n][W]; the state travels as one fp32 tensor of
-    // fit_shape (returns its rank), written by fit_save and checked and read by fit_load.
-    int (*fit)(const Codec *c, int W, const float *x, int64_t n, const float *fisher, void **state, char *err, size_t errlen);
+    // Fitted state (NULL fit: the codec has none). fit learns it from n sample vectors x[n][W],
+    // sequences of seq_len tokens back to back (n a multiple of it; kvquant leaves each one's
+    // first tokens out), with optional Fisher weights fisher[n][W]; the state travels as one fp32
+    // tensor of fit_shape (returns its rank), written by fit_save and checked and read by fit_load.
+    int (*fit)(const Codec *c, int W, const float *x, int64_t n, int64_t seq_len, const float *fisher, void **state, char *err,
+               size_t errlen);
     int uses_fisher;   // fit weighs the samples by their Fisher information (else it ignores fisher)
     // Block codecs (NULL: a per-token codec). block_tokens: tokens encoded together; encode and
     // decode then take N a multiple of it, and block_bytes is the size of one block (bytes_per_token
@@ -75,6 +79,18 @@ typedef struct CodecTraits {
     // Scores without decoding (NULL: decode and dot): sc[j] = q . k_j for the n tokens of an
     // encoded block, k_j the vector of attention head `head` (q has Codec.head values).
     void (*scores)(const Codec *c, float *sc, const float *q, int head, const uint8_t *block, int n, int W);
+    // Variable-size tokens (NULL: fixed sizes): a token at position pos is coded on its own into a
+    // record whose size depends on its values (kvquant's sparse outliers) and position (its
+    // attention sink): token_size sizes it before encode_token writes it; record_size reads a
+    // stored record's size back, decode_token decodes it. The cache appends records to a block as
+    // tokens come, so there is no full-precision window and streaming is block coding.
+    size_t (*token_size)(const Codec *c, const float *x, int W, int64_t pos);
+    void (*encode_token)(const Codec *c, uint8_t *dst, size_t size, const float *x, int W, int64_t pos);
+    size_t (*record_size)(const Codec *c, const uint8_t *rec, int W, int64_t pos);
+    void (*decode_token)(const Codec *c, float *dst, const uint8_t *rec, size_t size, int W, int64_t pos);
+    // Keys are coded before RoPE (kvquant): the cache rotates a key part back before encoding and
+    // forward again after decoding (model/decode.c); the latent and values have no RoPE.
+    int pre_rope;
     void (*fit_free)(void *state);
     int (*fit_shape)(const Codec *c, int W, int64_t *shape);
     void (*fit_save)(const Codec *c, int W, const void *state, float *out);
@@ -84,12 +100,17 @@ typedef struct CodecTraits {
 const CodecTraits *codec_traits(CodecKind kind);
 // Does the codec score queries against its encoded keys without decoding them (qjl)?
 static inline int codec_has_scores(const Codec *c) { return codec_traits(c->kind)->scores != NULL; }
+static inline int codec_is_variable(const Codec *c) { return codec_traits(c->kind)->encode_token != NULL; }
 const char *codec_name(const Codec *c);
 // Bytes one token's vector of width W occupies, every overhead counted (scales). Per-token
 // codecs only (codec_block_tokens == 1).
 size_t codec_bytes_per_token(const Codec *c, int W);
 // Tokens a codec encodes together (1: every token on its own; block codecs: their block).
 int codec_block_tokens(const Codec *c);
+// Does the cache hold the codec's tokens in blocks of its own (the fixed-size blocks of a window
+// codec, encoded as a unit; kvquant's blocks of variable-size records)?
+int codec_is_blocked(const Codec *c);
+static inline int codec_is_variable(const Codec *c);
 // Bytes of N tokens of width W, N a multiple of codec_block_tokens; and per token on average.
 size_t codec_span_bytes(const Codec *c, int W, int N);
 double codec_bytes_per_token_avg(const Codec *c, int W);
@@ -114,7 +135,9 @@ int codec_head_width(const Codec *c, int W);
 double codec_bits_stored(const Codec *c, int W);
 // Everything a sequence of T tokens stores in a cache of block_tokens-token blocks (the
 // decoder's): a block codec's closed blocks and the fp16 window of the block being filled
-// (model/decode.c, "Block codecs"); per-token codecs T x bytes_per_token.
+// (model/decode.c, "Block codecs"); per-token codecs T x bytes_per_token. A variable-size codec
+// (kvquant) stores what its data asks: T x its nominal bytes_per_token here, the decoder's
+// decoder_seq_bytes for what it holds.
 size_t codec_seq_bytes(const Codec *c, int W, int block_tokens, int64_t T);
 double codec_bits_paper(const Codec *c, int W);
 // The elements of a fitted state's tensor (0 for codecs without one).

@@ -75,7 +75,7 @@ static int cq_codec_check(const Codec *c, int W, char *err, size_t errlen) {
 
 static void cq_codec_format(const Codec *c, char *buf, size_t n) { snprintf(buf, n, "bits=%d,c=%d,iters=%d", c->bits, c->group, c->iters); }
 
-static int cq_codec_fit(const Codec *c, int W, const float *x, int64_t n, const float *fisher, void **state, char *err,
+static int cq_codec_fit(const Codec *c, int W, const float *x, int64_t n, int64_t seq_len, const float *fisher, void **state, char *err,
                         size_t errlen) {
     CqSettings s = settings(c, W);
     CqState *st = xcalloc(1, sizeof(CqState));

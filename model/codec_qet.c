@@ -97,7 +97,7 @@ static double qet_codec_bits_paper(const Codec *c, int W) {
     return bits / W;
 }
 
-static int qet_codec_fit(const Codec *c, int W, const float *x, int64_t n, const float *fisher, void **state, char *err,
+static int qet_codec_fit(const Codec *c, int W, const float *x, int64_t n, int64_t seq_len, const float *fisher, void **state, char *err,
                          size_t errlen) {
     (void)fisher;   // QET's k-means is unweighted
     QetSettings s = settings(c, W);

@@ -31,6 +31,12 @@
 #include "common/util.h"
 #include "model/model_internal.h"
 #include "quant/fp16.h"
+#include "quant/kvquant.h"
+
+// How a stream stores its tokens: one fixed-size encoding per token in its block; a window codec's
+// blocks (the block being filled in fp16, encoded whole when the sequence moves past it); a
+// variable-size codec's records, appended to the block's host buffer as tokens come.
+enum { STREAM_TOKENS = 0, STREAM_WINDOW, STREAM_RECORDS };
 
 // What a backend's decode callback of stream s needs (PagedStream.ctx).
 typedef struct StreamRead {
@@ -46,8 +52,12 @@ struct Decoder {
     int has_blocks;        // some stream uses a block codec
     // storage: blocks[s][id], the same ids in every stream
     uint8_t ***blocks;
-    uint16_t ***stage;     // [s][id]: a block codec's fp16 window while block id is open (else NULL)
-    int *is_block;         // [n_streams]: the stream's codec encodes blocks
+    uint16_t ***stage;     // [s][id]: a window codec's fp16 window while block id is open (else NULL)
+    uint8_t ***rec;        // [s][id]: a variable-size codec's records of block id (host)
+    size_t **rec_len, **rec_cap;   // [s][id]: their bytes, and the buffer's
+    int *is_block;         // [n_streams]: STREAM_*
+    int *rope_heads, *rope_dim;    // [n_streams]: a pre-RoPE key stream's heads and their width (0: none)
+    int *pos0;             // [cap_ids]: the position of block id's first token
     StreamRead *rd;        // [n_streams]
     int cap_ids, n_ids;
     int *free_ids, n_free;
@@ -64,6 +74,8 @@ struct Decoder {
     float *row;            // host staging for one layer's rows: (max rows, widest part)
     size_t row_cap;
     uint8_t *tok;          // host staging for one encoded token (the widest stream)
+    float *unrot;          // host staging for a key rotated back before RoPE
+    size_t unrot_cap;
     // absorbed latent attention: scratch and per-head weights (latent models only)
     TensorTable scratch;
     void *scratch_buf;
@@ -79,20 +91,31 @@ struct Decoder {
 
 static int width_of(const Decoder *d, int s) { return d->cl.part[d->cl.streams[s].part].width; }
 
-// The backends' decode callback: the first n tokens of block id of stream s as fp32.
+// The backends' decode callback: the first n tokens of block id of stream s as fp32 (a pre-RoPE
+// key stream rotated to their positions).
 static void stream_decode(const void *ctx, float *dst, int id, int n) {
     const StreamRead *r = ctx;
     const Decoder *d = r->d;
     const int s = r->s, W = width_of(d, s);
-    if (!d->is_block[s]) { codec_decode(&d->codecs[s], dst, d->blocks[s][id], n, W); return; }
-    const uint16_t *st = d->stage[s][id];
-    if (st) {
+    const Codec *c = &d->codecs[s];
+    if (d->is_block[s] == STREAM_TOKENS) codec_decode(c, dst, d->blocks[s][id], n, W);
+    else if (d->is_block[s] == STREAM_RECORDS) {
+        const CodecTraits *t = codec_traits(c->kind);
+        const uint8_t *p = d->rec[s][id];
+        for (int j = 0; j < n; j++) {
+            size_t size = t->record_size(c, p, W, d->pos0[id] + j);
+            t->decode_token(c, dst + (size_t)j * W, p, size, W, d->pos0[id] + j);
+            p += size;
+        }
+    } else if (d->stage[s][id]) {
+        const uint16_t *st = d->stage[s][id];
         for (size_t i = 0; i < (size_t)n * W; i++) dst[i] = fp16_to_float(st[i]);
-        return;
+    } else {
+        // an encoded block is read only by rows past it, so whole
+        if (n != d->bt) die("internal error: %d tokens read of an encoded block of %d", n, d->bt);
+        codec_decode(c, dst, d->blocks[s][id], d->bt, W);
     }
-    // an encoded block is read only by rows past it, so whole
-    if (n != d->bt) die("internal error: %d tokens read of an encoded block of %d", n, d->bt);
-    codec_decode(&d->codecs[s], dst, d->blocks[s][id], d->bt, W);
+    if (d->rope_dim[s]) kvq_rope_rows(dst, n, d->rope_heads[s], d->rope_dim[s], d->pos0[id], d->m->cfg.rope_theta, 1);
 }
 
 // The backends' score callback of a key stream whose codec scores (qjl): exact dot products over
@@ -133,29 +156,40 @@ static int block_take(Decoder *d) {
         for (int s = 0; s < d->cl.n_streams; s++) {
             d->blocks[s] = xrealloc(d->blocks[s], (size_t)cap * sizeof(uint8_t *));
             d->stage[s] = xrealloc(d->stage[s], (size_t)cap * sizeof(uint16_t *));
+            d->rec[s] = xrealloc(d->rec[s], (size_t)cap * sizeof(uint8_t *));
+            d->rec_len[s] = xrealloc(d->rec_len[s], (size_t)cap * sizeof(size_t));
+            d->rec_cap[s] = xrealloc(d->rec_cap[s], (size_t)cap * sizeof(size_t));
             d->ps[s].blocks = d->blocks[s];
         }
         d->free_ids = xrealloc(d->free_ids, (size_t)cap * sizeof(int));
         d->refs = xrealloc(d->refs, (size_t)cap * sizeof(int));
         d->closed = xrealloc(d->closed, (size_t)cap * sizeof(int));
+        d->pos0 = xrealloc(d->pos0, (size_t)cap * sizeof(int));
         d->cap_ids = cap;
     }
     int id = d->n_ids++;
     for (int s = 0; s < d->cl.n_streams; s++) {
-        d->blocks[s][id] = d->m->be->alloc(codec_span_bytes(&d->codecs[s], width_of(d, s), d->bt));
+        // a variable-size stream keeps its records on the host (rec): its block storage is a placeholder
+        d->blocks[s][id] = d->m->be->alloc(d->is_block[s] == STREAM_RECORDS ? 1 : codec_span_bytes(&d->codecs[s], width_of(d, s), d->bt));
         d->stage[s][id] = NULL;
+        d->rec[s][id] = NULL;
+        d->rec_len[s][id] = d->rec_cap[s][id] = 0;
         d->ps[s].n_blocks = d->n_ids;
     }
     d->refs[id] = 1;
     return id;
 }
 
-// A block starts open: its block codecs' streams get an fp16 window (kept from an earlier use).
-static int block_open(Decoder *d) {
+// A block starts open at position pos0: its window codecs' streams get an fp16 window (kept from
+// an earlier use), its variable-size streams no records.
+static int block_open(Decoder *d, int pos0) {
     int id = block_take(d);
     d->closed[id] = 0;
-    for (int s = 0; s < d->cl.n_streams; s++)
-        if (d->is_block[s] && !d->stage[s][id]) d->stage[s][id] = xmalloc((size_t)d->bt * width_of(d, s) * sizeof(uint16_t));
+    d->pos0[id] = pos0;
+    for (int s = 0; s < d->cl.n_streams; s++) {
+        if (d->is_block[s] == STREAM_WINDOW && !d->stage[s][id]) d->stage[s][id] = xmalloc((size_t)d->bt * width_of(d, s) * sizeof(uint16_t));
+        d->rec_len[s][id] = 0;
+    }
     return id;
 }
 
@@ -164,7 +198,7 @@ static int block_open(Decoder *d) {
 static void block_close(Decoder *d, int id) {
     if (d->closed[id]) return;
     for (int s = 0; s < d->cl.n_streams; s++) {
-        if (!d->is_block[s]) continue;
+        if (d->is_block[s] != STREAM_WINDOW) continue;
         int W = width_of(d, s);
         size_t n = (size_t)d->bt * W, bytes = codec_span_bytes(&d->codecs[s], W, d->bt);
         float *x = xmalloc(n * sizeof(float));
@@ -187,7 +221,7 @@ static void reserve(Decoder *d, int seq, int pos) {
     if (pos % d->bt) return;
     int *table = d->table + (size_t)seq * d->max_blocks, b = pos / d->bt;
     if (b > 0 && d->has_blocks) block_close(d, table[b - 1]);
-    table[b] = block_open(d);
+    table[b] = block_open(d, pos);
 }
 
 static int block_id_at(const Decoder *d, int seq, int pos) { return d->table[(size_t)seq * d->max_blocks + pos / d->bt]; }
@@ -213,10 +247,34 @@ static float *stream_source(Decoder *d, int s) {
 }
 
 // Encodes one token's vector x into stream s at (seq, pos): on the host, then into the block
-// (backend memory) with one upload; a block codec's token goes to its open block's fp16 window.
-static void write_token(Decoder *d, int s, int seq, int pos, const float *x) {
+// (backend memory) with one upload; a window codec's token goes to its open block's fp16 window,
+// a variable-size codec's record is appended to its block's records. A pre-RoPE key is rotated
+// back to before RoPE first.
+static void write_token(Decoder *d, int s, int seq, int pos, const float *x_in) {
     int W = width_of(d, s);
-    if (d->is_block[s]) {
+    const float *x = x_in;
+    if (d->rope_dim[s]) {
+        if ((size_t)W > d->unrot_cap) { d->unrot = xrealloc(d->unrot, (size_t)W * sizeof(float)); d->unrot_cap = (size_t)W; }
+        memcpy(d->unrot, x_in, (size_t)W * sizeof(float));
+        kvq_rope_rows(d->unrot, 1, d->rope_heads[s], d->rope_dim[s], pos, d->m->cfg.rope_theta, -1);
+        x = d->unrot;
+    }
+    if (d->is_block[s] == STREAM_RECORDS) {
+        const Codec *c = &d->codecs[s];
+        const CodecTraits *t = codec_traits(c->kind);
+        int id = block_id_at(d, seq, pos);
+        if (pos - d->pos0[id] != 0 && d->rec_len[s][id] == 0) die("internal error: position %d written into a block out of order", pos);
+        size_t size = t->token_size(c, x, W, pos);
+        if (d->rec_len[s][id] + size > d->rec_cap[s][id]) {
+            size_t cap = 2 * (d->rec_len[s][id] + size);
+            d->rec[s][id] = xrealloc(d->rec[s][id], cap);
+            d->rec_cap[s][id] = cap;
+        }
+        t->encode_token(c, d->rec[s][id] + d->rec_len[s][id], size, x, W, pos);
+        d->rec_len[s][id] += size;
+        return;
+    }
+    if (d->is_block[s] == STREAM_WINDOW) {
         uint16_t *st = d->stage[s][block_id_at(d, seq, pos)];
         if (!st) die("internal error: position %d written into an encoded block", pos);
         st += (size_t)(pos % d->bt) * W;
@@ -271,8 +329,14 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
     d->has_blocks = cache_layout_has_blocks(&d->cl);
     d->max_blocks = (max_len + d->bt - 1) / d->bt;
     d->blocks = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(uint8_t **));
-    d->stage = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(uint16_t **));
-    d->is_block = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(int));
+    const size_t ns = (size_t)(d->cl.n_streams ? d->cl.n_streams : 1);
+    d->stage = xcalloc(ns, sizeof(uint16_t **));
+    d->rec = xcalloc(ns, sizeof(uint8_t **));
+    d->rec_len = xcalloc(ns, sizeof(size_t *));
+    d->rec_cap = xcalloc(ns, sizeof(size_t *));
+    d->is_block = xcalloc(ns, sizeof(int));
+    d->rope_heads = xcalloc(ns, sizeof(int));
+    d->rope_dim = xcalloc(ns, sizeof(int));
     d->rd = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(StreamRead));
     d->table = xcalloc((size_t)max_seqs * d->max_blocks, sizeof(int));
     d->len = xcalloc((size_t)max_seqs, sizeof(int));
@@ -287,9 +351,15 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
         const Codec *codec = &d->codecs[s];
         int kind = codec->kind == CODEC_FP32 ? PAGED_F32 : codec->kind == CODEC_BF16 ? PAGED_BF16
                  : codec->kind == CODEC_INT_GROUP ? PAGED_INT_GROUP : PAGED_OTHER;
-        d->is_block[s] = codec_block_tokens(codec) > 1;
+        d->is_block[s] = codec_is_variable(codec) ? STREAM_RECORDS : codec_is_blocked(codec) ? STREAM_WINDOW : STREAM_TOKENS;
+        int p = d->cl.streams[s].part;
+        if (codec_traits(codec->kind)->pre_rope && (p == PART_K || p == PART_KROPE || p == PART_OWN_KROPE)) {
+            // rotated as the model rotates them (model/attention.c): every head's full width
+            d->rope_dim[s] = part->head;
+            d->rope_heads[s] = part->width / part->head;
+        }
         d->rd[s] = (StreamRead){d, s};
-        d->ps[s] = (PagedStream){part->width, d->is_block[s] ? 0 : codec_bytes_per_token(codec, part->width), d->bt, NULL, 0,
+        d->ps[s] = (PagedStream){part->width, d->is_block[s] != STREAM_TOKENS ? 0 : codec_bytes_per_token(codec, part->width), d->bt, NULL, 0,
                                  &d->rd[s], stream_decode, codec_has_scores(codec) ? stream_score : NULL, kind == PAGED_F32, kind,
                                  codec->bits, codec->group};
         if (d->ps[s].token_bytes > widest) widest = d->ps[s].token_bytes;
@@ -352,13 +422,24 @@ void decoder_free(Decoder *d) {
         for (int i = 0; i < d->n_ids; i++) {
             m->be->release(d->blocks[s][i]);
             free(d->stage[s][i]);
+            free(d->rec[s][i]);
         }
         free(d->blocks[s]);
         free(d->stage[s]);
+        free(d->rec[s]);
+        free(d->rec_len[s]);
+        free(d->rec_cap[s]);
     }
     free(d->blocks);
     free(d->stage);
+    free(d->rec);
+    free(d->rec_len);
+    free(d->rec_cap);
     free(d->is_block);
+    free(d->rope_heads);
+    free(d->rope_dim);
+    free(d->pos0);
+    free(d->unrot);
     free(d->rd);
     free(d->free_ids);
     free(d->refs);
@@ -613,10 +694,14 @@ void decoder_fork(Decoder *d, int src, int dst) {
         d->refs[from[b]]++;
     }
     if (rest) {
-        to[full] = block_open(d);
+        const int id = to[full] = block_open(d, full * d->bt), src_id = from[full];
         for (int s = 0; s < d->cl.n_streams; s++) {
-            if (d->is_block[s]) memcpy(d->stage[s][to[full]], d->stage[s][from[full]], (size_t)rest * width_of(d, s) * sizeof(uint16_t));
-            else d->m->be->copy(d->blocks[s][to[full]], d->blocks[s][from[full]], (size_t)rest * d->ps[s].token_bytes);
+            if (d->is_block[s] == STREAM_WINDOW) memcpy(d->stage[s][id], d->stage[s][src_id], (size_t)rest * width_of(d, s) * sizeof(uint16_t));
+            else if (d->is_block[s] == STREAM_RECORDS) {   // the partial block holds src's tokens only: all its records
+                d->rec[s][id] = xrealloc(d->rec[s][id], d->rec_len[s][src_id] ? d->rec_len[s][src_id] : 1);
+                memcpy(d->rec[s][id], d->rec[s][src_id], d->rec_len[s][src_id]);
+                d->rec_len[s][id] = d->rec_cap[s][id] = d->rec_len[s][src_id];
+            } else d->m->be->copy(d->blocks[s][id], d->blocks[s][src_id], (size_t)rest * d->ps[s].token_bytes);
         }
     }
     d->len[dst] = len;
@@ -635,26 +720,32 @@ size_t decoder_cache_bytes(const Decoder *d) {
     size_t total = 0;
     for (int s = 0; s < d->cl.n_streams; s++) {
         int W = width_of(d, s);
-        total += (size_t)d->n_ids * codec_span_bytes(&d->codecs[s], W, d->bt);
-        for (int i = 0; i < d->n_ids; i++) total += d->stage[s][i] ? (size_t)d->bt * W * sizeof(uint16_t) : 0;
+        if (d->is_block[s] != STREAM_RECORDS) total += (size_t)d->n_ids * codec_span_bytes(&d->codecs[s], W, d->bt);
+        for (int i = 0; i < d->n_ids; i++) total += (d->stage[s][i] ? (size_t)d->bt * W * sizeof(uint16_t) : 0) + d->rec_cap[s][i];
     }
     return total;
 }
 
-// From the blocks' state: encoded blocks at their size, open ones at their tokens in fp16.
-size_t decoder_seq_bytes(const Decoder *d, int seq) {
+// From the blocks' state: encoded blocks at their size, open ones at their tokens in fp16,
+// variable-size records at theirs.
+size_t decoder_stream_seq_bytes(const Decoder *d, int s, int seq) {
     check_seq(d, seq);
+    if (s < 0 || s >= d->cl.n_streams) die("decoder: no stream %d", s);
     size_t total = 0;
-    const int len = d->len[seq];
+    const int len = d->len[seq], W = width_of(d, s);
     for (int b = 0; b * d->bt < len; b++) {
         const int id = d->table[(size_t)seq * d->max_blocks + b], tokens = len - b * d->bt < d->bt ? len - b * d->bt : d->bt;
-        for (int s = 0; s < d->cl.n_streams; s++) {
-            int W = width_of(d, s);
-            if (!d->is_block[s]) total += (size_t)tokens * d->ps[s].token_bytes;
-            else if (d->stage[s][id]) total += (size_t)tokens * W * sizeof(uint16_t);
-            else total += codec_span_bytes(&d->codecs[s], W, d->bt);
-        }
+        if (d->is_block[s] == STREAM_TOKENS) total += (size_t)tokens * d->ps[s].token_bytes;
+        else if (d->is_block[s] == STREAM_RECORDS) total += d->rec_len[s][id];   // the block's tokens are this sequence's
+        else if (d->stage[s][id]) total += (size_t)tokens * W * sizeof(uint16_t);
+        else total += codec_span_bytes(&d->codecs[s], W, d->bt);
     }
+    return total;
+}
+
+size_t decoder_seq_bytes(const Decoder *d, int seq) {
+    size_t total = 0;
+    for (int s = 0; s < d->cl.n_streams; s++) total += decoder_stream_seq_bytes(d, s, seq);
     return total;
 }
 
@@ -664,12 +755,12 @@ void decoder_read(const Decoder *d, int s, int seq, int pos, float *out) {
     check_seq(d, seq);
     if (s < 0 || s >= d->cl.n_streams || pos < 0 || pos >= d->len[seq]) die("decoder_read: no stream %d position %d", s, pos);
     int W = width_of(d, s), id = block_id_at(d, seq, pos);
-    if (!d->is_block[s]) {
+    if (d->is_block[s] == STREAM_TOKENS && !d->rope_dim[s]) {
         d->m->be->download(d->tok, token_ptr(d, s, seq, pos), d->ps[s].token_bytes);
         codec_decode(&d->codecs[s], out, d->tok, 1, W);
         return;
     }
-    const int n = d->stage[s][id] ? pos % d->bt + 1 : d->bt;
+    const int n = d->is_block[s] == STREAM_WINDOW && !d->stage[s][id] ? d->bt : pos % d->bt + 1;
     float *all = xmalloc((size_t)n * W * sizeof(float));
     stream_decode(&d->rd[s], all, id, n);
     memcpy(out, all + (size_t)(pos % d->bt) * W, (size_t)W * sizeof(float));

@@ -63,6 +63,8 @@ size_t decoder_cache_bytes(const Decoder *d);
 // Bytes sequence seq stores, read from its blocks' state (encoded, or fp16 windows of the tokens
 // in them): equals cache_layout_seq_bytes of its length.
 size_t decoder_seq_bytes(const Decoder *d, int seq);
+// The same for one stream s.
+size_t decoder_stream_seq_bytes(const Decoder *d, int s, int seq);
 // Bytes one token occupies in the cache, all streams of all layers (== cache_bytes_per_token's
 // total for the same layout; block codecs on average over encoded blocks).
 double decoder_bytes_per_token(const Decoder *d);

@@ -218,7 +218,7 @@ void model_dir_free(ModelDir *md) {
 }
 
 void model_dir_describe_cache(const CacheLayout *cl, char *buf, size_t n) {
-    char spec[64];
+    char spec[160];
     size_t used = 0;
     buf[0] = 0;
     for (int p = 0; p < N_PARTS && used < n; p++)

@@ -597,6 +597,21 @@ int kvq_scores(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, 
     return 0;
 }
 
+void kvq_rope_rows(float *x, int64_t T, int n_heads, int d_head, int64_t pos0, float theta, int sign) {
+    const int half = d_head / 2;
+    for (int64_t t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            const double a = (double)(pos0 + t) * pow((double)theta, -2.0 * i / d_head);
+            const float co = (float)cos(a), si = sign * (float)sin(a);
+            for (int h = 0; h < n_heads; h++) {
+                float *p = x + (size_t)t * n_heads * d_head + (size_t)h * d_head;
+                const float x0 = p[i], x1 = p[i + half];
+                p[i] = x0 * co - x1 * si;
+                p[i + half] = x1 * co + x0 * si;
+            }
+        }
+}
+
 // ---- mixed precision (App. P)
 
 int kvq_sensitivity(const KvqCodec *c, const float *x, const float *fisher, int64_t N, int64_t seq_len,

@@ -109,6 +109,11 @@ int kvq_decode(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, 
 int kvq_scores(const KvqCodec *c, const uint8_t *in, int64_t nbytes, int64_t T, int64_t pos0, const float *q_rot,
                int n_q_heads, int n_kv_heads, int d_head, float theta, float *out, char *err, size_t errlen);
 
+// RoPE on pre-RoPE keys x [T, n_heads * d_head] at positions pos0 .. pos0 + T - 1, in place:
+// rotate-half pairs (i, i + d/2) turned by sign * pos * theta^(-2i/d), the angles formed in double
+// as layers/cpu_rope.c forms them (sign = -1 undoes it). The cache's "RoPE after decoding".
+void kvq_rope_rows(float *x, int64_t T, int n_heads, int d_head, int64_t pos0, float theta, int sign);
+
 // Bits per element counting everything stored for T tokens with nnz sparse entries: the
 // encoded bytes (sink rows, codes, value zero/range, pointers, entries) plus the codec's own
 // tables amortized over these T tokens (the 2^b fp16 centroids, and for keys the per-channel

@@ -131,7 +131,7 @@ static void test_cq(void) {
     float *x = malloc(sizeof(float) * N * W), *dec = malloc(sizeof(float) * N * W), *ref = malloc(sizeof(float) * N * W);
     for (int i = 0; i < N * W; i++) x[i] = (float)rng_normal(&r);
     void *state = NULL;
-    check(t->fit(&c, W, x, N, NULL, &state, err, sizeof(err)) == 0, "cq: fitted on 300 vectors");
+    check(t->fit(&c, W, x, N, N, NULL, &state, err, sizeof(err)) == 0, "cq: fitted on 300 vectors");
     c.fit = state;
     size_t tb = codec_bytes_per_token(&c, W);
     check(tb == 4 && codec_bits_stored(&c, W) == 2.0 && codec_bits_paper(&c, W) == 2.0,
@@ -174,7 +174,7 @@ static void test_cq(void) {
     for (int s = 0; s < cl.n_streams; s++)
         if (cl.streams[s].part == PART_V) {
             void *st = NULL;
-            t->fit(&cl.part[PART_V].codec, 8, x, N, NULL, &st, err, sizeof(err));
+            t->fit(&cl.part[PART_V].codec, 8, x, N, N, NULL, &st, err, sizeof(err));
             cache_layout_set_fit(&cl, s, st);
         }
     check(cache_layout_check_fitted(&cl, err, sizeof(err)) == 0, "cq: fitted layout accepted");
@@ -184,7 +184,7 @@ static void test_cq(void) {
     for (int s = 0; s < cl.n_streams; s++)
         if (cl.streams[s].part == PART_V) {
             void *st = NULL;
-            t->fit(&cl.part[PART_V].codec, 8, x, N, NULL, &st, err, sizeof(err));
+            t->fit(&cl.part[PART_V].codec, 8, x, N, N, NULL, &st, err, sizeof(err));
             cache_layout_set_fit(&cl, s, st);
         }
     check(cache_layout_apply_spec(&cl, "v=qet:levels=1,width=4,k1=4,k2=0", err, sizeof(err)) == 0 &&
@@ -208,7 +208,7 @@ static void test_qet(void) {
     rng_seed(&r, 9);
     for (int i = 0; i < N * W; i++) x[i] = (float)rng_normal(&r);
     void *state = NULL;
-    check(t->fit(&c, W, x, N, NULL, &state, err, sizeof(err)) == 0, "qet: fitted on 400 rows");
+    check(t->fit(&c, W, x, N, N, NULL, &state, err, sizeof(err)) == 0, "qet: fitted on 400 rows");
     c.fit = state;
     // 8 flag bits (1 level, 16/2 pairs) + 4 groups x (4 + 2) code bits = 32 bits
     size_t tb = codec_bytes_per_token(&c, W);

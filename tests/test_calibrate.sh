@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # clla calibrate and the cq cache codec (model/codec_cq.c) in the cache layer:
-#  - a latent model (cq on the latent and the rope keys) and a GQA model (cq, then qet, on K and V) are
+#  - a latent model (cq on the latent and the rope keys) and a GQA model (cq, then qet, then kvquant, on K and V) are
 #    calibrated into packages that carry the codebooks; through those caches the full forward and
 #    the token-by-token decode give the same loss (1e-4), and generate runs;
 #  - calibration is deterministic, and the Fisher weights change the codebooks;
@@ -82,6 +82,26 @@ full=$(field pq.json loss) dec=$(field pq.json loss_decoded)
 if near "$full" "$dec" 1e-4 && grep -q '"k":{"stored":2.0000,"paper":2.0000' pq.json && ! grep -q Fisher pq.out; then
     ok "gqa qet on k and v: full forward $full = decoded $dec, 2 bits/element, no Fisher pass"
 else fail "gqa qet: full $full vs decoded $dec: $(cat pq.json pq.out)" pq.jerr; fi
+
+# ---- kvquant (pre-RoPE keys, Fisher-weighted datatypes, sparse outliers, an fp16 sink) on K and V
+"$CLLA" calibrate run_gqa --data shards/train --tokens 512 --seq 16 --batch 4 --cache-codec kvquant:bits=3,outliers_permille=20 \
+    --out pkv > pkv.out 2> pkv.err || fail "calibrate kvquant" pkv.err
+"$CLLA" eval --checkpoint pkv --data shards/val --max-batches 2 --batch 4 --seq 24 --through-cache --json > pkv.json 2> pkv.jerr
+full=$(field pkv.json loss) dec=$(field pkv.json loss_decoded)
+if near "$full" "$dec" 1e-4 && grep -q '"k":{"stored":[0-9.]*,"paper":3.6400,"fitted_values":[1-9]' pkv.json && grep -q Fisher pkv.out; then
+    ok "gqa kvquant on k and v: chunked $full = decoded $dec, paper bits 3 + 32 x 2%, Fisher-weighted"
+else fail "gqa kvquant: chunked $full vs decoded $dec: $(cat pkv.json pkv.out)" pkv.jerr; fi
+"$CLLA" calibrate run_gqa --data shards/train --tokens 512 --seq 16 --batch 4 --cache-codec kvquant:bits=3,outliers_permille=20 \
+    --no-fisher --out pkvu > /dev/null 2>&1
+[ -s pkvu/cache_codecs.safetensors ] && ! cmp -s pkv/cache_codecs.safetensors pkvu/cache_codecs.safetensors &&
+    ok "kvquant: Fisher-weighted datatypes differ from uniform ones" || fail "kvquant --no-fisher gave the same datatypes (or none)"
+"$CLLA" calibrate run_gqa --data shards/train --tokens 512 --seq 16 --batch 4 --cache-codec kvquant:bits=2 --out pkv2 > /dev/null 2>&1
+cp pkv2/cache_codecs.safetensors pkvu/cache_codecs.safetensors
+refused "kvquant datatypes of the wrong shape" "has shape \[36\].*needs \[40\]" "" -- "$CLLA" eval --checkpoint pkvu --data shards/val --through-cache
+refused "kvquant bits the paper has no datatype for" "nuq2, nuq3 and nuq4" pt -- \
+    "$CLLA" calibrate run_gqa --data shards/train --cache-codec kvquant:bits=5 --out pt
+refused "kvquant outliers beyond half" "outliers_permille=600" pt -- \
+    "$CLLA" calibrate run_gqa --data shards/train --cache-codec kvquant:outliers_permille=600 --out pt
 
 # ---- bad input
 refused "export with cq (no codebooks)" "calibrate" px -- "$CLLA" export run_clla --cache-codec latent=cq --out px

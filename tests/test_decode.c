@@ -334,7 +334,7 @@ static void check_through_cache(void) {
         cache_layout(&cl, &cfg.model);
         char err[128];
         if (cache_layout_apply_spec(&cl, specs[k], err, sizeof(err))) { check(0, err, specs[k]); return; }
-        CacheLoss acc = {0, 0, 0};
+        CacheLoss acc = {0};
         eval_through_cache(&m, &cl, in, tg, B, T, &acc);
         loss[k] = acc.full_sum / acc.count;
         printf("through the cache, %-26s loss: full forward %.6f, decoded %.6f over %lld tokens\n", specs[k], loss[k],

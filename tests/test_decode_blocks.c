@@ -30,6 +30,7 @@
 #include "model/decode.h"
 #include "quant/fp16.h"
 #include "quant/kivi.h"
+#include "quant/kvquant.h"
 #include "quant/qjl.h"
 
 static int passed, failed;
@@ -198,6 +199,8 @@ static void check_storage(const Case *cs) {
     free(m);
 }
 
+static void fit_kvquant(CacheLayout *cl);
+
 static double max_diff(const float *a, const float *b, size_t n) {
     double w = 0;
     for (size_t i = 0; i < n; i++) w = fmax(w, fabs((double)a[i] - b[i]));
@@ -208,6 +211,7 @@ static void check_paths(const Case *cs) {
     Model *m = model_new(cs->json, cs->name, 5);
     CacheLayout cl;
     layout_for(&cl, m, cs->specs);
+    fit_kvquant(&cl);
     enum { T = 3 * BT + 9 };
     int V = m->cfg.vocab_size;
     int32_t tok[T];
@@ -300,12 +304,13 @@ static void check_through_cache(void) {
     Rng r;
     rng_seed(&r, 21);
     for (int i = 0; i < B * T; i++) { in[i] = (int32_t)(rng_next(&r) % 37); tg[i] = i % 7 == 3 ? IGNORE_INDEX : (int32_t)(rng_next(&r) % 37); }
-    const char *specs[3] = {"fp32", "kivi:bits=8,group=8,residual=32", "kivi:bits=2,group=8,residual=32"};
-    double loss[3];
-    for (int k = 0; k < 3; k++) {
+    const char *specs[4] = {"fp32", "kivi:bits=8,group=8,residual=32", "kivi:bits=2,group=8,residual=32", "kvquant:bits=2"};
+    double loss[4];
+    for (int k = 0; k < 4; k++) {
         CacheLayout cl;
         layout_for(&cl, m, specs[k]);
-        CacheLoss acc = {0, 0, 0};
+        fit_kvquant(&cl);
+        CacheLoss acc = {0};
         eval_through_cache(m, &cl, in, tg, B, T, &acc);
         loss[k] = acc.full_sum / acc.count;
         printf("through the cache, %-32s loss: block-chunked %.6f, decoded %.6f over %lld tokens\n", specs[k], loss[k],
@@ -431,6 +436,94 @@ static void check_score_path(const char *name, int NH, int NKV, int DK, int DK2,
     codec_unbind(&ks.c);
 }
 
+// kvquant's fitted state for every stream of a layout, learned from unit-normal samples (the
+// tests need a datatype, not a good one): sequences of 32 tokens, their first tokens the sink.
+static void fit_kvquant(CacheLayout *cl) {
+    Rng r;
+    rng_seed(&r, 5);
+    for (int s = 0; s < cl->n_streams; s++) {
+        const CachePart *part = &cl->part[cl->streams[s].part];
+        if (part->codec.kind != CODEC_KVQUANT) continue;
+        enum { N = 512 };
+        float *x = malloc((size_t)N * part->width * sizeof(float));
+        for (size_t i = 0; i < (size_t)N * part->width; i++) x[i] = (float)rng_normal(&r);
+        void *st = NULL;
+        char err[256];
+        if (codec_traits(CODEC_KVQUANT)->fit(&part->codec, part->width, x, N, 32, NULL, &st, err, sizeof(err)) != 0) {
+            check(0, err, "kvquant fit");
+            exit(1);
+        }
+        cache_layout_set_fit(cl, s, st);
+        free(x);
+    }
+}
+
+// kvquant in the cache, against quant/kvquant.c: a sequence filled with known vectors
+// (decoder_fill_synthetic's, regenerated here), every token read back as the block coding of the
+// whole sequence from position 0 gives it (keys rotated back before RoPE, coded, rotated forward;
+// streaming = block), the sink token within fp16 of what was written, and the bytes stored equal
+// quant/kvquant.c's layout of the whole sequence (sink rows, dense rows, pointers, entries).
+static void check_kvquant_storage(void) {
+    const char *name = "gqa kvquant k and v";
+    Model *m = model_new("{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":1}", name, 2);
+    CacheLayout cl;
+    layout_for(&cl, m, "kvquant:bits=3,outliers_permille=60,sink=1");
+    fit_kvquant(&cl);
+    enum { T = 3 * 16 + 5 };
+    Decoder *d = decoder_new(m, &cl, 1, T);
+    decoder_fill_synthetic(d, 0, T, 77);
+    // the vectors fill_synthetic wrote: per token, per stream, W unit normals
+    int Wk = cl.part[PART_K].width;
+    float *x[2], *got = malloc((size_t)Wk * sizeof(float)), *want[2];
+    for (int k = 0; k < 2; k++) { x[k] = malloc((size_t)T * Wk * sizeof(float)); want[k] = malloc((size_t)T * Wk * sizeof(float)); }
+    Rng r;
+    rng_seed(&r, 77);
+    for (int t = 0; t < T; t++)
+        for (int s = 0; s < cl.n_streams; s++)
+            for (int j = 0; j < Wk; j++) x[s][(size_t)t * Wk + j] = (float)rng_normal(&r);
+    int exact = 1, sink_ok = 1, bytes_ok = 1;
+    for (int s = 0; s < cl.n_streams; s++) {
+        int part = cl.streams[s].part;
+        Codec c = cache_stream_codec(&cl, s);
+        const KvqCodec *st = c.fit;
+        float *pre = malloc((size_t)T * Wk * sizeof(float));
+        memcpy(pre, x[s], (size_t)T * Wk * sizeof(float));
+        if (part == PART_K) kvq_rope_rows(pre, T, 2, 8, 0, m->cfg.rope_theta, -1);
+        int64_t nnz;
+        char err[256];
+        kvq_count(st, pre, T, 0, &nnz, err, sizeof(err));
+        KvqLayout L;
+        kvq_layout(st, T, 0, nnz, &L);
+        uint8_t *enc = malloc((size_t)L.total);
+        if (kvq_encode(st, pre, T, 0, enc, L.total, err, sizeof(err)) != L.total || kvq_decode(st, enc, L.total, T, 0, want[s], err, sizeof(err)))
+            check(0, err, name);
+        if (part == PART_K) kvq_rope_rows(want[s], T, 2, 8, 0, m->cfg.rope_theta, 1);
+        for (int t = 0; t < T; t++) {
+            decoder_read(d, s, 0, t, got);
+            if (memcmp(got, want[s] + (size_t)t * Wk, (size_t)Wk * sizeof(float))) exact = 0;
+            for (int j = 0; t == 0 && j < Wk; j++)
+                if (fabsf(got[j] - x[s][j]) > 2e-3f * fabsf(x[s][j]) + 1e-5f) sink_ok = 0;
+        }
+        if ((int64_t)decoder_stream_seq_bytes(d, s, 0) != L.total) {
+            printf("%s stream %d: %zu bytes stored, quant/kvquant.c's layout %lld\n", name, s, decoder_stream_seq_bytes(d, s, 0), (long long)L.total);
+            bytes_ok = 0;
+        }
+        printf("%-28s %s: %lld sparse entries in %d tokens, %lld bytes\n", name, cache_part_name(part), (long long)nnz, T, (long long)L.total);
+        check(nnz > 0, "the test has outliers", name);
+        free(pre);
+        free(enc);
+    }
+    check(exact, "every token reads as quant/kvquant.c's coding of the whole sequence (streaming = block), bit for bit", name);
+    check(sink_ok, "the sink token reads within fp16 of what was written", name);
+    check(bytes_ok, "bytes stored = quant/kvquant.c's layout of the sequence", name);
+    decoder_free(d);
+    for (int k = 0; k < 2; k++) { free(x[k]); free(want[k]); }
+    free(got);
+    cache_layout_free(&cl);
+    model_free(m);
+    free(m);
+}
+
 int main(void) {
     static const Case STORAGE[] = {
         {"mha kivi 2 bits", "{" BASE "\"attention\":\"mha\",\"num_hidden_layers\":1}", "kivi:bits=2,group=8,residual=32"},
@@ -448,11 +541,16 @@ int main(void) {
         {"clla F=2 L=3 kivi latent", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", "fp32;latent=kivi:bits=2,group=8,residual=32"},
         {"gqa qjl", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", "qjl:m=64,o=0,mo=0,group=8,buffer=32,bits=4"},
         {"clla F=2 L=3 qjl latent", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", "fp32;latent=qjl:m=64,o=2,mo=32,group=8,buffer=32,bits=4"},
+        {"gqa kvquant", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", "kvquant:bits=3,sink=2"},
+        {"clla F=2 L=3 kvquant all", "{" BASE LAT "\"attention\":\"clla\",\"num_hidden_layers\":3}", "kvquant:bits=4"},
+        {"gqa kvquant k, kivi v", "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}",
+         "k=kvquant:bits=2;v=kivi:bits=2,group=8,residual=32"},
     };
     for (size_t i = 0; i < sizeof(STORAGE) / sizeof(STORAGE[0]); i++) check_storage(&STORAGE[i]);
     for (size_t i = 0; i < sizeof(PATHS) / sizeof(PATHS[0]); i++) check_paths(&PATHS[i]);
     check_score_path("gqa qjl keys", 4, 2, 8, 0, 0);
     check_score_path("latent qjl + fp32 rope key", 4, 1, 16, 4, 1);
+    check_kvquant_storage();
     check_window_exact();
     check_through_cache();
     check_refusals();
