@@ -7,7 +7,8 @@
 # codec at 4, 3, 2 and 1 bits where it supports them: int_group (per-token groups of 32, 2-8
 # bits), cq (calibrated by `clla calibrate`: 4 bits = c 2 b 8, 3 = c 2 b 6, 2 = c 4 b 8,
 # 1 = c 8 b 8), qet (calibrated: 3 bits = 3 swap levels, width 8, K 256 + 16; 2 bits = 1
-# level, K 256 + 16), kivi (b bits, groups of 32, a 32-token fp16 window: the eval windows are
+# level, K 256 + 16), kvquant (calibrated: nuq4, nuq3, nuq2 with 1% outliers and one fp16 sink
+# token, keys before RoPE), kivi (b bits, groups of 32, a 32-token fp16 window: the eval windows are
 # 128 tokens, which the reference's 128-token window would hold whole) and qjl (keys m = b x the
 # head width sign bits, no outlier split, values b bits, a 32-token buffer), on K and V (MHA) or
 # on the latent (CLLA; its rope keys stay bf16);
@@ -48,7 +49,7 @@ evaluate() {
   local j
   j=$("$CLLA" eval --checkpoint "$dir" --data "$Q/shards/val" --through-cache --max-batches "$BATCHES" --json "$@")
   echo "{\"model\":\"$model\",\"codec\":\"$codec\",\"eval\":$j}" >> "$RES"
-  echo "  $model $codec: $(echo "$j" | grep -o '"loss":[0-9.]*') $(echo "$j" | grep -o '"cache_bytes_per_token":[0-9]*')"
+  echo "  $model $codec: $(echo "$j" | grep -o '"loss":[0-9.]*') $(echo "$j" | grep -o '"cache_bytes_stored_per_token":[0-9.]*')"
 }
 
 for m in mha clla clla_quant; do
@@ -66,7 +67,8 @@ for m in mha clla clla_quant; do
   for b in 4 3 2; do evaluate "$RUN" "$m" "int_group $b" --cache-codec "${prefix}int_group:bits=$b,group=32"; done
   # the calibrated codecs: label (the package name without its underscore) and spec
   for lc in "cq_4 cq:bits=8,c=2" "cq_3 cq:bits=6,c=2" "cq_2 cq:bits=8,c=4" "cq_1 cq:bits=8,c=8" \
-            "qet_3 qet:levels=3,width=8,k1=256,k2=16" "qet_2 qet:levels=1,width=8,k1=256,k2=16"; do
+            "qet_3 qet:levels=3,width=8,k1=256,k2=16" "qet_2 qet:levels=1,width=8,k1=256,k2=16" \
+            "kvquant_4 kvquant:bits=4" "kvquant_3 kvquant:bits=3" "kvquant_2 kvquant:bits=2"; do
     set -- $lc
     pkg=$OUT/${m}_${1/_/}
     "$CLLA" calibrate "$RUN" --data "$Q/shards/train" --tokens "$CAL" --cache-codec "${prefix}$2" --out "$pkg" --overwrite > "$pkg.calibrate.log"
@@ -85,14 +87,14 @@ done
 import json, sys, os
 out = sys.argv[1]
 rows = [json.loads(l) for l in open(os.path.join(out, "results.jsonl"))]
-lines = ["| model | codec | bits/element of the coded part (paper / stored) | all parts as stored | cache bytes/token | loss (full = decoded) | perplexity |",
+lines = ["| model | codec | bits/element of the coded part (paper / stored) | all parts as stored | cache bytes/token stored | loss (full = decoded) | perplexity |",
          "|---|---|---|---|---|---|---|"]
 for r in rows:
     e = r["eval"]; b = e["bits_per_element"]
     coded = [p for p in ("k", "v", "latent") if p in b]
     paper = b[coded[0]]["paper"]; stored = b[coded[0]]["stored"]
     same = "=" if abs(e["loss"] - e["loss_decoded"]) <= 1e-4 else "!="
-    lines.append(f"| {r['model']} | {r['codec']} | {paper:g} / {stored:g} | {b['all_parts_stored']:.2f} | {e['cache_bytes_per_token']} | "
+    lines.append(f"| {r['model']} | {r['codec']} | {paper:g} / {stored:g} | {b['all_parts_stored']:.2f} | {e['cache_bytes_stored_per_token']:.1f} | "
                  f"{e['loss']:.4f} {same} {e['loss_decoded']:.4f} | {e['perplexity']:.2f} |")
 open(os.path.join(out, "table.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
@@ -107,12 +109,12 @@ fig, ax = plt.subplots(figsize=(7, 4.5))
 series = {}
 for r in rows:
     fam = r["codec"].split()[0]
-    series.setdefault((r["model"], fam), []).append((r["eval"]["cache_bytes_per_token"], r["eval"]["perplexity"], r["codec"]))
+    series.setdefault((r["model"], fam), []).append((r["eval"]["cache_bytes_stored_per_token"], r["eval"]["perplexity"], r["codec"]))
 for (model, fam), pts in sorted(series.items()):
     pts.sort()
     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{model} {fam}")
 ax.set_xscale("log")
-ax.set_xlabel("cache bytes per token (whole model, everything stored)")
+ax.set_xlabel("cache bytes per token (whole model, everything stored, measured)")
 ax.set_ylabel("validation perplexity (through the cache)")
 ax.set_title("bench/quant_table.sh")
 ax.legend(fontsize=8)
