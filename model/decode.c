@@ -8,12 +8,15 @@
 // layers. Blocks are allocated when a sequence first needs them and kept for reuse when it is
 // released: the bytes held grow with the tokens stored, rounded up to whole blocks.
 //
-// Block codecs (kivi; model/cache.h): a block is encoded as one unit, so the block a sequence is
-// filling is kept in fp16 (stage[s][id], the full-precision window) and encoded when the sequence
-// moves past it: writing position b * block_tokens closes block b - 1. A query therefore reads
-// the encoded blocks before its own and the fp16 tokens of its own block, whether it runs as a
-// step or as a row of a chunk (decoder_extend cuts chunks at block boundaries, and a prefill goes
+// Block codecs (kivi, qjl; model/cache.h): a block is encoded as one unit, so the block a sequence
+// is filling is kept in fp16 (stage[s][id], the full-precision window) and encoded when the
+// sequence moves past it: writing position b * block_tokens closes block b - 1. A query therefore
+// reads the encoded blocks before its own and the fp16 tokens of its own block, whether it runs as
+// a step or as a row of a chunk (decoder_extend cuts chunks at block boundaries, and a prefill goes
 // through decoder_extend): the cache's contents at a query do not depend on how the tokens came.
+// Variable-size codecs (kvquant) append each token's record to its block as it comes (rec[s][id],
+// host memory): no window. Pre-RoPE key codecs (kvquant) get keys rotated back at their positions
+// before encoding and rotated forward after decoding (pos0[id]: a block's first position).
 //
 // Absorbed latent attention (MLA, CLLA): with W_UK_h, W_UV_h the rows of
 // kv_b_proj that make head h's key and value from the latent C,
