@@ -45,7 +45,10 @@ typedef struct PagedStream {
     // A key stream whose codec scores without decoding (qjl; NULL otherwise): sc[j] = q . k_j for
     // the first n tokens of block block_id, k_j the `head`-th vector of width DK of token j (a host
     // backend calls it instead of decode for the keys; the values of the same stream still decode).
-    void (*score)(const void *ctx, float *sc, const float *q, int head, int block_id, int n);
+    // Each query is prepared once by prep into prep_doubles doubles and handed to every score call.
+    size_t prep_doubles;
+    void (*prep)(const void *ctx, double *out, const float *q);
+    void (*score)(const void *ctx, float *sc, const float *q, const double *prep, int head, int block_id, int n);
     int is_f32;                  // kind == PAGED_F32: read in place
     int kind, bits, group;       // PAGED_*; bits and group of PAGED_INT_GROUP
 } PagedStream;

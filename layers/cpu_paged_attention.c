@@ -262,6 +262,13 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
     int *item_seq = xmalloc((size_t)(n_items ? n_items : 1) * sizeof(int));
     for (int i = 0; i < n; i++)
         for (int it = first_item[i]; it < first_item[i + 1]; it++) item_seq[it] = i;
+    // a scored key stream: every query head prepared once for all its blocks
+    double *prep = NULL;
+    if (k_scored) {
+        prep = xmalloc(((size_t)n * NH * k->prep_doubles + 1) * sizeof(double));
+        #pragma omp parallel for schedule(static) if (n * NH > 1)
+        for (int ih = 0; ih < n * NH; ih++) k->prep(k->ctx, prep + (size_t)ih * k->prep_doubles, q + (size_t)ih * DQ);
+    }
     // per item and query head: row max, row sum, (DV) weighted values
     const size_t per_item = (size_t)NH * (2 + DV);
     float *state = xcalloc((size_t)(n_items ? n_items : 1) * per_item, sizeof(float));
@@ -311,7 +318,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 for (int h = 0; h < NH; h++)
                     for (int b = 0, tb = 0; tb < nt; b++, tb += BT) {
                         const int nb = nt - tb < BT ? nt - tb : BT;
-                        k->score(k->ctx, raw, q + ((size_t)i * NH + h) * DQ, h / group, blocks[b], nb);
+                        k->score(k->ctx, raw, q + ((size_t)i * NH + h) * DQ, prep + ((size_t)i * NH + h) * k->prep_doubles, h / group,
+                                 blocks[b], nb);
                         for (int j = 0; j < nb; j++) sc[(size_t)h * CT + tb + j] += scale * raw[j];
                     }
             }
@@ -366,6 +374,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
         }
     }
     free(state);
+    free(prep);
     free(item_seq);
     free(first_item);
 }

@@ -77,8 +77,11 @@ typedef struct CodecTraits {
     void *(*bind)(const Codec *c, int W);
     void (*unbind)(void *state);
     // Scores without decoding (NULL: decode and dot): sc[j] = q . k_j for the n tokens of an
-    // encoded block, k_j the vector of attention head `head` (q has Codec.head values).
-    void (*scores)(const Codec *c, float *sc, const float *q, int head, const uint8_t *block, int n, int W);
+    // encoded block, k_j the vector of attention head `head` (q has Codec.head values). A query is
+    // prepared once for all the blocks it is scored against (qjl: S q), into query_prep_doubles.
+    size_t (*query_prep_doubles)(const Codec *c, int W);
+    void (*query_prep)(const Codec *c, const float *q, double *prep);
+    void (*scores)(const Codec *c, float *sc, const float *q, const double *prep, int head, const uint8_t *block, int n, int W);
     // Variable-size tokens (NULL: fixed sizes): a token at position pos is coded on its own into a
     // record whose size depends on its values (kvquant's sparse outliers) and position (its
     // attention sink): token_size sizes it before encode_token writes it; record_size reads a

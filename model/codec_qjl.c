@@ -109,12 +109,16 @@ static void qjl_codec_decode(const Codec *c, float *dst, const uint8_t *src, int
     free(x);
 }
 
-static void qjl_codec_scores(const Codec *c, float *sc, const float *q, int head, const uint8_t *block, int n, int W) {
+static size_t qjl_prep_doubles(const Codec *c, int W) { return (size_t)settings(c, W).proj_dim; }
+static void qjl_query_prep(const Codec *c, const float *q, double *prep) { qjl_project(state_of(c), q, prep); }
+
+static void qjl_codec_scores(const Codec *c, float *sc, const float *q, const double *prep, int head, const uint8_t *block, int n,
+                             int W) {
     const QjlState *st = state_of(c);
     if (!has_keys(c)) die("internal error: qjl scores of a values-only part");
     if (n != c->window) die("internal error: qjl scores of %d tokens of a block of %d", n, c->window);
     double *work = xmalloc((size_t)qjl_score_work(&st->set) * sizeof(double));
-    qjl_scores(st, q, block + (size_t)head * qjl_key_bytes(&st->set, n), n, sc, work);
+    qjl_scores_projected(st, q, prep, block + (size_t)head * qjl_key_bytes(&st->set, n), n, sc, work);
     free(work);
 }
 
@@ -206,5 +210,7 @@ const CodecTraits CODEC_QJL_TRAITS = {
     .block_bytes = qjl_block_bytes,
     .bind = qjl_bind,
     .unbind = qjl_unbind,
+    .query_prep_doubles = qjl_prep_doubles,
+    .query_prep = qjl_query_prep,
     .scores = qjl_codec_scores,
 };

@@ -123,7 +123,13 @@ static void stream_decode(const void *ctx, float *dst, int id, int n) {
 
 // The backends' score callback of a key stream whose codec scores (qjl): exact dot products over
 // the fp16 window of an open block, the codec's estimate over an encoded one.
-static void stream_score(const void *ctx, float *sc, const float *q, int head, int id, int n) {
+static void stream_prep(const void *ctx, double *out, const float *q) {
+    const StreamRead *r = ctx;
+    const Codec *c = &r->d->codecs[r->s];
+    codec_traits(c->kind)->query_prep(c, q, out);
+}
+
+static void stream_score(const void *ctx, float *sc, const float *q, const double *prep, int head, int id, int n) {
     const StreamRead *r = ctx;
     const Decoder *d = r->d;
     const int s = r->s, W = width_of(d, s), hd = codec_head_width(&d->codecs[s], W);
@@ -141,7 +147,7 @@ static void stream_score(const void *ctx, float *sc, const float *q, int head, i
     const Codec *c = &d->codecs[s];
     const size_t per = codec_span_bytes(c, W, codec_block_tokens(c));
     for (int b = 0; b < d->bt / codec_block_tokens(c); b++)   // the codec's blocks inside the cache block
-        codec_traits(c->kind)->scores(c, sc + (size_t)b * codec_block_tokens(c), q, head, d->blocks[s][id] + (size_t)b * per,
+        codec_traits(c->kind)->scores(c, sc + (size_t)b * codec_block_tokens(c), q, prep, head, d->blocks[s][id] + (size_t)b * per,
                                       codec_block_tokens(c), W);
 }
 
@@ -363,8 +369,10 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
         }
         d->rd[s] = (StreamRead){d, s};
         d->ps[s] = (PagedStream){part->width, d->is_block[s] != STREAM_TOKENS ? 0 : codec_bytes_per_token(codec, part->width), d->bt, NULL, 0,
-                                 &d->rd[s], stream_decode, codec_has_scores(codec) ? stream_score : NULL, kind == PAGED_F32, kind,
-                                 codec->bits, codec->group};
+                                 &d->rd[s], stream_decode,
+                                 codec_has_scores(codec) ? codec_traits(codec->kind)->query_prep_doubles(codec, part->width) : 0,
+                                 codec_has_scores(codec) ? stream_prep : NULL, codec_has_scores(codec) ? stream_score : NULL,
+                                 kind == PAGED_F32, kind, codec->bits, codec->group};
         if (d->ps[s].token_bytes > widest) widest = d->ps[s].token_bytes;
     }
     d->tok = xmalloc(widest);

@@ -370,18 +370,28 @@ static double lut_signed_sum(const float *lut, const uint8_t *bits, int rows, do
 // The inlier norm from the stored full and outlier norms (the reference stores these two).
 static double inlier_norm(double nu, double nuo) { return nu > nuo ? sqrt(nu * nu - nuo * nuo) : 0; }
 
-void qjl_scores(const QjlState *st, const float *q, const uint8_t *enc, int64_t n, float *scores, double *work) {
-    const QjlSettings *s = &st->set;
-    const int d = s->head_dim, o = s->outlier_count, m = s->proj_dim, mo = s->outlier_proj_dim;
-    const int rec = qjl_key_record_bytes(s);
-    double *sq = work, *sq_in = work + m, *sq_out = work + 2 * m;
-    float *lut_in = (float *)(work + 2 * m + mo), *lut_out = lut_in + (size_t)m / 4 * 16;
+void qjl_project(const QjlState *st, const float *q, double *sq) {
+    const int d = st->set.head_dim, m = st->set.proj_dim;
     for (int i = 0; i < m; i++) {
         const float *p = st->S + (size_t)i * d;
         double acc = 0;
         for (int c = 0; c < d; c++) acc += (double)p[c] * q[c];
         sq[i] = acc;
     }
+}
+
+void qjl_scores(const QjlState *st, const float *q, const uint8_t *enc, int64_t n, float *scores, double *work) {
+    qjl_project(st, q, work);
+    qjl_scores_projected(st, q, work, enc, n, scores, work);
+}
+
+void qjl_scores_projected(const QjlState *st, const float *q, const double *sq, const uint8_t *enc, int64_t n, float *scores,
+                          double *work) {
+    const QjlSettings *s = &st->set;
+    const int d = s->head_dim, o = s->outlier_count, m = s->proj_dim, mo = s->outlier_proj_dim;
+    const int rec = qjl_key_record_bytes(s);
+    double *sq_in = work + m, *sq_out = work + 2 * m;
+    float *lut_in = (float *)(work + 2 * m + mo), *lut_out = lut_in + (size_t)m / 4 * 16;
     int idx[4096];
     const uint8_t *p = enc;
     for (int64_t g0 = 0; g0 < n; g0 += s->group_tokens) {

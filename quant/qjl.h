@@ -96,6 +96,12 @@ int64_t qjl_score_work(const QjlSettings *s);
 // per key (m + m_o)/4 table lookups (groups of >= 8 keys: tables of the group's 4-bit sums,
 // built per group) or m + m_o signed adds. work: qjl_score_work doubles.
 void qjl_scores(const QjlState *st, const float *q, const uint8_t *enc, int64_t n_tokens, float *scores, double *work);
+// The same in two steps, so that a query scored against many blocks is projected once: S q (m
+// doubles) by qjl_project, then qjl_scores_projected with it (work: qjl_score_work doubles, of
+// which the first m are not used).
+void qjl_project(const QjlState *st, const float *q, double *sq);
+void qjl_scores_projected(const QjlState *st, const float *q, const double *sq, const uint8_t *enc, int64_t n_tokens,
+                          float *scores, double *work);
 
 // The only key "decode" QJL defines: the vector khat_j with <q, khat_j> equal to the score
 // estimate for EVERY q (the estimator is linear in q):

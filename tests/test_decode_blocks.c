@@ -379,10 +379,14 @@ static void ss_decode(const void *ctx, float *dst, int id, int n) {
     memcpy(dst, all, (size_t)n * s->W * sizeof(float));
     free(all);
 }
-static void ss_score(const void *ctx, float *sc, const float *q, int head, int id, int n) {
+static void ss_prep(const void *ctx, double *out, const float *q) {
+    const ScoreStream *s = ctx;
+    codec_traits(s->c.kind)->query_prep(&s->c, q, out);
+}
+static void ss_score(const void *ctx, float *sc, const float *q, const double *prep, int head, int id, int n) {
     const ScoreStream *s = ctx;
     float *all = malloc((size_t)BT * sizeof(float));
-    codec_traits(s->c.kind)->scores(&s->c, all, q, head, s->blocks[id], BT, s->W);
+    codec_traits(s->c.kind)->scores(&s->c, all, q, prep, head, s->blocks[id], BT, s->W);
     memcpy(sc, all, (size_t)n * sizeof(float));
     free(all);
 }
@@ -411,15 +415,17 @@ static void check_score_path(const char *name, int NH, int NKV, int DK, int DK2,
         for (int i = 0; i < BT * NKV * DV; i++) ((float *)vs.blocks[b])[i] = (float)rng_normal(&r);
         for (int i = 0; i < BT * DK2; i++) ((float *)k2s.blocks[b])[i] = (float)rng_normal(&r);
     }
-    PagedStream kp = {W, 0, BT, ks.blocks, NB, &ks, ss_decode, ss_score, 0, PAGED_OTHER, 0, 0};
+    PagedStream kp = {W, 0, BT, ks.blocks, NB, &ks, ss_decode, codec_traits(CODEC_QJL)->query_prep_doubles(&ks.c, W), ss_prep, ss_score, 0,
+                      PAGED_OTHER, 0, 0};
     // the same bytes, decoded to the estimator's vectors (a keys-only view: the keys come first in a block)
     ScoreStream keys_view = ks;
     keys_view.c.use = CODEC_USE_KEYS;
     PagedStream kd = kp, vd = kp;
     kd.ctx = &keys_view;
     kd.score = vd.score = NULL;   // vd: the latent's values, decoded to their records
-    PagedStream k2p = {DK2, (size_t)DK2 * 4, BT, k2s.blocks, NB, &k2s, NULL, NULL, 1, PAGED_F32, 0, 0};
-    PagedStream vp = {NKV * DV, (size_t)NKV * DV * 4, BT, vs.blocks, NB, &vs, NULL, NULL, 1, PAGED_F32, 0, 0};
+    kd.prep = vd.prep = NULL;
+    PagedStream k2p = {DK2, (size_t)DK2 * 4, BT, k2s.blocks, NB, &k2s, NULL, 0, NULL, NULL, 1, PAGED_F32, 0, 0};
+    PagedStream vp = {NKV * DV, (size_t)NKV * DV * 4, BT, vs.blocks, NB, &vs, NULL, 0, NULL, NULL, 1, PAGED_F32, 0, 0};
     float *q = malloc((size_t)NH * DQ * sizeof(float)), *o1 = malloc((size_t)NH * DV * sizeof(float)), *o2 = malloc((size_t)NH * DV * sizeof(float));
     for (int i = 0; i < NH * DQ; i++) q[i] = (float)rng_normal(&r) * 0.3f;
     int table[NB] = {2, 0, 1}, len = LEN;

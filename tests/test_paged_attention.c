@@ -45,7 +45,7 @@ static void stream_make(Stream *s, int n_blocks, int width, const Codec *c, Rng 
     }
     free(x);
     int kind = c->kind == CODEC_FP32 ? PAGED_F32 : c->kind == CODEC_BF16 ? PAGED_BF16 : PAGED_INT_GROUP;
-    s->ps = (PagedStream){width, tb, BT, s->blocks, n_blocks, s, codec_cb, NULL, kind == PAGED_F32, kind, c->bits, c->group};
+    s->ps = (PagedStream){width, tb, BT, s->blocks, n_blocks, s, codec_cb, 0, NULL, NULL, kind == PAGED_F32, kind, c->bits, c->group};
 }
 
 static void stream_free(Stream *s, int n_blocks) {
