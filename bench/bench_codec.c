@@ -11,6 +11,9 @@
 // and the codec's round-trip error (RMS over the values' RMS). A spec may name the part it codes,
 // "v=kivi:bits=2": keys (the default) and values differ for kivi and qjl; qjl's keys "decode" to
 // the estimator's vectors (docs/QUANTIZERS.md), no reconstruction, so their error is large.
+// kvquant (fitted on such values first, one sequence whose first token is the sink) codes one
+// record per token at positions 0..N-1: both of its passes are per token, its bytes per token
+// what these records took.
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -34,17 +37,26 @@ static const ArgSpec SPECS[] = {
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
 static const char *DEFAULT_CODECS = "fp32;bf16;int_group:bits=4,group=32;int_group:bits=2,group=32;cq:bits=8,c=2;cq:bits=8,c=4;cq:bits=8,c=8;"
-                                    "k=kivi:bits=2;v=kivi:bits=2;k=qjl;v=qjl";
+                                    "k=kivi:bits=2;v=kivi:bits=2;k=qjl;v=qjl;k=kvquant:bits=3;v=kvquant:bits=3";
 
 // Seconds of the fastest of 3 runs of one pass: all N tokens in one call (per_token 0), or one
 // call per token (the decoder's writes and reads; per block for block codecs).
 static double time_pass(const Codec *c, int W, int N, const float *x, uint8_t *bytes, float *y, int decode, int per_token) {
-    const int bt = codec_block_tokens(c);
-    const size_t ub = codec_span_bytes(c, W, bt);
+    const CodecTraits *ct = codec_traits(c->kind);
+    const int variable = codec_is_variable(c), bt = codec_block_tokens(c);
+    const size_t ub = variable ? 0 : codec_span_bytes(c, W, bt);
     double best = 1e30;
     for (int r = 0; r < 3; r++) {
         double t0 = now_seconds();
-        if (per_token) {
+        if (variable) {   // kvquant: one record per token at its position, sized as it goes (both passes are per token)
+            uint8_t *p = bytes;
+            for (int i = 0; i < N; i++) {
+                size_t size = decode ? ct->record_size(c, p, W, i) : ct->token_size(c, x + (size_t)i * W, W, i);
+                if (decode) ct->decode_token(c, y + (size_t)i * W, p, size, W, i);
+                else ct->encode_token(c, p, size, x + (size_t)i * W, W, i);
+                p += size;
+            }
+        } else if (per_token) {
             for (int t = 0; t < N; t += bt) {
                 if (decode) codec_decode(c, y + (size_t)t * W, bytes + (size_t)(t / bt) * ub, bt, W);
                 else codec_encode(c, bytes + (size_t)(t / bt) * ub, x + (size_t)t * W, bt, W);
@@ -109,8 +121,16 @@ int main(int argc, char **argv) {
             c.fit = state;
         }
         codec_bind(&c, W);
-        double tb = codec_bytes_per_token_avg(&c, W);
-        uint8_t *bytes = xmalloc(codec_span_bytes(&c, W, N));
+        double tb;
+        size_t total = 0;
+        if (codec_is_variable(&c)) {   // sized by the data: what the records of these N tokens take
+            for (int i = 0; i < N; i++) total += codec_traits(c.kind)->token_size(&c, x + (size_t)i * W, W, i);
+            tb = (double)total / N;
+        } else {
+            total = codec_span_bytes(&c, W, N);
+            tb = codec_bytes_per_token_avg(&c, W);
+        }
+        uint8_t *bytes = xmalloc(total);
         double enc = time_pass(&c, W, N, x, bytes, y, 0, 0), dec = time_pass(&c, W, N, x, bytes, y, 1, 0);
         double enc1 = time_pass(&c, W, N, x, bytes, y, 0, 1), dec1 = time_pass(&c, W, N, x, bytes, y, 1, 1);
         double se = 0;

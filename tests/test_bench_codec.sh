@@ -7,7 +7,7 @@ set -u
 . "$(dirname "$0")/lib/check.sh" test_bench_codec
 B=$BUILD/bench/bench_codec
 "$B" --width 64 --tokens 512 --json > out.json 2> err.txt || fail "bench_codec exited $?" err.txt
-[ "$(grep -c '"codec"' out.json)" -eq 11 ] && ok "eleven codecs measured (kivi and qjl on keys and values among them)" || fail "lines" out.json
+[ "$(grep -c '"codec"' out.json)" -eq 13 ] && ok "thirteen codecs measured (kivi, qjl and kvquant on keys and values among them)" || fail "lines" out.json
 rmse() { grep "\"codec\":\"$1\"" out.json | grep -o '"rel_rmse":[0-9.e-]*' | cut -d: -f2; }
 bpt() { grep "\"codec\":\"$1\"" out.json | grep -o '"bytes_per_token":[0-9]*' | cut -d: -f2; }
 [ "$(rmse fp32)" = "0.00000" ] && [ "$(bpt fp32)" = 256 ] && ok "fp32: exact, 256 bytes for 64 values" || fail "fp32" out.json
