@@ -235,6 +235,26 @@ static void chunk_rows(const PagedStream *s, const int *blocks, int nt, float *s
     }
 }
 
+// A scored key stream (PagedStream.score): each of the nq queries (its part at offset off of rows
+// of DQ) prepared once, for every block it is scored against.
+static double *prepare_queries(const PagedStream *s, const float *q, int nq, int DQ, int off) {
+    double *prep = xmalloc(((size_t)nq * s->prep_doubles + 1) * sizeof(double));
+    #pragma omp parallel for schedule(static) if (nq > 1)
+    for (int i = 0; i < nq; i++) s->prep(s->ctx, prep + (size_t)i * s->prep_doubles, q + (size_t)i * DQ + off);
+    return prep;
+}
+
+// sc[t] += scale * (q . k_t) for the nt tokens of a chunk's blocks of a scored stream, head `head`
+// (raw: BT floats of scratch).
+static void add_scored(float *sc, float *raw, const PagedStream *s, const float *q, const double *prep, int head, const int *blocks,
+                       int nt, float scale) {
+    for (int b = 0, tb = 0; tb < nt; b++, tb += s->block_tokens) {
+        const int nb = nt - tb < s->block_tokens ? nt - tb : s->block_tokens;
+        s->score(s->ctx, raw, q, prep, head, blocks[b], nb);
+        for (int j = 0; j < nb; j++) sc[tb + j] += scale * raw[j];
+    }
+}
+
 static Part part_of(const PagedStream *s, const uint8_t *const *row, int first, int n) {
     const int bf16 = s->kind == PAGED_BF16;
     return (Part){row, (size_t)first * (bf16 ? 2 : 4), n, bf16};
@@ -244,6 +264,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                          const PagedStream *v, const int *block_table, int max_blocks, const int *lens,
                          int n, int NH, int NKV, int DK, int DK2, int DV, float scale) {
     const int BT = k->block_tokens, group = NH / NKV, DQ = DK + DK2, same_v = v == k, k_scored = k->score != NULL;
+    const int k2_scored = k2 && k2->score != NULL;
     // bytes a token brings (decoded streams count their fp32 scratch)
     size_t token = 0;
     for (int j = 0; j < 3; j++) {
@@ -263,12 +284,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
     for (int i = 0; i < n; i++)
         for (int it = first_item[i]; it < first_item[i + 1]; it++) item_seq[it] = i;
     // a scored key stream: every query head prepared once for all its blocks
-    double *prep = NULL;
-    if (k_scored) {
-        prep = xmalloc(((size_t)n * NH * k->prep_doubles + 1) * sizeof(double));
-        #pragma omp parallel for schedule(static) if (n * NH > 1)
-        for (int ih = 0; ih < n * NH; ih++) k->prep(k->ctx, prep + (size_t)ih * k->prep_doubles, q + (size_t)ih * DQ);
-    }
+    double *prep = k_scored ? prepare_queries(k, q, n * NH, DQ, 0) : NULL;
+    double *prep2 = k2_scored ? prepare_queries(k2, q, n * NH, DQ, DK) : NULL;
     // per item and query head: row max, row sum, (DV) weighted values
     const size_t per_item = (size_t)NH * (2 + DV);
     float *state = xcalloc((size_t)(n_items ? n_items : 1) * per_item, sizeof(float));
@@ -292,7 +309,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             float *st = state + (size_t)it * per_item;
             if (!k_scored || same_v) chunk_rows(k, blocks, nt, kbuf, krow);   // keys, or the values they share a stream with
             if (!same_v) chunk_rows(v, blocks, nt, vbuf, vrow);
-            if (k2) chunk_rows(k2, blocks, nt, k2buf, k2row);
+            if (k2 && !k2_scored) chunk_rows(k2, blocks, nt, k2buf, k2row);
             // the chunk is walked token-major, TILE_TOKENS rows at a time for every head (the rows
             // stay in L1 while the heads that share them are scored; memory is read front to back)
             for (int h = 0; h < NH; h++) {
@@ -306,22 +323,19 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             }
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
                 const int m = nt - ta < TILE_TOKENS ? nt - ta : TILE_TOKENS;
-                const Part kp2 = k2 ? part_of(k2, k2row + ta, 0, DK2) : (Part){NULL, 0, 0, 0};
-                const Part none = {NULL, 0, 0, 0};   // a scored key stream: only the rope part here
+                const Part none = {NULL, 0, 0, 0};   // a scored key stream has no part here
+                const Part kp2 = k2 && !k2_scored ? part_of(k2, k2row + ta, 0, DK2) : none;
                 for (int h = 0; h < NH; h++) {
                     const Part kp = k_scored ? none : part_of(k, krow + ta, (h / group) * DK, DK);
                     scores(sc + (size_t)h * CT + ta, qk + (size_t)h * DQ, &kp, qk + (size_t)h * DQ + DK, &kp2, m, scale);
                 }
             }
-            if (k_scored) {   // the codec's scores of the key part, block by block, added scaled
-                float *raw = sc + (size_t)NH * CT;
-                for (int h = 0; h < NH; h++)
-                    for (int b = 0, tb = 0; tb < nt; b++, tb += BT) {
-                        const int nb = nt - tb < BT ? nt - tb : BT;
-                        k->score(k->ctx, raw, q + ((size_t)i * NH + h) * DQ, prep + ((size_t)i * NH + h) * k->prep_doubles, h / group,
-                                 blocks[b], nb);
-                        for (int j = 0; j < nb; j++) sc[(size_t)h * CT + tb + j] += scale * raw[j];
-                    }
+            // the codecs' scores of scored key parts, block by block, added scaled (the rope key is
+            // one head for all query heads)
+            for (int h = 0; h < NH; h++) {
+                const size_t ih = (size_t)i * NH + h;
+                if (k_scored) add_scored(sc + (size_t)h * CT, sc + (size_t)NH * CT, k, q + ih * DQ, prep + ih * k->prep_doubles, h / group, blocks, nt, scale);
+                if (k2_scored) add_scored(sc + (size_t)h * CT, sc + (size_t)NH * CT, k2, q + ih * DQ + DK, prep2 + ih * k2->prep_doubles, 0, blocks, nt, scale);
             }
             for (int h = 0; h < NH; h++) {
                 float *s = sc + (size_t)h * CT, mx = s[0];
@@ -375,6 +389,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
     }
     free(state);
     free(prep);
+    free(prep2);
     free(item_seq);
     free(first_item);
 }

@@ -391,7 +391,7 @@ static void ss_score(const void *ctx, float *sc, const float *q, const double *p
     free(all);
 }
 
-static void check_score_path(const char *name, int NH, int NKV, int DK, int DK2, int latent) {
+static void check_score_path(const char *name, int NH, int NKV, int DK, int DK2, int latent, int rope_qjl) {
     enum { NB = 3, LEN = NB * BT - 5 };
     const int W = NKV * DK, DV = latent ? DK : DK, DQ = DK + DK2;
     Rng r;
@@ -404,6 +404,12 @@ static void check_score_path(const char *name, int NH, int NKV, int DK, int DK2,
     codec_bind(&ks.c, W);
     vs.c = (Codec){.kind = CODEC_FP32};
     k2s.c = (Codec){.kind = CODEC_FP32};
+    if (rope_qjl) {   // the rope key scored too (one head of DK2 for every query head)
+        if (codec_parse(&k2s.c, "qjl:m=32,o=0,mo=0,group=8,buffer=32", err, sizeof(err))) { check(0, err, name); return; }
+        k2s.c.use = CODEC_USE_KEYS;
+        k2s.c.head = DK2;
+        codec_bind(&k2s.c, DK2);
+    }
     k2s.blocks = malloc(NB * sizeof(uint8_t *));
     float *x = malloc((size_t)BT * W * sizeof(float));
     for (int b = 0; b < NB; b++) {
@@ -413,7 +419,9 @@ static void check_score_path(const char *name, int NH, int NKV, int DK, int DK2,
         vs.blocks[b] = malloc((size_t)BT * NKV * DV * 4);
         k2s.blocks[b] = malloc((size_t)BT * (DK2 ? DK2 : 1) * 4);
         for (int i = 0; i < BT * NKV * DV; i++) ((float *)vs.blocks[b])[i] = (float)rng_normal(&r);
-        for (int i = 0; i < BT * DK2; i++) ((float *)k2s.blocks[b])[i] = (float)rng_normal(&r);
+        for (int i = 0; i < BT * DK2; i++) x[i] = (float)rng_normal(&r);
+        if (rope_qjl) codec_encode(&k2s.c, k2s.blocks[b], x, BT, DK2);
+        else memcpy(k2s.blocks[b], x, (size_t)BT * DK2 * 4);
     }
     PagedStream kp = {W, 0, BT, ks.blocks, NB, &ks, ss_decode, codec_traits(CODEC_QJL)->query_prep_doubles(&ks.c, W), ss_prep, ss_score, 0,
                       PAGED_OTHER, 0, 0};
@@ -424,7 +432,14 @@ static void check_score_path(const char *name, int NH, int NKV, int DK, int DK2,
     kd.ctx = &keys_view;
     kd.score = vd.score = NULL;   // vd: the latent's values, decoded to their records
     kd.prep = vd.prep = NULL;
-    PagedStream k2p = {DK2, (size_t)DK2 * 4, BT, k2s.blocks, NB, &k2s, NULL, 0, NULL, NULL, 1, PAGED_F32, 0, 0};
+    PagedStream k2p = {DK2, (size_t)DK2 * 4, BT, k2s.blocks, NB, &k2s, NULL, 0, NULL, NULL, 1, PAGED_F32, 0, 0}, k2d = k2p;
+    if (rope_qjl) {
+        k2p = (PagedStream){DK2, 0, BT, k2s.blocks, NB, &k2s, ss_decode, codec_traits(CODEC_QJL)->query_prep_doubles(&k2s.c, DK2), ss_prep,
+                            ss_score, 0, PAGED_OTHER, 0, 0};
+        k2d = k2p;
+        k2d.score = NULL;   // decoded to the estimator's vectors
+        k2d.prep = NULL;
+    }
     PagedStream vp = {NKV * DV, (size_t)NKV * DV * 4, BT, vs.blocks, NB, &vs, NULL, 0, NULL, NULL, 1, PAGED_F32, 0, 0};
     float *q = malloc((size_t)NH * DQ * sizeof(float)), *o1 = malloc((size_t)NH * DV * sizeof(float)), *o2 = malloc((size_t)NH * DV * sizeof(float));
     for (int i = 0; i < NH * DQ; i++) q[i] = (float)rng_normal(&r) * 0.3f;
@@ -432,7 +447,7 @@ static void check_score_path(const char *name, int NH, int NKV, int DK, int DK2,
     const Backend *be = backend_cpu();
     // the latent: values are the same stream (decoded to the value records)
     be->paged_attention(o1, q, &kp, DK2 ? &k2p : NULL, latent ? &kp : &vp, table, NB, &len, 1, NH, NKV, DK, DK2, DV, 0.3f);
-    be->paged_attention(o2, q, &kd, DK2 ? &k2p : NULL, latent ? &vd : &vp, table, NB, &len, 1, NH, NKV, DK, DK2, DV, 0.3f);
+    be->paged_attention(o2, q, &kd, DK2 ? &k2d : NULL, latent ? &vd : &vp, table, NB, &len, 1, NH, NKV, DK, DK2, DV, 0.3f);
     double worst = 0, mag = 0;
     for (int i = 0; i < NH * DV; i++) { worst = fmax(worst, fabs(o1[i] - o2[i])); mag = fmax(mag, fabs(o2[i])); }
     printf("%-28s scores path vs decoded estimator vectors: max |diff| %.2e (outputs up to %.2f)\n", name, worst, mag);
@@ -440,6 +455,7 @@ static void check_score_path(const char *name, int NH, int NKV, int DK, int DK2,
     for (int b = 0; b < NB; b++) { free(ks.blocks[b]); free(vs.blocks[b]); free(k2s.blocks[b]); }
     free(ks.blocks); free(vs.blocks); free(k2s.blocks); free(x); free(q); free(o1); free(o2);
     codec_unbind(&ks.c);
+    codec_unbind(&k2s.c);
 }
 
 // kvquant's fitted state for every stream of a layout, learned from unit-normal samples (the
@@ -554,8 +570,9 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof(STORAGE) / sizeof(STORAGE[0]); i++) check_storage(&STORAGE[i]);
     for (size_t i = 0; i < sizeof(PATHS) / sizeof(PATHS[0]); i++) check_paths(&PATHS[i]);
-    check_score_path("gqa qjl keys", 4, 2, 8, 0, 0);
-    check_score_path("latent qjl + fp32 rope key", 4, 1, 16, 4, 1);
+    check_score_path("gqa qjl keys", 4, 2, 8, 0, 0, 0);
+    check_score_path("latent qjl + fp32 rope key", 4, 1, 16, 4, 1, 0);
+    check_score_path("latent qjl + qjl rope key", 4, 1, 16, 8, 1, 1);
     check_kvquant_storage();
     check_window_exact();
     check_through_cache();
