@@ -7,6 +7,7 @@
 // backward runs, because backward walks the layers from last to first.
 #include <math.h>
 
+#include "common/util.h"
 #include "model/model_internal.h"
 
 static int qk_rope_dim(const ModelConfig *c) { return config_is_latent(c) ? c->qk_rope_head_dim : 0; }
@@ -23,14 +24,24 @@ static void rope_apply(Model *m, float *x, int H, int S, int off, int D) {
 // The cache codec of part p applied where the cache would hold the value: always for the
 // trained int_group latent (straight-through in backward), for every part when evaluating
 // through the cache (m->apply_codecs).
-// Layer l's stream of the part (with its fitted state, if the codec has one).
+// Layer l's stream of the part (with its fitted state, if the codec has one). A codec of keys
+// before RoPE (cq) gets a rotated key rotated back, and its round trip rotated forward again, as
+// the decoder codes it (model/decode.c).
 static void cache_roundtrip(Model *m, int l, int part, float *x) {
     const Codec *codec = &m->cache.part[part].codec;
     if (codec_is_exact(codec)) return;
     if (!m->apply_codecs && !(part == PART_LATENT && codec->kind == CODEC_INT_GROUP)) return;
     int s = m->cache.role[l].stream[part == PART_OWN_KROPE ? PART_KROPE : part];
     Codec sc = cache_stream_codec(&m->cache, s);
+    const ModelConfig *c = &m->cfg;
+    const int rotated = codec_traits(codec->kind)->pre_rope && (part == PART_K || part == PART_KROPE || part == PART_OWN_KROPE);
+    const int H = part == PART_K ? c->num_key_value_heads : 1, D = part == PART_K ? c->head_dim : c->qk_rope_head_dim;
+    if (rotated) {
+        if (m->rope_pos) die("internal error: a pre-RoPE codec's round trip in a decode step");
+        m->be->rope_backward(x, m->B, m->T, H, D, 0, D, 0, c->rope_theta);
+    }
     codec_roundtrip(&sc, m->be, x, x, m->B * m->T, m->cache.part[part].width);
+    if (rotated) rope_apply(m, x, H, D, 0, D);
 }
 
 // ---------------------------------------------------------------- query path (shared by both kinds)

@@ -136,6 +136,7 @@ const CodecTraits CODEC_CQ_TRAITS = {
     .check = cq_codec_check,
     .format = cq_codec_format,
     .bits_paper = cq_codec_bits_paper,
+    .pre_rope = 1,   // keys coded before RoPE, as the paper's
     .fit = cq_codec_fit,
     .uses_fisher = 1,
     .fit_free = cq_codec_fit_free,

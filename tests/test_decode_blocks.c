@@ -546,6 +546,55 @@ static void check_kvquant_storage(void) {
     free(m);
 }
 
+// cq codes keys before RoPE (as its paper): a GQA cache filled with known vectors reads each key
+// back as RoPE(cq round trip(RoPE^-1(x))) at its position, bit for bit, and not as the round trip of
+// the rotated key (which a post-RoPE cache would give).
+static void check_cq_pre_rope(void) {
+    const char *name = "gqa cq keys pre-RoPE";
+    Model *m = model_new("{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":1}", name, 2);
+    CacheLayout cl;
+    layout_for(&cl, m, "fp32;k=cq:bits=4,c=2,iters=4");
+    int s = cl.role[0].stream[PART_K], W = cl.part[PART_K].width;
+    enum { N = 256, T = 40 };
+    Rng r;
+    rng_seed(&r, 3);
+    float *cal = malloc((size_t)N * W * sizeof(float));
+    for (size_t i = 0; i < (size_t)N * W; i++) cal[i] = (float)rng_normal(&r);
+    void *st = NULL;
+    char err[256];
+    if (codec_traits(CODEC_CQ)->fit(&cl.part[PART_K].codec, W, cal, N, N, NULL, &st, err, sizeof(err))) { check(0, err, name); return; }
+    cache_layout_set_fit(&cl, s, st);
+    Decoder *d = decoder_new(m, &cl, 1, T);
+    decoder_fill_synthetic(d, 0, T, 5);
+    // fill_synthetic's vectors: per token, K's then V's
+    rng_seed(&r, 5);
+    float *x = malloc((size_t)W * sizeof(float)), *pre = malloc((size_t)W * sizeof(float)), *got = malloc((size_t)W * sizeof(float));
+    uint8_t *enc = malloc(codec_bytes_per_token(&cl.part[PART_K].codec, W));
+    Codec c = cache_stream_codec(&cl, s);
+    int exact = 1, post_differs = 0;
+    for (int t = 0; t < T; t++) {
+        for (int j = 0; j < W; j++) x[j] = (float)rng_normal(&r);
+        for (int j = 0; j < cl.part[PART_V].width; j++) (void)rng_normal(&r);
+        memcpy(pre, x, (size_t)W * sizeof(float));
+        kvq_rope_rows(pre, 1, 2, 8, t, m->cfg.rope_theta, -1);
+        codec_encode(&c, enc, pre, 1, W);
+        codec_decode(&c, pre, enc, 1, W);
+        kvq_rope_rows(pre, 1, 2, 8, t, m->cfg.rope_theta, 1);
+        decoder_read(d, s, 0, t, got);
+        if (memcmp(got, pre, (size_t)W * sizeof(float))) exact = 0;
+        codec_encode(&c, enc, x, 1, W);   // the post-RoPE reading
+        codec_decode(&c, pre, enc, 1, W);
+        if (t > 0 && memcmp(got, pre, (size_t)W * sizeof(float))) post_differs = 1;
+    }
+    check(exact, "a key reads as RoPE(cq round trip(RoPE^-1(x))) at its position, bit for bit", name);
+    check(post_differs, "and not as the round trip of the rotated key", name);
+    decoder_free(d);
+    free(cal); free(x); free(pre); free(got); free(enc);
+    cache_layout_free(&cl);
+    model_free(m);
+    free(m);
+}
+
 int main(void) {
     static const Case STORAGE[] = {
         {"mha kivi 2 bits", "{" BASE "\"attention\":\"mha\",\"num_hidden_layers\":1}", "kivi:bits=2,group=8,residual=32"},
@@ -574,6 +623,7 @@ int main(void) {
     check_score_path("latent qjl + fp32 rope key", 4, 1, 16, 4, 1, 0);
     check_score_path("latent qjl + qjl rope key", 4, 1, 16, 8, 1, 1);
     check_kvquant_storage();
+    check_cq_pre_rope();
     check_window_exact();
     check_through_cache();
     check_refusals();
