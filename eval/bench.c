@@ -266,7 +266,7 @@ BenchScorer *bench_scorer_new(Model *m, const CacheLayout *layout, const Tokeniz
     // the layout's, or a prefill would round through the served codecs while the cache holds others
     model_use_cache_codecs(m, layout);
     if (full_forward && cache_layout_has_blocks(layout))
-        die("--full-forward: a codec with a full-precision window (kivi) has no full-sequence round trip (what a query reads "
+        die("--full-forward: a codec with a full-precision window (kivi, qjl) has no full-sequence round trip (what a query reads "
             "depends on its position): score through the decoder, without --full-forward");
     if (full_forward) m->apply_codecs = 1;
     else s->d = decoder_new(m, layout, BENCH_BATCH_SEQS, s->max_len);

@@ -24,7 +24,7 @@ typedef struct CacheLoss {
 
 // B windows of T tokens (inputs, targets, as the data loader gives them), with the codecs of
 // layout: each window is prefilled with its first token and decoded token by token. Adds into *acc.
-// With a block codec (kivi), whose full-precision window depends on the query's position, the
+// With a codec with a full-precision window (kivi, qjl), which depends on the query's position, the
 // "full" pass is each window extended through the cache a block per forward (decoder_extend_all).
 void eval_through_cache(Model *m, const CacheLayout *layout, const int32_t *inputs, const int32_t *targets,
                         int B, int T, CacheLoss *acc);

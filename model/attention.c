@@ -40,7 +40,7 @@ static void cache_roundtrip(Model *m, int l, int part, float *x) {
         if (m->rope_pos) die("internal error: a pre-RoPE codec's round trip in a decode step");
         m->be->rope_backward(x, m->B, m->T, H, D, 0, D, 0, c->rope_theta);
     }
-    codec_roundtrip(&sc, m->be, x, x, m->B * m->T, m->cache.part[part].width);
+    codec_roundtrip_seq(&sc, m->be, x, x, m->B, m->T, m->cache.part[part].width);
     if (rotated) rope_apply(m, x, H, D, 0, D);
 }
 

@@ -177,6 +177,8 @@ const CodecTraits *codec_traits(CodecKind kind) {
     }
 }
 
+int codec_has_window(const Codec *c) { return codec_traits(c->kind)->block_tokens != NULL; }
+
 int codec_is_blocked(const Codec *c) {
     const CodecTraits *t = codec_traits(c->kind);
     return t->block_tokens != NULL || t->encode_token != NULL;
@@ -271,6 +273,28 @@ void codec_roundtrip(const Codec *c, const Backend *be, float *out, const float 
     t->decode(c, h, bytes, N, W);
     be->act_from_host(out, h, n);
     free(bytes);
+    free(h);
+}
+
+void codec_roundtrip_seq(const Codec *c, const Backend *be, float *out, const float *in, int B, int T, int W) {
+    const CodecTraits *t = codec_traits(c->kind);
+    if (!t->encode_token) { codec_roundtrip(c, be, out, in, B * T, W); return; }
+    // one token at a time at its position, as the cache codes it (model/decode.c)
+    size_t n = (size_t)B * T * W;
+    float *h = xmalloc(n * sizeof(float));
+    be->act_to_host(h, in, n);
+    uint8_t *rec = NULL;
+    size_t cap = 0;
+    for (int b = 0; b < B; b++)
+        for (int pos = 0; pos < T; pos++) {
+            float *x = h + ((size_t)b * T + pos) * W;
+            size_t size = t->token_size(c, x, W, pos);
+            if (size > cap) { rec = xrealloc(rec, size); cap = size; }
+            t->encode_token(c, rec, size, x, W, pos);
+            t->decode_token(c, x, rec, size, W, pos);
+        }
+    be->act_from_host(out, h, n);
+    free(rec);
     free(h);
 }
 
@@ -537,7 +561,7 @@ double cache_layout_bytes_per_token(const CacheLayout *cl) {
 
 int cache_layout_has_blocks(const CacheLayout *cl) {
     for (int p = 0; p < N_PARTS; p++)
-        if (cl->part[p].present && codec_is_blocked(&cl->part[p].codec)) return 1;
+        if (cl->part[p].present && codec_has_window(&cl->part[p].codec)) return 1;
     return 0;
 }
 

@@ -122,6 +122,13 @@ void codec_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W);
 void codec_decode(const Codec *c, float *dst, const uint8_t *src, int N, int W);
 // Backend buffers: out = decode(encode(in)). out may equal in.
 void codec_roundtrip(const Codec *c, const Backend *be, float *out, const float *in, int N, int W);
+// The same for B sequences of T tokens at positions 0..T-1 (what a full-sequence forward holds): a
+// variable-size codec (kvquant) codes each token at its position; others as codec_roundtrip. A
+// codec with a full-precision window has none (codec_has_window).
+void codec_roundtrip_seq(const Codec *c, const Backend *be, float *out, const float *in, int B, int T, int W);
+// Does the codec keep the block being filled in fp16 (kivi, qjl), so that what a query reads
+// depends on its position and no full-sequence round trip exists?
+int codec_has_window(const Codec *c);
 // Is the codec the identity on fp32 values (nothing to apply)?
 static inline int codec_is_exact(const Codec *c) { return c->kind == CODEC_FP32; }
 // Does the codec need fitted state (clla calibrate) before it can encode?
@@ -214,8 +221,8 @@ double cache_layout_bytes_per_token(const CacheLayout *cl);
 // its block codecs when every other one divides it; -1 with a message when they do not.
 #define CACHE_MIN_BLOCK_TOKENS 16
 int cache_layout_block_tokens(const CacheLayout *cl, char *err, size_t errlen);
-// Does some stream use a block codec (a full-precision window whose contents depend on when a
-// query reads them, so no full-sequence round trip exists)?
+// Does some stream use a codec with a full-precision window (kivi, qjl: what a query reads depends
+// on its position, so no full-sequence round trip exists)?
 int cache_layout_has_blocks(const CacheLayout *cl);
 // Everything stored for one sequence of T tokens, every stream (codec_seq_bytes summed).
 size_t cache_layout_seq_bytes(const CacheLayout *cl, int64_t T);

@@ -52,7 +52,7 @@ struct Decoder {
     CacheLayout cl;
     int max_seqs, max_len, max_blocks;   // max_blocks: per sequence
     int bt;                // tokens per block (cache_layout_block_tokens)
-    int has_blocks;        // some stream uses a block codec
+    int has_blocks;        // some stream uses a codec with a full-precision window (kivi, qjl)
     // storage: blocks[s][id], the same ids in every stream
     uint8_t ***blocks;
     uint16_t ***stage;     // [s][id]: a window codec's fp16 window while block id is open (else NULL)

@@ -313,7 +313,7 @@ static void check_through_cache(void) {
         CacheLoss acc = {0};
         eval_through_cache(m, &cl, in, tg, B, T, &acc);
         loss[k] = acc.full_sum / acc.count;
-        printf("through the cache, %-32s loss: block-chunked %.6f, decoded %.6f over %lld tokens\n", specs[k], loss[k],
+        printf("through the cache, %-32s loss: full pass %.6f, decoded %.6f over %lld tokens\n", specs[k], loss[k],
                acc.decode_sum / acc.count, acc.count);
         check(fabs(acc.full_sum - acc.decode_sum) / acc.count < 1e-5, "the two passes agree", specs[k]);
         cache_layout_free(&cl);
