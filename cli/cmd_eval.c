@@ -36,8 +36,8 @@ static const ArgSpec SPECS[] = {
     {"max-batches", 1, "score the first N batches of windows (default: every window)", "N"},
     {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
     {"json", 0, "print one JSON object", NULL},
-    {"through-cache", 0, "score through the KV cache: the full forward with each codec's round trip, and token by token through the decoder", NULL},
-    {"cache-codec", ARG_REPEAT, "with --through-cache or --bench: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G, kivi:bits=B,group=G,residual=R (cq, qet: a package from clla calibrate)", "SPEC"},
+    {"through-cache", 0, "score through the KV cache (with --data or --ppl): the full forward with each codec's round trip (kivi, qjl: a block per forward through the cache), and token by token through the decoder", NULL},
+    {"cache-codec", ARG_REPEAT, "with --through-cache or --bench: cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G, kivi:bits=B,group=G,residual=R, qjl:m=M,... (cq, qet, kvquant: a package from clla calibrate)", "SPEC"},
     {"bench", ARG_REPEAT, "score a multiple-choice benchmark (generic or HellaSwag JSONL; a directory: its *.jsonl files) through the KV cache; repeatable", "FILE|DIR"},
     {"shots", 1, "with --bench: few-shot examples before each item (default 0)", "K"},
     {"seed", 1, "with --bench: seed of the few-shot draw (default 1234)", "S"},
@@ -215,11 +215,13 @@ static void show_ppl_progress(long long done, long long total, void *ctx) {
 }
 
 static int eval_ppl(const Args *a, const char *dir) {
-    static const char *NOT_WITH[] = {"data", "bench", "through-cache", "cache-codec", "max-batches", "shots", "seed", "limit",
-                                     "skip-bad", "full-forward", "items-out"};
+    static const char *NOT_WITH[] = {"data", "bench", "max-batches", "shots", "seed", "limit", "skip-bad", "full-forward", "items-out"};
     for (size_t i = 0; i < sizeof(NOT_WITH) / sizeof(NOT_WITH[0]); i++)
         if (args_get(a, SPECS, N_SPECS, NOT_WITH[i])) die("--%s does not apply to --ppl: drop one of them", NOT_WITH[i]);
     if (!dir) die("clla eval --ppl needs --checkpoint DIR: see clla eval --help");
+    const int through = args_get(a, SPECS, N_SPECS, "through-cache") != NULL;
+    if (!through && args_get(a, SPECS, N_SPECS, "cache-codec"))
+        die("--cache-codec applies with --through-cache: add it, or drop --cache-codec");
     const char *path = args_get(a, SPECS, N_SPECS, "ppl");
     const char *bs = args_get(a, SPECS, N_SPECS, "batch"), *ts = args_get(a, SPECS, N_SPECS, "seq"), *ss = args_get(a, SPECS, N_SPECS, "stride");
     int B = bs ? (int)opt_i64("--batch", bs, 1, 1 << 20) : 0, T = ts ? (int)opt_i64("--seq", ts, 1, 1 << 30) : 0;
@@ -238,17 +240,33 @@ static int eval_ppl(const Args *a, const char *dir) {
     if (n < 2) die("--ppl '%s' holds %lld tokens: perplexity needs at least 2", path, n);
     int json = args_get(a, SPECS, N_SPECS, "json") != NULL, tty = !json && isatty(2);
     double t0 = now_seconds();
-    EvalResult r = eval_strided(&model, ids, n, B, T, S, tty ? show_ppl_progress : NULL, &t0);
+    CacheLayout layout;
+    CacheLoss acc = {0};
+    if (through) layout_from_args(&layout, &md, a);
+    EvalResult r = through ? eval_strided_cache(&model, &layout, ids, n, B, T, S, tty ? show_ppl_progress : NULL, &t0, &acc)
+                           : eval_strided(&model, ids, n, B, T, S, tty ? show_ppl_progress : NULL, &t0);
     if (tty) fprintf(stderr, " | %.0f tok/s\n", (double)r.tokens / (now_seconds() - t0));
-    int finite = isfinite(r.loss);
+    const double dec = acc.count ? acc.decode_sum / (double)acc.count : 0;
+    int finite = isfinite(r.loss) && isfinite(dec);
+    char codecs[512] = "";
+    if (through) model_dir_describe_cache(&layout, codecs, sizeof(codecs));
     if (json) {
         if (finite) printf("{\"loss\":%.6f,\"perplexity\":%.4f", r.loss, exp(r.loss));
         else printf("{\"loss\":null,\"perplexity\":null");
-        printf(",\"tokens\":%lld,\"windows\":%lld,\"seq\":%d,\"stride\":%d}\n", r.tokens, r.windows, T, S);
+        if (through && finite) printf(",\"loss_decoded\":%.6f,\"perplexity_decoded\":%.4f,\"cache\":\"%s\"", dec, exp(dec), codecs);
+        else if (through) printf(",\"loss_decoded\":null,\"perplexity_decoded\":null,\"cache\":\"%s\"", codecs);
+        printf(",\"tokens\":%lld,\"windows\":%lld,\"seq\":%d,\"stride\":%d", r.tokens, r.windows, T, S);
+        if (through) print_bits(&layout, 1, &acc);
+        printf("}\n");
     } else {
         printf("loss %.4f | perplexity %.3f | %lld tokens of '%s' scored in %lld windows of %d, stride %d\n", r.loss, exp(r.loss),
                r.tokens, path, r.windows, T, S);
+        if (through) {
+            printf("through the cache (%s): decoded token by token: loss %.4f | perplexity %.3f\n", codecs, dec, exp(dec));
+            print_bits(&layout, 0, &acc);
+        }
     }
+    if (through) cache_layout_free(&layout);
     free(ids);
     model_dir_free(&md);
     model_free(&model);
@@ -536,7 +554,8 @@ int cmd_eval(int argc, char **argv) {
     args_parse(&a, argc, argv, SPECS, N_SPECS,
                "usage: clla eval --checkpoint DIR --data FILE [--json] [--batch B] [--seq T] [--max-batches N]\n"
                "                 [--through-cache [--cache-codec SPEC ...]]\n"
-               "       clla eval --checkpoint DIR --ppl FILE [--seq T] [--stride S] [--batch B] [--tokenizer FILE] [--json]\n"
+               "       clla eval --checkpoint DIR --ppl FILE [--seq T] [--stride S] [--batch B] [--tokenizer FILE]\n"
+               "                 [--through-cache [--cache-codec SPEC ...]] [--json]\n"
                "       clla eval --checkpoint DIR --bench FILE|DIR ... [--shots K] [--seed S] [--limit N] [--skip-bad]\n"
                "                 [--cache-codec SPEC ...] [--full-forward] [--tokenizer FILE] [--items-out FILE] [--json]\n"
                "Mean next-token loss and perplexity over the data's windows, in the order and with the\n"

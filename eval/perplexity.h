@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "eval/evaluate.h"
+#include "eval/through_cache.h"
 #include "model/model.h"
 
 // The windows of n tokens for T and stride (1 <= stride <= T): how many there are.
@@ -20,5 +21,10 @@ long long ppl_num_windows(long long n, int T, int stride);
 // r.windows counts windows, r.tokens the scored targets (n - 1). The model's batch shape is
 // restored afterwards when it had one.
 EvalResult eval_strided(Model *model, const int32_t *ids, long long n, int B, int T, int stride, EvalProgress progress, void *ctx);
+// The same windows scored through the KV cache with the codecs of layout (eval/through_cache.h):
+// every batch's full pass and token-by-token decode add into *acc (zeroed by the caller); r.loss is
+// the full pass's, acc->decode_sum / acc->count the decoded one's.
+EvalResult eval_strided_cache(Model *model, const CacheLayout *layout, const int32_t *ids, long long n, int B, int T, int stride,
+                              EvalProgress progress, void *ctx, CacheLoss *acc);
 
 #endif

@@ -6,7 +6,8 @@
 #    number of windows; the batch size changes nothing (1e-6);
 #  - a text file scores as the token file of its ids (clla tokenizer encode), a .jsonl's texts
 #    are joined by <|endoftext|>;
-#  - bad input: a stride longer than the window, --ppl with --data, --stride without --ppl, an id
+#  - --through-cache: fp32 gives the plain loss, both passes agree, 2-bit caches move it;
+#  - bad input: a stride longer than the window, --ppl with --data, --cache-codec without --through-cache, --stride without --ppl, an id
 #    outside the vocabulary, a .bin of a partial id, a 1-token file, a bad JSONL line: one line.
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -60,6 +61,21 @@ if near "$(field t.json loss)" "$(field b.json loss)" 1e-7 && [ "$(field t.json 
 else fail "text $(cat t.json t.err) vs ids $(cat b.json b.err)"; fi
 "${E[@]}" --ppl docs.jsonl --seq 16 > j.json 2> j.err && [ -n "$(field j.json loss)" ] && ok "a .jsonl of texts: $(cat j.json)" || fail "jsonl" j.err
 
+# through the KV cache (eval/perplexity.c eval_strided_cache): the same windows, scored tokens
+# passing through the codecs; fp32 gives plain --ppl's loss, both passes agree, 2 bits move it
+"${E[@]}" --ppl t50.bin --seq 16 --stride 8 --batch 3 > c0.json 2> c0.err
+"${E[@]}" --ppl t50.bin --seq 16 --stride 8 --batch 3 --through-cache --cache-codec fp32 > c1.json 2> c1.err
+"${E[@]}" --ppl t50.bin --seq 16 --stride 8 --batch 3 --through-cache --cache-codec int_group:bits=2,group=8 > c2.json 2> c2.err
+"${E[@]}" --ppl t50.bin --seq 16 --stride 8 --batch 3 --through-cache --cache-codec kivi:bits=2,group=4,residual=4 > c3.json 2> c3.err
+l0=$(field c0.json loss) l1=$(field c1.json loss) d1=$(field c1.json loss_decoded) l2=$(field c2.json loss) d2=$(field c2.json loss_decoded)
+l3=$(field c3.json loss) d3=$(field c3.json loss_decoded)
+if near "$l0" "$l1" 1e-5 && near "$l1" "$d1" 1e-5 && [ "$(field c1.json tokens)" = "$(field c0.json tokens)" ]; then
+    ok "--ppl through an fp32 cache = plain --ppl ($l0), decoded $d1"
+else fail "fp32 cache: plain $l0, full $l1, decoded $d1" c1.err; fi
+if near "$l2" "$d2" 1e-4 && ! near "$l2" "$l0" 1e-4 && near "$l3" "$d3" 1e-5 && ! near "$l3" "$l0" 1e-5; then
+    ok "--ppl through 2-bit caches: int_group $l2 = $d2, kivi $l3 = $d3 (plain $l0)"
+else fail "2-bit caches: int_group $l2 / $d2, kivi $l3 / $d3, plain $l0" c2.err; fi
+refused "--cache-codec without --through-cache" "applies with --through-cache" -- "${E[@]}" --ppl t50.bin --cache-codec fp32
 refused "stride longer than the window" "stride 17 is longer" -- "${E[@]}" --ppl t50.bin --seq 16 --stride 17
 refused "--ppl with --data" "does not apply to --ppl" -- "${E[@]}" --ppl t50.bin --data t50.bin
 refused "--stride without --ppl" "applies with --ppl" -- "${E[@]}" --data t50.bin --stride 4
