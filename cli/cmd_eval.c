@@ -77,9 +77,10 @@ static void layout_from_args(CacheLayout *layout, const ModelDir *md, const Args
 // Bits per element of every stored part, both ways: everything the cache stored, measured from
 // the decoder's blocks at the end of each window (acc->stored: a block codec's fp16 window of the
 // block being filled and kvquant's variable-size records included, so it depends on the window
-// length), and as the codec's paper counts (codec_bits_paper); the fitted values a part's codec
-// keeps over all its streams (to amortize over the tokens a deployment stores), and over all
-// parts as stored: as JSON members, or as text lines.
+// length), the same with the codec's fitted tables (codebooks, datatypes, ranges: fp16 values, as
+// the papers store them) amortized over the tokens this evaluation stored, and as the codec's
+// paper counts (codec_bits_paper); the fitted values a part's codec keeps over all its streams,
+// and over all parts as stored: as JSON members, or as text lines.
 static void print_bits(const CacheLayout *cl, int json, const CacheLoss *acc) {
     long long elements = 0;
     double bytes = 0;
@@ -97,12 +98,15 @@ static void print_bits(const CacheLayout *cl, int json, const CacheLoss *acc) {
         double stored = 8.0 * acc->stored[p] / ((double)W * streams * tokens);
         long long fitted = 0;
         for (int s = 0; s < cl->n_streams; s++) fitted += cl->streams[s].part == p ? codec_fit_elements(c, W) : 0;
+        double with_tables = 8.0 * (acc->stored[p] + 2.0 * (double)fitted) / ((double)W * streams * tokens);
         if (json)
-            printf(",\"%s\":{\"stored\":%.4f,\"paper\":%.4f,\"fitted_values\":%lld}", cache_part_name(p), stored,
-                   codec_bits_paper(c, W), fitted);
+            printf(",\"%s\":{\"stored\":%.4f,\"paper\":%.4f,\"fitted_values\":%lld,\"stored_with_tables\":%.4f}", cache_part_name(p),
+                   stored, codec_bits_paper(c, W), fitted, with_tables);
+        else if (fitted)
+            printf("; %s %.3f stored (%.3f with its tables over these %.0f tokens), %.3f as its paper counts", cache_part_name(p), stored,
+                   with_tables, tokens, codec_bits_paper(c, W));
         else
-            printf("; %s %.3f stored, %.3f as its paper counts%s", cache_part_name(p), stored, codec_bits_paper(c, W),
-                   fitted ? " (+ codebooks)" : "");
+            printf("; %s %.3f stored, %.3f as its paper counts", cache_part_name(p), stored, codec_bits_paper(c, W));
     }
     printf(json ? "}" : "\n");
 }
