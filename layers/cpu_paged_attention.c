@@ -255,6 +255,88 @@ static void add_scored(float *sc, float *raw, const PagedStream *s, const float 
     }
 }
 
+// Rows of one sequence (the rows of a prefill chunk: the same block table, growing lengths) read
+// the same blocks: a decoded stream's blocks are decoded once for the group, up to its longest
+// row, instead of once per row (SharedDecode); decoding is deterministic, so the values are those
+// each row would have decoded. Groups of one row, and groups whose decoded copies would pass
+// SHARED_BYTES in all, decode per item as before.
+#define SHARED_BYTES ((size_t)512 << 20)
+
+typedef struct SharedDecode {
+    int n_groups;
+    int *group_of;        // [n]: the row's group, -1: decodes per item
+    int *first, *len;     // [n_groups]: the group's first row, its longest length
+    float **dec[3];       // [stream k, v, k2][n_groups]: decoded tokens (len, width), NULL: not shared
+} SharedDecode;
+
+static int decoded_here(const PagedStream *s, int scored) { return s && !read_in_place(s) && !scored; }
+
+static void shared_decode(SharedDecode *sd, const PagedStream *const st[3], const int *block_table, int max_blocks,
+                          const int *lens, int n) {
+    memset(sd, 0, sizeof(*sd));
+    sd->group_of = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    sd->first = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    sd->len = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    size_t per_token = 0;
+    for (int j = 0; j < 3; j++) per_token += st[j] ? (size_t)st[j]->width * sizeof(float) : 0;
+    size_t bytes = 0;
+    for (int i = 0; i < n;) {
+        int e = i + 1, len = lens[i];
+        while (e < n && !memcmp(block_table + (size_t)e * max_blocks, block_table + (size_t)i * max_blocks, (size_t)max_blocks * sizeof(int))) {
+            len = lens[e] > len ? lens[e] : len;
+            e++;
+        }
+        const int share = e - i > 1 && per_token && bytes + (size_t)len * per_token <= SHARED_BYTES;
+        if (share) {
+            sd->first[sd->n_groups] = i;
+            sd->len[sd->n_groups] = len;
+            bytes += (size_t)len * per_token;
+        }
+        for (int r = i; r < e; r++) sd->group_of[r] = share ? sd->n_groups : -1;
+        sd->n_groups += share;
+        i = e;
+    }
+    if (!sd->n_groups) return;
+    // (group, stream, block) tasks, decoded in parallel
+    const int BT = st[0] ? st[0]->block_tokens : (st[1] ? st[1]->block_tokens : st[2]->block_tokens);
+    int n_tasks = 0;
+    for (int j = 0; j < 3; j++) {
+        if (!st[j]) continue;
+        sd->dec[j] = xcalloc((size_t)sd->n_groups, sizeof(float *));
+        for (int g = 0; g < sd->n_groups; g++) {
+            sd->dec[j][g] = xmalloc(((size_t)sd->len[g] + 1) * st[j]->width * sizeof(float));
+            n_tasks += (sd->len[g] + BT - 1) / BT;
+        }
+    }
+    int (*task)[3] = xmalloc((size_t)n_tasks * sizeof(*task)), t = 0;
+    for (int j = 0; j < 3; j++)
+        for (int g = 0; st[j] && g < sd->n_groups; g++)
+            for (int b = 0; b * BT < sd->len[g]; b++) task[t][0] = j, task[t][1] = g, task[t][2] = b, t++;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int it = 0; it < n_tasks; it++) {
+        const int j = task[it][0], g = task[it][1], b = task[it][2];
+        const PagedStream *s = st[j];
+        const int nb = sd->len[g] - b * BT < BT ? sd->len[g] - b * BT : BT;
+        s->decode(s->ctx, sd->dec[j][g] + (size_t)b * BT * s->width, block_table[(size_t)sd->first[g] * max_blocks + b], nb);
+    }
+    free(task);
+}
+
+static void shared_free(SharedDecode *sd) {
+    for (int j = 0; j < 3; j++) {
+        for (int g = 0; sd->dec[j] && g < sd->n_groups; g++) free(sd->dec[j][g]);
+        free(sd->dec[j]);
+    }
+    free(sd->group_of);
+    free(sd->first);
+    free(sd->len);
+}
+
+// Row pointers of tokens [t0, t0 + nt) of a group's decoded stream.
+static void shared_rows(const float *dec, int width, int t0, int nt, const uint8_t **row) {
+    for (int j = 0; j < nt; j++) row[j] = (const uint8_t *)(dec + (size_t)(t0 + j) * width);
+}
+
 static Part part_of(const PagedStream *s, const uint8_t *const *row, int first, int n) {
     const int bf16 = s->kind == PAGED_BF16;
     return (Part){row, (size_t)first * (bf16 ? 2 : 4), n, bf16};
@@ -283,6 +365,11 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
     int *item_seq = xmalloc((size_t)(n_items ? n_items : 1) * sizeof(int));
     for (int i = 0; i < n; i++)
         for (int it = first_item[i]; it < first_item[i + 1]; it++) item_seq[it] = i;
+    // streams decoded here (not read in place, not scored): shared by the rows of one sequence
+    const PagedStream *decoded[3] = {decoded_here(k, k_scored && !same_v) ? k : NULL, !same_v && decoded_here(v, 0) ? v : NULL,
+                                     decoded_here(k2, k2_scored) ? k2 : NULL};
+    SharedDecode sd;
+    shared_decode(&sd, decoded, block_table, max_blocks, lens, n);
     // a scored key stream: every query head prepared once for all its blocks
     double *prep = k_scored ? prepare_queries(k, q, n * NH, DQ, 0) : NULL;
     double *prep2 = k2_scored ? prepare_queries(k2, q, n * NH, DQ, DK) : NULL;
@@ -307,9 +394,14 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             const int t0 = chunk * CT, nt = lens[i] - t0 < CT ? lens[i] - t0 : CT;
             const int *blocks = block_table + (size_t)i * max_blocks + chunk * chunk_blocks;
             float *st = state + (size_t)it * per_item;
-            if (!k_scored || same_v) chunk_rows(k, blocks, nt, kbuf, krow);   // keys, or the values they share a stream with
-            if (!same_v) chunk_rows(v, blocks, nt, vbuf, vrow);
-            if (k2 && !k2_scored) chunk_rows(k2, blocks, nt, k2buf, k2row);
+            const int grp = sd.group_of[i];
+            // keys, or the values they share a stream with; a group's decoded copy where it has one
+            if (grp >= 0 && decoded[0]) shared_rows(sd.dec[0][grp], k->width, t0, nt, krow);
+            else if (!k_scored || same_v) chunk_rows(k, blocks, nt, kbuf, krow);
+            if (grp >= 0 && decoded[1]) shared_rows(sd.dec[1][grp], v->width, t0, nt, vrow);
+            else if (!same_v) chunk_rows(v, blocks, nt, vbuf, vrow);
+            if (grp >= 0 && decoded[2]) shared_rows(sd.dec[2][grp], k2->width, t0, nt, k2row);
+            else if (k2 && !k2_scored) chunk_rows(k2, blocks, nt, k2buf, k2row);
             // the chunk is walked token-major, TILE_TOKENS rows at a time for every head (the rows
             // stay in L1 while the heads that share them are scored; memory is read front to back)
             for (int h = 0; h < NH; h++) {
@@ -388,6 +480,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
         }
     }
     free(state);
+    shared_free(&sd);
     free(prep);
     free(prep2);
     free(item_seq);

@@ -94,6 +94,20 @@ static void run_v(const char *name, int NH, int NKV, int DK, int DK2, int DV, in
                             max_blocks, lens + i, 1, NH, NKV, DK, DK2, DV, scale);
         independent &= !memcmp(alone, out + (size_t)i * NH * DV, (size_t)NH * DV * sizeof(float));
     }
+    // rows of one sequence (a prefill chunk: one block table, growing lengths) share their decoded
+    // blocks (layers/cpu_paged_attention.c, SharedDecode): each row gives the bits it gives alone
+    const int sl[3] = {650, 690, 700};
+    int *st3 = malloc((size_t)3 * max_blocks * sizeof(int));
+    for (int r3 = 0; r3 < 3; r3++) memcpy(st3 + (size_t)r3 * max_blocks, table + (size_t)3 * max_blocks, (size_t)max_blocks * sizeof(int));
+    float *o3 = malloc((size_t)3 * NH * DV * sizeof(float));
+    cpu_paged_attention(o3, q, &k.ps, DK2 ? &k2.ps : NULL, &vs->ps, st3, max_blocks, sl, 3, NH, NKV, DK, DK2, DV, scale);
+    for (int r3 = 0; r3 < 3; r3++) {
+        cpu_paged_attention(alone, q + (size_t)r3 * NH * DQ, &k.ps, DK2 ? &k2.ps : NULL, &vs->ps, st3 + (size_t)r3 * max_blocks,
+                            max_blocks, sl + r3, 1, NH, NKV, DK, DK2, DV, scale);
+        independent &= !memcmp(alone, o3 + (size_t)r3 * NH * DV, (size_t)NH * DV * sizeof(float));
+    }
+    free(st3);
+    free(o3);
     free(alone);
     double worst = 0;
     double *p = malloc(700 * sizeof(double));
@@ -120,7 +134,7 @@ static void run_v(const char *name, int NH, int NKV, int DK, int DK2, int DV, in
         }
     }
     int ok = worst <= 2e-6, same = !memcmp(out, out1, (size_t)n * NH * DV * sizeof(float));
-    printf("%s paged_attention %-34s max |op - double| %.2e, 1 vs 2 threads %s, alone vs batched %s\n",
+    printf("%s paged_attention %-34s max |op - double| %.2e, 1 vs 2 threads %s, alone vs batched (and rows of one sequence) %s\n",
            ok && same && independent ? "ok  " : "FAIL", name, worst, same ? "identical" : "DIFFER", independent ? "identical" : "DIFFER");
     passed += ok + same + independent;
     failed += !ok + !same + !independent;
