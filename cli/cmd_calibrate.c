@@ -82,24 +82,19 @@ static void collect_batch(const int32_t *in, const int32_t *tg, int rows, void *
     long long n = (long long)rows * c->T, take = c->want - c->have < n ? c->want - c->have : n;
     for (int s = 0; s < c->cl->n_streams; s++) {
         if (!c->x[s]) continue;
-        int part = c->cl->streams[s].part, W = c->cl->part[part].width;
+        int part = c->cl->streams[s].part, W = c->cl->part[part].width, D = c->cl->part[part].head, heads = W / D;
         float *val, *grad;
         stream_buffers(m, s, &val, &grad);
         m->be->act_to_host(c->host, val, (size_t)n * W);
         const int rotated = part == PART_K || part == PART_KROPE || part == PART_OWN_KROPE;
         const int pre_rope = rotated && codec_traits(c->cl->part[part].codec.kind)->pre_rope;
-        if (pre_rope) {   // a codec of keys before RoPE (kvquant): the values rotated back, row by row of each window
-            int heads = part == PART_K ? mc->num_key_value_heads : 1, D = part == PART_K ? mc->head_dim : mc->qk_rope_head_dim;
+        if (pre_rope)   // a codec of keys before RoPE (cq, kvquant): the values rotated back, row by row of each window
             for (int r = 0; r < rows; r++) kvq_rope_rows(c->host + (size_t)r * c->T * W, c->T, heads, D, 0, mc->rope_theta, -1);
-        }
         memcpy(c->x[s] + (size_t)c->have * W, c->host, (size_t)take * W * sizeof(float));
         if (!c->f[s]) continue;
         // the backward pass leaves a rotated key's gradient rotated back, before RoPE: where a
         // pre-RoPE codec wants it; a post-RoPE codec has it rotated forward again
-        if ((part == PART_K || part == PART_KROPE) && !pre_rope) {
-            int heads = part == PART_K ? mc->num_key_value_heads : 1, D = part == PART_K ? mc->head_dim : mc->qk_rope_head_dim;
-            m->be->rope_forward(grad, rows, c->T, heads, D, 0, D, 0, mc->rope_theta);
-        }
+        if ((part == PART_K || part == PART_KROPE) && !pre_rope) m->be->rope_forward(grad, rows, c->T, heads, D, 0, D, 0, mc->rope_theta);
         m->be->act_to_host(c->host, grad, (size_t)n * W);
         float *f = c->f[s] + (size_t)c->have * W;
         for (size_t i = 0; i < (size_t)take * W; i++) f[i] = c->host[i] * c->host[i];

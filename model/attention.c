@@ -33,12 +33,11 @@ static void cache_roundtrip(Model *m, int l, int part, float *x) {
     if (!m->apply_codecs && !(part == PART_LATENT && codec->kind == CODEC_INT_GROUP)) return;
     int s = m->cache.role[l].stream[part == PART_OWN_KROPE ? PART_KROPE : part];
     Codec sc = cache_stream_codec(&m->cache, s);
-    const ModelConfig *c = &m->cfg;
     const int rotated = codec_traits(codec->kind)->pre_rope && (part == PART_K || part == PART_KROPE || part == PART_OWN_KROPE);
-    const int H = part == PART_K ? c->num_key_value_heads : 1, D = part == PART_K ? c->head_dim : c->qk_rope_head_dim;
+    const int D = m->cache.part[part].head, H = m->cache.part[part].width / D;
     if (rotated) {
         if (m->rope_pos) die("internal error: a pre-RoPE codec's round trip in a decode step");
-        m->be->rope_backward(x, m->B, m->T, H, D, 0, D, 0, c->rope_theta);
+        m->be->rope_backward(x, m->B, m->T, H, D, 0, D, 0, m->cfg.rope_theta);
     }
     codec_roundtrip_seq(&sc, m->be, x, x, m->B, m->T, m->cache.part[part].width);
     if (rotated) rope_apply(m, x, H, D, 0, D);

@@ -202,16 +202,6 @@ double codec_bytes_per_token_avg(const Codec *c, int W) {
     return (double)codec_span_bytes(c, W, bt) / bt;
 }
 
-// A sequence of T tokens in blocks of BT: a block codec's blocks are encoded once the sequence
-// has moved past them (model/decode.c), so the last ((T - 1) mod BT) + 1 tokens are in the fp16
-// window and the blocks before it are encoded.
-size_t codec_seq_bytes(const Codec *c, int W, int BT, int64_t T) {
-    if (T <= 0) return 0;
-    if (!codec_traits(c->kind)->block_tokens) return (size_t)T * codec_bytes_per_token(c, W);
-    int64_t closed = (T - 1) / BT;
-    return (size_t)closed * codec_span_bytes(c, W, BT) + (size_t)(T - closed * BT) * (size_t)W * 2;
-}
-
 int codec_needs_fit(const Codec *c) { return codec_traits(c->kind)->fit != NULL; }
 
 void codec_bind(Codec *c, int W) {
@@ -582,17 +572,6 @@ int cache_layout_block_tokens(const CacheLayout *cl, char *err, size_t errlen) {
     return bt;
 }
 
-size_t cache_layout_seq_bytes(const CacheLayout *cl, int64_t T) {
-    char err[256];
-    int bt = cache_layout_block_tokens(cl, err, sizeof(err));
-    if (bt < 0) die("%s", err);
-    size_t total = 0;
-    for (int s = 0; s < cl->n_streams; s++) {
-        const CachePart *part = &cl->part[cl->streams[s].part];
-        total += codec_seq_bytes(&part->codec, part->width, bt, T);
-    }
-    return total;
-}
 
 void cache_bytes_per_token(const ModelConfig *m, CacheBytes *out) {
     CacheLayout cl;

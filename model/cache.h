@@ -143,12 +143,6 @@ int codec_head_width(const Codec *c, int W);
 // blocks, its fp16 window not counted), and as the codec's paper counts them (the nominal code
 // width, scales and codebooks left out).
 double codec_bits_stored(const Codec *c, int W);
-// Everything a sequence of T tokens stores in a cache of block_tokens-token blocks (the
-// decoder's): a block codec's closed blocks and the fp16 window of the block being filled
-// (model/decode.c, "Block codecs"); per-token codecs T x bytes_per_token. A variable-size codec
-// (kvquant) stores what its data asks: T x its nominal bytes_per_token here, the decoder's
-// decoder_seq_bytes for what it holds.
-size_t codec_seq_bytes(const Codec *c, int W, int block_tokens, int64_t T);
 double codec_bits_paper(const Codec *c, int W);
 // The elements of a fitted state's tensor (0 for codecs without one).
 int64_t codec_fit_elements(const Codec *c, int W);
@@ -214,7 +208,8 @@ int cache_layout_check_fitted(const CacheLayout *cl, char *err, size_t errlen);
 static inline int cache_slot_of(const CacheLayout *cl, int layer) { return cl->role[layer].slot; }
 static inline int cache_is_producer(const CacheLayout *cl, int layer) { return cl->role[layer].producer; }
 // Bytes per token of stream s, and of all streams (the whole model); block codecs on average
-// over their encoded blocks (the fp16 window of the open block left out: cache_layout_seq_bytes).
+// over their encoded blocks (the fp16 window of the open block left out: decoder_seq_bytes
+// measures what a sequence holds).
 double cache_stream_bytes_per_token(const CacheLayout *cl, int s);
 double cache_layout_bytes_per_token(const CacheLayout *cl);
 // The tokens of one cache block for this layout: CACHE_MIN_BLOCK_TOKENS, or the largest block of
@@ -224,8 +219,6 @@ int cache_layout_block_tokens(const CacheLayout *cl, char *err, size_t errlen);
 // Does some stream use a codec with a full-precision window (kivi, qjl: what a query reads depends
 // on its position, so no full-sequence round trip exists)?
 int cache_layout_has_blocks(const CacheLayout *cl);
-// Everything stored for one sequence of T tokens, every stream (codec_seq_bytes summed).
-size_t cache_layout_seq_bytes(const CacheLayout *cl, int64_t T);
 
 // Codec specs, as on the command line and in an export package's "cache" section:
 // "fp32", "bf16", "int_group:bits=4,group=32", "cq:bits=8,c=4", "qet:levels=3,width=8,k1=256,k2=16". 0 on success; -1 with a message in err.

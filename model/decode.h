@@ -61,7 +61,7 @@ void decoder_release(Decoder *d, int seq);
 // fp16 windows while open), every stream.
 size_t decoder_cache_bytes(const Decoder *d);
 // Bytes sequence seq stores, read from its blocks' state (encoded, or fp16 windows of the tokens
-// in them): equals cache_layout_seq_bytes of its length.
+// in them, variable-size records at their size): what `clla eval --through-cache` prints.
 size_t decoder_seq_bytes(const Decoder *d, int seq);
 // The same for one stream s.
 size_t decoder_stream_seq_bytes(const Decoder *d, int s, int seq);
