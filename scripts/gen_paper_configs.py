@@ -9,10 +9,24 @@ same model size": for Table 5 we pick the intermediate size (a multiple of 64) w
 parameter count is closest to MHA's, the rule that turns MHA's 3840 into GQA's 4096 in Table 8
 (docs/MOE.md). Tables 6 and 7 use CLLA's 4160 ("identical settings").
 
-Run from the repository root: python3 scripts/gen_paper_configs.py (re-running is idempotent).
+The tiny twins (configs/tiny) keep the structure at CPU size. Tables 2/3, 6 and 7: hidden 64, 4 heads
+of 16; the FFN width of the five main models is the integer whose activated parameters (clla info)
+are closest to tiny MHA's, as Table 8 matches them (Tables 6 and 7 take tiny CLLA's width, as the
+paper takes CLLA's). Table 5 needs 16 query heads for its kv-head counts (8, 4, 2, 1 of 16) to stay
+distinct, so its twins (t5_*) are hidden 128, 16 heads of 8 (the head-width variants 4 x 32 and
+8 x 16), with their own MHA baseline t5_mha, each FFN width matched to t5_mha's activated
+parameters the same way. The s2_* twins are the candidates of the search for a cache at or below 2%
+of MHA's bytes per token (docs/REPRODUCTION.md): CLLA with the rope key shared too, longer
+sharing, fewer bits, matched like the main models. Matching runs the clla binary (--clla, default build/clla).
+
+Run from the repository root: python3 scripts/gen_paper_configs.py [--clla build/clla]
+(re-running is idempotent).
 """
+import argparse
 import json
 import os
+import subprocess
+import tempfile
 
 V, C, L, NH, D = 128256, 1536, 32, 16, 96
 KV_LORA, Q_LORA, ROPE = 512, 768, 64
@@ -113,26 +127,54 @@ def ablations():
 QUICKSTART_VOCAB = 4096
 
 
-def tiny(cfg):
-    """The same structure at CPU size: hidden 64, 8 layers (so every sharing factor stays distinct), 4 heads of 16, 16 routed experts + 1 shared,
-    FFN sizes scaled by 64/1536 (rounded to 16), latent 32, query LoRA 48, RoPE 8."""
+def tiny(cfg, table5=False):
+    """The same structure at CPU size, 8 layers (so every sharing factor stays distinct), 16 routed
+    experts + 1 shared, top-1. Main models: hidden 64, heads / 4, head dim 16; Table 5: hidden 128,
+    the paper's head counts, head dims / 12. Latent 32, query LoRA 48, RoPE 8. The FFN width is set
+    by match_ffn."""
     t = json.loads(json.dumps(cfg))
-    s = 64 / C
     t["comment"] = "CPU-sized twin of configs/paper (same presets and MoE routing, small shapes): " + cfg["comment"]
     # vocab_size: the quickstart's tokenizer (scripts/quickstart.sh: 4096 ids), so a tiny model trains on the
     # shards the quickstart makes (docs/QUICKSTART.md); tests/test_tiny_configs.sh keeps the two equal.
-    t.update({"vocab_size": QUICKSTART_VOCAB, "hidden_size": 64, "num_hidden_layers": 8, "max_position_embeddings": 256})
-    t["num_attention_heads"] = max(1, cfg["num_attention_heads"] // 4)
-    t["num_key_value_heads"] = max(1, cfg["num_key_value_heads"] // 4)
-    t["head_dim"] = t["v_head_dim"] = max(8, cfg["head_dim"] // 6)
-    inter = max(16, int(round(cfg["moe_intermediate_size"] * s / 16)) * 16)
-    t["intermediate_size"] = t["moe_intermediate_size"] = inter
+    t.update({"vocab_size": QUICKSTART_VOCAB, "num_hidden_layers": 8, "max_position_embeddings": 256})
+    if table5:
+        t["hidden_size"] = 128
+        t["head_dim"] = t["v_head_dim"] = cfg["head_dim"] // 12
+    else:
+        t["hidden_size"] = 64
+        t["num_attention_heads"] = max(1, cfg["num_attention_heads"] // 4)
+        t["num_key_value_heads"] = max(1, cfg["num_key_value_heads"] // 4)
+        t["head_dim"] = t["v_head_dim"] = max(8, cfg["head_dim"] // 6)
     if "kv_lora_rank" in t:
         t.update({"kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8})
     t["train"] = {"seq_len": 128, "micro_batch": 4, "global_batch_tokens": 1024, "max_steps": 200,
                   "warmup_steps": 20, "lr": 1e-3, "min_lr": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
                   "weight_decay": 0.1, "grad_clip": 1.0, "seed": 1234, "log_every": 10, "val_every": 50}
     return t
+
+
+def activated(clla, cfg):
+    """Activated parameters of cfg as `clla info --json` counts them (docs/MOE.md)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(cfg, f)
+        f.flush()
+        out = subprocess.run([clla, "info", "--config", f.name, "--json"], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)["params_activated"]
+
+
+def with_ffn(cfg, inter):
+    c = json.loads(json.dumps(cfg))
+    c["intermediate_size"] = c["moe_intermediate_size"] = inter
+    return c
+
+
+def match_ffn(clla, cfg, target):
+    """cfg with the FFN width whose activated parameters are closest to target (ties: the smaller
+    width). The count is affine in the width, so two evaluations find it."""
+    a0, a1 = activated(clla, with_ffn(cfg, 16)), activated(clla, with_ffn(cfg, 17))
+    best = max(1, round(16 + (target - a0) / (a1 - a0)))
+    best = min((best - 1, best, best + 1), key=lambda i: (abs(activated(clla, with_ffn(cfg, i)) - target), i))
+    return with_ffn(cfg, best)
 
 
 def write(path, cfg):
@@ -142,10 +184,45 @@ def write(path, cfg):
         f.write("\n")
 
 
+def tiny_models(clla, models):
+    out = {name: tiny(cfg, table5=name.startswith("t5_")) for name, cfg in models.items()}
+    # Table 5's own MHA baseline at its shape
+    t5_mha = tiny(models["mha"], table5=True)
+    t5_mha["comment"] = t5_mha["comment"].replace("Table 8 / Table 9 (300B tokens): MHA", "Table 5's shape: the MHA baseline of the t5_* twins")
+    out["t5_mha"] = with_ffn(t5_mha, round(3840 * 128 / C))
+    mha = with_ffn(out["mha"], round(3840 * 64 / C))
+    out["mha"] = mha
+    for name in ("gqa", "mla", "clla", "clla_quant"):
+        out[name] = match_ffn(clla, out[name], activated(clla, mha))
+    # the 2% search (docs/REPRODUCTION.md): bytes per token of tiny MHA 2048, 2% = 40.96
+    for name, share, bits, rank, rope in (("s2_krope_f8_b4", 8, 4, 32, 8), ("s2_krope_f4_b2_rope4", 4, 2, 32, 4),
+                                          ("s2_krope_f8_b2_r64", 8, 2, 64, 8)):
+        c = json.loads(json.dumps(out["clla"]))
+        c["comment"] = ("CPU-sized candidate of the search for a cache at or below 2% of MHA's bytes per token "
+                        f"(docs/REPRODUCTION.md): CLLA sharing latent and rope key over {share} layers, "
+                        f"{bits}-bit latent of width {rank}, rope key {rope}; FFN matched to tiny MHA's activated parameters")
+        c.update({"attention": "clla_share_krope", "share_factor": share, "latent_quant_bits": bits, "latent_quant_group": 32,
+                  "kv_lora_rank": rank, "qk_rope_head_dim": rope})
+        out[name] = match_ffn(clla, c, activated(clla, mha))
+    for name in out:
+        if name.startswith("t5_") and name != "t5_mha":
+            out[name] = match_ffn(clla, out[name], activated(clla, out["t5_mha"]))
+        elif name.startswith(("t6_", "t7_")):
+            out[name] = with_ffn(out[name], out["clla"]["intermediate_size"])
+    return out
+
+
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clla", default="build/clla", help="the clla binary that counts activated parameters (default build/clla)")
+    args = ap.parse_args()
+    if not os.access(args.clla, os.X_OK):
+        raise SystemExit(f"gen_paper_configs: {args.clla} is not an executable clla binary: build it (scripts/build.sh) or pass --clla")
     models = main_models()
     models.update(ablations())
     for name, cfg in models.items():
         write(f"configs/paper/{name}.json", cfg)
-        write(f"configs/tiny/{name}.json", tiny(cfg))
-    print(f"wrote {len(models)} configs to configs/paper and configs/tiny")
+    tinies = tiny_models(args.clla, models)
+    for name, cfg in tinies.items():
+        write(f"configs/tiny/{name}.json", cfg)
+    print(f"wrote {len(models)} configs to configs/paper and {len(tinies)} to configs/tiny")
