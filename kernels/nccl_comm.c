@@ -16,10 +16,6 @@ _Static_assert(sizeof(ncclUniqueId) == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId has p
 struct NcclComm {
     ncclComm_t comm;
     int rank, world;
-    // grow-only device buffer of world * shard floats for tensors whose length n is not a
-    // multiple of the rank count: NCCL needs equal pieces, the flat layout does not divide
-    float *pad;
-    size_t pad_n;
 };
 
 // One line, so that a failure in a many-rank job log is found and understood: the call, NCCL's error string, its last
@@ -46,12 +42,6 @@ static void cuda_fail(const char *call, cudaError_t e, int rank, int world) {
         if (r_ != ncclSuccess) nccl_fail(name, r_, (c)->comm, (c)->rank, (c)->world); \
     } while (0)
 
-#define CUDA_CHECK_RANK(c, name, call)                                     \
-    do {                                                                   \
-        cudaError_t e_ = (call);                                           \
-        if (e_ != cudaSuccess) cuda_fail(name, e_, (c)->rank, (c)->world); \
-    } while (0)
-
 // The legacy default stream: this file is compiled by the C compiler without
 // CUDA_API_PER_THREAD_DEFAULT_STREAM, so 0 is the stream the backend's kernels run on.
 #define COMM_STREAM ((cudaStream_t)0)
@@ -75,19 +65,6 @@ static void finish(NcclComm *c, const char *name) {
     if (async != ncclSuccess) nccl_fail(name, async, c->comm, c->rank, c->world);
 }
 
-static float *pad_buffer(NcclComm *c, size_t n) {
-    if (n > c->pad_n) {
-        if (c->pad) CUDA_CHECK_RANK(c, "cudaFree", cudaFree(c->pad));
-        c->pad = NULL;
-        CUDA_CHECK_RANK(c, "cudaMalloc (NCCL padding buffer)", cudaMalloc((void **)&c->pad, n * sizeof(float)));
-        // the part past the tensor is sent as zeros by the reduce-scatter (set per call) and
-        // dropped by the all-gather; cleared once so that no uninitialized memory travels
-        CUDA_CHECK_RANK(c, "cudaMemset", cudaMemset(c->pad, 0, n * sizeof(float)));
-        c->pad_n = n;
-    }
-    return c->pad;
-}
-
 void nccl_comm_unique_id(unsigned char id[NCCL_COMM_ID_BYTES]) {
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
@@ -108,46 +85,19 @@ NcclComm *nccl_comm_init(const unsigned char id[NCCL_COMM_ID_BYTES], int rank, i
 
 void nccl_comm_destroy(NcclComm *c) {
     if (!c) return;
-    if (c->pad) cudaFree(c->pad);   // at exit: a failure here changes nothing
     NCCL_CHECK(c, "ncclCommDestroy", ncclCommDestroy(c->comm));
     free(c);
 }
 
-void nccl_comm_reduce_scatter_f32(NcclComm *c, float *buf, size_t n, size_t shard, int avg) {
-    const size_t total = (size_t)c->world * shard, own = (size_t)c->rank * shard;
-    if (n > total) die("nccl_comm_reduce_scatter_f32: %zu elements exceed %d pieces of %zu (internal error)", n, c->world, shard);
-    if (n == total) {
-        // in place: NCCL's recvbuff == sendbuff + rank * recvcount
-        NCCL_CHECK(c, "ncclReduceScatter", ncclReduceScatter(buf, buf + own, shard, ncclFloat, red_op(avg), c->comm, COMM_STREAM));
-        finish(c, "ncclReduceScatter");
-        return;
-    }
-    float *pad = pad_buffer(c, total);
-    CUDA_CHECK_RANK(c, "cudaMemcpyAsync", cudaMemcpyAsync(pad, buf, n * sizeof(float), cudaMemcpyDeviceToDevice, COMM_STREAM));
-    CUDA_CHECK_RANK(c, "cudaMemsetAsync", cudaMemsetAsync(pad + n, 0, (total - n) * sizeof(float), COMM_STREAM));
-    NCCL_CHECK(c, "ncclReduceScatter", ncclReduceScatter(pad, pad + own, shard, ncclFloat, red_op(avg), c->comm, COMM_STREAM));
-    if (own < n) {
-        size_t len = n - own < shard ? n - own : shard;
-        CUDA_CHECK_RANK(c, "cudaMemcpyAsync", cudaMemcpyAsync(buf + own, pad + own, len * sizeof(float), cudaMemcpyDeviceToDevice, COMM_STREAM));
-    }
+// NCCL's in-place forms: reduce-scatter with recvbuff == sendbuff + rank * recvcount,
+// all-gather with sendbuff == recvbuff + rank * sendcount.
+void nccl_comm_reduce_scatter_f32(NcclComm *c, float *buf, size_t shard, int avg) {
+    NCCL_CHECK(c, "ncclReduceScatter", ncclReduceScatter(buf, buf + (size_t)c->rank * shard, shard, ncclFloat, red_op(avg), c->comm, COMM_STREAM));
     finish(c, "ncclReduceScatter");
 }
 
-void nccl_comm_allgather_f32(NcclComm *c, float *buf, size_t n, size_t shard) {
-    const size_t total = (size_t)c->world * shard, own = (size_t)c->rank * shard;
-    if (n > total) die("nccl_comm_allgather_f32: %zu elements exceed %d pieces of %zu (internal error)", n, c->world, shard);
-    if (n == total) {
-        NCCL_CHECK(c, "ncclAllGather", ncclAllGather(buf + own, buf, shard, ncclFloat, c->comm, COMM_STREAM));
-        finish(c, "ncclAllGather");
-        return;
-    }
-    float *pad = pad_buffer(c, total);
-    if (own < n) {
-        size_t len = n - own < shard ? n - own : shard;
-        CUDA_CHECK_RANK(c, "cudaMemcpyAsync", cudaMemcpyAsync(pad + own, buf + own, len * sizeof(float), cudaMemcpyDeviceToDevice, COMM_STREAM));
-    }
-    NCCL_CHECK(c, "ncclAllGather", ncclAllGather(pad + own, pad, shard, ncclFloat, c->comm, COMM_STREAM));
-    CUDA_CHECK_RANK(c, "cudaMemcpyAsync", cudaMemcpyAsync(buf, pad, n * sizeof(float), cudaMemcpyDeviceToDevice, COMM_STREAM));
+void nccl_comm_allgather_f32(NcclComm *c, float *buf, size_t shard) {
+    NCCL_CHECK(c, "ncclAllGather", ncclAllGather(buf + (size_t)c->rank * shard, buf, shard, ncclFloat, c->comm, COMM_STREAM));
     finish(c, "ncclAllGather");
 }
 

@@ -37,13 +37,14 @@ void nccl_comm_unique_id(unsigned char id[NCCL_COMM_ID_BYTES]);
 NcclComm *nccl_comm_init(const unsigned char id[NCCL_COMM_ID_BYTES], int rank, int world);
 void nccl_comm_destroy(NcclComm *c);
 
-// In-place reduce-scatter of buf (n floats, device) cut into world pieces of `shard` floats
-// (n <= world * shard; the part past n counts as zeros): afterwards elements
-// [rank * shard, (rank + 1) * shard) clipped to n hold the sum (avg: the mean) over ranks of
-// that piece; the rest of buf is unspecified.
-void nccl_comm_reduce_scatter_f32(NcclComm *c, float *buf, size_t n, size_t shard, int avg);
+// In-place reduce-scatter of buf (world * shard floats, device) cut into world pieces of
+// `shard` floats: afterwards elements [rank * shard, (rank + 1) * shard) hold the sum (avg: the
+// mean) over ranks of that piece; the rest of buf is unspecified. The caller allocates buf
+// padded to world * shard (train/grad_sync.c: model_pad_grad), so NCCL works in place and no
+// second full-size buffer exists (at the paper's 10.9B parameters that copy was 44 GB).
+void nccl_comm_reduce_scatter_f32(NcclComm *c, float *buf, size_t shard, int avg);
 // In-place all-gather: piece r of buf (as above) is taken from rank r and copied to every rank.
-void nccl_comm_allgather_f32(NcclComm *c, float *buf, size_t n, size_t shard);
+void nccl_comm_allgather_f32(NcclComm *c, float *buf, size_t shard);
 // In-place all-reduce of n floats (sum, or the mean when avg).
 void nccl_comm_allreduce_f32(NcclComm *c, float *buf, size_t n, int avg);
 

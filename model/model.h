@@ -164,6 +164,10 @@ void model_set_masters(Model *m, const float *host, unsigned long long seed);
 // of the masters, the rest of the model's fp32 memory for masters freed. No-op where the masters
 // are the storage (fp32 CPU): every rank needs the whole storage to run the model.
 void model_shard_masters(Model *m, size_t lo, size_t hi);
+// Data parallel over NCCL: the gradient buffer reallocated to hold `floats` >= the flat
+// layout's element count, the tail zero, so the in-place collectives of kernels/nccl_comm.h
+// can cut it into world equal pieces. The contents are dropped (call before training).
+void model_pad_grad(Model *m, size_t floats);
 static inline int model_masters_sharded(const Model *m) {
     return m->master_lo != 0 || m->master_hi != m->params.bytes_f32 / 4;
 }

@@ -1,6 +1,7 @@
 // Parameter table (names follow HF Llama / DeepSeek-V2), allocation, initialization,
 // and safetensors load/save of the fp32 masters.
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,16 @@ void model_shard_masters(Model *m, size_t lo, size_t hi) {
     m->master = piece;
     m->master_lo = lo;
     m->master_hi = hi;
+}
+
+void model_pad_grad(Model *m, size_t floats) {
+    const size_t n = m->params.bytes_f32 / 4;
+    if (floats < n) die("model_pad_grad: %zu floats is less than the %zu of the gradients (internal error)", floats, n);
+    if (floats > SIZE_MAX / sizeof(float)) die("model_pad_grad: %zu floats overflow a size (internal error)", floats);
+    // released first: the old contents are not needed, and two full buffers at once is the
+    // memory this padding exists to save
+    m->be->release(m->grad);
+    m->grad = m->be->alloc(floats * sizeof(float));   // zero-initialized (backend/backend.h)
 }
 
 void model_free(Model *m) {

@@ -373,28 +373,28 @@ static void no_device_collectives(const char *what) {
 }
 #endif
 
-void dist_reduce_scatter_dev_f32(Dist *d, float *buf, size_t n, size_t shard) {
+void dist_reduce_scatter_dev_f32(Dist *d, float *buf, size_t shard) {
 #ifdef DIST_NCCL
     if (d->world == 1) return;
     double t0;
     enter(d, "NCCL reduce-scatter of gradients", &t0);
-    nccl_comm_reduce_scatter_f32(d->nccl, buf, n, shard, 0);
+    nccl_comm_reduce_scatter_f32(d->nccl, buf, shard, 0);
     leave(d, t0);
 #else
-    (void)d; (void)buf; (void)n; (void)shard;
+    (void)d; (void)buf; (void)shard;
     no_device_collectives("reduce-scatter");
 #endif
 }
 
-void dist_allgather_dev_f32(Dist *d, float *buf, size_t n, size_t shard) {
+void dist_allgather_dev_f32(Dist *d, float *buf, size_t shard) {
 #ifdef DIST_NCCL
     if (d->world == 1) return;
     double t0;
     enter(d, "NCCL all-gather of parameters", &t0);
-    nccl_comm_allgather_f32(d->nccl, buf, n, shard);
+    nccl_comm_allgather_f32(d->nccl, buf, shard);
     leave(d, t0);
 #else
-    (void)d; (void)buf; (void)n; (void)shard;
+    (void)d; (void)buf; (void)shard;
     no_device_collectives("all-gather");
 #endif
 }

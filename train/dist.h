@@ -85,10 +85,11 @@ void dist_attach_device(Dist *d, const struct Backend *be);
 // 1 when the dist_*_dev_f32 collectives below are available (NCCL communicator open).
 int dist_has_device_collectives(const Dist *d);
 // The collectives of dist_reduce_scatter_f32 / dist_allgather_f32 / dist_allreduce_sum_f32 on
-// DEVICE buffers, in place (kernels/nccl_comm.h): after the reduce-scatter, piece `rank` of buf
-// holds the sum over ranks (the rest of buf is unspecified). Timed and watched like the others.
-void dist_reduce_scatter_dev_f32(Dist *d, float *buf, size_t n, size_t shard);
-void dist_allgather_dev_f32(Dist *d, float *buf, size_t n, size_t shard);
+// DEVICE buffers, in place (kernels/nccl_comm.h), buf holding world * shard floats (padded by
+// the caller): after the reduce-scatter, piece `rank` of buf holds the sum over ranks (the rest
+// of buf is unspecified). Timed and watched like the others.
+void dist_reduce_scatter_dev_f32(Dist *d, float *buf, size_t shard);
+void dist_allgather_dev_f32(Dist *d, float *buf, size_t shard);
 void dist_allreduce_sum_dev_f32(Dist *d, float *buf, size_t n);
 
 // Elements per rank of a ZeRO-1 partition of n elements: ceil(n / world) rounded up to a

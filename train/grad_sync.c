@@ -38,6 +38,19 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
         if (!g->dev_coll) g->piece = xmalloc(g->shard * sizeof(float));
         g->shard_masters = d->world > 1 && (void *)m->master != m->w;
         if (g->shard_masters) model_shard_masters(m, g->lo, g->hi);
+        if (g->dev_coll) {
+            // NCCL works in place on world equal pieces: the gradient buffer (which also carries
+            // the all-gather of the sharded masters) is allocated padded to world * shard, instead
+            // of copying it into a second padded buffer at every collective. Masters that are the
+            // storage would need the same; no device backend has them (checked, not assumed).
+            if (!g->shard_masters)
+                die("grad_sync: ZeRO-1 over NCCL needs fp32 masters apart from the storage; backend '%s' has none (internal error)",
+                    g->be->name);
+            size_t padded;
+            if (__builtin_mul_overflow(g->shard, (size_t)d->world, &padded))
+                die("grad_sync: %d ranks x %zu elements overflow a size (internal error)", d->world, g->shard);
+            model_pad_grad(m, padded);
+        }
     } else {
         g->shard = g->n;
         g->lo = 0;
@@ -106,7 +119,7 @@ void grad_sync_reduce(GradSync *g, Model *m) {
     if (d->world == 1) return;
     if (g->dev_coll) {
         // in place on the GPU; ZeRO-1 leaves the sum in [lo, hi) only, as the host path does
-        if (g->zero) dist_reduce_scatter_dev_f32(d, m->grad, g->n, g->shard);
+        if (g->zero) dist_reduce_scatter_dev_f32(d, m->grad, g->shard);
         else dist_allreduce_sum_dev_f32(d, m->grad, g->n);
         return;
     }
@@ -170,7 +183,7 @@ static void allgather_full(GradSync *g, float *full) {
     if (g->host_mem) {
         dist_allgather_f32(d, full, g->n, g->shard);
     } else if (g->dev_coll) {
-        dist_allgather_dev_f32(d, full, g->n, g->shard);
+        dist_allgather_dev_f32(d, full, g->shard);   // full: m->grad, padded at init
     } else {
         g->be->download(g->host, full, g->n * sizeof(float));
         dist_allgather_f32(d, g->host, g->n, g->shard);

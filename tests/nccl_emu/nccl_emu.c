@@ -6,11 +6,15 @@
 //  - buffers overlap only in NCCL's in-place forms (reduce-scatter: recvbuff == sendbuff +
 //    rank * recvcount; all-gather: sendbuff == recvbuff + rank * sendcount; all-reduce:
 //    sendbuff == recvbuff);
+//  - an in-place collective's buffer holds all world * count floats: its start is the start of
+//    an allocation (the trainer's gradient buffer, the test's malloc) whose usable size is
+//    checked, so an unpadded buffer that NCCL would read past is refused, not read;
 //  - ncclCommInitRank gets the same unique id on every rank, made by ncclGetUniqueId, and the
 //    rank and size MPI gives the process.
 // A broken contract is an error result with the reason in ncclGetLastError, as NCCL reports
 // invalid usage.
 #include <limits.h>
+#include <malloc.h>
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,41 +36,12 @@ struct ncclComm_emu {
 
 // ---------------------------------------------------------------- CUDA runtime on the host
 
-cudaError_t cudaMalloc(void **p, size_t bytes) {
-    *p = malloc(bytes ? bytes : 1);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-
-cudaError_t cudaFree(void *p) {
-    free(p);
-    return cudaSuccess;
-}
-
-cudaError_t cudaMemset(void *p, int value, size_t bytes) {
-    memset(p, value, bytes);
-    return cudaSuccess;
-}
-
-cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
-    if (s) return cudaErrorInvalidValue;   // nccl_comm.c promises the legacy default stream
-    return cudaMemset(p, value, bytes);
-}
-
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
-    if (s || kind != cudaMemcpyDeviceToDevice) return cudaErrorInvalidValue;
-    const char *a = dst, *b = src;
-    if (bytes && a < b + bytes && b < a + bytes) return cudaErrorInvalidValue;   // cudaMemcpy: no overlap
-    memcpy(dst, src, bytes);
-    return cudaSuccess;
-}
-
 cudaError_t cudaStreamSynchronize(cudaStream_t s) { return s ? cudaErrorInvalidValue : cudaSuccess; }
 
 const char *cudaGetErrorString(cudaError_t e) {
     switch (e) {
     case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument (nccl-emu: only stream 0, device-to-device, no overlap)";
-    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidValue: return "invalid argument (nccl-emu: only stream 0)";
     }
     return "unknown error";
 }
@@ -170,6 +145,8 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
     if (overlaps(sendbuff, total * 4, recvbuff, recvcount * 4) &&
         (const float *)recvbuff != (const float *)sendbuff + (size_t)c->rank * recvcount)
         return usage(c, "reduce-scatter buffers overlap but recvbuff != sendbuff + rank * recvcount");
+    if (recvbuff == (const float *)sendbuff + (size_t)c->rank * recvcount && malloc_usable_size((void *)sendbuff) < total * 4)
+        return usage(c, "in-place reduce-scatter on a buffer shorter than world * recvcount floats (pad it)");
     float *tmp = malloc(total * 4 + 4);
     if (!tmp) return ncclSystemError;
     memcpy(tmp, sendbuff, total * 4);
@@ -189,6 +166,8 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     if (overlaps(sendbuff, sendcount * 4, recvbuff, total * 4) &&
         (const float *)sendbuff != (const float *)recvbuff + (size_t)c->rank * sendcount)
         return usage(c, "all-gather buffers overlap but sendbuff != recvbuff + rank * sendcount");
+    if (sendbuff == (const float *)recvbuff + (size_t)c->rank * sendcount && malloc_usable_size(recvbuff) < total * 4)
+        return usage(c, "in-place all-gather on a buffer shorter than world * sendcount floats (pad it)");
     float *tmp = malloc(sendcount * 4 + 4);
     if (!tmp) return ncclSystemError;
     memcpy(tmp, sendbuff, sendcount * 4);

@@ -6,15 +6,9 @@
 
 #include <stddef.h>
 
-typedef enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 } cudaError_t;
-typedef enum { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 } cudaMemcpyKind;
+typedef enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 } cudaError_t;
 typedef struct CUstream_emu *cudaStream_t;
 
-cudaError_t cudaMalloc(void **p, size_t bytes);
-cudaError_t cudaFree(void *p);
-cudaError_t cudaMemset(void *p, int value, size_t bytes);
-cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s);
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 const char *cudaGetErrorString(cudaError_t e);
 
