@@ -6,8 +6,11 @@
 // Determinism (docs/DESIGN.md section 6): every reduction runs in a fixed order, each output row is
 // written by exactly one thread, and the routing decisions are pure functions of the fp32
 // probabilities: top-k ties go to the lower expert index, capacity drops take the lowest
-// probability first and, among equal probabilities, the later token.
+// probability first and, among equal probabilities, the later token. The per-token steps and
+// the drop rule are backend/moe_route_rows.h, which the CUDA kernels run too.
 #include "backend/moe_routing.h"
+
+#include "backend/moe_route_rows.h"
 
 #include <math.h>
 #include <omp.h>
@@ -21,51 +24,20 @@
 void moe_route_topk_forward(float *probs, float *lse, int *topk_idx, float *topk_w, const float *logits,
                           int N, int E, int K, int norm_topk) {
     #pragma omp parallel for schedule(static) if ((size_t)N * E >= MOE_PAR_MIN)
-    for (int t = 0; t < N; t++) {
-        const float *x = logits + (size_t)t * E;
-        float *p = probs + (size_t)t * E;
-        float mx = x[0];
-        for (int e = 1; e < E; e++) mx = x[e] > mx ? x[e] : mx;
-        // the sum in double: it is a handful of terms and makes lse accurate for the z-loss
-        double sum = 0.0;
-        for (int e = 0; e < E; e++) {
-            p[e] = expf(x[e] - mx);
-            sum += p[e];
-        }
-        float inv = (float)(1.0 / sum);
-        for (int e = 0; e < E; e++) p[e] *= inv;
-        lse[t] = mx + (float)log(sum);
-        // top-K by repeated selection (K is 1 or 2 in practice): the strict '>' scanning
-        // upwards keeps the lowest index among equal probabilities
-        int *idx = topk_idx + (size_t)t * K;
-        float *w = topk_w + (size_t)t * K;
-        double wsum = 0.0;
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= idx[j] == e;
-                if (taken) continue;
-                if (best < 0 || p[e] > p[best]) best = e;
-            }
-            idx[k] = best;
-            w[k] = p[best];
-            wsum += p[best];
-        }
-        if (norm_topk)
-            for (int k = 0; k < K; k++) w[k] = (float)(w[k] / wsum);
-    }
+    for (int t = 0; t < N; t++)
+        moe_topk_row(probs + (size_t)t * E, lse + t, topk_idx + (size_t)t * K, topk_w + (size_t)t * K,
+                     logits + (size_t)t * E, E, K, norm_topk);
 }
 
-// Capacity ranking of one expert's assignments: higher probability first, then the earlier
-// token (a smaller assignment index t*K+k is an earlier token, since a token picks an expert
-// at most once).
+// Capacity ranking of one expert's assignments, in moe_goes_before's order (the device ranks
+// each assignment by counting instead: moe_assignment_kept; tests/test_moe_dispatch.c checks
+// the two agree).
 typedef struct Ranked { float p; int a; } Ranked;
 
 static int cmp_ranked(const void *x, const void *y) {
     const Ranked *u = x, *v = y;
-    if (u->p != v->p) return u->p > v->p ? -1 : 1;
-    return (u->a > v->a) - (u->a < v->a);
+    if (moe_goes_before(u->p, u->a, v->p, v->a)) return -1;
+    return moe_goes_before(v->p, v->a, u->p, u->a) ? 1 : 0;
 }
 
 void moe_route_dispatch(int *counts, int *expert_off, int *row_token, int *assign_row, const float *probs,
@@ -135,50 +107,16 @@ void moe_route_aux_forward(float *out, const float *probs, const float *lse, con
         for (int e = 0; e < E; e++) psum[e] += p[e];
         zsum += (double)lse[t] * lse[t];
     }
-    double fp = 0.0;
-    for (int e = 0; e < E; e++) fp += ((double)counts[e] / ((double)N * K)) * (psum[e] / N);
-    out[0] = N > 0 ? (float)((double)aux_coef * E * fp) : 0.0f;
-    out[1] = N > 0 ? (float)((double)z_coef * zsum / N) : 0.0f;
+    moe_aux_combine(out, psum, zsum, counts, N, E, K, aux_coef, z_coef);
     free(psum);
 }
 
 void moe_route_router_softmax_backward(float *dlogits, const float *dtopk_w, const float *probs, const float *lse,
                                      const int *topk_idx, const float *topk_w, const int *counts, int N, int E,
                                      int K, int norm_topk, float aux_scale, float z_scale) {
-    if (N <= 0) return;
-    // d(aux)/d(probs[t, e]) = aux_scale * E * f_e / N, the same for every token
-    float *daux = malloc((size_t)E * sizeof(float));
-    if (!daux) { fprintf(stderr, "moe_router_softmax_backward: out of memory\n"); abort(); }
-    for (int e = 0; e < E; e++)
-        daux[e] = (float)((double)aux_scale * E * ((double)counts[e] / ((double)N * K)) / N);
-    const float zc = 2.0f * z_scale / (float)N;
     #pragma omp parallel for schedule(static) if ((size_t)N * E >= MOE_PAR_MIN)
-    for (int t = 0; t < N; t++) {
-        const float *p = probs + (size_t)t * E;
-        const int *idx = topk_idx + (size_t)t * K;
-        const float *w = topk_w + (size_t)t * K;
-        const float *dw = dtopk_w + (size_t)t * K;
-        float *dl = dlogits + (size_t)t * E;
-        // dprobs of the selected experts. With renormalization w_k = p_k / S, S = sum_j p_j
-        // over the top-k: dp_j = (dw_j - sum_k dw_k w_k) / S.
-        float dsel[16];
-        float *ds = K <= 16 ? dsel : malloc((size_t)K * sizeof(float));
-        if (!ds) { fprintf(stderr, "moe_router_softmax_backward: out of memory\n"); abort(); }
-        if (norm_topk) {
-            double S = 0.0, dot = 0.0;
-            for (int k = 0; k < K; k++) { S += p[idx[k]]; dot += (double)dw[k] * w[k]; }
-            for (int k = 0; k < K; k++) ds[k] = (float)(((double)dw[k] - dot) / S);
-        } else {
-            for (int k = 0; k < K; k++) ds[k] = dw[k];
-        }
-        // softmax backward: dl_i += p_i (dp_i - sum_j p_j dp_j), dp = daux + the selected terms
-        double pdp = 0.0;
-        for (int e = 0; e < E; e++) pdp += (double)p[e] * daux[e];
-        for (int k = 0; k < K; k++) pdp += (double)p[idx[k]] * ds[k];
-        float s = (float)pdp;
-        for (int e = 0; e < E; e++) dl[e] += p[e] * (daux[e] - s) + zc * lse[t] * p[e];
-        for (int k = 0; k < K; k++) dl[idx[k]] += p[idx[k]] * ds[k];
-        if (ds != dsel) free(ds);
-    }
-    free(daux);
+    for (int t = 0; t < N; t++)
+        moe_softmax_backward_row(dlogits + (size_t)t * E, dtopk_w + (size_t)t * K, probs + (size_t)t * E, lse[t],
+                                 topk_idx + (size_t)t * K, topk_w + (size_t)t * K, counts, N, E, K, norm_topk,
+                                 aux_scale, z_scale);
 }

@@ -2,19 +2,20 @@
 //  - Router matmuls: logits are fp32 (bf16 inputs, fp32 cuBLASLt output). The backward keeps
 //    the fp32 dlogits unrounded: inp and weight are widened to fp32 scratch and the two
 //    products run as fp32 SGEMMs (no TF32: cuBLAS's default math mode).
-//  - Softmax/top-k, dispatch, aux losses and the router softmax backward run the CPU
-//    reference (backend/moe_routing.c) on host copies of the small (N, E) fp32 / int32 buffers:
-//    identical routing decisions on both backends by construction, at the cost of a few
-//    synchronous transfers per layer. Moving them to kernels is future work.
+//  - Softmax/top-k, dispatch, aux losses and the router softmax backward are kernels over the
+//    per-token and per-assignment steps of backend/moe_route_rows.h, which the CPU routing runs
+//    too: the same decisions from the same probabilities, no host round trip (the layer reads
+//    back only the E + 1 row offsets, the counts and the two losses: model/moe.c). Dispatch is
+//    deterministic without atomics: positions and rows by block scans per expert, capacity
+//    drops by counting the assignments that go before each one.
 //  - Row gather and weighted scatter are kernels: one thread per (token, channel), the K
 //    assignments of a token summed in k order in fp32, then added once (deterministic).
 #include "kernels/cuda_common.cuh"
 
+#include <cub/block/block_scan.cuh>
 #include <stdlib.h>
 
-extern "C" {
-#include "backend/moe_routing.h"
-}
+#include "backend/moe_route_rows.h"
 
 // ---- router matmuls ----
 
@@ -46,66 +47,144 @@ extern "C" void cuda_moe_router_backward(float *dinp, float *dweight, const floa
     }
 }
 
-// ---- routing on the host (the CPU reference) ----
+// ---- routing on the device: the steps of backend/moe_route_rows.h, one thread per token or
+// assignment, scans per expert; no host transfer. tests/test_moe_dispatch.c replays this
+// pipeline on the CPU against the CPU routing. ----
 
-static void *host_copy(const void *dev, size_t bytes) {
-    void *h = malloc(bytes ? bytes : 1);
-    if (!h) die("out of host memory staging %zu bytes of MoE routing data", bytes);
-    if (bytes) CUDA_CHECK(cudaMemcpy(h, dev, bytes, cudaMemcpyDeviceToHost));
-    return h;
-}
+#define MOE_SCAN_THREADS 256
+typedef cub::BlockScan<int, MOE_SCAN_THREADS> MoeScan;
 
-static void *host_buf(size_t bytes) {
-    void *h = calloc(bytes ? bytes : 1, 1);
-    if (!h) die("out of host memory staging %zu bytes of MoE routing data", bytes);
-    return h;
-}
-
-static void to_dev(void *dev, const void *h, size_t bytes) {
-    if (bytes) CUDA_CHECK(cudaMemcpy(dev, h, bytes, cudaMemcpyHostToDevice));
+__global__ void moe_topk_kernel(float *probs, float *lse, int *topk_idx, float *topk_w, const float *logits, int N,
+                                int E, int K, int norm_topk) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    moe_topk_row(probs + (size_t)t * E, lse + t, topk_idx + (size_t)t * K, topk_w + (size_t)t * K,
+                 logits + (size_t)t * E, E, K, norm_topk);
 }
 
 extern "C" void cuda_moe_topk_forward(float *probs, float *lse, int *topk_idx, float *topk_w, const float *logits,
                                       int N, int E, int K, int norm_topk) {
     if (N <= 0) return;
-    const size_t ne = (size_t)N * E * sizeof(float), nk = (size_t)N * K;
-    float *hl = (float *)host_copy(logits, ne);
-    float *hp = (float *)host_buf(ne), *hlse = (float *)host_buf((size_t)N * sizeof(float));
-    int *hi = (int *)host_buf(nk * sizeof(int));
-    float *hw = (float *)host_buf(nk * sizeof(float));
-    moe_route_topk_forward(hp, hlse, hi, hw, hl, N, E, K, norm_topk);
-    to_dev(probs, hp, ne);
-    to_dev(lse, hlse, (size_t)N * sizeof(float));
-    to_dev(topk_idx, hi, nk * sizeof(int));
-    to_dev(topk_w, hw, nk * sizeof(float));
-    free(hl); free(hp); free(hlse); free(hi); free(hw);
+    moe_topk_kernel<<<(N + 127) / 128, 128>>>(probs, lse, topk_idx, topk_w, logits, N, E, K, norm_topk);
+    CUDA_LAUNCHED();
+}
+
+// Step 1, one block per expert: pos[a], the index of assignment a among its expert's in token
+// order (a block-wide scan per chunk of assignments), and counts[e].
+__global__ void moe_positions_kernel(int *pos, int *counts, const int *topk_idx, int NK) {
+    __shared__ typename MoeScan::TempStorage tmp;
+    const int e = blockIdx.x;
+    int base = 0;
+    for (int a0 = 0; a0 < NK; a0 += MOE_SCAN_THREADS) {
+        const int a = a0 + threadIdx.x;
+        const int mine = a < NK && topk_idx[a] == e;
+        int incl, chunk;
+        MoeScan(tmp).InclusiveSum(mine, incl, chunk);
+        if (mine) pos[a] = base + incl - 1;
+        base += chunk;
+        __syncthreads();   // tmp is reused by the next chunk's scan
+    }
+    if (threadIdx.x == 0) counts[e] = base;
+}
+
+__global__ void moe_plan_kernel(int *start, int *expert_off, const int *counts, int E, int capacity) {
+    moe_dispatch_plan(start, expert_off, counts, E, capacity);
+}
+
+__global__ void moe_list_kernel(int *list, const int *start, const int *pos, const int *topk_idx, int NK) {
+    const int a = blockIdx.x * blockDim.x + threadIdx.x;
+    if (a < NK) list[start[topk_idx[a]] + pos[a]] = a;
+}
+
+__global__ void moe_keep_kernel(int *keep, const int *list, const int *start, const int *counts, const float *probs,
+                                const int *topk_idx, int NK, int E, int K, int capacity) {
+    const int a = blockIdx.x * blockDim.x + threadIdx.x;
+    if (a < NK) keep[a] = moe_assignment_kept(a, list, start, counts, probs, topk_idx, E, K, capacity);
+}
+
+// Step 5, one block per expert: its kept assignments, in token order, take the rows from
+// expert_off[e] on; the dropped ones get -1.
+__global__ void moe_rows_kernel(int *row_token, int *assign_row, const int *list, const int *start,
+                                const int *expert_off, const int *keep, int K) {
+    __shared__ typename MoeScan::TempStorage tmp;
+    const int e = blockIdx.x, n = start[e + 1] - start[e];
+    int base = expert_off[e];
+    for (int i0 = 0; i0 < n; i0 += MOE_SCAN_THREADS) {
+        const int i = i0 + threadIdx.x;
+        const int a = i < n ? list[start[e] + i] : -1;
+        const int kept = a >= 0 && keep[a];
+        int incl, chunk;
+        MoeScan(tmp).InclusiveSum(kept, incl, chunk);
+        if (a >= 0) {
+            if (kept) row_token[base + incl - 1] = a / K;
+            assign_row[a] = kept ? base + incl - 1 : -1;
+        }
+        base += chunk;
+        __syncthreads();
+    }
+}
+
+__global__ void moe_rows_tail_kernel(int *row_token, const int *expert_off, int E, int NK) {
+    for (int r = expert_off[E] + blockIdx.x * blockDim.x + threadIdx.x; r < NK; r += gridDim.x * blockDim.x)
+        row_token[r] = -1;
 }
 
 extern "C" void cuda_moe_dispatch(int *counts, int *expert_off, int *row_token, int *assign_row, const float *probs,
                                   const int *topk_idx, int N, int E, int K, int capacity) {
-    const size_t nk = (size_t)(N > 0 ? N : 0) * K;
-    float *hp = (float *)host_copy(probs, (size_t)(N > 0 ? N : 0) * E * sizeof(float));
-    int *hi = (int *)host_copy(topk_idx, nk * sizeof(int));
-    int *hc = (int *)host_buf((size_t)E * sizeof(int)), *ho = (int *)host_buf(((size_t)E + 1) * sizeof(int));
-    int *hrt = (int *)host_buf(nk * sizeof(int)), *har = (int *)host_buf(nk * sizeof(int));
-    moe_route_dispatch(hc, ho, hrt, har, hp, hi, N, E, K, capacity);
-    to_dev(counts, hc, (size_t)E * sizeof(int));
-    to_dev(expert_off, ho, ((size_t)E + 1) * sizeof(int));
-    to_dev(row_token, hrt, nk * sizeof(int));
-    to_dev(assign_row, har, nk * sizeof(int));
-    free(hp); free(hi); free(hc); free(ho); free(hrt); free(har);
+    const int NK = (N > 0 ? N : 0) * K;
+    // pos, list, keep (NK each) and start (E + 1) in one scratch buffer
+    int *pos = (int *)cuda_scratch(SCRATCH_MOE_A, ((size_t)3 * NK + E + 1) * sizeof(int));
+    int *list = pos + NK, *keep = list + NK, *start = keep + NK;
+    const unsigned blocks = (unsigned)((NK + 255) / 256);
+    moe_positions_kernel<<<E, MOE_SCAN_THREADS>>>(pos, counts, topk_idx, NK);
+    CUDA_LAUNCHED();
+    moe_plan_kernel<<<1, 1>>>(start, expert_off, counts, E, capacity);
+    CUDA_LAUNCHED();
+    if (NK > 0) {
+        moe_list_kernel<<<blocks, 256>>>(list, start, pos, topk_idx, NK);
+        CUDA_LAUNCHED();
+        moe_keep_kernel<<<blocks, 256>>>(keep, list, start, counts, probs, topk_idx, NK, E, K, capacity);
+        CUDA_LAUNCHED();
+        moe_rows_kernel<<<E, MOE_SCAN_THREADS>>>(row_token, assign_row, list, start, expert_off, keep, K);
+        CUDA_LAUNCHED();
+        moe_rows_tail_kernel<<<blocks, 256>>>(row_token, expert_off, E, NK);
+        CUDA_LAUNCHED();
+    }
+}
+
+// One block: the column sums of probs (one thread per expert, token order, double) and the
+// sum of lse^2, combined by thread 0 as the CPU does (bitwise the same from the same inputs).
+__global__ void moe_aux_kernel(float *out, const float *probs, const float *lse, const int *counts, int N, int E,
+                               int K, float aux_coef, float z_coef) {
+    extern __shared__ double psum[];   // E
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        double s = 0.0;
+        for (int t = 0; t < N; t++) s += probs[(size_t)t * E + e];
+        psum[e] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    double zsum = 0.0;
+    for (int t = 0; t < N; t++) zsum += (double)lse[t] * lse[t];
+    moe_aux_combine(out, psum, zsum, counts, N, E, K, aux_coef, z_coef);
 }
 
 extern "C" void cuda_moe_aux_forward(float *out, const float *probs, const float *lse, const int *counts, int N,
                                      int E, int K, float aux_coef, float z_coef) {
-    const size_t n = (size_t)(N > 0 ? N : 0);
-    float *hp = (float *)host_copy(probs, n * E * sizeof(float));
-    float *hl = (float *)host_copy(lse, n * sizeof(float));
-    int *hc = (int *)host_copy(counts, (size_t)E * sizeof(int));
-    float ho[2] = {0.0f, 0.0f};
-    moe_route_aux_forward(ho, hp, hl, hc, N, E, K, aux_coef, z_coef);
-    to_dev(out, ho, sizeof ho);
-    free(hp); free(hl); free(hc);
+    moe_aux_kernel<<<1, 256, (size_t)E * sizeof(double)>>>(out, probs, lse, counts, N > 0 ? N : 0, E, K, aux_coef,
+                                                            z_coef);
+    CUDA_LAUNCHED();
+}
+
+__global__ void moe_softmax_backward_kernel(float *dlogits, const float *dtopk_w, const float *probs,
+                                            const float *lse, const int *topk_idx, const float *topk_w,
+                                            const int *counts, int N, int E, int K, int norm_topk, float aux_scale,
+                                            float z_scale) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    moe_softmax_backward_row(dlogits + (size_t)t * E, dtopk_w + (size_t)t * K, probs + (size_t)t * E, lse[t],
+                             topk_idx + (size_t)t * K, topk_w + (size_t)t * K, counts, N, E, K, norm_topk,
+                             aux_scale, z_scale);
 }
 
 extern "C" void cuda_moe_router_softmax_backward(float *dlogits, const float *dtopk_w, const float *probs,
@@ -113,17 +192,9 @@ extern "C" void cuda_moe_router_softmax_backward(float *dlogits, const float *dt
                                                  const int *counts, int N, int E, int K, int norm_topk,
                                                  float aux_scale, float z_scale) {
     if (N <= 0) return;
-    const size_t ne = (size_t)N * E, nk = (size_t)N * K;
-    float *hdl = (float *)host_copy(dlogits, ne * sizeof(float));
-    float *hdw = (float *)host_copy(dtopk_w, nk * sizeof(float));
-    float *hp = (float *)host_copy(probs, ne * sizeof(float));
-    float *hl = (float *)host_copy(lse, (size_t)N * sizeof(float));
-    int *hi = (int *)host_copy(topk_idx, nk * sizeof(int));
-    float *hw = (float *)host_copy(topk_w, nk * sizeof(float));
-    int *hc = (int *)host_copy(counts, (size_t)E * sizeof(int));
-    moe_route_router_softmax_backward(hdl, hdw, hp, hl, hi, hw, hc, N, E, K, norm_topk, aux_scale, z_scale);
-    to_dev(dlogits, hdl, ne * sizeof(float));
-    free(hdl); free(hdw); free(hp); free(hl); free(hi); free(hw); free(hc);
+    moe_softmax_backward_kernel<<<(N + 127) / 128, 128>>>(dlogits, dtopk_w, probs, lse, topk_idx, topk_w, counts, N,
+                                                          E, K, norm_topk, aux_scale, z_scale);
+    CUDA_LAUNCHED();
 }
 
 // ---- row gather and weighted scatter (bf16 rows) ----
