@@ -595,6 +595,14 @@ static void test_moe(int N, int C, int E, int K, int capacity, int norm_topk) {
     snprintf(name, sizeof name, "moe_topk_forward topk_w %s", shape);
     compare(name, &tw, TOL_F32);
 
+    // dispatch on the same inputs: the CPU's probabilities and top-k (the GPU's expf may differ
+    // by an ulp, which could move a capacity drop; the decisions themselves must not differ)
+    float *hp = xalloc((ne + nk) * sizeof(float));
+    cpu->download(hp, probs.c, ne * 4);
+    cpu->download(hp + ne, idx.c, nk * 4);
+    gpu->upload(probs.g, hp, ne * 4);
+    gpu->upload(idx.g, hp + ne, nk * 4);
+    free(hp);
     Buf counts = buf_raw(hz, (size_t)E), off = buf_raw(hz, (size_t)E + 1), rt = buf_raw(hz, nk), ar = buf_raw(hz, nk);
     cpu->moe_dispatch((int *)counts.c, (int *)off.c, (int *)rt.c, (int *)ar.c, probs.c, (const int *)idx.c, N, E, K, capacity);
     gpu->moe_dispatch((int *)counts.g, (int *)off.g, (int *)rt.g, (int *)ar.g, probs.g, (const int *)idx.g, N, E, K, capacity);
