@@ -14,7 +14,8 @@
 //
 // A step is forward + backward + global-norm clip + AdamW + the bf16 weight store, on random
 // tokens (uniform over the vocabulary: MoE routing of random tokens is close to balanced).
-// Two warm-up steps, then --steps timed steps (default 10), synchronized at both ends.
+// Two warm-up steps, then --steps timed steps (default 10), synchronized at both ends; then two
+// steps with per-op CUDA-event timing (kernels/backend_cuda.h), the GPU time per op per step.
 //
 // Model FLOPs per token, the convention of bench/bench_train.c:
 //   6 * (activated non-embedding parameters + output head V*C)   every weight matmul
@@ -155,6 +156,21 @@ static void run(const char *label, const char *path, const Config *cfg, int B, i
     }
     cudaDeviceSynchronize();
     const double dt = now_s() - t0;
+    // Per-op GPU time: two more steps with an event after every op (kernels/backend_cuda.h),
+    // apart from the timed steps above, whose throughput the events would lower.
+    enum { PROFILE_STEPS = 2, TOP_OPS = 64 };
+    cuda_timing_enable(1);
+    for (int s = 0; s < PROFILE_STEPS; s++) {
+        model_zero_grad(&m);
+        model_forward(&m, in, tg);
+        model_backward(&m, 1.0f);
+        adamw_step(&opt, &m, tc, tc->lr, clip_scale(grad_global_norm(&m), tc->grad_clip));
+    }
+    CudaOpTime ops[TOP_OPS];
+    const int n_ops = cuda_timing_take(ops, TOP_OPS), shown = n_ops < TOP_OPS ? n_ops : TOP_OPS;
+    cuda_timing_enable(0);
+    double op_ms = 0.0;
+    for (int i = 0; i < shown; i++) op_ms += ops[i].ms;
     const double tok_s = (double)N * steps / dt, fpt = flops_per_token(&m, T), fl = tok_s * fpt;
     if (json) {
         cJSON *o = cJSON_CreateObject();
@@ -172,6 +188,15 @@ static void run(const char *label, const char *path, const Config *cfg, int B, i
         cJSON_AddNumberToObject(o, "model_tflops", fl * 1e-12);
         if (peak > 0) cJSON_AddNumberToObject(o, "fraction_of_peak", fl / (peak * 1e12));
         cJSON_AddNumberToObject(o, "last_loss", loss);
+        cJSON *arr = cJSON_AddArrayToObject(o, "op_ms_per_step");
+        for (int i = 0; i < shown; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "op", ops[i].op);
+            cJSON_AddNumberToObject(e, "ms", ops[i].ms / PROFILE_STEPS);
+            cJSON_AddNumberToObject(e, "marks", (double)ops[i].marks / PROFILE_STEPS);
+            cJSON_AddNumberToObject(e, "share", op_ms > 0 ? ops[i].ms / op_ms : 0.0);
+            cJSON_AddItemToArray(arr, e);
+        }
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         cJSON_free(s);
@@ -182,6 +207,11 @@ static void run(const char *label, const char *path, const Config *cfg, int B, i
                label, model_num_params(&m), cfg->model.num_hidden_layers, B, T, dt / steps, tok_s, fpt, fl * 1e-12);
         if (peak > 0) printf(" = %.1f%% of bf16 peak", 100.0 * fl / (peak * 1e12));
         printf(" | last loss %.3f\n", loss);
+        printf("  GPU time per step by op (CUDA events, %d profiled steps; %.1f ms in all):\n", PROFILE_STEPS,
+               op_ms / PROFILE_STEPS);
+        for (int i = 0; i < shown && i < 20; i++)
+            printf("  %8.2f ms %5.1f%%  %6.0f marks  %s\n", ops[i].ms / PROFILE_STEPS,
+                   op_ms > 0 ? 100.0 * ops[i].ms / op_ms : 0.0, (double)ops[i].marks / PROFILE_STEPS, ops[i].op);
     }
     fflush(stdout);
     free(in);

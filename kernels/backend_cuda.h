@@ -29,6 +29,21 @@ int cuda_device_available(char *reason, size_t reason_len);
 // its GPUs instead of all landing on device 0. Dies when there is no device.
 int cuda_select_device(int local_rank);
 
+// Per-op GPU timing with CUDA events, for benchmarks (bench/bench_gpu.c). While enabled, an
+// event is recorded after every kernel launch and cuBLAS product, and the GPU time between two
+// events is added to the op (the C function of kernels/) that enqueued the work: ops run in
+// order on one stream, so the times add up to the stream's busy time plus any idle gaps.
+// The events cost a few microseconds each: measure throughput with timing off.
+typedef struct CudaOpTime {
+    const char *op;   // the kernels/ function, e.g. "cuda_matmul_forward"
+    double ms;        // GPU milliseconds since the last reset
+    long marks;       // events attributed (kernel launches and library calls)
+} CudaOpTime;
+void cuda_timing_enable(int on);
+// Waits for the GPU, adds up the events so far and forgets the totals after copying up to
+// `max` of them, largest first, into out; returns how many ops there were.
+int cuda_timing_take(CudaOpTime *out, int max);
+
 #ifdef __cplusplus
 }
 #endif

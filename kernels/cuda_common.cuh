@@ -43,8 +43,15 @@ void cuda_after_launch(const char *file, int line, const char *func);
     } while (0)
 
 // After a kernel launch: launch-configuration errors surface here, at their launch site;
-// with CLLA_CUDA_SYNC=1 the kernel's execution errors too.
+// with CLLA_CUDA_SYNC=1 the kernel's execution errors too; with per-op timing on
+// (cuda_timing_enable, backend_cuda.h) the GPU time since the previous mark goes to __func__.
 #define CUDA_LAUNCHED() cuda_after_launch(__FILE__, __LINE__, __func__)
+// Per-op timing mark after library calls (cuBLAS) that CUDA_LAUNCHED does not follow.
+void cuda_timing_mark(const char *op);
+#define CUDA_OP_DONE() cuda_timing_mark(__func__)
+// An op built from other ops (the grouped expert matmuls): while a label is set, every mark is
+// attributed to it instead of the inner op. NULL clears it.
+void cuda_timing_label(const char *op);
 
 // Grid size for a grid-stride elementwise loop: enough blocks to fill any current GPU,
 // capped so that the grid never depends on the device (results never depend on it anyway).
@@ -117,7 +124,7 @@ enum CudaScratchSlot {
     SCRATCH_EMB = 0,      // embedding backward: sort keys, values and CUB temporaries
     SCRATCH_PARTIAL,      // row-chunk partial sums (rmsnorm dweight, sumsq)
     SCRATCH_ROPE,         // rope cos/sin table
-    SCRATCH_MOE_A,        // MoE router backward: fp32 copies of inp and weight, fp32 dinp
+    SCRATCH_MOE_A,        // MoE router backward: fp32 copies of inp and weight, fp32 dinp; dispatch: positions, list, keep flags
     SCRATCH_MOE_B,
     SCRATCH_MOE_C,
     SCRATCH_DEC_PTRS,     // paged attention: the streams' block pointer tables

@@ -66,6 +66,105 @@ void cuda_after_launch(const char *file, int line, const char *func) {
         err = cudaDeviceSynchronize();
         if (err != cudaSuccess) cuda_fail(err, "the op launched here (CLLA_CUDA_SYNC=1)", file, line, func);
     }
+    cuda_timing_mark(func);
+}
+
+// ---- per-op timing (backend_cuda.h): a ring of events, folded into per-op totals when full
+// or when the totals are taken. Slot 0 after a fold is the last event, the next interval's start.
+
+#define TIMING_EVENTS 4096
+#define TIMING_OPS 256
+
+typedef struct Timing {
+    int on;
+    const char *label;                   // cuda_timing_label: marks go to it while set
+    int n;                               // events recorded, slot 0 included
+    cudaEvent_t ev[TIMING_EVENTS];
+    const char *name[TIMING_EVENTS];     // the op that enqueued the work before event i
+    CudaOpTime op[TIMING_OPS];
+    int n_ops;
+} Timing;
+static Timing g_timing;   // process-wide, like the handles above
+
+static CudaOpTime *timing_find(const char *name) {
+    Timing *t = &g_timing;
+    for (int i = 0; i < t->n_ops; i++)
+        if (t->op[i].op == name || strcmp(t->op[i].op, name) == 0) return &t->op[i];
+    return NULL;
+}
+
+static void timing_add(const char *name, double ms) {
+    Timing *t = &g_timing;
+    CudaOpTime *o = timing_find(name);
+    if (!o) {
+        if (t->n_ops >= TIMING_OPS - 1) {   // the last slot collects the ops past the table
+            name = "(other ops)";
+            o = timing_find(name);
+        }
+        if (!o) {
+            o = &t->op[t->n_ops++];
+            o->op = name;
+            o->ms = 0.0;
+            o->marks = 0;
+        }
+    }
+    o->ms += ms;
+    o->marks++;
+}
+
+static void timing_fold(void) {
+    Timing *t = &g_timing;
+    if (t->n < 2) return;
+    CUDA_CHECK(cudaEventSynchronize(t->ev[t->n - 1]));
+    for (int i = 1; i < t->n; i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, t->ev[i - 1], t->ev[i]));
+        timing_add(t->name[i], ms);
+    }
+    cudaEvent_t last = t->ev[t->n - 1];
+    t->ev[t->n - 1] = t->ev[0];
+    t->ev[0] = last;
+    t->n = 1;
+}
+
+void cuda_timing_label(const char *op) { g_timing.label = op; }
+
+void cuda_timing_mark(const char *op) {
+    Timing *t = &g_timing;
+    if (!t->on) return;
+    if (t->n == TIMING_EVENTS) timing_fold();
+    t->name[t->n] = t->label ? t->label : op;
+    CUDA_CHECK(cudaEventRecord(t->ev[t->n], 0));
+    t->n++;
+}
+
+extern "C" void cuda_timing_enable(int on) {
+    Timing *t = &g_timing;
+    if (on && !t->ev[0])
+        for (int i = 0; i < TIMING_EVENTS; i++) CUDA_CHECK(cudaEventCreate(&t->ev[i]));
+    if (on && !t->on) {
+        t->on = 1;
+        t->n = 0;
+        cuda_timing_mark("(start)");   // slot 0: the first interval's start, never attributed
+    } else if (!on && t->on) {
+        timing_fold();
+        t->on = 0;
+    }
+}
+
+static int cmp_op_time(const void *a, const void *b) {
+    const CudaOpTime *x = (const CudaOpTime *)a, *y = (const CudaOpTime *)b;
+    return (x->ms < y->ms) - (x->ms > y->ms);
+}
+
+extern "C" int cuda_timing_take(CudaOpTime *out, int max) {
+    Timing *t = &g_timing;
+    if (t->on) timing_fold();
+    qsort(t->op, (size_t)t->n_ops, sizeof(t->op[0]), cmp_op_time);
+    const int n = t->n_ops;
+    for (int i = 0; i < n && i < max; i++) out[i] = t->op[i];
+    t->n_ops = 0;
+    return n;
 }
 
 cublasHandle_t cuda_cublas(void) {

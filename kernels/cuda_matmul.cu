@@ -18,34 +18,63 @@ static uint32_t alignment_of(const void *p) {
     return al;
 }
 
-// D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * C, column-major, C == D.
-// A and B are bf16; D is bf16 or fp32 (dtype). lda/ldb/ldd are the stored leading dims.
-void cuda_lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, const void *B,
-                      int ldb, bool transB, void *D, int ldd, cudaDataType_t dtype, float beta) {
-    cublasLtHandle_t lt = cuda_cublaslt();
-    cublasLtMatmulDesc_t op;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t ta = transA ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+// What cuBLASLt needs to run one product, apart from the pointers and beta: the operation and
+// layout descriptors and the algorithm its heuristic chose. Creating them and asking the
+// heuristic costs more host time than a small GEMM takes on the GPU, and a training step asks
+// for the same few dozen shapes again and again, so each shape is planned once.
+typedef struct LtKey {
+    int m, n, k, lda, ldb, ldd;
+    int trans_a, trans_b;
+    cudaDataType_t dtype;
+    uint32_t al_a, al_b, al_d;   // operand alignments: the heuristic's choice depends on them
+} LtKey;
 
+typedef struct LtPlan {
+    LtKey key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+} LtPlan;
+
+// Process-wide CUDA state, like the handles of cuda_context.cu: filled on first use of a shape,
+// never freed. Past LT_PLANS shapes (no model here has that many) a product is planned per call.
+#define LT_PLANS 512
+typedef struct LtPlanCache {
+    LtPlan plan[LT_PLANS];
+    int n;
+    int last;   // the plan used last: consecutive identical shapes (layers) skip the search
+} LtPlanCache;
+static LtPlanCache g_lt_plans;
+
+static int same_key(const LtKey *a, const LtKey *b) {
+    return a->m == b->m && a->n == b->n && a->k == b->k && a->lda == b->lda && a->ldb == b->ldb &&
+           a->ldd == b->ldd && a->trans_a == b->trans_a && a->trans_b == b->trans_b && a->dtype == b->dtype &&
+           a->al_a == b->al_a && a->al_b == b->al_b && a->al_d == b->al_d;
+}
+
+static void lt_plan_make(LtPlan *p, const LtKey *key) {
+    p->key = *key;
+    cublasLtHandle_t lt = cuda_cublaslt();
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = key->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     // Layouts describe the stored matrices (before the transpose op).
-    cublasLtMatrixLayout_t la, lb, ld_;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, transA ? k : m, transA ? m : k, lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, transB ? n : k, transB ? k : n, ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld_, dtype, m, n, ldd));
+    const int m = key->m, n = key->n, k = key->k;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, key->trans_a ? k : m, key->trans_a ? m : k, key->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, key->trans_b ? n : k, key->trans_b ? k : n, key->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ld, key->dtype, m, n, key->ldd));
 
     size_t ws_bytes = 0;
-    void *ws = cuda_lt_workspace(&ws_bytes);
+    (void)cuda_lt_workspace(&ws_bytes);
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &ws_bytes, sizeof ws_bytes));
-    const uint32_t al_a = alignment_of(A), al_b = alignment_of(B), al_d = alignment_of(D);
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al_a, sizeof key->al_a));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al_b, sizeof key->al_b));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al_d, sizeof key->al_d));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al_d, sizeof key->al_d));
     // Split-K partial sums reduced in the output type would round a bf16 output more than once
     // (the cpu-bf16 emulation and the GPU tests' tolerances assume one rounding, docs/GPU.md):
     // only no reduction or one in the fp32 compute type.
@@ -53,21 +82,51 @@ void cuda_lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, co
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld_, ld_, pref, 1, &heur, &found));
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->la, p->lb, p->ld, p->ld, pref, 1, &heur, &found));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0)
         die("cuBLASLt found no algorithm for a bf16 matmul (m=%d n=%d k=%d, %s output): "
             "this GPU or cuBLAS version may not support it", m, n, k,
-            dtype == CUDA_R_32F ? "fp32" : "bf16");
+            key->dtype == CUDA_R_32F ? "fp32" : "bf16");
+    p->algo = heur.algo;
+}
 
+static void lt_plan_destroy(LtPlan *p) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->ld));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->la));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->op));
+}
+
+// D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * C, column-major, C == D.
+// A and B are bf16; D is bf16 or fp32 (dtype). lda/ldb/ldd are the stored leading dims.
+void cuda_lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, const void *B,
+                      int ldb, bool transB, void *D, int ldd, cudaDataType_t dtype, float beta) {
+    const LtKey key = {m, n, k, lda, ldb, ldd, transA, transB, dtype, alignment_of(A), alignment_of(B), alignment_of(D)};
+    LtPlanCache *c = &g_lt_plans;
+    LtPlan *p = NULL, once;
+    if (c->n > 0 && same_key(&c->plan[c->last].key, &key)) p = &c->plan[c->last];
+    for (int i = 0; !p && i < c->n; i++)
+        if (same_key(&c->plan[i].key, &key)) {
+            p = &c->plan[i];
+            c->last = i;
+        }
+    if (!p && c->n < LT_PLANS) {
+        c->last = c->n++;
+        p = &c->plan[c->last];
+        lt_plan_make(p, &key);
+    }
+    const int cached = p != NULL;
+    if (!cached) {
+        p = &once;
+        lt_plan_make(p, &key);
+    }
+    size_t ws_bytes = 0;
+    void *ws = cuda_lt_workspace(&ws_bytes);
     const float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, D, ld_, D, ld_, &heur.algo,
-                                ws, ws_bytes, 0));
-
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld_));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    CUBLAS_CHECK(cublasLtMatmul(cuda_cublaslt(), p->op, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld,
+                                &p->algo, ws, ws_bytes, 0));
+    if (!cached) lt_plan_destroy(p);   // after the enqueue: cuBLASLt copies what it needs at the call
 }
 
 extern "C" void cuda_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC) {
@@ -76,6 +135,7 @@ extern "C" void cuda_matmul_forward(float *out, const float *inp, const float *w
     // out^T (OC, N) = W (OC, C) @ inp^T: A = W stored col-major as (C, OC) ld C, transposed;
     // B = inp stored col-major (C, N) ld C.
     cuda_lt_matmul(OC, N, C, weight, C, true, inp, C, false, out, OC, CUDA_R_16BF, 0.0f);
+    CUDA_OP_DONE();
 }
 
 extern "C" void cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
@@ -89,4 +149,5 @@ extern "C" void cuda_matmul_backward(float *dinp, float *dweight, const float *d
         // dW^T (C, OC) += inp^T stored col-major (C, N) ld C  @  (dout^T)^T: dout^T stored (OC, N) ld OC, transposed
         cuda_lt_matmul(C, OC, N, inp, C, false, dout, OC, true, dweight, C, CUDA_R_32F, 1.0f);
     }
+    CUDA_OP_DONE();
 }

@@ -24,11 +24,13 @@ extern "C" void cuda_moe_router_forward(float *logits, const float *inp, const f
     if (C <= 0) { CUDA_CHECK(cudaMemsetAsync(logits, 0, (size_t)N * E * sizeof(float), 0)); return; }
     // logits^T (E, N) = W (E, C) @ inp^T: W stored col-major as (C, E) ld C, transposed; inp stored (C, N) ld C
     cuda_lt_matmul(E, N, C, weight, C, true, inp, C, false, logits, E, CUDA_R_32F, 0.0f);
+    CUDA_OP_DONE();
 }
 
 extern "C" void cuda_moe_router_backward(float *dinp, float *dweight, const float *dlogits, const float *inp,
                                          const float *weight, int N, int C, int E) {
     if (N <= 0 || C <= 0 || E <= 0) return;
+    cuda_timing_label(__func__);   // its widenings, SGEMMs and the add count as this op
     cublasHandle_t h = cuda_cublas();
     const float one = 1.0f, zero = 0.0f;
     if (dweight) {
@@ -45,6 +47,8 @@ extern "C" void cuda_moe_router_backward(float *dinp, float *dweight, const floa
         CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, E, &one, w32, C, dlogits, E, &zero, tmp, C));
         cuda_add_f32_to_bf16((bf16 *)dinp, tmp, (size_t)N * C);
     }
+    CUDA_OP_DONE();
+    cuda_timing_label(NULL);
 }
 
 // ---- routing on the device: the steps of backend/moe_route_rows.h, one thread per token or
@@ -300,19 +304,23 @@ static float *rows_at(const float *base, int row, int width) {
 
 extern "C" void cuda_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights,
                                                const int *expert_off, int E, int C, int OC) {
+    cuda_timing_label(__func__);
     for (int e = 0; e < E; e++) {
         const int r0 = expert_off[e], n = expert_off[e + 1] - r0;
         if (n > 0) cuda_matmul_forward(rows_at(out, r0, OC), rows_at(inp, r0, C), weights[e], n, C, OC);
     }
+    cuda_timing_label(NULL);
 }
 
 extern "C" void cuda_moe_expert_matmul_backward(float *dinp, float *const *dweights, const float *dout,
                                                 const float *inp, const float *const *weights,
                                                 const int *expert_off, int E, int C, int OC) {
+    cuda_timing_label(__func__);
     for (int e = 0; e < E; e++) {
         const int r0 = expert_off[e], n = expert_off[e + 1] - r0;
         if (n > 0)
             cuda_matmul_backward(dinp ? rows_at(dinp, r0, C) : NULL, dweights ? dweights[e] : NULL,
                                  rows_at(dout, r0, OC), rows_at(inp, r0, C), weights[e], n, C, OC);
     }
+    cuda_timing_label(NULL);
 }
