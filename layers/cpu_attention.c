@@ -21,10 +21,15 @@
 // then out = O / l and lse = m + log l.
 // Backward, with P = exp(S - lse) recomputed and Delta_t = dO_t . O_t:
 //   dP = dO V^T, dS = P (dP - Delta), dQ += scale dS K, dK += scale dS^T Q, dV += P^T dO.
-// Phase 1 tasks (b, h, query tile) own their dQ rows; phase 2 tasks (b, kv head, key tile) own
-// their dK and dV rows and sum the group's query heads in a fixed order. So nothing is added
-// by two threads (no atomics) and the result does not depend on the thread count, at the price
-// of computing S and dP twice (7 tile products per tile instead of FlashAttention-2's 5).
+// When there are enough (b, kv head) pairs to keep every thread busy, one pass: a task per
+// (b, kv head) owns dK and dV of its kv head and dQ of its group's query heads, and walks its
+// key tiles in order, each against the query tiles at and below it: 5 tile products per tile,
+// FlashAttention-2's count. Otherwise two phases: tasks (b, h, query tile) own their dQ rows,
+// then tasks (b, kv head, key tile) own their dK and dV rows, at the price of computing S and
+// dP twice (7 products). Either way nothing is added by two threads (no atomics), and both add
+// every term in the same order (dQ rows over key tiles ascending; dK and dV rows over the
+// group's heads, then query tiles ascending), so the two give the same bits and the result
+// depends neither on the thread count nor on the path (tests/test_ops.c checks it).
 //
 // The *_bf16p variants serve the bf16 emulation backend (layers/backend_cpu_bf16.c): the CUDA
 // kernel hands P (for P V and dV) and dS (for dQ and dK) to its tensor-core products as bf16,
@@ -34,6 +39,7 @@
 #include <assert.h>
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -190,6 +196,22 @@ static void grad_tile(float *S, float *dP, const float *doh, const float *vh, co
     }
 }
 
+// The tile's terms of the gradients, each target skipped when NULL:
+//   dV[c0:] += P^T dO[r0:r0+rows],  dK[c0:] += scale dS^T Q[r0:r0+rows],  dQ[r0:] += scale dS K[c0:c0+cols].
+static void accumulate_tile(float *dqh, float *dkh, float *dvh, const float *P, const float *dS, const float *qh,
+                            const float *kh, const float *doh, const Heads *hd, int r0, int rows, int c0, int cols,
+                            float scale) {
+    if (dvh)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd->DV, rows, 1.0f, P, ATT_BK,
+                    doh + (size_t)r0 * hd->ldo, hd->ldo, 1.0f, dvh + (size_t)c0 * hd->ldv, hd->ldv);
+    if (dkh)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd->DQK, rows, scale, dS, ATT_BK,
+                    qh + (size_t)r0 * hd->ldq, hd->ldq, 1.0f, dkh + (size_t)c0 * hd->ldk, hd->ldk);
+    if (dqh)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd->DQK, cols, scale, dS, ATT_BK,
+                    kh + (size_t)c0 * hd->ldk, hd->ldk, 1.0f, dqh + (size_t)r0 * hd->ldq, hd->ldq);
+}
+
 // With P = softmax(S), S = scale Q K^T (causal), O = P V and dO given (see the top):
 // dq, dk, dv accumulate. scratch: fp32 (B, NH, T), receives Delta.
 static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,
@@ -208,55 +230,79 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                 for (int d = 0; d < DV; d++) s += (double)o[d] * g[d];
                 scratch[((size_t)b * NH + h) * T + t] = (float)s;
             }
+    // one pass when the tasks are at least 4 per thread or split evenly over the threads
+    const int tasks = B * NKV, threads = omp_get_max_threads();
+    const int one_pass = tasks >= 4 * threads || tasks % threads == 0;
+    _Static_assert(ATT_BQ == ATT_BK, "the query tiles at and below a key tile start at its own index");
     #pragma omp parallel
     {
         float *S = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
         float *dP = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
-        // phase 1: dQ rows of a query tile
-        #pragma omp for collapse(3) schedule(dynamic, 1)
-        for (int b = 0; b < B; b++)
-            for (int h = 0; h < NH; h++)
-                for (int qt = 0; qt < nq; qt++) {
-                    const int r0 = qt * ATT_BQ, rows = imin(T - r0, ATT_BQ);
-                    const HeadRows hr = head_rows(&hd, q, k, v, b, h);
-                    const float *qh = hr.q, *kh = hr.k, *vh = hr.v, *doh = dout + hr.o;
-                    const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
-                    float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
-                    for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
-                        const int cols = imin(r0 + rows - c0, ATT_BK);
-                        score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
-                        grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
-                        // dQ[r0:] += scale dS K[c0:c0+cols]
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, DQK, cols, scale, dP, ATT_BK,
-                                    kh + (size_t)c0 * hd.ldk, hd.ldk, 1.0f, dqh + (size_t)r0 * hd.ldq, hd.ldq);
-                    }
-                }
-        // phase 2: dK and dV rows of a key tile, from the query tiles at and below it
-        #pragma omp for collapse(3) schedule(dynamic, 1)
-        for (int b = 0; b < B; b++)
-            for (int kvh = 0; kvh < NKV; kvh++)
-                for (int kt = 0; kt < nk; kt++) {
-                    const int c0 = kt * ATT_BK, cols = imin(T - c0, ATT_BK);
+        if (one_pass) {
+            #pragma omp for collapse(2) schedule(dynamic, 1)
+            for (int b = 0; b < B; b++)
+                for (int kvh = 0; kvh < NKV; kvh++) {
                     const float *kh = k + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
                     const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
                     float *dkh = dk + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
                     float *dvh = dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
-                    for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
-                        const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
-                        const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
-                        const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
-                        for (int r0 = c0 / ATT_BQ * ATT_BQ; r0 < T; r0 += ATT_BQ) {
-                            const int rows = imin(T - r0, ATT_BQ);
-                            score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
-                            grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
-                            // dV[c0:] += P^T dO[r0:r0+rows] ; dK[c0:] += scale dS^T Q[r0:r0+rows]
-                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, DV, rows, 1.0f, S, ATT_BK,
-                                        doh + (size_t)r0 * hd.ldo, hd.ldo, 1.0f, dvh + (size_t)c0 * hd.ldv, hd.ldv);
-                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, DQK, rows, scale, dP, ATT_BK,
-                                        qh + (size_t)r0 * hd.ldq, hd.ldq, 1.0f, dkh + (size_t)c0 * hd.ldk, hd.ldk);
+                    for (int kt = 0; kt < nk; kt++) {
+                        const int c0 = kt * ATT_BK, cols = imin(T - c0, ATT_BK);
+                        for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
+                            const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
+                            const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
+                            const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
+                            float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
+                            for (int r0 = c0; r0 < T; r0 += ATT_BQ) {
+                                const int rows = imin(T - r0, ATT_BQ);
+                                score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
+                                grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
+                                accumulate_tile(dqh, dkh, dvh, S, dP, qh, kh, doh, &hd, r0, rows, c0, cols, scale);
+                            }
                         }
                     }
                 }
+        } else {
+            // phase 1: dQ rows of a query tile
+            #pragma omp for collapse(3) schedule(dynamic, 1)
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < NH; h++)
+                    for (int qt = 0; qt < nq; qt++) {
+                        const int r0 = qt * ATT_BQ, rows = imin(T - r0, ATT_BQ);
+                        const HeadRows hr = head_rows(&hd, q, k, v, b, h);
+                        const float *qh = hr.q, *kh = hr.k, *vh = hr.v, *doh = dout + hr.o;
+                        const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
+                        float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
+                        for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
+                            const int cols = imin(r0 + rows - c0, ATT_BK);
+                            score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
+                            grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
+                            accumulate_tile(dqh, NULL, NULL, S, dP, qh, kh, doh, &hd, r0, rows, c0, cols, scale);
+                        }
+                    }
+            // phase 2: dK and dV rows of a key tile, from the query tiles at and below it
+            #pragma omp for collapse(3) schedule(dynamic, 1)
+            for (int b = 0; b < B; b++)
+                for (int kvh = 0; kvh < NKV; kvh++)
+                    for (int kt = 0; kt < nk; kt++) {
+                        const int c0 = kt * ATT_BK, cols = imin(T - c0, ATT_BK);
+                        const float *kh = k + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
+                        const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
+                        float *dkh = dk + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
+                        float *dvh = dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
+                        for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
+                            const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
+                            const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
+                            const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
+                            for (int r0 = c0 / ATT_BQ * ATT_BQ; r0 < T; r0 += ATT_BQ) {
+                                const int rows = imin(T - r0, ATT_BQ);
+                                score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
+                                grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
+                                accumulate_tile(NULL, dkh, dvh, S, dP, qh, kh, doh, &hd, r0, rows, c0, cols, scale);
+                            }
+                        }
+                    }
+        }
         free(S);
         free(dP);
     }
