@@ -94,7 +94,8 @@ def main():
 
     frac = dense.get("fraction_of_peak")
     rec = {"model": "dense", "config": dense["config"], "B": dense["B"], "T": dense["T"],
-           "clla_tokens_per_s": dense["tokens_per_s"], "clla_fraction_of_peak": frac}
+           "clla_tokens_per_s": dense["tokens_per_s"], "clla_fraction_of_peak": frac,
+           "clla_op_ms_per_step": dense.get("op_ms_per_step")}
     text = (f"dense  {dense['params'] / 1e9:.2f}B params, B={dense['B']} T={dense['T']}: clla {dense['tokens_per_s']:.0f} tok/s"
             + (f" ({100 * frac:.1f}% of bf16 peak)" if frac else ""))
     if t_res:

@@ -44,6 +44,11 @@ void cuda_timing_enable(int on);
 // `max` of them, largest first, into out; returns how many ops there were.
 int cuda_timing_take(CudaOpTime *out, int max);
 
+// Attention kernels: the tensor-core ones (kernels/cuda_attention_tc.cu) where the shape allows
+// (the default; also CLLA_CUDA_ATTENTION=tc), or 0: the one-warp-per-row kernels everywhere (also
+// CLLA_CUDA_ATTENTION=warp). The op tests run both against the CPU.
+void cuda_attention_use_tensor_cores(int on);
+
 #ifdef __cplusplus
 }
 #endif

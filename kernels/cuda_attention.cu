@@ -15,8 +15,10 @@
 // group's query heads in fp32 registers and are added to the bf16 gradient once; nothing is
 // added by two warps, so the result does not depend on the schedule.
 //
-// What it is not yet: an FA2-style tiled kernel with tensor-core mma or cuDNN's fused attention.
-#include "kernels/cuda_common.cuh"
+// These kernels are the fallback: head widths that are multiples of 16 in 16-byte aligned
+// buffers go to the tensor-core kernels of kernels/cuda_attention_tc.cu (same contract, same
+// roundings); CLLA_CUDA_ATTENTION=warp keeps every call here.
+#include "kernels/cuda_attention_tc.cuh"
 
 #define ATT_MAX_D 256                 // widest DQK and DV (8 registers per lane)
 #define ATT_REGS (ATT_MAX_D / 32)
@@ -204,6 +206,12 @@ extern "C" void cuda_attention_forward(float *out, float *lse, const float *q, c
                                        int T, int NH, int NKV, int DQK, int DV, float scale) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
     check_shape(NH, NKV, DQK, DV);
+    const void *ptrs[] = {out, q, k, v};
+    if (cuda_attention_tc_fits(DQK, DV, (long long)B * NH, ptrs, 4)) {
+        cuda_attention_tc_forward((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, NH, NKV, DQK,
+                                  DV, scale);
+        return;
+    }
     const size_t rows = (size_t)B * NH * T;
     const size_t sb = shared_bytes((const void *)attention_forward_kernel, DQK);
     attention_forward_kernel<<<row_blocks(rows), 32 * ATT_WARPS, sb>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
@@ -220,6 +228,12 @@ extern "C" void cuda_attention_backward(float *dq, float *dk, float *dv, float *
     const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v, *dO = (const bf16 *)dout;
     attention_delta_kernel<<<row_blocks(rows), 32 * ATT_WARPS>>>(scratch, dO, (const bf16 *)out, B, T, NH, DV);
     CUDA_LAUNCHED();
+    const void *ptrs[] = {dq, dk, dv, dout, q, k, v};
+    if (cuda_attention_tc_fits(DQK, DV, (long long)B * NH, ptrs, 7)) {
+        cuda_attention_tc_backward((bf16 *)dq, (bf16 *)dk, (bf16 *)dv, scratch, dO, lse, Q, K, V, B, T, NH, NKV, DQK, DV,
+                                   scale);
+        return;
+    }
     size_t sb = shared_bytes((const void *)attention_dq_kernel, DQK + DV);
     attention_dq_kernel<<<row_blocks(rows), 32 * ATT_WARPS, sb>>>((bf16 *)dq, dO, lse, scratch, Q, K, V, B, T, NH, NKV,
                                                                 DQK, DV, scale);

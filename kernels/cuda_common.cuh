@@ -50,8 +50,9 @@ void cuda_after_launch(const char *file, int line, const char *func);
 void cuda_timing_mark(const char *op);
 #define CUDA_OP_DONE() cuda_timing_mark(__func__)
 // An op built from other ops (the grouped expert matmuls): while a label is set, every mark is
-// attributed to it instead of the inner op. NULL clears it.
-void cuda_timing_label(const char *op);
+// attributed to it instead of the inner op. NULL clears it. Returns the label it replaces, so
+// that an op inside a labelled one can keep the outer label and restore it.
+const char *cuda_timing_label(const char *op);
 
 // Grid size for a grid-stride elementwise loop: enough blocks to fill any current GPU,
 // capped so that the grid never depends on the device (results never depend on it anyway).
@@ -130,6 +131,7 @@ enum CudaScratchSlot {
     SCRATCH_DEC_PTRS,     // paged attention: the streams' block pointer tables
     SCRATCH_DEC_TABLE,    // paged attention: block tables and lengths of the rows
     SCRATCH_DEC_SCORES,   // paged attention: fp32 scores / probabilities (n, NH, longest)
+    SCRATCH_DINP,         // matmul backward: the fp32 product dout @ W of a chunk of rows
     SCRATCH_NSLOTS
 };
 void *cuda_scratch(enum CudaScratchSlot slot, size_t bytes);

@@ -127,7 +127,11 @@ static void timing_fold(void) {
     t->n = 1;
 }
 
-void cuda_timing_label(const char *op) { g_timing.label = op; }
+const char *cuda_timing_label(const char *op) {
+    const char *prev = g_timing.label;
+    g_timing.label = op;
+    return prev;
+}
 
 void cuda_timing_mark(const char *op) {
     Timing *t = &g_timing;

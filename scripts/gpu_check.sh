@@ -3,36 +3,49 @@
 # (docs/GPU.md, "scripts/gpu_check.sh"). Every result goes to OUT: one log per step and
 # summary.jsonl, one JSON line per step {"step", "status": pass|fail|skipped, "reason", "seconds"}.
 #
-#   scripts/gpu_check.sh [--out DIR] [--bin DIR] [--dry-run] [--quick]     on the GPU machine
+#   scripts/gpu_check.sh [--out DIR] [--bin DIR] [--dry-run] [--quick] [--budget S] [--bench-steps N]
+#                                                                           on the GPU machine
 #   scripts/gpu_check.sh --bundle DIR [--build DIR]                          here: a portable bundle
 #
 # Binaries: --bin DIR (a bundle made with --bundle: bin/ and lib/), else ./gpu_bundle when it
 # exists, else build-cuda/ built now with nvcc (-DCLLA_CUDA=ON -DCLLA_NATIVE=OFF). --bundle builds
 # a portable CUDA tree (no -march=native) and copies its GPU test and benchmark binaries with the
 # shared libraries they need that a bare machine may lack (OpenBLAS, zstd, cJSON, PCRE2, OpenMP,
-# gfortran...); not glibc and not the CUDA libraries (cuBLASLt alone is hundreds of MiB: the GPU
+# gfortran...); not glibc, libstdc++ and libgcc_s (a newer one is everywhere; an older one first
+# on LD_LIBRARY_PATH would break the machine's PyTorch) and not the CUDA libraries (cuBLASLt alone is hundreds of MiB: the GPU
 # machine needs the CUDA 13 runtime, cuBLAS and NCCL libraries, or an nvcc to build with).
 #
-# Steps: the GPU op tests (a failure is rerun with CLLA_CUDA_SYNC=1, which names the op that
-# faulted); compute-sanitizer memcheck and initcheck on them; the production-shape checks
-# (test_gpu_ops --production: matmul 8192 x 2048 x 5632, attention at T = 2048 with head widths
-# 128 and 160 / 96, cross-entropy at V = 32000 and 128256, on a subset of rows); whole training
-# steps of every preset and a MoE model against cpu-bf16 (test_gpu_train); decoding
-# (test_gpu_decode); bench_gpu --json; the PyTorch comparison where a CUDA torch exists.
+# Steps, most telling first (a lease may end before the last): the GPU op tests (a failure is
+# rerun with CLLA_CUDA_SYNC=1, which names the op that faulted); whole training steps of every
+# preset and a MoE model against cpu-bf16 (test_gpu_train); decoding (test_gpu_decode); the
+# production-shape checks (test_gpu_ops --production: matmul 8192 x 2048 x 5632, attention at
+# T = 2048 with head widths 128 and 160 / 96, cross-entropy at V = 32000 and 128256, on a subset
+# of rows); the PyTorch comparison where a CUDA torch exists (bench/bench_gpu_compare.py, dense
+# model only); compute-sanitizer memcheck and initcheck on the op tests; bench_gpu --json (dense
+# and MoE, per-op GPU times). --budget S: the whole run's seconds (default 3600); each step
+# runs under timeout(1) with what is left (and at most its own cap), and a step that finds
+# less than 20 s left is skipped, saying so. --bench-steps N: timed steps per benchmark (10).
+# Missing shared libraries (the CUDA ones a bundle does not carry) are looked for in the CUDA
+# toolkit and in the nvidia-* Python wheels of the machine and added to LD_LIBRARY_PATH.
 # Without a GPU (or with --dry-run) every step says it skipped and why, and the exit status is 0;
 # any failed step makes it 1. --quick: no sanitizers, no benchmarks. COMPUTE_SANITIZER names the
 # sanitizer when it is not on PATH or in /usr/local/cuda/bin.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_check_out}
-BIN="" DRY=0 QUICK=0 BUNDLE="" BUILD=$ROOT/build-gpu-portable
-usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+BIN="" DRY=0 QUICK=0 BUNDLE="" BUILD=$ROOT/build-gpu-portable BUDGET=3600 BENCH_STEPS=10
+usage() { sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+positive_int() {   # positive_int OPTION VALUE: the value, or exit 2 naming the option
+    [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || { echo "gpu_check: $1 needs a positive integer, got '$2'" >&2; exit 2; }
+}
 while [ $# -gt 0 ]; do
     case $1 in
         --out) OUT=${2:?--out needs a directory}; shift ;;
         --bin) BIN=${2:?--bin needs a directory}; shift ;;
         --bundle) BUNDLE=${2:?--bundle needs a directory}; shift ;;
         --build) BUILD=${2:?--build needs a directory}; shift ;;
+        --budget) positive_int --budget "${2:-}"; BUDGET=$2; shift ;;
+        --bench-steps) positive_int --bench-steps "${2:-}"; BENCH_STEPS=$2; shift ;;
         --dry-run) DRY=1 ;;
         --quick) QUICK=1 ;;
         -h|--help) usage; exit 0 ;;
@@ -65,7 +78,7 @@ if [ -n "$BUNDLE" ]; then
     done
     # the libraries the binaries load, but glibc's and the CUDA/driver ones
     for b in "$BUNDLE"/bin/*; do ldd "$b" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}'; done | sort -u |
-        grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn[^/]*|libnvidia[^/]*)\.so' |
+        grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn[^/]*|libnvidia[^/]*)\.so' |
         while read -r lib; do cp -L "$lib" "$BUNDLE/lib/" || exit 1; done || exit 1
     git -C "$ROOT" rev-parse HEAD > "$BUNDLE/COMMIT" 2>/dev/null || echo unknown > "$BUNDLE/COMMIT"
     echo "gpu_check: bundle in $BUNDLE: $(ls "$BUNDLE/bin" | wc -l) binaries, $(ls "$BUNDLE/lib" | wc -l) libraries, $(du -sh "$BUNDLE" | cut -f1)"
@@ -73,9 +86,10 @@ if [ -n "$BUNDLE" ]; then
 fi
 
 # ---------------------------------------------------------------- the checks (GPU machine)
-mkdir -p "$OUT" || { echo "gpu_check: cannot create $OUT" >&2; exit 1; }
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || { echo "gpu_check: cannot create $OUT" >&2; exit 1; }
 : > "$OUT/summary.jsonl" || exit 1
 FAILED=0
+MACHINE_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 json_str() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr '\n\t' '  '; }
 record() {   # record STEP STATUS REASON SECONDS
     printf '{"step":"%s","status":"%s","reason":"%s","seconds":%s}\n' "$1" "$2" "$(json_str "$3")" "$4" >> "$OUT/summary.jsonl"
@@ -98,9 +112,29 @@ if [ -z "$SKIP_ALL" ]; then
             else record build fail "see build.log" $(( $(date +%s) - t0 )); SKIP_ALL="the build failed"; fi
         else SKIP_ALL="no binaries: no --bin, no gpu_bundle/ and no nvcc to build with"; fi
     else
+        BIN=$(cd "$BIN" && pwd) || { echo "gpu_check: --bin $BIN is not a directory" >&2; exit 2; }
         [ -d "$BIN/lib" ] && export LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         record binaries pass "$BIN$( [ -f "$BIN/COMMIT" ] && echo " (commit $(cat "$BIN/COMMIT"))")" 0
     fi
+fi
+# missing_libs: the libraries the GPU binaries load that the loader does not find now
+missing_libs() {
+    local b
+    for b in $GPU_BINARIES; do
+        b=$(find_binary "$BIN" "$b") && ldd "$b" 2>/dev/null | awk '$3 == "not" {print $1}'
+    done | sort -u
+}
+if [ -z "$SKIP_ALL" ] && [ -n "$(missing_libs)" ]; then
+    # the CUDA libraries a bundle leaves out: the toolkit's, or those of the nvidia-* wheels
+    for lib in $(missing_libs); do
+        d=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib/x86_64-linux-gnu \
+                 /opt /usr/local/lib /usr/lib/python3* -name "$lib" -print -quit 2>/dev/null)
+        [ -n "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$d")"
+    done
+    if [ -n "$(missing_libs)" ]; then
+        record libraries fail "not found on this machine: $(missing_libs | tr '\n' ' ')" 0
+        SKIP_ALL="shared libraries missing (see the libraries step)"
+    else record libraries pass "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" 0; fi
 fi
 # the machine
 if [ -z "$SKIP_ALL" ]; then
@@ -114,30 +148,36 @@ if [ -z "$SKIP_ALL" ]; then
     elif [ $rc != 0 ]; then record probe fail "test_gpu_ops --probe exited $rc: $(tail -n 1 "$OUT/probe.log")" 0; SKIP_ALL="the probe failed"; fi
 fi
 
-# run_step NAME CMD...: runs CMD with its output in OUT/NAME.log; exit 77 = skipped (the binary's reason)
+DEADLINE=$(( $(date +%s) + BUDGET ))
+# run_step NAME CAP CMD...: runs CMD with its output in OUT/NAME.log, for at most CAP seconds and
+# what is left of --budget; exit 77 = skipped (the binary's reason)
 run_step() {
-    local name=$1; shift
+    local name=$1 cap=$2; shift 2
     if [ -n "$SKIP_ALL" ]; then record "$name" skipped "$SKIP_ALL" 0; return 0; fi
-    local t0 rc
+    local t0 rc left
     t0=$(date +%s)
-    "$@" > "$OUT/$name.log" 2>&1
+    left=$(( DEADLINE - t0 ))
+    if [ $left -lt 20 ]; then record "$name" skipped "the --budget of $BUDGET s is spent" 0; return 0; fi
+    [ $left -lt "$cap" ] && cap=$left
+    timeout --kill-after=10 "$cap" "$@" > "$OUT/$name.log" 2>&1
     rc=$?
     local dt=$(( $(date +%s) - t0 ))
     case $rc in
         0) record "$name" pass "$(tail -n 1 "$OUT/$name.log")" $dt ;;
         77) record "$name" skipped "$(grep -m1 'skipped' "$OUT/$name.log" || echo 'exit 77')" $dt ;;
+        124|137) record "$name" fail "timed out after $cap s: $(tail -n 1 "$OUT/$name.log")" $dt; return 1 ;;
         *) record "$name" fail "exit $rc: $(grep -m1 -E 'FAIL|error' "$OUT/$name.log" || tail -n 1 "$OUT/$name.log")" $dt
            return 1 ;;
     esac
 }
-# gpu_test STEP BINARY ARGS...: a GPU test, and on failure the same run synchronized after every
-# op (CLLA_CUDA_SYNC=1), whose log names the op that faulted
+# gpu_test STEP CAP BINARY ARGS...: a GPU test, and on failure the same run synchronized after
+# every op (CLLA_CUDA_SYNC=1), whose log names the op that faulted
 gpu_test() {
-    local name=$1 prog=$2 bin
-    shift 2
+    local name=$1 cap=$2 prog=$3 bin
+    shift 3
     if [ -z "$SKIP_ALL" ] && ! bin=$(find_binary "$BIN" "$prog"); then record "$name" fail "$prog is not in $BIN" 0; return; fi
-    if ! run_step "$name" "${bin:-$prog}" "$@"; then
-        run_step "$name.sync" env CLLA_CUDA_SYNC=1 "$bin" "$@"
+    if ! run_step "$name" "$cap" "${bin:-$prog}" "$@"; then
+        run_step "$name.sync" "$cap" env CLLA_CUDA_SYNC=1 "$bin" "$@"
     fi
 }
 sanitizer() {   # sanitizer TOOL
@@ -145,24 +185,28 @@ sanitizer() {   # sanitizer TOOL
     if [ -z "$SKIP_ALL" ] && { [ $QUICK = 1 ] || [ ! -x "$cs" ]; }; then
         record "sanitizer.$1" skipped "$( [ $QUICK = 1 ] && echo '--quick' || echo 'compute-sanitizer not found')" 0; return
     fi
-    run_step "sanitizer.$1" "$cs" --tool "$1" --error-exitcode 3 "${OPS:-test_gpu_ops}" --small
+    run_step "sanitizer.$1" 300 "$cs" --tool "$1" --error-exitcode 3 "${OPS:-test_gpu_ops}" --small
 }
 
-gpu_test test_gpu_ops test_gpu_ops --small
-sanitizer memcheck
-sanitizer initcheck
-gpu_test production_shapes test_gpu_ops --production
-gpu_test test_gpu_train test_gpu_train
-gpu_test test_gpu_decode test_gpu_decode
+gpu_test test_gpu_ops 300 test_gpu_ops --small
+gpu_test test_gpu_train 600 test_gpu_train
+gpu_test test_gpu_decode 300 test_gpu_decode
+gpu_test production_shapes 300 test_gpu_ops --production
+BG=$(find_binary "${BIN:-/nonexistent}" bench_gpu || echo bench_gpu)
 if [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ]; then
-    record bench_gpu skipped "--quick" 0; record bench_torch skipped "--quick" 0
+    record bench_torch skipped "--quick" 0; record bench_gpu skipped "--quick" 0
 else
-    BG=$(find_binary "${BIN:-/nonexistent}" bench_gpu || echo bench_gpu)
-    run_step bench_gpu "$BG" --json
     if [ -n "$SKIP_ALL" ]; then record bench_torch skipped "$SKIP_ALL" 0
     elif python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
-        run_step bench_torch env BENCH_GPU="$BG" python3 "$ROOT/bench/bench_gpu_compare.py" --json
+        # PyTorch with the machine's own libraries; bench_gpu with the bundle's
+        (cd "$ROOT" && run_step bench_torch 600 env LD_LIBRARY_PATH="$MACHINE_LD_LIBRARY_PATH" \
+            BENCH_GPU="env LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} $BG" python3 bench/bench_gpu_compare.py --json \
+            --steps "$BENCH_STEPS" --moe '') || FAILED=1
     else record bench_torch skipped "python3 has no torch with CUDA here" 0; fi
 fi
+sanitizer memcheck
+sanitizer initcheck
+# last: the MoE half of bench_gpu builds a paper config as large as the GPU holds (minutes)
+[ $QUICK = 1 ] && [ -z "$SKIP_ALL" ] || (cd "$ROOT" && run_step bench_gpu 600 "$BG" --json --steps "$BENCH_STEPS") || FAILED=1
 echo "gpu_check: results in $OUT (summary.jsonl and one log per step)"
 exit $FAILED

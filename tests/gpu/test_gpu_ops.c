@@ -448,7 +448,8 @@ static void test_rope(int B, int T, int H, int S, int off, int D, int pos0) {
 
 // ---------------------------------------------------------------- attention
 
-static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV) {
+// One run of the attention checks with the kernels `kernel` names in the test's output.
+static void test_attention_kernel(int B, int T, int NH, int NKV, int DQK, int DV, const char *kernel) {
     const size_t nq = (size_t)B * T * NH * DQK, nk = (size_t)B * T * NKV * DQK, nv = (size_t)B * T * NKV * DV;
     const size_t no = (size_t)B * T * NH * DV, na = (size_t)B * NH * T;
     const float scale = 1.0f / sqrtf((float)DQK);
@@ -459,7 +460,7 @@ static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV) {
     Buf lse = buf_raw(hz, na), scr = buf_raw(hz, na);
     Buf dq = buf_act(hdq, nq), dk = buf_act(hdk, nk), dv = buf_act(hdv, nv);
     char name[160], shape[64];
-    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d DQK=%d DV=%d", B, T, NH, NKV, DQK, DV);
+    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d DQK=%d DV=%d %s", B, T, NH, NKV, DQK, DV, kernel);
     cpu->attention_forward(o.c, lse.c, q.c, k.c, v.c, B, T, NH, NKV, DQK, DV, scale);
     gpu->attention_forward(o.g, lse.g, q.g, k.g, v.g, B, T, NH, NKV, DQK, DV, scale);
     snprintf(name, sizeof name, "attention_forward out %s", shape);
@@ -487,6 +488,21 @@ static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV) {
     buf_free(&dq); buf_free(&dk); buf_free(&dv);
     free(hq); free(hk); free(hv); free(hd); free(hdq); free(hdk); free(hdv); free(hz);
 }
+
+// Both CUDA attention paths against the CPU: the tensor-core kernels (kernels/cuda_attention_tc.cu)
+// where the widths are multiples of 16 (the test's buffers are aligned), and the one-warp-per-row
+// kernels, which also serve every other width. `both` 0: the default path only.
+static void test_attention_both(int B, int T, int NH, int NKV, int DQK, int DV, int both) {
+    const int tc = DQK % 16 == 0 && DV % 16 == 0;
+    cuda_attention_use_tensor_cores(1);
+    test_attention_kernel(B, T, NH, NKV, DQK, DV, tc ? "[tc]" : "[warp]");
+    if (tc && both) {
+        cuda_attention_use_tensor_cores(0);
+        test_attention_kernel(B, T, NH, NKV, DQK, DV, "[warp]");
+        cuda_attention_use_tensor_cores(1);
+    }
+}
+static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV) { test_attention_both(B, T, NH, NKV, DQK, DV, 1); }
 
 // ---------------------------------------------------------------- cross-entropy, optimizer
 
@@ -720,9 +736,9 @@ static void test_expert_matmul(int E, int C, int OC, const int *rows_per_expert)
 // CPU op (the CPU side takes seconds on a GPU machine's cores).
 static void test_production(void) {
     test_matmul(8192, 2048, 5632, 0);          // dense ~1B: tokens x d_model x d_ff
-    test_attention(1, 2048, 4, 4, 64, 64);
-    test_attention(1, 2048, 4, 2, 128, 128);
-    test_attention(1, 2048, 2, 2, 160, 96);    // MLA / CLLA: head 128 + rope 32, value 96
+    test_attention_both(1, 2048, 4, 4, 64, 64, 0);
+    test_attention_both(1, 2048, 4, 2, 128, 128, 0);
+    test_attention_both(1, 2048, 2, 2, 160, 96, 0);    // MLA / CLLA: head 128 + rope 32, value 96
     test_xent(64, 32000);                      // Llama-2's vocabulary, 64 rows
     test_xent(32, 128256);                     // Llama-3's
 }
@@ -799,6 +815,10 @@ int main(int argc, char **argv) {
     test_attention(1, 33, 4, 1, 16, 24);
     test_attention(2, 40, 8, 8, 64, 64);    // MHA
     test_attention(1, 300, 2, 1, 160, 96);  // several 64-row tiles, the latent form's widths
+    test_attention(3, 1, 2, 2, 16, 32);     // tensor cores: one token, one partial tile
+    test_attention(2, 100, 4, 2, 32, 16);   // GQA, T not a multiple of the 64-row tile, DV < DQK
+    test_attention(1, 128, 6, 3, 48, 80);   // two whole tiles, DV > DQK
+    test_attention(1, 200, 4, 1, 192, 128); // wide heads: the dK, dV kernel's tiles near the shared-memory limit
 
     test_xent(1, 5);
     test_xent(7, 1001);
