@@ -59,6 +59,24 @@ s=$(status sanitizer.initcheck); [[ $s == pass* ]] && grep -q "sanitizer memchec
     ok "memcheck and initcheck through COMPUTE_SANITIZER" || fail "sanitizer: $s $(cat sanitizer.calls 2>&1)"
 s=$(status bench_gpu); [[ $s == pass*tokens_per_s* ]] && [ -s run/bench_gpu.log ] && ok "bench_gpu --json logged: $s" || fail "bench_gpu: $s"
 
+# ---- --budget: a step that outlives what is left is stopped and fails; later steps are skipped
+mkdir -p slow/bin
+cp fake/bin/* slow/bin/
+printf '#!/bin/sh\nsleep 60\n' > slow/bin/test_gpu_train
+chmod +x slow/bin/test_gpu_train
+t0=$(date +%s)
+COMPUTE_SANITIZER=$PWD/fake/sanitizer bash "$GC" --bin slow --out budget --budget 22 > budget.log 2>&1
+rc=$? dt=$(( $(date +%s) - t0 ))
+st() { "$PY" -c 'import json,sys; print(next((r["status"] + " " + r["reason"]) for r in map(json.loads, open(sys.argv[1])) if r["step"] == sys.argv[2]))' budget/summary.jsonl "$1" 2>/dev/null; }
+s1=$(st test_gpu_train) s2=$(st bench_gpu)
+if [ $rc -eq 1 ] && [ $dt -lt 50 ] && [[ $s1 == "fail timed out after"* ]] && [[ $s2 == "skipped the --budget of 22 s is spent" ]]; then
+    ok "--budget 22: the slow step stopped ($s1), the last skipped ($s2), ${dt} s in all"
+else fail "--budget: rc $rc, ${dt} s, train '$s1', bench_gpu '$s2': $(cat budget.log)"; fi
+for bad in "--budget 0" "--budget 1e3" "--bench-steps -2" "--budget"; do
+    bash "$GC" --dry-run $bad > bad.log 2>&1; rc=$?
+    [ $rc -eq 2 ] && grep -q "needs a positive integer" bad.log && ok "$bad refused: $(cat bad.log)" || fail "$bad: rc $rc $(cat bad.log)"
+done
+
 # ---- the real CUDA build, where this machine has one (no GPU: every step skipped)
 CB=${CLLA_CUDA_BUILD_DIR:-$SRC/build-cuda}
 if [ -x "$CB/tests/gpu/test_gpu_ops" ]; then
