@@ -12,9 +12,9 @@
 // device (<reason>)" and exits 0. --json: one JSON object per line instead of text (the
 // device, each model's result, each skip), read by bench/bench_gpu_compare.sh.
 //
-// Weights: N(0, 0.02) from a parallel counter-based hash (init_weights_fast), not the sequential
-// stream of model_init_weights, which would take minutes at the MoE config's size. Progress
-// notes are flushed as they happen, so a run stopped by a timeout shows where it was.
+// Weights from model_init_weights (its transforms run on every core: tens of seconds for the MoE
+// config's billions of values). Progress notes are flushed as they happen, so a run stopped by a
+// timeout shows where it was.
 // A step is forward + backward + global-norm clip + AdamW + the bf16 weight store, on random
 // tokens (uniform over the vocabulary: MoE routing of random tokens is close to balanced).
 // Two warm-up steps, then --steps timed steps (default 10), synchronized at both ends; then two
@@ -131,36 +131,12 @@ static double flops_per_token(const Model *m, int T) {
     return 6.0 * ((double)activated + head) + attn;
 }
 
-// Weights for a throughput benchmark, made in parallel: N(0, 0.02) from a counter-based hash
-// of (seed, element), norms 1. model_init_weights draws one sequential stream, about 30 ns a
-// value: minutes for the paper MoE config's billions of parameters, before the first step.
-static void init_weights_fast(Model *m, unsigned long long seed) {
-    const TensorTable *tt = &m->params;
-    float *host = xcalloc(tt->bytes_f32 / sizeof(float), sizeof(float));
-    for (int i = 0; i < tt->n; i++) {
-        const TensorInfo *ti = &tt->t[i];
-        float *p = table_ptr_f32(tt, host, i);
-        const long long n = (long long)ti->numel;
-        const uint64_t base = seed * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xD1B54A32D192ED03ull;
-#pragma omp parallel for schedule(static)
-        for (long long k = 0; k < n; k++) {
-            if (ti->ndim == 1) { p[k] = 1.0f; continue; }
-            uint64_t x = base + (uint64_t)k * 2;
-            const double u1 = ((double)(rng_splitmix64(&x) >> 11) + 0.5) * 0x1p-53;
-            const double u2 = ((double)(rng_splitmix64(&x) >> 11) + 0.5) * 0x1p-53;
-            p[k] = (float)(0.02 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-        }
-    }
-    model_set_masters(m, host, seed);
-    free(host);
-}
-
 static void run(const char *label, const char *path, const Config *cfg, int B, int T, int steps, double peak, int json) {
     Model m;
     char line[256];
     const double t_build = now_s();
     model_build(&m, &cfg->model, backend_cuda());
-    init_weights_fast(&m, cfg->train.seed);
+    model_init_weights(&m, cfg->train.seed);
     snprintf(line, sizeof line, "%s: %lld parameters built and initialized in %.1f s; %d warm-up and %d timed steps next",
              label, model_num_params(&m), now_s() - t_build, 2, steps);
     say(json, "note", line);

@@ -30,13 +30,21 @@ static inline uint64_t rng_next(Rng *r) {
     return result;
 }
 
-// Uniform in (0, 1), never 0 (safe for log).
-static inline double rng_uniform(Rng *r) { return ((double)(rng_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+// Uniform in (0, 1) from one draw, never 0 (safe for log).
+static inline double rng_uniform_of(uint64_t x) { return ((double)(x >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+static inline double rng_uniform(Rng *r) { return rng_uniform_of(rng_next(r)); }
 
-// Standard normal (Box-Muller; one value per call, so the stream position is simple).
+// Standard normal from two consecutive draws (Box-Muller). rng_normal takes them from the
+// stream; model_init_weights draws a chunk first and transforms it in parallel, with the same
+// values.
+static inline double rng_normal_of(uint64_t a, uint64_t b) {
+    return sqrt(-2.0 * log(rng_uniform_of(a))) * cos(6.283185307179586 * rng_uniform_of(b));
+}
+
+// Standard normal (one value per call, two draws, so the stream position is simple).
 static inline double rng_normal(Rng *r) {
-    double u1 = rng_uniform(r), u2 = rng_uniform(r);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    const uint64_t a = rng_next(r), b = rng_next(r);
+    return rng_normal_of(a, b);
 }
 
 #endif
