@@ -87,7 +87,7 @@ def part_table(points, base, extra=None):
         xs = list(p["runs"].values())
         m, sd = mean_sd(xs)
         r = p["row"]
-        cells = [name, str(len(xs)), f"{fmt(m)} ± {fmt(sd)}"] + diff_cells(points, base, name) + [
+        cells = [name, str(len(xs)), (f"{fmt(m)} ± {fmt(sd)}" if len(xs) > 1 else fmt(m)) if xs else "(not finished)"] + diff_cells(points, base, name) + [
             r["cache_bytes_per_token"], fmt(100.0 * float(r["cache_fraction_of_mha"]), 2), r["params_activated"]]
         if extra:
             v = extra[1].get(name)
@@ -101,6 +101,8 @@ def versus(points, a, b, label):
     if a not in points or b not in points:
         return f"- {label}: missing"
     ds = paired(points, a, b)
+    if not ds:
+        return f"- {label}: no seed finished for both yet"
     m, sd = mean_sd(ds)
     word = "lower" if m < 0 else "higher"
     return (f"- {label}: {b} − {a} = {fmt(m)} ± {fmt(sd)} (paired over {len(ds)} seeds, |t| {fmt(t_of(ds), 1)}): "
@@ -150,13 +152,16 @@ def main():
         if name == "mha":
             continue
         frac = float(p["row"]["cache_fraction_of_mha"])
+        if not p["runs"]:
+            print(f"- {name}: {100 * frac:.2f}% of MHA's bytes; no seed finished yet")
+            continue
         m = mean_sd(list(p["runs"].values()))[0]
         ds = paired(s2, "mha", name)
         worst = max(ds) if ds else float("nan")
         ok_bytes, ok_loss = frac <= 0.02, m <= base * 1.01
         print(f"- {name}: {100 * frac:.2f}% of MHA's bytes ({'meets' if ok_bytes else 'misses'} the 2% bar); mean "
               f"validation loss {fmt(m)} against MHA's {fmt(base)}: {100 * (m / base - 1):+.2f}% "
-              f"({'within' if ok_loss else 'outside'} 1%); worst seed {100 * worst / base:+.2f}%")
+              f"({'within' if ok_loss else 'outside'} 1%); worst seed {100 * worst / base:+.2f}% ({len(ds)} seeds)")
     return 0
 
 
