@@ -50,6 +50,14 @@ for part in "$@"; do
     *) echo "reproduction: unknown part '$part': main, t5 or s2" >&2; exit 2 ;;
   esac
   echo "== reproduction $part: ${#configs[@]} configs x seeds $SEEDS, $tokens tokens each -> $OUT/$part"
+  if [ "$part" = s2 ] && [ -d "$OUT/main/runs" ]; then
+    # the MHA baseline is the main part's (the same config, seeds and tokens): a new s2 sweep
+    # takes its finished runs instead of training them again
+    launch/sweep --out "$OUT/s2" "${configs[@]}" --tokens "$tokens" "${S[@]}" --collect-only --no-plots > /dev/null 2>&1 || true
+    for r in "$OUT"/main/runs/mha__s*; do
+      [ -s "$r/model.safetensors" ] && [ -d "$OUT/s2/runs" ] && [ ! -e "$OUT/s2/runs/${r##*/}" ] && cp -a "$r" "$OUT/s2/runs/"
+    done
+  fi
   launch/sweep --out "$OUT/$part" "${configs[@]}" --tokens "$tokens" "${S[@]}" || status=$?
 done
 exit $status
