@@ -54,6 +54,39 @@ struct TcLayout {
     __host__ __device__ int ldav() const { return dv + PAD_F; }
 };
 
+enum { TC_FORWARD, TC_DQ, TC_DKV };
+
+// Where each kernel's shared regions start (bytes from the base) and how many bytes they take in
+// all: the one definition the kernels carve from and the host sizes the launch with. Regions a
+// kernel does not have stay 0. q, k, v, g (dO): bf16 tiles; s, d (dP): fp32 score tiles; p, e
+// (dS): bf16 probability tiles; acc_q (dQ or dK), acc_v (O or dV): fp32 accumulators; lse, del
+// (Delta): a query tile's row values.
+struct TcSmem {
+    size_t q, k, v, g, s, d, p, e, acc_q, acc_v, lse, del, total;
+};
+
+static __host__ __device__ TcSmem tc_smem(int kind, int DQK, int DV) {
+    const TcLayout L = {DQK, DV};
+    const size_t tq = (size_t)TILE * L.ldq() * 2, tv = (size_t)TILE * L.ldv() * 2, ts = (size_t)TILE * LD_T * 4,
+                 tp = (size_t)TILE * LD_TH * 2, aq = (size_t)TILE * L.ldaq() * 4, av = (size_t)TILE * L.ldav() * 4,
+                 row = (size_t)TILE * 4;
+    TcSmem m = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    size_t off = 0;
+    if (kind == TC_FORWARD) {
+        m.q = carve(&off, tq); m.k = carve(&off, tq); m.v = carve(&off, tv);
+        m.s = carve(&off, ts); m.p = carve(&off, tp); m.acc_v = carve(&off, av);
+    } else if (kind == TC_DQ) {
+        m.q = carve(&off, tq); m.g = carve(&off, tv); m.k = carve(&off, tq); m.v = carve(&off, tv);
+        m.s = carve(&off, ts); m.d = carve(&off, ts); m.e = carve(&off, tp); m.acc_q = carve(&off, aq);
+    } else {
+        m.k = carve(&off, tq); m.v = carve(&off, tv); m.q = carve(&off, tq); m.g = carve(&off, tv);
+        m.s = carve(&off, ts); m.d = carve(&off, ts); m.p = carve(&off, tp); m.e = carve(&off, tp);
+        m.acc_q = carve(&off, aq); m.acc_v = carve(&off, av); m.lse = carve(&off, row); m.del = carve(&off, row);
+    }
+    m.total = off;
+    return m;
+}
+
 // Loads rows [row0, row0 + TILE) of a (T, stride) bf16 matrix, `width` columns, into dst (ld),
 // zeros past T. 16-byte vectors: width % 8 == 0 and base 16-byte aligned (cuda_attention_tc_fits).
 static __device__ __forceinline__ void load_tile(bf16 *dst, int ld, const bf16 *base, size_t stride, int row0, int T,
@@ -81,6 +114,13 @@ static __device__ __forceinline__ void mma_abt(float *c, int ldc, const bf16 *a,
         wmma::mma_sync(acc, fa, fb, acc);
     }
     wmma::store_matrix_sync(c, acc, ldc, wmma::mem_row_major);
+}
+
+// c (16 x TILE at c, fp32, row-major LD_T) = A (16 x K, the warp's rows at a, lda) @ B^T for the
+// TILE rows of B at b (ldb): a warp's scores against a whole tile, S = Q K^T or dP = dO V^T and
+// their transposes.
+static __device__ __forceinline__ void mma_abt_tile(float *c, const bf16 *a, int lda, const bf16 *b, int ldb, int K) {
+    for (int n = 0; n < TILE; n += 16) mma_abt(c + n, LD_T, a, lda, b + (size_t)n * ldb, ldb, K);
 }
 
 // acc (16 x N at c, fp32, ldc) += P (16 x TILE at p, bf16, ldp) @ M (TILE x N at m, row-major,
@@ -112,13 +152,9 @@ attention_tc_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                             int DQK, int DV, float scale) {
     extern __shared__ __align__(128) unsigned char smem[];
     const TcLayout L = {DQK, DV};
-    size_t off = 0;
-    bf16 *Qs = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldq() * 2));
-    bf16 *Ks = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldq() * 2));
-    bf16 *Vs = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldv() * 2));
-    float *Ss = (float *)(smem + carve(&off, (size_t)TILE * LD_T * 4));
-    bf16 *Ps = (bf16 *)(smem + carve(&off, (size_t)TILE * LD_TH * 2));
-    float *Os = (float *)(smem + carve(&off, (size_t)TILE * L.ldav() * 4));
+    const TcSmem M = tc_smem(TC_FORWARD, DQK, DV);
+    bf16 *Qs = (bf16 *)(smem + M.q), *Ks = (bf16 *)(smem + M.k), *Vs = (bf16 *)(smem + M.v), *Ps = (bf16 *)(smem + M.p);
+    float *Ss = (float *)(smem + M.s), *Os = (float *)(smem + M.acc_v);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
     const int qt = gridDim.x - 1 - blockIdx.x, t0 = qt * TILE;
@@ -137,8 +173,7 @@ attention_tc_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
         load_tile(Ks, L.ldq(), kb, (size_t)NKV * DQK, s0, T, DQK);
         load_tile(Vs, L.ldv(), vb, (size_t)NKV * DV, s0, T, DV);
         __syncthreads();
-        for (int n = 0; n < TILE; n += 16)
-            mma_abt(Sw + n, LD_T, Qs + (size_t)warp * 16 * L.ldq(), L.ldq(), Ks + (size_t)n * L.ldq(), L.ldq(), DQK);
+        mma_abt_tile(Sw, Qs + (size_t)warp * 16 * L.ldq(), L.ldq(), Ks, L.ldq(), DQK);
         __syncwarp();
         // online softmax of row t over this tile's keys; key s0 <= t is always in, so mx is finite
         float x[32], mx = -INFINITY;
@@ -180,15 +215,10 @@ attention_tc_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float
                        const bf16 *v, int T, int NH, int NKV, int DQK, int DV, float scale) {
     extern __shared__ __align__(128) unsigned char smem[];
     const TcLayout L = {DQK, DV};
-    size_t off = 0;
-    bf16 *Qs = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldq() * 2));
-    bf16 *Gs = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldv() * 2));     // dO
-    bf16 *Ks = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldq() * 2));
-    bf16 *Vs = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldv() * 2));
-    float *Ss = (float *)(smem + carve(&off, (size_t)TILE * LD_T * 4));
-    float *Ds = (float *)(smem + carve(&off, (size_t)TILE * LD_T * 4));     // dP
-    bf16 *Es = (bf16 *)(smem + carve(&off, (size_t)TILE * LD_TH * 2));      // dS
-    float *As = (float *)(smem + carve(&off, (size_t)TILE * L.ldaq() * 4)); // dQ accumulator
+    const TcSmem M = tc_smem(TC_DQ, DQK, DV);
+    bf16 *Qs = (bf16 *)(smem + M.q), *Gs = (bf16 *)(smem + M.g), *Ks = (bf16 *)(smem + M.k), *Vs = (bf16 *)(smem + M.v);
+    bf16 *Es = (bf16 *)(smem + M.e);                                                     // dS
+    float *Ss = (float *)(smem + M.s), *Ds = (float *)(smem + M.d), *As = (float *)(smem + M.acc_q);   // S, dP, dQ
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
     const int qt = gridDim.x - 1 - blockIdx.x, t0 = qt * TILE;
@@ -208,10 +238,8 @@ attention_tc_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float
         load_tile(Ks, L.ldq(), kb, (size_t)NKV * DQK, s0, T, DQK);
         load_tile(Vs, L.ldv(), vb, (size_t)NKV * DV, s0, T, DV);
         __syncthreads();
-        for (int n = 0; n < TILE; n += 16) {
-            mma_abt(Sw + n, LD_T, Qs + (size_t)warp * 16 * L.ldq(), L.ldq(), Ks + (size_t)n * L.ldq(), L.ldq(), DQK);
-            mma_abt(Dw + n, LD_T, Gs + (size_t)warp * 16 * L.ldv(), L.ldv(), Vs + (size_t)n * L.ldv(), L.ldv(), DV);
-        }
+        mma_abt_tile(Sw, Qs + (size_t)warp * 16 * L.ldq(), L.ldq(), Ks, L.ldq(), DQK);   // S
+        mma_abt_tile(Dw, Gs + (size_t)warp * 16 * L.ldv(), L.ldv(), Vs, L.ldv(), DV);    // dP
         __syncwarp();
 #pragma unroll 4
         for (int j = 0; j < 32; j++) {
@@ -239,19 +267,12 @@ attention_tc_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, 
                         const bf16 *k, const bf16 *v, int T, int NH, int NKV, int DQK, int DV, float scale) {
     extern __shared__ __align__(128) unsigned char smem[];
     const TcLayout L = {DQK, DV};
-    size_t off = 0;
-    bf16 *Ks = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldq() * 2));
-    bf16 *Vs = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldv() * 2));
-    bf16 *Qs = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldq() * 2));
-    bf16 *Gs = (bf16 *)(smem + carve(&off, (size_t)TILE * L.ldv() * 2));      // dO
-    float *Ss = (float *)(smem + carve(&off, (size_t)TILE * LD_T * 4));      // S^T (keys x queries)
-    float *Ds = (float *)(smem + carve(&off, (size_t)TILE * LD_T * 4));      // dP^T
-    bf16 *Ps = (bf16 *)(smem + carve(&off, (size_t)TILE * LD_TH * 2));       // P^T
-    bf16 *Es = (bf16 *)(smem + carve(&off, (size_t)TILE * LD_TH * 2));       // dS^T
-    float *Ak = (float *)(smem + carve(&off, (size_t)TILE * L.ldaq() * 4));  // dK accumulator
-    float *Av = (float *)(smem + carve(&off, (size_t)TILE * L.ldav() * 4));  // dV accumulator
-    float *lse_s = (float *)(smem + carve(&off, (size_t)TILE * 4));
-    float *del_s = (float *)(smem + carve(&off, (size_t)TILE * 4));
+    const TcSmem M = tc_smem(TC_DKV, DQK, DV);
+    bf16 *Ks = (bf16 *)(smem + M.k), *Vs = (bf16 *)(smem + M.v), *Qs = (bf16 *)(smem + M.q), *Gs = (bf16 *)(smem + M.g);
+    bf16 *Ps = (bf16 *)(smem + M.p), *Es = (bf16 *)(smem + M.e);                      // P^T, dS^T
+    float *Ss = (float *)(smem + M.s), *Ds = (float *)(smem + M.d);                   // S^T (keys x queries), dP^T
+    float *Ak = (float *)(smem + M.acc_q), *Av = (float *)(smem + M.acc_v);           // dK, dV accumulators
+    float *lse_s = (float *)(smem + M.lse), *del_s = (float *)(smem + M.del);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
     const int kt = blockIdx.x, s0 = kt * TILE, G = NH / NKV;
@@ -278,10 +299,8 @@ attention_tc_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, 
                 del_s[i] = t0 + i < T ? dh[t0 + i] : 0.0f;
             }
             __syncthreads();
-            for (int n = 0; n < TILE; n += 16) {
-                mma_abt(Sw + n, LD_T, Ks + (size_t)warp * 16 * L.ldq(), L.ldq(), Qs + (size_t)n * L.ldq(), L.ldq(), DQK);
-                mma_abt(Dw + n, LD_T, Vs + (size_t)warp * 16 * L.ldv(), L.ldv(), Gs + (size_t)n * L.ldv(), L.ldv(), DV);
-            }
+            mma_abt_tile(Sw, Ks + (size_t)warp * 16 * L.ldq(), L.ldq(), Qs, L.ldq(), DQK);   // S^T
+            mma_abt_tile(Dw, Vs + (size_t)warp * 16 * L.ldv(), L.ldv(), Gs, L.ldv(), DV);    // dP^T
             __syncwarp();
 #pragma unroll 4
             for (int j = 0; j < 32; j++) {
@@ -308,26 +327,7 @@ attention_tc_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, 
 }
 
 // ------------------------------------------------------------------ host side
-enum { TC_FORWARD, TC_DQ, TC_DKV };
-
-static size_t tc_shared_bytes(int kind, int DQK, int DV) {
-    const TcLayout L = {DQK, DV};
-    size_t off = 0;
-    if (kind == TC_FORWARD) {
-        carve(&off, (size_t)TILE * L.ldq() * 2); carve(&off, (size_t)TILE * L.ldq() * 2); carve(&off, (size_t)TILE * L.ldv() * 2);
-        carve(&off, (size_t)TILE * LD_T * 4); carve(&off, (size_t)TILE * LD_TH * 2); carve(&off, (size_t)TILE * L.ldav() * 4);
-    } else if (kind == TC_DQ) {
-        carve(&off, (size_t)TILE * L.ldq() * 2); carve(&off, (size_t)TILE * L.ldv() * 2); carve(&off, (size_t)TILE * L.ldq() * 2);
-        carve(&off, (size_t)TILE * L.ldv() * 2); carve(&off, (size_t)TILE * LD_T * 4); carve(&off, (size_t)TILE * LD_T * 4);
-        carve(&off, (size_t)TILE * LD_TH * 2); carve(&off, (size_t)TILE * L.ldaq() * 4);
-    } else {
-        carve(&off, (size_t)TILE * L.ldq() * 2); carve(&off, (size_t)TILE * L.ldv() * 2); carve(&off, (size_t)TILE * L.ldq() * 2);
-        carve(&off, (size_t)TILE * L.ldv() * 2); carve(&off, (size_t)TILE * LD_T * 4); carve(&off, (size_t)TILE * LD_T * 4);
-        carve(&off, (size_t)TILE * LD_TH * 2); carve(&off, (size_t)TILE * LD_TH * 2); carve(&off, (size_t)TILE * L.ldaq() * 4);
-        carve(&off, (size_t)TILE * L.ldav() * 4); carve(&off, (size_t)TILE * 4); carve(&off, (size_t)TILE * 4);
-    }
-    return off;
-}
+static size_t tc_shared_bytes(int kind, int DQK, int DV) { return tc_smem(kind, DQK, DV).total; }
 
 static int g_tc_mode = -1;   // -1: CLLA_CUDA_ATTENTION not read yet; 1 tensor cores where they fit, 0 never
 
