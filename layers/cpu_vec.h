@@ -92,4 +92,26 @@ static inline void vec_bf16_to_f32(float *restrict dst, const uint8_t *restrict 
     }
 }
 
+// n 4-bit two's-complement codes (two a byte, low nibble first; n even) times scale -> fp32:
+// 16 at a time, each byte widened to a 32-bit lane, its nibbles sign-extended by a shift pair
+// and the two halves interleaved back into element order; the products are those of the scalar
+// form, (float)code * scale, bit for bit (tests/test_cache_codec.c)
+static inline void vec_int4_to_f32(float *restrict dst, const uint8_t *restrict src, int n, float scale) {
+    typedef uint8_t vec8 __attribute__((vector_size(VEC_LANES), aligned(1), may_alias));
+    typedef int32_t veci __attribute__((vector_size(VEC_LANES * sizeof(int32_t))));
+    const vecf s = vec_splat(scale);
+    int j = 0;
+    for (; j + 2 * VEC_LANES <= n; j += 2 * VEC_LANES) {
+        veci x = __builtin_convertvector(*(const vec8 *)(src + j / 2), veci);
+        vecf lo = __builtin_convertvector((x << 28) >> 28, vecf) * s, hi = __builtin_convertvector((x << 24) >> 28, vecf) * s;
+        vec_store(dst + j, __builtin_shufflevector(lo, hi, 0, 8, 1, 9, 2, 10, 3, 11));
+        vec_store(dst + j + VEC_LANES, __builtin_shufflevector(lo, hi, 4, 12, 5, 13, 6, 14, 7, 15));
+    }
+    for (; j < n; j += 2) {
+        const uint8_t b = src[j / 2];
+        dst[j] = (float)((int8_t)(uint8_t)(b << 4) >> 4) * scale;
+        dst[j + 1] = (float)((int8_t)b >> 4) * scale;
+    }
+}
+
 #endif

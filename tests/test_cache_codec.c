@@ -241,6 +241,8 @@ static void test_qet(void) {
 int main(void) {
     test_int_group(4, 32, 64, 9);
     test_int_group(4, 16, 48, 5);
+    test_int_group(4, 24, 48, 4);   // a 16-code vector step and an 8-code tail per group
+    test_int_group(4, 8, 24, 3);    // the tail only
     test_int_group(2, 8, 24, 3);
     test_int_group(8, 32, 64, 4);
     test_bf16_fp32();

@@ -342,6 +342,26 @@ static void test_vec_exp(void) {
     check("vec_exp: 0 below -87.34 and at -inf, NaN kept, e^0 = 1, e^88 finite", bad, 0.0);
 }
 
+// vec_int4_to_f32 (layers/cpu_vec.h, the int_group codec's 4-bit decode) against the scalar
+// form, every byte value in every position of a 16-code step and in the scalar tail: bitwise.
+static void test_vec_int4(void) {
+    enum { N = 512 + 6 };   // 32 whole steps, then 6 codes of tail
+    uint8_t codes[N / 2];
+    float got[N], want[N];
+    const float scale = 0.0371337890625f;   // a bf16 value, as the codec's scales are
+    double bad = 0;
+    for (int rot = 0; rot < 8; rot++) {
+        for (int i = 0; i < N / 2; i++) codes[i] = (uint8_t)(i * 37 + rot * 11);
+        vec_int4_to_f32(got, codes, N, scale);
+        for (int j = 0; j < N; j += 2) {
+            want[j] = (float)((int8_t)(uint8_t)(codes[j / 2] << 4) >> 4) * scale;
+            want[j + 1] = (float)((int8_t)codes[j / 2] >> 4) * scale;
+        }
+        bad += memcmp(got, want, sizeof got) != 0;
+    }
+    check("vec_int4_to_f32: every byte, vector steps and tail, equal to the scalar form bitwise", bad, 0.0);
+}
+
 // Decoding batches sequences: a row's output must not depend on the rows beside it (the
 // few-row kernels compute a dot the same way in every register tile, layers/cpu_matmul.c).
 static void test_matmul_rows_independent(int N, int C, int OC) {
@@ -719,6 +739,7 @@ int main(void) {
     test_matmul(7, 13, 5, 1);      // a 3-row remainder tile and the k % 8 tail
     test_matmul(5, 4, 2, 1);       // fewer than 8 inputs: no vector step at all
     test_vec_exp();
+    test_vec_int4();
     test_matmul_rows_independent(8, 517, 37);
     test_matmul_rows_independent(7, 64, 1031);
 
