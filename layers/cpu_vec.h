@@ -93,17 +93,24 @@ static inline void vec_bf16_to_f32(float *restrict dst, const uint8_t *restrict 
 }
 
 // n 4-bit two's-complement codes (two a byte, low nibble first; n even) times scale -> fp32:
-// 16 at a time, each byte widened to a 32-bit lane, its nibbles sign-extended by a shift pair
-// and the two halves interleaved back into element order; the products are those of the scalar
-// form, (float)code * scale, bit for bit (tests/test_cache_codec.c)
+// 16 at a time. Lane i of two vectors holds the 32-bit word of byte i (each word in four
+// lanes); a per-lane left shift brings byte i's low (or high) nibble to the top and an
+// arithmetic right shift by 28 sign-extends it; the two halves are interleaved back into
+// element order. The products are those of the scalar form, (float)code * scale, bit for bit
+// (tests/test_ops.c). Widening the 8 bytes with a byte-to-lane conversion compiled to 8 byte
+// loads and inserts.
 static inline void vec_int4_to_f32(float *restrict dst, const uint8_t *restrict src, int n, float scale) {
-    typedef uint8_t vec8 __attribute__((vector_size(VEC_LANES), aligned(1), may_alias));
     typedef int32_t veci __attribute__((vector_size(VEC_LANES * sizeof(int32_t))));
+    typedef uint32_t vecu32 __attribute__((vector_size(VEC_LANES * sizeof(uint32_t))));
     const vecf s = vec_splat(scale);
+    const vecu32 to_lo = {28, 20, 12, 4, 28, 20, 12, 4}, to_hi = {24, 16, 8, 0, 24, 16, 8, 0};
     int j = 0;
     for (; j + 2 * VEC_LANES <= n; j += 2 * VEC_LANES) {
-        veci x = __builtin_convertvector(*(const vec8 *)(src + j / 2), veci);
-        vecf lo = __builtin_convertvector((x << 28) >> 28, vecf) * s, hi = __builtin_convertvector((x << 24) >> 28, vecf) * s;
+        uint32_t w[2];
+        memcpy(w, src + j / 2, sizeof w);
+        const vecu32 x = {w[0], w[0], w[0], w[0], w[1], w[1], w[1], w[1]};   // shifted unsigned: no overflow
+        vecf lo = __builtin_convertvector((veci)(x << to_lo) >> 28, vecf) * s;
+        vecf hi = __builtin_convertvector((veci)(x << to_hi) >> 28, vecf) * s;
         vec_store(dst + j, __builtin_shufflevector(lo, hi, 0, 8, 1, 9, 2, 10, 3, 11));
         vec_store(dst + j + VEC_LANES, __builtin_shufflevector(lo, hi, 4, 12, 5, 13, 6, 14, 7, 15));
     }
