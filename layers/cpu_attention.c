@@ -37,7 +37,7 @@
 #include "layers/cpu_ops.h"
 
 #include <assert.h>
-#include <limits.h>
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -103,27 +103,14 @@ static HeadRows head_rows(const Heads *hd, const float *q, const float *k, const
                       (size_t)b * hd->T * hd->ldo + (size_t)h * hd->DV};
 }
 
-// dst (width, n; row stride ATT_BK) = the n rows of src (row stride ld) transposed: a key or
-// value tile laid out for the tile products, once per tile for every query tile that reads it.
-static void transpose_tile(float *dst, const float *src, int ld, int n, int width) {
-    for (int j = 0; j < n; j++)
-        for (int d = 0; d < width; d++) dst[(size_t)d * ATT_BK + j] = src[(size_t)j * ld + d];
-}
-
-// Query rows [r0, r0 + rows) against keys [c0, c0 + cols): entry (i, j) is past the diagonal when
-// j > i + r0 - c0. The tile products take that offset for every tile (layers/cpu_tile_mm.c): it
-// limits nothing below the diagonal.
-static TileRange upto(int r0, int c0) { return (TileRange){TILE_K_UPTO, r0 - c0}; }
-static TileRange from(int r0, int c0) { return (TileRange){TILE_K_FROM, r0 - c0}; }
-
 // S (rows, cols; row stride ATT_BK) = scale Q[r0:r0+rows] K[c0:c0+cols]^T for query head qh
-// and its kv head (KT: that key tile, transpose_tile); entries with key > query are -inf.
-static void score_tile(float *S, const float *qh, const float *KT, const Heads *hd, int r0, int rows, int c0,
+// and its kv head; entries with key > query are set to -inf (only in the diagonal tiles).
+static void score_tile(float *S, const float *qh, const float *kh, const Heads *hd, int r0, int rows, int c0,
                        int cols, float scale) {
-    cpu_tile_mm(S, ATT_BK, qh + (size_t)r0 * hd->ldq, hd->ldq, 1, KT, ATT_BK, rows, cols, hd->DQK, scale, 0,
-                (TileRange){TILE_K_ALL, 0}, r0 - c0, -INFINITY);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hd->DQK, scale, qh + (size_t)r0 * hd->ldq,
+                hd->ldq, kh + (size_t)c0 * hd->ldk, hd->ldk, 0.0f, S, ATT_BK);
     if (c0 + cols - 1 <= r0) return;   // the whole tile is at or below the diagonal
-    for (int i = 0; i < rows; i++)     // the entries past the diagonal in the blocks computed
+    for (int i = 0; i < rows; i++)
         for (int j = imin(cols, r0 + i - c0 + 1 > 0 ? r0 + i - c0 + 1 : 0); j < cols; j++) S[(size_t)i * ATT_BK + j] = -INFINITY;
 }
 
@@ -138,7 +125,6 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
     {
         float *S = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
         float *O = xmalloc((size_t)ATT_BQ * DV * sizeof(float));
-        float *KT = xmalloc((size_t)DQK * ATT_BK * sizeof(float));
         float m[ATT_BQ], l[ATT_BQ];
         // dynamic: later query tiles have more key tiles, so static chunks would be unbalanced
         #pragma omp for collapse(3) schedule(dynamic, 1)
@@ -152,8 +138,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                     memset(O, 0, (size_t)rows * DV * sizeof(float));
                     for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
                         const int cols = imin(r0 + rows - c0, ATT_BK);
-                        transpose_tile(KT, kh + (size_t)c0 * hd.ldk, hd.ldk, cols, DQK);
-                        score_tile(S, qh, KT, &hd, r0, rows, c0, cols, scale);
+                        score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
                         for (int i = 0; i < rows; i++) {
                             float *row = S + (size_t)i * ATT_BK, mx = m[i];
                             for (int j = 0; j < cols; j++) mx = row[j] > mx ? row[j] : mx;
@@ -167,8 +152,8 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                                 for (int d = 0; d < DV; d++) O[(size_t)i * DV + d] *= alpha;
                         }
                         // O += P V[c0:c0+cols]
-                        cpu_tile_mm(O, DV, S, ATT_BK, 1, vh + (size_t)c0 * hd.ldv, hd.ldv, rows, DV, cols, 1.0f, 1,
-                                    upto(r0, c0), INT_MAX, 0.0f);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, DV, cols, 1.0f, S, ATT_BK,
+                                    vh + (size_t)c0 * hd.ldv, hd.ldv, 1.0f, O, DV);
                     }
                     float *oh = out + hr.o + (size_t)r0 * hd.ldo;
                     float *lh = lse + ((size_t)b * NH + h) * T + r0;
@@ -180,7 +165,6 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                 }
         free(S);
         free(O);
-        free(KT);
     }
 }
 
@@ -198,11 +182,10 @@ void cpu_attention_forward_bf16p(float *out, float *lse, const float *q, const f
 
 // The probabilities and score gradients of one tile: P = exp(S - lse) (in S; 0 where masked)
 // and dS = P (dP - Delta) (in dP), with dP = dO V^T computed here. bf16p: P and dS rounded.
-// VT: the value tile transposed (transpose_tile); dP is 0 past the diagonal.
-static void grad_tile(float *S, float *dP, const float *doh, const float *VT, const float *lh, const float *delta,
+static void grad_tile(float *S, float *dP, const float *doh, const float *vh, const float *lh, const float *delta,
                       const Heads *hd, int r0, int rows, int c0, int cols, int bf16p) {
-    cpu_tile_mm(dP, ATT_BK, doh + (size_t)r0 * hd->ldo, hd->ldo, 1, VT, ATT_BK, rows, cols, hd->DV, 1.0f, 0,
-                (TileRange){TILE_K_ALL, 0}, r0 - c0, 0.0f);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hd->DV, 1.0f, doh + (size_t)r0 * hd->ldo, hd->ldo,
+                vh + (size_t)c0 * hd->ldv, hd->ldv, 0.0f, dP, ATT_BK);
     for (int i = 0; i < rows; i++) {
         float *p = S + (size_t)i * ATT_BK, *d = dP + (size_t)i * ATT_BK;
         const float di = delta[r0 + i];
@@ -218,16 +201,15 @@ static void grad_tile(float *S, float *dP, const float *doh, const float *VT, co
 static void accumulate_tile(float *dqh, float *dkh, float *dvh, const float *P, const float *dS, const float *qh,
                             const float *kh, const float *doh, const Heads *hd, int r0, int rows, int c0, int cols,
                             float scale) {
-    // P and dS are exact zeros past the diagonal: the ranges leave those terms out
     if (dvh)
-        cpu_tile_mm(dvh + (size_t)c0 * hd->ldv, hd->ldv, P, 1, ATT_BK, doh + (size_t)r0 * hd->ldo, hd->ldo, cols, hd->DV,
-                    rows, 1.0f, 1, from(r0, c0), INT_MAX, 0.0f);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd->DV, rows, 1.0f, P, ATT_BK,
+                    doh + (size_t)r0 * hd->ldo, hd->ldo, 1.0f, dvh + (size_t)c0 * hd->ldv, hd->ldv);
     if (dkh)
-        cpu_tile_mm(dkh + (size_t)c0 * hd->ldk, hd->ldk, dS, 1, ATT_BK, qh + (size_t)r0 * hd->ldq, hd->ldq, cols, hd->DQK,
-                    rows, scale, 1, from(r0, c0), INT_MAX, 0.0f);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd->DQK, rows, scale, dS, ATT_BK,
+                    qh + (size_t)r0 * hd->ldq, hd->ldq, 1.0f, dkh + (size_t)c0 * hd->ldk, hd->ldk);
     if (dqh)
-        cpu_tile_mm(dqh + (size_t)r0 * hd->ldq, hd->ldq, dS, ATT_BK, 1, kh + (size_t)c0 * hd->ldk, hd->ldk, rows, hd->DQK,
-                    cols, scale, 1, upto(r0, c0), INT_MAX, 0.0f);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd->DQK, cols, scale, dS, ATT_BK,
+                    kh + (size_t)c0 * hd->ldk, hd->ldk, 1.0f, dqh + (size_t)r0 * hd->ldq, hd->ldq);
 }
 
 // With P = softmax(S), S = scale Q K^T (causal), O = P V and dO given (see the top):
@@ -256,7 +238,6 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
     {
         float *S = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
         float *dP = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
-        float *KT = xmalloc((size_t)DQK * ATT_BK * sizeof(float)), *VT = xmalloc((size_t)DV * ATT_BK * sizeof(float));
         if (one_pass) {
             #pragma omp for collapse(2) schedule(dynamic, 1)
             for (int b = 0; b < B; b++)
@@ -267,8 +248,6 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                     float *dvh = dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
                     for (int kt = 0; kt < nk; kt++) {
                         const int c0 = kt * ATT_BK, cols = imin(T - c0, ATT_BK);
-                        transpose_tile(KT, kh + (size_t)c0 * hd.ldk, hd.ldk, cols, DQK);
-                        transpose_tile(VT, vh + (size_t)c0 * hd.ldv, hd.ldv, cols, DV);
                         for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
                             const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
                             const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
@@ -276,8 +255,8 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                             float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
                             for (int r0 = c0; r0 < T; r0 += ATT_BQ) {
                                 const int rows = imin(T - r0, ATT_BQ);
-                                score_tile(S, qh, KT, &hd, r0, rows, c0, cols, scale);
-                                grad_tile(S, dP, doh, VT, lh, delta, &hd, r0, rows, c0, cols, bf16p);
+                                score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
+                                grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
                                 accumulate_tile(dqh, dkh, dvh, S, dP, qh, kh, doh, &hd, r0, rows, c0, cols, scale);
                             }
                         }
@@ -296,10 +275,8 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                         float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
                         for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
                             const int cols = imin(r0 + rows - c0, ATT_BK);
-                            transpose_tile(KT, kh + (size_t)c0 * hd.ldk, hd.ldk, cols, DQK);
-                            transpose_tile(VT, vh + (size_t)c0 * hd.ldv, hd.ldv, cols, DV);
-                            score_tile(S, qh, KT, &hd, r0, rows, c0, cols, scale);
-                            grad_tile(S, dP, doh, VT, lh, delta, &hd, r0, rows, c0, cols, bf16p);
+                            score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
+                            grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
                             accumulate_tile(dqh, NULL, NULL, S, dP, qh, kh, doh, &hd, r0, rows, c0, cols, scale);
                         }
                     }
@@ -313,16 +290,14 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                         const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
                         float *dkh = dk + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
                         float *dvh = dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
-                        transpose_tile(KT, kh + (size_t)c0 * hd.ldk, hd.ldk, cols, DQK);
-                        transpose_tile(VT, vh + (size_t)c0 * hd.ldv, hd.ldv, cols, DV);
                         for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
                             const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
                             const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
                             const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
                             for (int r0 = c0 / ATT_BQ * ATT_BQ; r0 < T; r0 += ATT_BQ) {
                                 const int rows = imin(T - r0, ATT_BQ);
-                                score_tile(S, qh, KT, &hd, r0, rows, c0, cols, scale);
-                                grad_tile(S, dP, doh, VT, lh, delta, &hd, r0, rows, c0, cols, bf16p);
+                                score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
+                                grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
                                 accumulate_tile(NULL, dkh, dvh, S, dP, qh, kh, doh, &hd, r0, rows, c0, cols, scale);
                             }
                         }
@@ -330,8 +305,6 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
         }
         free(S);
         free(dP);
-        free(KT);
-        free(VT);
     }
 }
 

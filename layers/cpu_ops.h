@@ -50,18 +50,6 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                          const PagedStream *v, const int *block_table, int max_blocks, const int *lens,
                          int n, int NH, int NKV, int DK, int DK2, int DV, float scale);
 
-// ---- the attention's tile products (cpu_tile_mm.c) ----
-// C (m, n; ldc) (=, += when accumulate) alpha * sum_p A(i, p) B[p][j], A(i, p) = a[i a_row + p a_col],
-// B row-major (ldb); p limited per row by kr (terms known to be zero left out), and the blocks of C
-// with j > i + skip_diag for all their entries filled with skip_value instead (INT_MAX: none).
-typedef enum { TILE_K_ALL, TILE_K_UPTO, TILE_K_FROM } TileKMode;
-typedef struct TileRange {
-    TileKMode mode;   // UPTO: p <= i + diag; FROM: p >= i - diag
-    int diag;
-} TileRange;
-void cpu_tile_mm(float *c, int ldc, const float *a, int a_row, int a_col, const float *b, int ldb, int m, int n, int k,
-                 float alpha, int accumulate, TileRange kr, int skip_diag, float skip_value);
-
 // ---- causal grouped-head attention (cpu_attention.c) ----
 void cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
                            int NKV, int DQK, int DV, float scale);

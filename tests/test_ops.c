@@ -14,14 +14,12 @@
 // Output: one line per check, then "N passed, M failed"; exit status 1 if anything failed.
 #include <math.h>
 #include <omp.h>
-#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
-#include "layers/cpu_ops.h"
 #include "layers/cpu_vec.h"
 
 static const Backend *be;
@@ -362,70 +360,6 @@ static void test_vec_int4(void) {
         bad += memcmp(got, want, sizeof got) != 0;
     }
     check("vec_int4_to_f32: every byte, vector steps and tail, equal to the scalar form bitwise", bad, 0.0);
-}
-
-// cpu_tile_mm (the attention's tile products) against a double loop: both layouts of A, tails of
-// every block shape, overwrite and accumulate, the causal k ranges (A zero past the diagonal,
-// as the attention's probabilities are) and the blocks past the diagonal left to skip_value.
-static void test_tile_mm_case(int m, int n, int k, int transposed, int accumulate, TileKMode mode, int diag, int skip_diag) {
-    const int lda = transposed ? m + 3 : k + 5, ldb = n + 2, ldc = n + 1;
-    float *a = frand((size_t)(transposed ? k : m) * lda, -1, 1), *b = frand((size_t)k * ldb, -1, 1);
-    float *c = frand((size_t)m * ldc, -1, 1), *c0 = falloc((size_t)m * ldc);
-    const int a_row = transposed ? 1 : lda, a_col = transposed ? lda : 1;
-    for (int i = 0; i < m; i++)   // the zeros the ranges leave out
-        for (int p = 0; p < k; p++)
-            if ((mode == TILE_K_UPTO && p > i + diag) || (mode == TILE_K_FROM && p < i - diag)) a[(size_t)i * a_row + (size_t)p * a_col] = 0.0f;
-    memcpy(c0, c, (size_t)m * ldc * sizeof(float));
-    const float alpha = 0.125f;
-    cpu_tile_mm(c, ldc, a, a_row, a_col, b, ldb, m, n, k, alpha, accumulate, (TileRange){mode, diag}, skip_diag, -INFINITY);
-    double worst = 0;
-    int skipped_ok = 1;
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) {
-            const float got = c[(size_t)i * ldc + j];
-            if (skip_diag != INT_MAX && j > i + skip_diag) {   // may be skipped (whole blocks) or computed
-                if (got != -INFINITY) {
-                    double ref = 0;
-                    for (int p = 0; p < k; p++) ref += (double)a[(size_t)i * a_row + (size_t)p * a_col] * b[(size_t)p * ldb + j];
-                    ref = alpha * ref + (accumulate ? c0[(size_t)i * ldc + j] : 0.0);
-                    skipped_ok &= fabs(got - ref) <= 1e-5 * (1 + fabs(ref)) * k;
-                }
-                continue;
-            }
-            double ref = 0, mag = 0;
-            for (int p = 0; p < k; p++) {
-                const double t = (double)a[(size_t)i * a_row + (size_t)p * a_col] * b[(size_t)p * ldb + j];
-                ref += t;
-                mag += fabs(t);
-            }
-            const double prior = accumulate ? c0[(size_t)i * ldc + j] : 0.0;
-            ref = alpha * ref + prior;
-            // fp32 sums of k + 1 terms: within (k + 2) ulp of their magnitude
-            worst = fmax(worst, fabs(got - ref) / ((alpha * mag + fabs(prior) + 1e-30) * (k + 2)));
-        }
-    char name[200];
-    snprintf(name, sizeof name, "tile_mm m=%d n=%d k=%d %s %s range %d/%d skip %d", m, n, k, transposed ? "A^T" : "A",
-             accumulate ? "+=" : "=", (int)mode, diag, skip_diag == INT_MAX ? -1 : skip_diag);
-    check(name, skipped_ok ? worst : 1.0, 6e-8);
-    free(a); free(b); free(c); free(c0);
-}
-
-static void test_tile_mm(void) {
-    const int ms[] = {1, 5, 6, 7, 13, 128}, ns[] = {1, 7, 8, 9, 16, 17, 40, 128}, ks[] = {1, 13, 64, 96};
-    for (int x = 0; x < 6; x++)
-        for (int y = 0; y < 8; y++)
-            for (int z = 0; z < 4; z++) test_tile_mm_case(ms[x], ns[y], ks[z], (x + y + z) % 2, (x + z) % 2, TILE_K_ALL, 0, INT_MAX);
-    // the attention's diagonal tiles: scores (skip past the diagonal), P V and dS K (p <= i + diag),
-    // P^T dO and dS^T Q (p >= i - diag), at offsets 0 and one tile over, rows off the blocks
-    const int diags[] = {0, 3, -5};
-    for (int d = 0; d < 3; d++) {
-        test_tile_mm_case(128, 128, 64, 0, 0, TILE_K_ALL, 0, diags[d]);
-        test_tile_mm_case(37, 45, 19, 0, 0, TILE_K_ALL, 0, diags[d]);
-        test_tile_mm_case(128, 64, 128, 0, 1, TILE_K_UPTO, diags[d], INT_MAX);
-        test_tile_mm_case(29, 24, 31, 0, 1, TILE_K_UPTO, diags[d], INT_MAX);
-        test_tile_mm_case(128, 64, 128, 1, 1, TILE_K_FROM, diags[d], INT_MAX);
-        test_tile_mm_case(29, 24, 31, 1, 1, TILE_K_FROM, diags[d], INT_MAX);
-    }
 }
 
 // Decoding batches sequences: a row's output must not depend on the rows beside it (the
@@ -806,7 +740,6 @@ int main(void) {
     test_matmul(5, 4, 2, 1);       // fewer than 8 inputs: no vector step at all
     test_vec_exp();
     test_vec_int4();
-    test_tile_mm();
     test_matmul_rows_independent(8, 517, 37);
     test_matmul_rows_independent(7, 64, 1031);
 
