@@ -45,7 +45,7 @@
 
 #include "common/util.h"
 #include "backend/bf16.h"
-#include "layers/cpu_vec.h"
+#include "common/vec.h"
 
 #define ATT_BQ 128  // query rows per tile
 #define ATT_BK 128  // keys per tile

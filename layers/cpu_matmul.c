@@ -6,7 +6,7 @@
 #include <cblas.h>
 #include <stddef.h>
 
-#include "layers/cpu_vec.h"
+#include "common/vec.h"
 
 // A few rows (decoding: one token per sequence): OpenBLAS's sgemm packs the whole weight for
 // them and ran 2-10x slower than reading it once (bench/bench_decode.c, OpenBLAS 0.3.21). Here
@@ -15,7 +15,7 @@
 // multiply-adds, where one dot at a time loads 2 per 1) or 4 weight rows x 1 input row (the
 // batch-1 case: 4 independent add chains). Every dot sums in the same order whatever tile
 // computes it (8 lanes over k, then vec_sum and the tail), so a sequence's output does not depend on what
-// else is in the batch or on the thread count. Vectors and fused multiply-adds: layers/cpu_vec.h.
+// else is in the batch or on the thread count. Vectors and fused multiply-adds: common/vec.h.
 #define SMALL_N 8
 
 // vec_sum of the lanes, then the C % 8 tail in order

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "layers/cpu_vec.h"
+#include "common/vec.h"
 
 // A chunk is as many blocks (at most MAX_CHUNK_BLOCKS) as keep its key and value bytes within
 // CHUNK_BYTES, half the L2 of the machines we measure: the values pass reads the chunk again.

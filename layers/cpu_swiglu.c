@@ -1,12 +1,12 @@
 // SwiGLU gate: out = silu(gate) * up, silu(g) = g * sigmoid(g), elementwise over n.
-// Eight lanes at a time (vec_exp, within 2 ulp of expf; layers/cpu_vec.h): a training step of
+// Eight lanes at a time (vec_exp, within 2 ulp of expf; common/vec.h): a training step of
 // bench_train's d512 model takes 2 x 2048 x 1408 x 8 sigmoids here, the most exponentials of any
 // op; the last n % 8 elements take the scalar path.
 #include "layers/cpu_ops.h"
 
 #include <math.h>
 
-#include "layers/cpu_vec.h"
+#include "common/vec.h"
 
 #define SWIGLU_PAR_MIN ((size_t)1 << 14)
 

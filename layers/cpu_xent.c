@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "common/util.h"
-#include "layers/cpu_vec.h"
+#include "common/vec.h"
 
 // e[i] = exp(l[i] - m) for i < V (e may be NULL: only the sum), 8 lanes at a time (vec_exp,
 // within 2 ulp of expf: a training step of bench_train's d512 model takes 2 x 2048 x 8192

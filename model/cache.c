@@ -11,7 +11,7 @@
 #include "common/util.h"
 #include "backend/bf16.h"
 #include "backend/int_group_math.h"
-#include "layers/cpu_vec.h"
+#include "common/vec.h"
 
 // int_group layout per token: [scales: G x bf16][codes: W values of `bits` bits, two's
 // complement, packed little-endian from bit 0 of byte 0].
@@ -55,7 +55,7 @@ static void int_group_decode(const Codec *c, float *dst, const uint8_t *src, int
         float *y = dst + (size_t)n * W;
         if (bits == 4 && c->group % 2 == 0) {
             // the common case (CLLA-quant): two codes a byte, low nibble first, 16 at a time
-            // (layers/cpu_vec.h); it was a quarter of a CLLA-quant decode step at 16k written
+            // (common/vec.h); it was a quarter of a CLLA-quant decode step at 16k written
             // as a scalar loop (bench/bench_decode.c under perf)
             for (int g = 0; g < G; g++) {
                 const float scale = sr_bf16_to_f32((uint16_t)(o[2 * g] | (o[2 * g + 1] << 8)));

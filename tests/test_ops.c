@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "layers/cpu_vec.h"
+#include "common/vec.h"
 
 static const Backend *be;
 static int n_passed, n_failed;
@@ -325,7 +325,7 @@ static void test_elementwise(size_t n) {
     free(a); free(b); free(out); free(ref); free(acopy);
 }
 
-// vec_exp (layers/cpu_vec.h, decoding's softmax) against exp in double: relative error within
+// vec_exp (common/vec.h, decoding's softmax) against exp in double: relative error within
 // 2 ulp over the range it serves, exact 0 below -87.34 (and for -inf), NaN kept.
 static void test_vec_exp(void) {
     double worst = 0;
@@ -342,7 +342,7 @@ static void test_vec_exp(void) {
     check("vec_exp: 0 below -87.34 and at -inf, NaN kept, e^0 = 1, e^88 finite", bad, 0.0);
 }
 
-// vec_int4_to_f32 (layers/cpu_vec.h, the int_group codec's 4-bit decode) against the scalar
+// vec_int4_to_f32 (common/vec.h, the int_group codec's 4-bit decode) against the scalar
 // form, every byte value in every position of a 16-code step and in the scalar tail: bitwise.
 static void test_vec_int4(void) {
     enum { N = 512 + 6 };   // 32 whole steps, then 6 codes of tail

@@ -1,10 +1,13 @@
 // Eight-lane float vectors (GCC/Clang vector extensions: AVX with -march=native, pairs of SSE
-// registers or NEON otherwise) for the decode-time kernels, layers/cpu_matmul.c and
-// layers/cpu_paged_attention.c. Those files are compiled with -ffp-contract=fast
-// (CMakeLists.txt), so a += b * c is one fused multiply-add, as in OpenBLAS's kernels.
+// registers or NEON otherwise) for the CPU kernels of layers/ (the decode-time kernels,
+// layers/cpu_matmul.c and layers/cpu_paged_attention.c; the exponentials of the attention,
+// SwiGLU and cross-entropy) and the cache codecs' decode (model/cache.c): in common/ so that
+// both may include it (tests/test_layering.sh). The decode-time kernels are compiled with
+// -ffp-contract=fast (CMakeLists.txt), so a += b * c is one fused multiply-add, as in
+// OpenBLAS's kernels.
 // Every reduction here has a fixed order: results never depend on threads or batch neighbours.
-#ifndef CLLA_LAYERS_CPU_VEC_H
-#define CLLA_LAYERS_CPU_VEC_H
+#ifndef CLLA_COMMON_VEC_H
+#define CLLA_COMMON_VEC_H
 
 #include <stdint.h>
 #include <string.h>
