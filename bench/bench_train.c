@@ -16,8 +16,11 @@
 // norms, RoPE, softmax, SwiGLU and the optimizer are not counted: they are work the
 // model FLOP/s rate has to absorb.
 //
-// The share of the step in attention: the backend's attention_forward and attention_backward
-// are wrapped with a timer (the one file-level state of this program).
+// Where the step goes: the backend's attention_forward and attention_backward, and its weight
+// matmuls (matmul_forward, matmul_backward), are wrapped with timers (the one file-level state
+// of this program); the matmuls' FLOPs are counted from their shapes, so their rate can be set
+// against sgemm's, and what neither takes (norms, SwiGLU, RoPE, cross-entropy, the optimizer,
+// MoE routing) is the rest.
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -56,7 +59,22 @@ typedef struct GemmShape { const char *what; int M, N, K; } GemmShape;
 // ---- the attention op, timed: a copy of the backend whose two attention entries add their
 // wall time to attention_seconds before calling the real ones
 static const Backend *inner_backend;
-static double attention_seconds;
+static double attention_seconds, matmul_seconds, matmul_flops;
+
+static void timed_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC) {
+    double t0 = now_seconds();
+    inner_backend->matmul_forward(out, inp, weight, N, C, OC);
+    matmul_seconds += now_seconds() - t0;
+    matmul_flops += 2.0 * N * C * OC;
+}
+
+static void timed_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                                  int N, int C, int OC) {
+    double t0 = now_seconds();
+    inner_backend->matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC);
+    matmul_seconds += now_seconds() - t0;
+    matmul_flops += 2.0 * N * C * OC * ((dinp != NULL) + (dweight != NULL));
+}
 
 static void timed_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
                                     int T, int NH, int NKV, int DQK, int DV, float scale) {
@@ -157,6 +175,8 @@ int main(int argc, char **argv) {
     Backend timed = *inner_backend;
     timed.attention_forward = timed_attention_forward;
     timed.attention_backward = timed_attention_backward;
+    timed.matmul_forward = timed_matmul_forward;
+    timed.matmul_backward = timed_matmul_backward;
     model_build(&model, c, &timed);
     model_init_weights(&model, tc->seed);
     model_set_batch(&model, B, T);
@@ -187,7 +207,7 @@ int main(int argc, char **argv) {
     int32_t *in = xmalloc((size_t)N * sizeof(int32_t)), *tg = xmalloc((size_t)N * sizeof(int32_t));
     Rng rng;
     rng_seed(&rng, tc->seed);
-    double t_fwd = 0, t_bwd = 0, t_opt = 0, t_total = 0, t_attn = 0;
+    double t_fwd = 0, t_bwd = 0, t_opt = 0, t_total = 0, t_attn = 0, t_mm = 0, f_mm = 0;
     double *step_s = xmalloc((size_t)steps * sizeof(double));
     float loss = 0;
     for (int s = 0; s < steps + 1; s++) {
@@ -195,7 +215,7 @@ int main(int argc, char **argv) {
             in[i] = (int32_t)(rng_next(&rng) % (uint64_t)V);
             tg[i] = (int32_t)(rng_next(&rng) % (uint64_t)V);
         }
-        double t0 = now_seconds(), attn0 = attention_seconds;
+        double t0 = now_seconds(), attn0 = attention_seconds, mm0 = matmul_seconds, mmf0 = matmul_flops;
         model_zero_grad(&model);
         loss = model_forward(&model, in, tg);
         double t1 = now_seconds();
@@ -209,6 +229,8 @@ int main(int argc, char **argv) {
         if (s == 0) continue;
         t_fwd += t1 - t0; t_bwd += t2 - t1; t_opt += t3 - t2; t_total += t3 - t0;
         t_attn += attention_seconds - attn0;
+        t_mm += matmul_seconds - mm0;
+        f_mm += matmul_flops - mmf0;
         step_s[s - 1] = t3 - t0;
     }
     double sgemm_after = measure_sgemm(shapes, n_shapes, 0);
@@ -223,14 +245,21 @@ int main(int argc, char **argv) {
     printf("time split: forward %.1f%% | backward %.1f%% | optimizer %.1f%% | attention op (forward + backward) %.1f%%\n",
            100 * t_fwd / t_total, 100 * t_bwd / t_total, 100 * t_opt / t_total, 100 * t_attn / t_total);
     printf("sgemm %.1f GFLOP/s (best of the shapes above, measured before and after the steps)\n", sgemm_best / 1e9);
+    // the gap to sgemm, by where the time goes (attention at its counted causal FLOPs)
+    const double attn_flops = (double)N * attn_causal * steps;
+    printf("weight matmuls %.1f%% of the step at %.1f GFLOP/s (%.3f of sgemm) | attention %.1f%% at %.1f GFLOP/s (%.3f) | "
+           "the rest %.1f%%\n", 100 * t_mm / t_total, t_mm > 0 ? f_mm / t_mm / 1e9 : 0.0,
+           t_mm > 0 ? f_mm / t_mm / sgemm_best : 0.0, 100 * t_attn / t_total, t_attn > 0 ? attn_flops / t_attn / 1e9 : 0.0,
+           t_attn > 0 ? attn_flops / t_attn / sgemm_best : 0.0, 100 * (t_total - t_mm - t_attn) / t_total);
     printf("model FLOP/s %.1f GFLOP/s | ratio to sgemm %.3f (target >= 0.8) | mean step %.3f, best step %.3f\n",
            model_flops / 1e9, ratio, tok_s_mean * flops_per_token / sgemm_best, tok_s_best * flops_per_token / sgemm_best);
     if (args_get(&a, SPECS, N_SPECS, "json"))
         printf("{\"threads\":%d,\"tokens_per_step\":%d,\"steps\":%d,\"tokens_per_s\":%.2f,\"flops_per_token\":%.6g,"
                "\"model_flops\":%.6g,\"sgemm_flops\":%.6g,\"ratio\":%.4f,\"forward_s\":%.4f,\"backward_s\":%.4f,\"optimizer_s\":%.4f,\"attention_s\":%.4f,\"attention_share\":%.4f,"
-               "\"activated_params\":%lld}\n",
+               "\"matmul_s\":%.4f,\"matmul_share\":%.4f,\"matmul_flops_per_s\":%.6g,\"activated_params\":%lld}\n",
                omp_get_max_threads(), N, steps, tok_s, flops_per_token, model_flops, sgemm_best, ratio,
-               t_fwd / steps, t_bwd / steps, t_opt / steps, t_attn / steps, t_attn / t_total, activated);
+               t_fwd / steps, t_bwd / steps, t_opt / steps, t_attn / steps, t_attn / t_total, t_mm / steps, t_mm / t_total,
+               t_mm > 0 ? f_mm / t_mm : 0.0, activated);
 
     free(in); free(tg); free(step_s);
     adamw_free(&opt, &model);

@@ -81,11 +81,12 @@ echo "$js" | /usr/bin/python3 -c '
 import json, sys
 r = json.loads(sys.stdin.readline())
 assert 0 < r["attention_share"] < 1 and r["tokens_per_s"] > 0
+assert 0 < r["matmul_share"] < 1 and r["attention_share"] + r["matmul_share"] < 1 and r["matmul_flops_per_s"] > 0
 # per layer: attention 4 x 64 x 64, two norms of 64, router 8 x 64, the shared experts 3 x 64 x 64,
 # 2 of the 8 routed experts of 3 x 64 x 32; then the final norm
 layer = 4 * 64 * 64 + 2 * 64 + 8 * 64 + 3 * 64 * 64 + 2 * 3 * 64 * 32
 assert r["activated_params"] == 2 * layer + 64, r["activated_params"]
-print(r["activated_params"])' > "$WORK/act.out" 2>&1 && ok "bench_train on a MoE config: attention share, activated parameters $(cat "$WORK/act.out")" ||
+print(r["activated_params"])' > "$WORK/act.out" 2>&1 && ok "bench_train on a MoE config: attention and matmul shares, activated parameters $(cat "$WORK/act.out")" ||
     fail "bench_train MoE: $out $(cat "$WORK/act.out")"
 grep -q "activated per token" <<< "$out" && ! grep -q "uses every expert" <<< "$out" && ok "bench_train counts activated parameters" ||
     fail "bench_train parameter line: $(grep params <<< "$out")"
