@@ -17,7 +17,7 @@
 // model FLOP/s rate has to absorb.
 //
 // Where the step goes: the backend's attention_forward and attention_backward, and its weight
-// matmuls (matmul_forward, matmul_backward), are wrapped with timers (the one file-level state
+// matmuls (matmul_forward, matmul_backward, MoE's moe_expert_matmul_*), are wrapped with timers (the one file-level state
 // of this program); the matmuls' FLOPs are counted from their shapes, so their rate can be set
 // against sgemm's, and what neither takes (norms, SwiGLU, RoPE, cross-entropy, the optimizer,
 // MoE routing) is the rest.
@@ -74,6 +74,23 @@ static void timed_matmul_backward(float *dinp, float *dweight, const float *dout
     inner_backend->matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC);
     matmul_seconds += now_seconds() - t0;
     matmul_flops += 2.0 * N * C * OC * ((dinp != NULL) + (dweight != NULL));
+}
+
+// MoE's grouped expert products count as weight matmuls too (their rows: the host offsets)
+static void timed_expert_forward(float *out, const float *inp, const float *const *weights, const int *expert_off, int E,
+                                 int C, int OC) {
+    double t0 = now_seconds();
+    inner_backend->moe_expert_matmul_forward(out, inp, weights, expert_off, E, C, OC);
+    matmul_seconds += now_seconds() - t0;
+    matmul_flops += 2.0 * (expert_off[E] - expert_off[0]) * C * OC;
+}
+
+static void timed_expert_backward(float *dinp, float *const *dweights, const float *dout, const float *inp,
+                                  const float *const *weights, const int *expert_off, int E, int C, int OC) {
+    double t0 = now_seconds();
+    inner_backend->moe_expert_matmul_backward(dinp, dweights, dout, inp, weights, expert_off, E, C, OC);
+    matmul_seconds += now_seconds() - t0;
+    matmul_flops += 2.0 * (expert_off[E] - expert_off[0]) * C * OC * ((dinp != NULL) + (dweights != NULL));
 }
 
 static void timed_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
@@ -177,6 +194,8 @@ int main(int argc, char **argv) {
     timed.attention_backward = timed_attention_backward;
     timed.matmul_forward = timed_matmul_forward;
     timed.matmul_backward = timed_matmul_backward;
+    if (inner_backend->moe_expert_matmul_forward) timed.moe_expert_matmul_forward = timed_expert_forward;
+    if (inner_backend->moe_expert_matmul_backward) timed.moe_expert_matmul_backward = timed_expert_backward;
     model_build(&model, c, &timed);
     model_init_weights(&model, tc->seed);
     model_set_batch(&model, B, T);
