@@ -17,10 +17,10 @@
 // model FLOP/s rate has to absorb.
 //
 // Where the step goes: the backend's attention_forward and attention_backward, and its weight
-// matmuls (matmul_forward, matmul_backward, MoE's moe_expert_matmul_*), are wrapped with timers (the one file-level state
-// of this program); the matmuls' FLOPs are counted from their shapes, so their rate can be set
-// against sgemm's, and what neither takes (norms, SwiGLU, RoPE, cross-entropy, the optimizer,
-// MoE routing) is the rest.
+// matmuls (matmul_forward, matmul_backward, MoE's moe_expert_matmul_*), are wrapped with timers
+// (the one file-level state of this program); the matmuls' FLOPs are counted from their shapes,
+// so their rate can be set against sgemm's, and what neither takes (norms, SwiGLU, RoPE,
+// cross-entropy, the optimizer, MoE routing) is the rest.
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -56,24 +56,27 @@ static const ArgSpec SPECS[] = {
 
 typedef struct GemmShape { const char *what; int M, N, K; } GemmShape;
 
-// ---- the attention op, timed: a copy of the backend whose two attention entries add their
-// wall time to attention_seconds before calling the real ones
+// ---- the attention op and the weight matmuls, timed: a copy of the backend whose entries add
+// their wall time (and the matmuls their FLOPs) to these before calling the real ones
 static const Backend *inner_backend;
 static double attention_seconds, matmul_seconds, matmul_flops;
+
+static void matmul_done(double t0, double flops) {
+    matmul_seconds += now_seconds() - t0;
+    matmul_flops += flops;
+}
 
 static void timed_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC) {
     double t0 = now_seconds();
     inner_backend->matmul_forward(out, inp, weight, N, C, OC);
-    matmul_seconds += now_seconds() - t0;
-    matmul_flops += 2.0 * N * C * OC;
+    matmul_done(t0, 2.0 * N * C * OC);
 }
 
 static void timed_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                                   int N, int C, int OC) {
     double t0 = now_seconds();
     inner_backend->matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC);
-    matmul_seconds += now_seconds() - t0;
-    matmul_flops += 2.0 * N * C * OC * ((dinp != NULL) + (dweight != NULL));
+    matmul_done(t0, 2.0 * N * C * OC * ((dinp != NULL) + (dweight != NULL)));
 }
 
 // MoE's grouped expert products count as weight matmuls too (their rows: the host offsets)
@@ -81,16 +84,14 @@ static void timed_expert_forward(float *out, const float *inp, const float *cons
                                  int C, int OC) {
     double t0 = now_seconds();
     inner_backend->moe_expert_matmul_forward(out, inp, weights, expert_off, E, C, OC);
-    matmul_seconds += now_seconds() - t0;
-    matmul_flops += 2.0 * (expert_off[E] - expert_off[0]) * C * OC;
+    matmul_done(t0, 2.0 * (expert_off[E] - expert_off[0]) * C * OC);
 }
 
 static void timed_expert_backward(float *dinp, float *const *dweights, const float *dout, const float *inp,
                                   const float *const *weights, const int *expert_off, int E, int C, int OC) {
     double t0 = now_seconds();
     inner_backend->moe_expert_matmul_backward(dinp, dweights, dout, inp, weights, expert_off, E, C, OC);
-    matmul_seconds += now_seconds() - t0;
-    matmul_flops += 2.0 * (expert_off[E] - expert_off[0]) * C * OC * ((dinp != NULL) + (dweights != NULL));
+    matmul_done(t0, 2.0 * (expert_off[E] - expert_off[0]) * C * OC * ((dinp != NULL) + (dweights != NULL)));
 }
 
 static void timed_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
