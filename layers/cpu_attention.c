@@ -14,9 +14,12 @@
 // sgemm (OpenBLAS's OpenMP build does not thread inside a parallel region). 128 x 128 was chosen
 // by build/bench/bench_attention: against 64 x 64 the backward went from 0.30 to 0.35-0.39 of
 // sgemm at T = 2048 and 8192, the forward stayed at about 0.5. Causal: key tiles right of a query tile's
-// last row are skipped, not computed and masked, so the work is half the square.
+// last row are skipped, not computed and masked, so the work is half the square; a block that
+// reaches the diagonal is cut in two (Block, below), so a diagonal tile costs 3/4 of itself, and
+// the softmax's exponentials stop at each row's last key.
 //
-// Forward, one task per (b, h, query tile), online softmax over its key tiles in order:
+// Forward, one task per (b, h, query tile), online softmax over its keys ATT_SPAN at a time (one
+// sgemm for a span's scores, one for its P V; up to T = ATT_SPAN no rescaling at all):
 //   m' = max(m, rowmax S), P = exp(S - m'), l = l e^(m - m') + rowsum P, O = O e^(m - m') + P V,
 // then out = O / l and lse = m + log l.
 // Backward, with P = exp(S - lse) recomputed and Delta_t = dO_t . O_t:
@@ -49,6 +52,7 @@
 
 #define ATT_BQ 128  // query rows per tile
 #define ATT_BK 128  // keys per tile
+#define ATT_SPAN 512  // keys per step of the forward (a multiple of ATT_BK)
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
@@ -77,6 +81,14 @@ static float exp_shifted(float *x, int n, float shift) {
     return vec_sum(acc);
 }
 
+// dst[d] = a src[d] for d < n (dst may be src), 8 lanes at a time (GCC -O2 leaves this loop scalar)
+static void scale_row(float *dst, const float *src, int n, float a) {
+    const vecf va = vec_splat(a);
+    int d = 0;
+    for (; d + VEC_LANES <= n; d += VEC_LANES) vec_store(dst + d, vec_load(src + d) * va);
+    for (; d < n; d++) dst[d] = src[d] * a;
+}
+
 // The strided views of one (b, head) of the four layouts.
 typedef struct Heads {
     int T, NH, NKV, DQK, DV, group;
@@ -103,27 +115,92 @@ static HeadRows head_rows(const Heads *hd, const float *q, const float *k, const
                       (size_t)b * hd->T * hd->ldo + (size_t)h * hd->DV};
 }
 
-// S (rows, cols; row stride ATT_BK) = scale Q[r0:r0+rows] K[c0:c0+cols]^T for query head qh
-// and its kv head; entries with key > query are set to -inf (only in the diagonal tiles).
-static void score_tile(float *S, const float *qh, const float *kh, const Heads *hd, int r0, int rows, int c0,
-                       int cols, float scale) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hd->DQK, scale, qh + (size_t)r0 * hd->ldq,
-                hd->ldq, kh + (size_t)c0 * hd->ldk, hd->ldk, 0.0f, S, ATT_BK);
-    if (c0 + cols - 1 <= r0) return;   // the whole tile is at or below the diagonal
-    for (int i = 0; i < rows; i++)
-        for (int j = imin(cols, r0 + i - c0 + 1 > 0 ? r0 + i - c0 + 1 : 0); j < cols; j++) S[(size_t)i * ATT_BK + j] = -INFINITY;
+// A block of the score matrix: query rows [r0, r0 + rows) against keys [c0, c0 + cols), c0 <= r0.
+// Where it reaches the diagonal (and has more than DIAG_SPLIT rows) its first DIAG_SPLIT rows see
+// only its first `cut` keys, and every product over it is cut in two there, so the part above the
+// diagonal is not multiplied: a diagonal 128 x 128 tile costs 3/4 of itself (at T = 512, 9 tiles'
+// work for the 8 the causal count credits, instead of 10). cut = -1: not cut.
+#define DIAG_SPLIT 64
+
+typedef struct Block {
+    int r0, rows, c0, cols, cut;
+} Block;
+
+// The keys row i of a block sees: min(cols, r0 + i - c0 + 1).
+static inline int keys_seen(int r0, int i, int c0, int cols) {
+    const int n = r0 + i - c0 + 1;
+    return n < 0 ? 0 : n < cols ? n : cols;
+}
+
+static Block block(int r0, int rows, int c0, int cols) {
+    const int diag = c0 + cols - 1 > r0 && rows > DIAG_SPLIT;
+    return (Block){r0, rows, c0, cols, diag ? keys_seen(r0, DIAG_SPLIT - 1, c0, cols) : -1};
+}
+
+// C (rows, cols; ldc) = alpha A[r0:] B[c0:]^T, A's rows the queries and B's the keys (width K):
+// the scores, and dP = dO V^T. Entries above a cut's keys are left unwritten.
+static void rows_by_keys(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int K, float alpha,
+                         const Block *bk) {
+    const float *a = A + (size_t)bk->r0 * lda, *b = B + (size_t)bk->c0 * ldb;
+    int i0 = 0;
+    if (bk->cut >= 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, DIAG_SPLIT, bk->cut, K, alpha, a, lda, b, ldb, 0.0f, C, ldc);
+        i0 = DIAG_SPLIT;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bk->rows - i0, bk->cols, K, alpha, a + (size_t)i0 * lda, lda,
+                b, ldb, 0.0f, C + (size_t)i0 * ldc, ldc);
+}
+
+// C[r0:] (rows, N; ldc) += alpha P X[c0:], P (rows, cols; ldp) over the keys, X's rows the keys:
+// O += P V and dQ += scale dS K. P must be 0 above the diagonal (it is not read past a cut).
+static void rows_from_keys(float *C, int ldc, const float *P, int ldp, const float *X, int ldx, int N, float alpha,
+                           const Block *bk) {
+    float *c = C + (size_t)bk->r0 * ldc;
+    const float *x = X + (size_t)bk->c0 * ldx;
+    int i0 = 0;
+    if (bk->cut >= 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, DIAG_SPLIT, N, bk->cut, alpha, P, ldp, x, ldx, 1.0f, c, ldc);
+        i0 = DIAG_SPLIT;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bk->rows - i0, N, bk->cols, alpha, P + (size_t)i0 * ldp, ldp,
+                x, ldx, 1.0f, c + (size_t)i0 * ldc, ldc);
+}
+
+// C[c0:] (cols, N; ldc) += alpha P^T X[r0:], X's rows the queries: dV += P^T dO and
+// dK += scale dS^T Q. Keys past a cut are seen by no row before DIAG_SPLIT.
+static void keys_from_rows(float *C, int ldc, const float *P, int ldp, const float *X, int ldx, int N, float alpha,
+                           const Block *bk) {
+    float *c = C + (size_t)bk->c0 * ldc;
+    const float *x = X + (size_t)bk->r0 * ldx;
+    const int j0 = bk->cut >= 0 ? bk->cut : bk->cols;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j0, N, bk->rows, alpha, P, ldp, x, ldx, 1.0f, c, ldc);
+    if (j0 < bk->cols)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bk->cols - j0, N, bk->rows - DIAG_SPLIT, alpha,
+                    P + (size_t)DIAG_SPLIT * ldp + j0, ldp, x + (size_t)DIAG_SPLIT * ldx, ldx, 1.0f, c + (size_t)j0 * ldc, ldc);
+}
+
+// S (rows, cols; ld) = scale Q K^T over the block for query head qh and its kv head; entries with
+// key > query are set to -inf.
+static void score_tile(float *S, int ld, const float *qh, const float *kh, const Heads *hd, const Block *bk, float scale) {
+    rows_by_keys(S, ld, qh, hd->ldq, kh, hd->ldk, hd->DQK, scale, bk);
+    if (bk->c0 + bk->cols - 1 <= bk->r0) return;   // the whole block is at or below the diagonal
+    for (int i = 0; i < bk->rows; i++)
+        for (int j = keys_seen(bk->r0, i, bk->c0, bk->cols); j < bk->cols; j++) S[(size_t)i * ld + j] = -INFINITY;
 }
 
 // ---------------------------------------------------------------- forward
 
-// out, lse: written (not accumulated).
+// out, lse: written (not accumulated). A query tile meets its keys ATT_SPAN at a time (one sgemm
+// for the scores of the span, one for P V): against 128-key steps, the query tile is packed by
+// OpenBLAS once per span instead of once per 128 keys, and up to T = ATT_SPAN a row's softmax
+// is computed in one step, with no rescaling.
 static void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                               int NH, int NKV, int DQK, int DV, float scale, int bf16p) {
     const Heads hd = heads(T, NH, NKV, DQK, DV);
     const int nq = (T + ATT_BQ - 1) / ATT_BQ;
     #pragma omp parallel
     {
-        float *S = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
+        float *S = xmalloc((size_t)ATT_BQ * ATT_SPAN * sizeof(float));
         float *O = xmalloc((size_t)ATT_BQ * DV * sizeof(float));
         float m[ATT_BQ], l[ATT_BQ];
         // dynamic: later query tiles have more key tiles, so static chunks would be unbalanced
@@ -136,30 +213,30 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                     const float *qh = hr.q, *kh = hr.k, *vh = hr.v;
                     for (int i = 0; i < rows; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
                     memset(O, 0, (size_t)rows * DV * sizeof(float));
-                    for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
-                        const int cols = imin(r0 + rows - c0, ATT_BK);
-                        score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
+                    for (int c0 = 0; c0 < r0 + rows; c0 += ATT_SPAN) {
+                        const int cols = imin(r0 + rows - c0, ATT_SPAN);
+                        const Block bk = block(r0, rows, c0, cols);
+                        score_tile(S, ATT_SPAN, qh, kh, &hd, &bk, scale);
                         for (int i = 0; i < rows; i++) {
-                            float *row = S + (size_t)i * ATT_BK, mx = m[i];
-                            for (int j = 0; j < cols; j++) mx = row[j] > mx ? row[j] : mx;
-                            // every row sees its own key in its first tile, so mx is finite
+                            // the keys the row sees; beyond them (the diagonal block) P is 0
+                            float *row = S + (size_t)i * ATT_SPAN;
+                            const int n = keys_seen(r0, i, c0, cols);
+                            const float mx = vec_max_of(row, n, m[i]);
+                            // every row sees its own key in its first span, so mx is finite
                             const float alpha = expf(m[i] - mx);
-                            l[i] = l[i] * alpha + exp_shifted(row, cols, mx);
+                            l[i] = l[i] * alpha + exp_shifted(row, n, mx);
                             m[i] = mx;
+                            memset(row + n, 0, (size_t)(cols - n) * sizeof(float));
                             if (bf16p)
-                                for (int j = 0; j < cols; j++) row[j] = round_bf16(row[j]);
-                            if (alpha != 1.0f)
-                                for (int d = 0; d < DV; d++) O[(size_t)i * DV + d] *= alpha;
+                                for (int j = 0; j < n; j++) row[j] = round_bf16(row[j]);
+                            if (alpha != 1.0f) scale_row(O + (size_t)i * DV, O + (size_t)i * DV, DV, alpha);
                         }
-                        // O += P V[c0:c0+cols]
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, DV, cols, 1.0f, S, ATT_BK,
-                                    vh + (size_t)c0 * hd.ldv, hd.ldv, 1.0f, O, DV);
+                        rows_from_keys(O - (size_t)r0 * DV, DV, S, ATT_SPAN, vh, hd.ldv, DV, 1.0f, &bk);
                     }
                     float *oh = out + hr.o + (size_t)r0 * hd.ldo;
                     float *lh = lse + ((size_t)b * NH + h) * T + r0;
                     for (int i = 0; i < rows; i++) {
-                        const float inv = 1.0f / l[i];
-                        for (int d = 0; d < DV; d++) oh[(size_t)i * hd.ldo + d] = O[(size_t)i * DV + d] * inv;
+                        scale_row(oh + (size_t)i * hd.ldo, O + (size_t)i * DV, DV, 1.0f / l[i]);
                         lh[i] = m[i] + logf(l[i]);
                     }
                 }
@@ -183,33 +260,31 @@ void cpu_attention_forward_bf16p(float *out, float *lse, const float *q, const f
 // The probabilities and score gradients of one tile: P = exp(S - lse) (in S; 0 where masked)
 // and dS = P (dP - Delta) (in dP), with dP = dO V^T computed here. bf16p: P and dS rounded.
 static void grad_tile(float *S, float *dP, const float *doh, const float *vh, const float *lh, const float *delta,
-                      const Heads *hd, int r0, int rows, int c0, int cols, int bf16p) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hd->DV, 1.0f, doh + (size_t)r0 * hd->ldo, hd->ldo,
-                vh + (size_t)c0 * hd->ldv, hd->ldv, 0.0f, dP, ATT_BK);
+                      const Heads *hd, const Block *bk, int bf16p) {
+    const int r0 = bk->r0, rows = bk->rows, c0 = bk->c0, cols = bk->cols;
+    rows_by_keys(dP, ATT_BK, doh, hd->ldo, vh, hd->ldv, hd->DV, 1.0f, bk);
     for (int i = 0; i < rows; i++) {
         float *p = S + (size_t)i * ATT_BK, *d = dP + (size_t)i * ATT_BK;
-        const float di = delta[r0 + i];
-        exp_shifted(p, cols, lh[r0 + i]);   // exp(-inf) = 0 above the diagonal
-        for (int j = 0; j < cols; j++) d[j] = p[j] * (d[j] - di);
+        const int n = keys_seen(r0, i, c0, cols);   // beyond them (above the diagonal) P and dS are 0
+        exp_shifted(p, n, lh[r0 + i]);
+        const vecf di = vec_splat(delta[r0 + i]);
+        int j = 0;
+        for (; j + VEC_LANES <= n; j += VEC_LANES) vec_store(d + j, vec_load(p + j) * (vec_load(d + j) - di));
+        for (; j < n; j++) d[j] = p[j] * (d[j] - di[0]);
+        memset(p + n, 0, (size_t)(cols - n) * sizeof(float));
+        memset(d + n, 0, (size_t)(cols - n) * sizeof(float));
         if (bf16p)
-            for (int j = 0; j < cols; j++) { p[j] = round_bf16(p[j]); d[j] = round_bf16(d[j]); }
+            for (int c = 0; c < n; c++) { p[c] = round_bf16(p[c]); d[c] = round_bf16(d[c]); }
     }
 }
 
 // The tile's terms of the gradients, each target skipped when NULL:
 //   dV[c0:] += P^T dO[r0:r0+rows],  dK[c0:] += scale dS^T Q[r0:r0+rows],  dQ[r0:] += scale dS K[c0:c0+cols].
 static void accumulate_tile(float *dqh, float *dkh, float *dvh, const float *P, const float *dS, const float *qh,
-                            const float *kh, const float *doh, const Heads *hd, int r0, int rows, int c0, int cols,
-                            float scale) {
-    if (dvh)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd->DV, rows, 1.0f, P, ATT_BK,
-                    doh + (size_t)r0 * hd->ldo, hd->ldo, 1.0f, dvh + (size_t)c0 * hd->ldv, hd->ldv);
-    if (dkh)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd->DQK, rows, scale, dS, ATT_BK,
-                    qh + (size_t)r0 * hd->ldq, hd->ldq, 1.0f, dkh + (size_t)c0 * hd->ldk, hd->ldk);
-    if (dqh)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd->DQK, cols, scale, dS, ATT_BK,
-                    kh + (size_t)c0 * hd->ldk, hd->ldk, 1.0f, dqh + (size_t)r0 * hd->ldq, hd->ldq);
+                            const float *kh, const float *doh, const Heads *hd, const Block *bk, float scale) {
+    if (dvh) keys_from_rows(dvh, hd->ldv, P, ATT_BK, doh, hd->ldo, hd->DV, 1.0f, bk);
+    if (dkh) keys_from_rows(dkh, hd->ldk, dS, ATT_BK, qh, hd->ldq, hd->DQK, scale, bk);
+    if (dqh) rows_from_keys(dqh, hd->ldq, dS, ATT_BK, kh, hd->ldk, hd->DQK, scale, bk);
 }
 
 // With P = softmax(S), S = scale Q K^T (causal), O = P V and dO given (see the top):
@@ -255,9 +330,10 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                             float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
                             for (int r0 = c0; r0 < T; r0 += ATT_BQ) {
                                 const int rows = imin(T - r0, ATT_BQ);
-                                score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
-                                grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
-                                accumulate_tile(dqh, dkh, dvh, S, dP, qh, kh, doh, &hd, r0, rows, c0, cols, scale);
+                                const Block bk = block(r0, rows, c0, cols);
+                                score_tile(S, ATT_BK, qh, kh, &hd, &bk, scale);
+                                grad_tile(S, dP, doh, vh, lh, delta, &hd, &bk, bf16p);
+                                accumulate_tile(dqh, dkh, dvh, S, dP, qh, kh, doh, &hd, &bk, scale);
                             }
                         }
                     }
@@ -275,9 +351,10 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                         float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
                         for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
                             const int cols = imin(r0 + rows - c0, ATT_BK);
-                            score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
-                            grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
-                            accumulate_tile(dqh, NULL, NULL, S, dP, qh, kh, doh, &hd, r0, rows, c0, cols, scale);
+                            const Block bk = block(r0, rows, c0, cols);
+                            score_tile(S, ATT_BK, qh, kh, &hd, &bk, scale);
+                            grad_tile(S, dP, doh, vh, lh, delta, &hd, &bk, bf16p);
+                            accumulate_tile(dqh, NULL, NULL, S, dP, qh, kh, doh, &hd, &bk, scale);
                         }
                     }
             // phase 2: dK and dV rows of a key tile, from the query tiles at and below it
@@ -296,9 +373,10 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                             const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
                             for (int r0 = c0 / ATT_BQ * ATT_BQ; r0 < T; r0 += ATT_BQ) {
                                 const int rows = imin(T - r0, ATT_BQ);
-                                score_tile(S, qh, kh, &hd, r0, rows, c0, cols, scale);
-                                grad_tile(S, dP, doh, vh, lh, delta, &hd, r0, rows, c0, cols, bf16p);
-                                accumulate_tile(NULL, dkh, dvh, S, dP, qh, kh, doh, &hd, r0, rows, c0, cols, scale);
+                                const Block bk = block(r0, rows, c0, cols);
+                                score_tile(S, ATT_BK, qh, kh, &hd, &bk, scale);
+                                grad_tile(S, dP, doh, vh, lh, delta, &hd, &bk, bf16p);
+                                accumulate_tile(NULL, dkh, dvh, S, dP, qh, kh, doh, &hd, &bk, scale);
                             }
                         }
                     }

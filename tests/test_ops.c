@@ -764,6 +764,7 @@ int main(void) {
     test_attention(1, 261, 2, 1, 3, 2, 1);    // three tiles (128 + 128 + 5)
     test_attention(1, 140, 3, 3, 4, 3, 1);    // 3 (b, kv head) tasks: two phases on 2 threads, one pass on 1
     test_attention(2, 133, 4, 2, 17, 9, 0);   // two tiles, forward only
+    test_attention(1, 1100, 2, 1, 5, 3, 0);   // three forward key spans (512 + 512 + 76)
     test_attention(1, 300, 2, 1, 24, 16, 0);  // three tiles, forward only
 
     test_swiglu(101);
