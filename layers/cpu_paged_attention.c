@@ -430,8 +430,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 if (k2_scored) add_scored(sc + (size_t)h * CT, sc + (size_t)NH * CT, k2, q + ih * DQ + DK, prep2 + ih * k2->prep_doubles, 0, blocks, nt, scale);
             }
             for (int h = 0; h < NH; h++) {
-                float *s = sc + (size_t)h * CT, mx = s[0];
-                for (int t = 1; t < nt; t++) mx = s[t] > mx ? s[t] : mx;
+                float *s = sc + (size_t)h * CT;
+                const float mx = vec_max_of(s, nt, s[0]);
                 st[h] = mx;
                 st[NH + h] = softmax_numerators(s, nt, mx);
             }
