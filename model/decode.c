@@ -6,7 +6,12 @@
 // key; a consumer's own rope key), blocks of decoder_block_tokens tokens in the stream's codec.
 // A block id names the same block in every stream, so one block table per sequence serves all
 // layers. Blocks are allocated when a sequence first needs them and kept for reuse when it is
-// released: the bytes held grow with the tokens stored, rounded up to whole blocks.
+// released: the bytes held grow with the tokens stored, rounded up to whole blocks. A stream's
+// storage is reserved SLAB_BLOCKS blocks at a time, block id at (id % SLAB_BLOCKS) x its stride in
+// slab id / SLAB_BLOCKS: blocks taken one after another (a prompt's) lie one after another in
+// memory, so reading a long context streams through long runs that the CPU's prefetchers follow,
+// where a separate allocation per block left one 2-8 KiB run per block
+// (bench/bench_decode.c; docs/INFERENCE.md has the measurement).
 //
 // Block codecs (kivi, qjl; model/cache.h): a block is encoded as one unit, so the block a sequence
 // is filling is kept in fp16 (stage[s][id], the full-precision window) and encoded when the
@@ -30,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/num.h"
 #include "common/rng.h"
 #include "common/util.h"
 #include "model/model_internal.h"
@@ -40,6 +46,9 @@
 // blocks (the block being filled in fp16, encoded whole when the sequence moves past it); a
 // variable-size codec's records, appended to the block's host buffer as tokens come.
 enum { STREAM_TOKENS = 0, STREAM_WINDOW, STREAM_RECORDS };
+
+// blocks per slab of a stream's storage (see the top): 256 tokens at the usual 16-token blocks
+#define SLAB_BLOCKS 16
 
 // What a backend's decode callback of stream s needs (PagedStream.ctx).
 typedef struct StreamRead {
@@ -53,8 +62,10 @@ struct Decoder {
     int max_seqs, max_len, max_blocks;   // max_blocks: per sequence
     int bt;                // tokens per block (cache_layout_block_tokens)
     int has_blocks;        // some stream uses a codec with a full-precision window (kivi, qjl)
-    // storage: blocks[s][id], the same ids in every stream
+    // storage: blocks[s][id], the same ids in every stream, inside slabs[s][id / SLAB_BLOCKS]
     uint8_t ***blocks;
+    uint8_t ***slabs;
+    size_t *stride;        // [n_streams]: bytes from one block of the stream to the next in a slab
     uint16_t ***stage;     // [s][id]: a window codec's fp16 window while block id is open (else NULL)
     uint8_t ***rec;        // [s][id]: a variable-size codec's records of block id (host)
     size_t **rec_len, **rec_cap;   // [s][id]: their bytes, and the buffer's
@@ -178,8 +189,11 @@ static int block_take(Decoder *d) {
     }
     int id = d->n_ids++;
     for (int s = 0; s < d->cl.n_streams; s++) {
-        // a variable-size stream keeps its records on the host (rec): its block storage is a placeholder
-        d->blocks[s][id] = d->m->be->alloc(d->is_block[s] == STREAM_RECORDS ? 1 : codec_span_bytes(&d->codecs[s], width_of(d, s), d->bt));
+        if (id % SLAB_BLOCKS == 0) {
+            d->slabs[s] = xrealloc(d->slabs[s], ((size_t)id / SLAB_BLOCKS + 1) * sizeof(uint8_t *));
+            d->slabs[s][id / SLAB_BLOCKS] = d->m->be->alloc(SLAB_BLOCKS * d->stride[s]);   // no overflow: checked in decoder_new
+        }
+        d->blocks[s][id] = d->slabs[s][id / SLAB_BLOCKS] + (size_t)(id % SLAB_BLOCKS) * d->stride[s];
         d->stage[s][id] = NULL;
         d->rec[s][id] = NULL;
         d->rec_len[s][id] = d->rec_cap[s][id] = 0;
@@ -340,6 +354,8 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
     d->blocks = xcalloc((size_t)(d->cl.n_streams ? d->cl.n_streams : 1), sizeof(uint8_t **));
     const size_t ns = (size_t)(d->cl.n_streams ? d->cl.n_streams : 1);
     d->stage = xcalloc(ns, sizeof(uint16_t **));
+    d->slabs = xcalloc(ns, sizeof(uint8_t **));
+    d->stride = xcalloc(ns, sizeof(size_t));
     d->rec = xcalloc(ns, sizeof(uint8_t **));
     d->rec_len = xcalloc(ns, sizeof(size_t *));
     d->rec_cap = xcalloc(ns, sizeof(size_t *));
@@ -374,6 +390,12 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
                                  codec_has_scores(codec) ? stream_prep : NULL, codec_has_scores(codec) ? stream_score : NULL,
                                  kind == PAGED_F32, kind, codec->bits, codec->group};
         if (d->ps[s].token_bytes > widest) widest = d->ps[s].token_bytes;
+        // a variable-size stream keeps its records on the host (rec): its block storage is a
+        // placeholder; the others' blocks start on cache lines (vector loads, the GPU's)
+        const size_t span = d->is_block[s] == STREAM_RECORDS ? 1 : codec_span_bytes(codec, part->width, d->bt);
+        int64_t slab;
+        d->stride[s] = (span + 63) / 64 * 64;
+        if (ck_mul(SLAB_BLOCKS, (int64_t)d->stride[s], &slab) != 0) die("decoder: a slab of cache blocks overflows size_t");
     }
     d->tok = xmalloc(widest);
     d->max_rows = max_seqs > DECODE_CHUNK_ROWS ? max_seqs : DECODE_CHUNK_ROWS;
@@ -431,10 +453,11 @@ void decoder_free(Decoder *d) {
     Model *m = d->m;
     for (int s = 0; s < d->cl.n_streams; s++) {
         for (int i = 0; i < d->n_ids; i++) {
-            m->be->release(d->blocks[s][i]);
             free(d->stage[s][i]);
             free(d->rec[s][i]);
         }
+        for (int i = 0; i < d->n_ids; i += SLAB_BLOCKS) m->be->release(d->slabs[s][i / SLAB_BLOCKS]);
+        free(d->slabs[s]);
         free(d->blocks[s]);
         free(d->stage[s]);
         free(d->rec[s]);
@@ -442,6 +465,8 @@ void decoder_free(Decoder *d) {
         free(d->rec_cap[s]);
     }
     free(d->blocks);
+    free(d->slabs);
+    free(d->stride);
     free(d->stage);
     free(d->rec);
     free(d->rec_len);
