@@ -13,7 +13,10 @@
 // warm-up); printed: ms per step, the cache bytes each step reads, and the roofline
 //   max(bytes moved / copy bandwidth, FLOPs / sgemm rate)
 // where bytes moved = cache bytes read + the weights (read once a step) and FLOPs =
-// 2 x batch x (matmul weights) + the attention's dot products. Copy bandwidth: memcpy of 512 MiB
+// 2 x batch x (matmul weights) + the attention's dot products. Cache bytes read: each layer reads
+// the streams it attends over (cache_layout_read_bytes_per_token), so a slot shared by 2 layers
+// counts twice; until 2026-11-26 it counted once (the bytes stored), which put the memory side of
+// the CLA presets' roofline at half what their steps must move. Copy bandwidth: memcpy of 512 MiB
 // (read + written bytes per second), sgemm: cblas_sgemm at 2048^3, both best of 3.
 #include <math.h>
 #include <omp.h>
@@ -179,7 +182,7 @@ int main(int argc, char **argv) {
                     double dt = now_seconds() - t0;
                     best = dt < best ? dt : best;
                 }
-                double cache_read = (double)B * (ctx + 2) * (double)bpt;
+                double cache_read = (double)B * (ctx + 2) * cache_layout_read_bytes_per_token(&cl);
                 double roof = fmax((cache_read + wbytes) / bw, B * step_flops(&m, ctx + 2) / sg);
                 if (json)
                     printf("{\"preset\":\"%s\",\"context\":%d,\"batch\":%d,\"ms_per_step\":%.3f,\"cache_bytes_read\":%.0f,"

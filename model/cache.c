@@ -544,6 +544,14 @@ double cache_layout_bytes_per_token(const CacheLayout *cl) {
     return total;
 }
 
+double cache_layout_read_bytes_per_token(const CacheLayout *cl) {
+    double total = 0;
+    for (int l = 0; l < cl->n_layers; l++)
+        for (int p = 0; p < N_PARTS; p++)
+            if (cl->role[l].stream[p] >= 0) total += cache_stream_bytes_per_token(cl, cl->role[l].stream[p]);
+    return total;
+}
+
 int cache_layout_has_blocks(const CacheLayout *cl) {
     for (int p = 0; p < N_PARTS; p++)
         if (cl->part[p].present && codec_has_window(&cl->part[p].codec)) return 1;

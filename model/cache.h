@@ -212,6 +212,11 @@ static inline int cache_is_producer(const CacheLayout *cl, int layer) { return c
 // measures what a sequence holds).
 double cache_stream_bytes_per_token(const CacheLayout *cl, int s);
 double cache_layout_bytes_per_token(const CacheLayout *cl);
+// Bytes per cached token that one decoding step reads, all layers: each layer reads the streams
+// of its role, so a slot shared by F layers (CLA, CLLA) is read F times. A step runs its layers
+// one after another, and between a slot's producer and its consumers the other layers' work
+// passes through the CPU's caches: at long contexts the slot is read again from memory.
+double cache_layout_read_bytes_per_token(const CacheLayout *cl);
 // The tokens of one cache block for this layout: CACHE_MIN_BLOCK_TOKENS, or the largest block of
 // its block codecs when every other one divides it; -1 with a message when they do not.
 #define CACHE_MIN_BLOCK_TOKENS 16

@@ -238,6 +238,33 @@ static void test_qet(void) {
     free(x); free(dec); free(dec2); free(bytes); free(ref); free(saved);
 }
 
+// What a decoding step reads against what the cache stores: a slot shared by 2 layers is read
+// twice; a CLLA consumer's own rope key once, by its owner.
+static void test_read_bytes(void) {
+    static const struct { const char *json; double read_over_stored; } cases[] = {
+        {"\"attention\":\"mha\"", 1.0},
+        {"\"attention\":\"cla\"", 2.0},
+        // CLLA, 4 layers: producers store latent 16 + rope 8, consumers their own rope 8 (bf16, 2
+        // bytes each): stored 2 x 24 + 2 x 8 = 64; read 4 x 16 + 4 x 8 = 96
+        {"\"attention\":\"clla\",\"kv_lora_rank\":16,\"qk_rope_head_dim\":8,\"v_head_dim\":8", 96.0 / 64.0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char json[512];
+        snprintf(json, sizeof json, "{%s,\"vocab_size\":16,\"hidden_size\":16,\"num_hidden_layers\":4,"
+                 "\"num_attention_heads\":2,\"head_dim\":8,\"intermediate_size\":16,"
+                 "\"max_position_embeddings\":8,\"train\":{\"seq_len\":8}}", cases[i].json);
+        Config cfg;
+        config_from_json(&cfg, json, "test", 0, NULL);
+        CacheLayout cl;
+        cache_layout(&cl, &cfg.model);
+        const double ratio = cache_layout_read_bytes_per_token(&cl) / cache_layout_bytes_per_token(&cl);
+        char name[128];
+        snprintf(name, sizeof name, "read bytes per token = %.3f x stored (%s)", cases[i].read_over_stored, cases[i].json);
+        check(fabs(ratio - cases[i].read_over_stored) < 1e-12, name);
+        cache_layout_free(&cl);
+    }
+}
+
 int main(void) {
     test_int_group(4, 32, 64, 9);
     test_int_group(4, 16, 48, 5);
@@ -249,6 +276,7 @@ int main(void) {
     test_model_latent_is_codec_output();
     test_cq();
     test_qet();
+    test_read_bytes();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
