@@ -151,11 +151,11 @@ static void rows_by_keys(float *C, int ldc, const float *A, int lda, const float
                 b, ldb, 0.0f, C + (size_t)i0 * ldc, ldc);
 }
 
-// C[r0:] (rows, N; ldc) += alpha P X[c0:], P (rows, cols; ldp) over the keys, X's rows the keys:
-// O += P V and dQ += scale dS K. P must be 0 above the diagonal (it is not read past a cut).
-static void rows_from_keys(float *C, int ldc, const float *P, int ldp, const float *X, int ldx, int N, float alpha,
+// C (rows, N; ldc; the block's first query row) += alpha P X[c0:], P (rows, cols; ldp) over the
+// keys, X's rows the keys: O += P V and dQ += scale dS K. P must be 0 above the diagonal (it is not
+// read past a cut).
+static void rows_from_keys(float *c, int ldc, const float *P, int ldp, const float *X, int ldx, int N, float alpha,
                            const Block *bk) {
-    float *c = C + (size_t)bk->r0 * ldc;
     const float *x = X + (size_t)bk->c0 * ldx;
     int i0 = 0;
     if (bk->cut >= 0) {
@@ -231,7 +231,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                                 for (int j = 0; j < n; j++) row[j] = round_bf16(row[j]);
                             if (alpha != 1.0f) scale_row(O + (size_t)i * DV, O + (size_t)i * DV, DV, alpha);
                         }
-                        rows_from_keys(O - (size_t)r0 * DV, DV, S, ATT_SPAN, vh, hd.ldv, DV, 1.0f, &bk);
+                        rows_from_keys(O, DV, S, ATT_SPAN, vh, hd.ldv, DV, 1.0f, &bk);
                     }
                     float *oh = out + hr.o + (size_t)r0 * hd.ldo;
                     float *lh = lse + ((size_t)b * NH + h) * T + r0;
@@ -284,7 +284,7 @@ static void accumulate_tile(float *dqh, float *dkh, float *dvh, const float *P, 
                             const float *kh, const float *doh, const Heads *hd, const Block *bk, float scale) {
     if (dvh) keys_from_rows(dvh, hd->ldv, P, ATT_BK, doh, hd->ldo, hd->DV, 1.0f, bk);
     if (dkh) keys_from_rows(dkh, hd->ldk, dS, ATT_BK, qh, hd->ldq, hd->DQK, scale, bk);
-    if (dqh) rows_from_keys(dqh, hd->ldq, dS, ATT_BK, kh, hd->ldk, hd->DQK, scale, bk);
+    if (dqh) rows_from_keys(dqh + (size_t)bk->r0 * hd->ldq, hd->ldq, dS, ATT_BK, kh, hd->ldk, hd->DQK, scale, bk);
 }
 
 // With P = softmax(S), S = scale Q K^T (causal), O = P V and dO given (see the top):

@@ -391,7 +391,8 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
                                  kind == PAGED_F32, kind, codec->bits, codec->group};
         if (d->ps[s].token_bytes > widest) widest = d->ps[s].token_bytes;
         // a variable-size stream keeps its records on the host (rec): its block storage is a
-        // placeholder; the others' blocks start on cache lines (vector loads, the GPU's)
+        // placeholder; the others' strides are whole 64-byte lines, so every block keeps its
+        // slab's alignment (16 bytes from calloc, 256 from cudaMalloc)
         const size_t span = d->is_block[s] == STREAM_RECORDS ? 1 : codec_span_bytes(codec, part->width, d->bt);
         int64_t slab;
         d->stride[s] = (span + 63) / 64 * 64;
