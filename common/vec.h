@@ -9,6 +9,7 @@
 #ifndef CLLA_COMMON_VEC_H
 #define CLLA_COMMON_VEC_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -21,6 +22,11 @@ static inline vecf vec_load(const float *p) { return *(const vecf_u *)p; }
 static inline void vec_store(float *p, vecf v) { *(vecf_u *)p = v; }
 static inline vecf vec_splat(float x) { return (vecf){x, x, x, x, x, x, x, x}; }
 
+typedef int32_t veci __attribute__((vector_size(VEC_LANES * sizeof(int32_t))));
+
+// lane i: a[i] where mask[i] (all ones), else b[i]; masks come from vector comparisons
+static inline vecf vec_select(veci mask, vecf a, vecf b) { return (vecf)(((veci)a & mask) | ((veci)b & ~mask)); }
+
 // the lanes summed pairwise
 static inline float vec_sum(vecf a) {
     return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
@@ -31,13 +37,11 @@ static inline float vec_sum(vecf a) {
 // element, which was 12% of the attention forward (perf, layers/cpu_attention.c). A maximum has
 // no rounding, so the lane order does not change the result.
 static inline float vec_max_of(const float *x, int n, float init) {
-    typedef int32_t veci __attribute__((vector_size(VEC_LANES * sizeof(int32_t))));
     vecf m = vec_splat(init);
     int j = 0;
     for (; j + VEC_LANES <= n; j += VEC_LANES) {
         vecf v = vec_load(x + j);
-        veci gt = v > m;
-        m = (vecf)(((veci)v & gt) | ((veci)m & ~gt));
+        m = vec_select(v > m, v, m);
     }
     float r = init;
     for (int i = 0; i < VEC_LANES; i++) r = m[i] > r ? m[i] : r;
@@ -73,12 +77,10 @@ static inline vecf vec_sum8(vecf a0, vecf a1, vecf a2, vecf a3, vecf a4, vecf a5
 // takes one exponential per cached token and query head: glibc's scalar expf was a tenth of a
 // decode step, and its vector form is only reachable with -ffast-math.
 static inline vecf vec_exp(vecf x) {
-    typedef int32_t veci __attribute__((vector_size(VEC_LANES * sizeof(int32_t))));
     const vecf lo = vec_splat(-87.33654f), hi = vec_splat(88.0f);   // above 88, 2^n would overflow
     veci under = x < lo;
-    vecf xc = (vecf)(((veci)x & ~under) | ((veci)lo & under));
-    veci over = xc > hi;
-    xc = (vecf)(((veci)xc & ~over) | ((veci)hi & over));
+    vecf xc = vec_select(under, lo, x);
+    xc = vec_select(xc > hi, hi, xc);
     const vecf shifter = vec_splat(12582912.0f);   // 1.5 * 2^23: adding it rounds to an integer
     vecf n = (xc * vec_splat(1.44269504088896341f) + shifter) - shifter;
     vecf r = xc - n * vec_splat(0.693359375f);
@@ -93,6 +95,29 @@ static inline vecf vec_exp(vecf x) {
     veci e = (__builtin_convertvector(n, veci) + 127) << 23;   // 2^n; n in [-126, 128)
     vecf two_n = (vecf)e;
     return (vecf)((veci)(y * two_n) & ~under);
+}
+
+// x[j] = e^(x[j] - shift) for j < n (-inf gives 0), 8 lanes at a time, the tail through one
+// vector padded with -inf; returns their sum in a fixed order (lanes accumulated, then vec_sum).
+// The softmax numerators of the attention ops, training (layers/cpu_attention.c) and decoding
+// (layers/cpu_paged_attention.c).
+static inline float vec_exp_shifted(float *x, int n, float shift) {
+    const vecf sh = vec_splat(shift);
+    vecf acc = vec_splat(0.0f);
+    int j = 0;
+    for (; j + VEC_LANES <= n; j += VEC_LANES) {
+        vecf e = vec_exp(vec_load(x + j) - sh);
+        vec_store(x + j, e);
+        acc += e;
+    }
+    if (j < n) {
+        float t[VEC_LANES];
+        for (int i = 0; i < VEC_LANES; i++) t[i] = j + i < n ? x[j + i] : -INFINITY;
+        vecf e = vec_exp(vec_load(t) - sh);
+        acc += e;
+        for (int i = 0; j + i < n; i++) x[j + i] = e[i];
+    }
+    return vec_sum(acc);
 }
 
 // n bf16 values (their 16 bits, little-endian) -> fp32, exact: widened 8 at a time
@@ -122,7 +147,6 @@ static inline void vec_bf16_to_f32(float *restrict dst, const uint8_t *restrict 
 // (tests/test_ops.c). Widening the 8 bytes with a byte-to-lane conversion compiled to 8 byte
 // loads and inserts.
 static inline void vec_int4_to_f32(float *restrict dst, const uint8_t *restrict src, int n, float scale) {
-    typedef int32_t veci __attribute__((vector_size(VEC_LANES * sizeof(int32_t))));
     typedef uint32_t vecu32 __attribute__((vector_size(VEC_LANES * sizeof(uint32_t))));
     const vecf s = vec_splat(scale);
     const vecu32 to_lo = {28, 20, 12, 4, 28, 20, 12, 4}, to_hi = {24, 16, 8, 0, 24, 16, 8, 0};

@@ -58,29 +58,6 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
 
 static inline float round_bf16(float x) { return sr_bf16_to_f32(sr_f32_to_bf16_rne(x)); }
 
-// x[j] = e^(x[j] - shift) for j < n (-inf gives 0), 8 lanes at a time (vec_exp: glibc's scalar
-// expf would take about 10^8 calls a step of bench_train's d512 model at T = 512); returns the sum,
-// in a fixed order.
-static float exp_shifted(float *x, int n, float shift) {
-    const vecf sh = vec_splat(shift);
-    vecf acc = vec_splat(0.0f);
-    int j = 0;
-    for (; j + VEC_LANES <= n; j += VEC_LANES) {
-        vecf e = vec_exp(vec_load(x + j) - sh);
-        vec_store(x + j, e);
-        acc += e;
-    }
-    if (j < n) {   // the tail through one padded vector
-        float t[VEC_LANES];
-        for (int i = 0; i < VEC_LANES; i++) t[i] = j + i < n ? x[j + i] : -INFINITY;
-        vecf e = vec_exp(vec_load(t) - sh);
-        vec_store(t, e);
-        acc += e;
-        for (int i = 0; j + i < n; i++) x[j + i] = t[i];
-    }
-    return vec_sum(acc);
-}
-
 // dst[d] = a src[d] for d < n (dst may be src), 8 lanes at a time (GCC -O2 leaves this loop scalar)
 static void scale_row(float *dst, const float *src, int n, float a) {
     const vecf va = vec_splat(a);
@@ -224,7 +201,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                             const float mx = vec_max_of(row, n, m[i]);
                             // every row sees its own key in its first span, so mx is finite
                             const float alpha = expf(m[i] - mx);
-                            l[i] = l[i] * alpha + exp_shifted(row, n, mx);
+                            l[i] = l[i] * alpha + vec_exp_shifted(row, n, mx);
                             m[i] = mx;
                             memset(row + n, 0, (size_t)(cols - n) * sizeof(float));
                             if (bf16p)
@@ -266,7 +243,7 @@ static void grad_tile(float *S, float *dP, const float *doh, const float *vh, co
     for (int i = 0; i < rows; i++) {
         float *p = S + (size_t)i * ATT_BK, *d = dP + (size_t)i * ATT_BK;
         const int n = keys_seen(r0, i, c0, cols);   // beyond them (above the diagonal) P and dS are 0
-        exp_shifted(p, n, lh[r0 + i]);
+        vec_exp_shifted(p, n, lh[r0 + i]);
         const vecf di = vec_splat(delta[r0 + i]);
         int j = 0;
         for (; j + VEC_LANES <= n; j += VEC_LANES) vec_store(d + j, vec_load(p + j) * (vec_load(d + j) - di));

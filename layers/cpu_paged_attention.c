@@ -201,25 +201,6 @@ static void unsplit_values(float *acc, int n) {
     }
 }
 
-// s[t] = e^(s[t] - mx) for t < n; returns their sum (8 lanes, then vec_sum: a fixed order).
-static float softmax_numerators(float *s, int n, float mx) {
-    vecf sum = {0}, m = vec_splat(mx);
-    int t = 0;
-    for (; t + VEC_LANES <= n; t += VEC_LANES) {
-        vecf e = vec_exp(vec_load(s + t) - m);
-        vec_store(s + t, e);
-        sum += e;
-    }
-    if (t < n) {   // the tail padded with -inf, whose exponentials are 0
-        float pad[VEC_LANES];
-        for (int j = 0; j < VEC_LANES; j++) pad[j] = t + j < n ? s[t + j] : -INFINITY;
-        vecf e = vec_exp(vec_load(pad) - m);
-        for (int j = 0; t + j < n; j++) s[t + j] = e[j];
-        sum += e;
-    }
-    return vec_sum(sum);
-}
-
 // Row pointers of tokens [0, nt) of the chunk's blocks. A stream read in place points into its
 // blocks; a codec stream is decoded into scratch (nt, width) first and points there.
 static int read_in_place(const PagedStream *s) { return s->kind == PAGED_F32 || s->kind == PAGED_BF16; }
@@ -433,7 +414,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 float *s = sc + (size_t)h * CT;
                 const float mx = vec_max_of(s, nt, s[0]);
                 st[h] = mx;
-                st[NH + h] = softmax_numerators(s, nt, mx);
+                st[NH + h] = vec_exp_shifted(s, nt, mx);
             }
             float *acc = st + 2 * NH;   // (NH, DV), zero from xcalloc
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {

@@ -29,16 +29,10 @@ static double exp_row(float *e, const float *l, int V, float m) {
     return sum;
 }
 
-static float row_max(const float *l, int V) {
-    float m = -INFINITY;
-    for (int i = 0; i < V; i++) m = l[i] > m ? l[i] : m;
-    return m;
-}
-
 // Row max and log of sum(exp(logit - max)): the max subtraction keeps exp <= 1, so
 // logits of any magnitude neither overflow nor lose the target's probability to 0/0.
 static void row_logsumexp(const float *l, int V, float *maxv, double *lse_shifted) {
-    float m = row_max(l, V);
+    float m = vec_max_of(l, V, -INFINITY);
     *maxv = m;
     *lse_shifted = log(exp_row(NULL, l, V, m));
 }
@@ -76,7 +70,7 @@ void cpu_xent_backward(float *dlogits, const float *logits, const int *targets, 
             assert(tgt >= 0 && tgt < V);
             const float *l = logits + (size_t)n * V;
             float *dl = dlogits + (size_t)n * V;
-            const double sum = exp_row(e, l, V, row_max(l, V));
+            const double sum = exp_row(e, l, V, vec_max_of(l, V, -INFINITY));
             const float scale = (float)((double)dloss / sum);
             for (int i = 0; i < V; i++) dl[i] += e[i] * scale;
             dl[tgt] -= dloss;
