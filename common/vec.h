@@ -34,7 +34,7 @@ static inline float vec_sum(vecf a) {
 
 // max(init, x[0], ..., x[n-1]) as the loop `m = x[j] > m ? x[j] : m` gives it (NaNs skipped), 8
 // lanes at a time: GCC keeps that loop scalar without -ffinite-math-only, one dependent vmaxss per
-// element, which was 12% of the attention forward (perf, layers/cpu_attention.c). A maximum has
+// element, which was most of the attention forward's own time (docs/ATTENTION.md). A maximum has
 // no rounding, so the lane order does not change the result.
 static inline float vec_max_of(const float *x, int n, float init) {
     vecf m = vec_splat(init);
