@@ -4,17 +4,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "common/sumsq.h"
 #include "common/util.h"
-
-// Fixed block size of the sum of squares: the result depends on it, never on the thread
-// count (each block is summed sequentially, then the block sums in index order).
-#define SUMSQ_BLOCK 4096
-
-static double sumsq_block(const float *g, size_t n) {
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
-    return s;
-}
 
 double cpu_sumsq(const float *g, size_t n) {
     if (n == 0) return 0.0;
@@ -49,7 +40,9 @@ void cpu_adamw_update(float *param, float *m, float *v, const float *grad, size_
     const float bc2_sqrt = (float)sqrt(bc2);
     const float decay = (float)(1.0 - (double)lr * (double)wd);
     const float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;
-    #pragma omp parallel for schedule(static) if (n >= ((size_t)1 << 14))
+    // simd: element-wise, so the vector form gives the scalar form's bits (C11 leaves a * b + c
+    // unfused, and this file is built with -fno-math-errno so that sqrtf has a vector form)
+    #pragma omp parallel for simd schedule(static) if (n >= ((size_t)1 << 14))
     for (size_t i = 0; i < n; i++) {
         const float g = grad[i] * grad_scale;
         const float mi = beta1 * m[i] + omb1 * g;

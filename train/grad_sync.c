@@ -161,10 +161,7 @@ double grad_sync_norm(GradSync *g, Model *m) {
         if (g->host_mem) {
             mine[b] = m->be->sumsq(m->grad + a, len);
         } else {
-            const float *h = g->piece + (a - g->lo);
-            double s = 0.0;
-            for (size_t i = 0; i < len; i++) s += (double)h[i] * h[i];
-            mine[b] = s;
+            mine[b] = sumsq_block(g->piece + (a - g->lo), len);   // the host piece, summed as sumsq does
         }
     }
     if (per > (size_t)2147483647) die("gradient norm: %zu blocks per rank exceed MPI's int counts", per);

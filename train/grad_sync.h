@@ -18,13 +18,14 @@
 
 #include <stddef.h>
 
+#include "common/sumsq.h"
 #include "model/model.h"
 #include "train/dist.h"
 
-// Block of the gradient norm's sum of squares. Equal to the CPU backend's SUMSQ_BLOCK
-// (layers/cpu_adamw.c): block sums added in index order, so ZeRO-1's norm, formed from the
-// blocks of each shard, is bitwise the norm of the whole buffer.
-#define GRAD_NORM_BLOCK ((size_t)4096)
+// Block of the gradient norm's sum of squares, the CPU backends' (common/sumsq.h): block sums
+// added in index order, so ZeRO-1's norm, formed from the blocks of each shard, is bitwise the
+// norm of the whole buffer.
+#define GRAD_NORM_BLOCK SUMSQ_BLOCK
 
 typedef struct GradSync {
     Dist *dist;
