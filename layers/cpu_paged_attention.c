@@ -11,7 +11,8 @@
 // read the cache where it lies: fp32 as is, bf16 widened in registers (a pair of bf16 read as
 // one 32-bit lane gives its even element by a shift and its odd one by a mask, so the query and
 // the accumulators are kept split into even and odd elements). A codec stream (int_group) is
-// decoded once per chunk into a per-thread fp32 scratch and read from there. Scores go 8 tokens
+// decoded once per chunk into a per-thread fp32 scratch and read from there. Rows read in place
+// are prefetched a tile ahead (prefetch_rows). Scores go 8 tokens
 // at a time (8 accumulators, summed across lanes together by vec_sum8), weighted values 2 heads
 // x 32 values at a time, the softmax's exponentials 8 at a time (vec_exp). OpenBLAS's sgemm packs
 // its operands and ran several times slower at these few rows (bench/bench_decode.c).
@@ -318,6 +319,19 @@ static void shared_rows(const float *dec, int width, int t0, int nt, const uint8
     for (int j = 0; j < nt; j++) row[j] = (const uint8_t *)(dec + (size_t)(t0 + j) * width);
 }
 
+// Rows [0, n) of a stream read in place, asked into L2 (prefetcht1) ahead of their use: a tile
+// reads each of its rows in head-sized pieces, one head after another, a stride the hardware
+// prefetchers do not follow past a page, and perf put most of a step on the loads' stalls. The
+// scores pass asks for the next tile's keys and for this tile's values, so that the values pass
+// finds its rows in L2 (L1, prefetcht0, measured slower: a tile's keys are already most of it).
+static void prefetch_rows(const PagedStream *s, const uint8_t *const *row, int n) {
+    if (!s || !read_in_place(s)) return;
+    for (int j = 0; j < n; j++) {
+        for (size_t o = 0; o < s->token_bytes; o += 64) __builtin_prefetch(row[j] + o, 0, 2);
+        __builtin_prefetch(row[j] + s->token_bytes - 1, 0, 2);
+    }
+}
+
 static Part part_of(const PagedStream *s, const uint8_t *const *row, int first, int n) {
     const int bf16 = s->kind == PAGED_BF16;
     return (Part){row, (size_t)first * (bf16 ? 2 : 4), n, bf16};
@@ -398,6 +412,10 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 const int m = nt - ta < TILE_TOKENS ? nt - ta : TILE_TOKENS;
                 const Part none = {NULL, 0, 0, 0};   // a scored key stream has no part here
                 const Part kp2 = k2 && !k2_scored ? part_of(k2, k2row + ta, 0, DK2) : none;
+                const int ahead = nt - ta - m < TILE_TOKENS ? nt - ta - m : TILE_TOKENS;   // the next tile's rows
+                if (!k_scored) prefetch_rows(k, krow + ta + m, ahead);
+                if (k2 && !k2_scored) prefetch_rows(k2, k2row + ta + m, ahead);
+                if (!same_v) prefetch_rows(v, vrow + ta, m);
                 for (int h = 0; h < NH; h++) {
                     const Part kp = k_scored ? none : part_of(k, krow + ta, (h / group) * DK, DK);
                     scores(sc + (size_t)h * CT + ta, qk + (size_t)h * DQ, &kp, qk + (size_t)h * DQ + DK, &kp2, m, scale);
@@ -419,6 +437,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             float *acc = st + 2 * NH;   // (NH, DV), zero from xcalloc
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
                 const int m = nt - ta < TILE_TOKENS ? nt - ta : TILE_TOKENS;
+                prefetch_rows(v, vrow + ta + m, nt - ta - m < TILE_TOKENS ? nt - ta - m : TILE_TOKENS);
                 for (int g = 0; g < NKV; g++) {
                     const Part vp = part_of(v, vrow + ta, g * DV, DV);
                     for (int r = 0; r < group; r += 2) {
