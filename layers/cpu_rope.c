@@ -21,8 +21,8 @@ static void rope_rotate(float *x, int B, int T, int H, int S, int off, int D, in
     // cos/sin table (T, half), shared by every batch row and head. Angles are formed and
     // evaluated in double: (pos0 + t) * f in fp32 would be off by ~pos * 6e-8 radians, which
     // at long positions is larger than the fp32 rounding of the result itself.
-    // The table is built by all threads: T x half cos and sin in double were about 1% of a
-    // training step when one thread built it.
+    // The table is built by all threads (T x half cos and sin in double; one thread built it
+    // while the others waited, 16 times a step of an 8-layer model).
     float *cs = xmalloc((size_t)T * half * 2 * sizeof(float));
     double *freq = xmalloc((size_t)half * sizeof(double));
     for (int i = 0; i < half; i++) freq[i] = pow((double)theta, -2.0 * i / D);
