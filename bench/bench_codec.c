@@ -89,13 +89,13 @@ int main(int argc, char **argv) {
     char list[1024];
     snprintf(list, sizeof(list), "%s", cs ? cs : DEFAULT_CODECS);
 
-    double bw = bench_copy_bandwidth();
+    double bw = bench_copy_bandwidth(1);   // one thread, as on 2026-11-24 (docs/QUANTIZERS.md)
     float *x = bench_normal((size_t)N, W, 1), *y = xmalloc((size_t)N * W * sizeof(float));
     double gb = (double)N * W * 4.0 / 1e9, rms = 0;
     for (size_t i = 0; i < (size_t)N * W; i++) rms += (double)x[i] * x[i];
     rms = sqrt(rms / ((double)N * W));
     if (!json) {
-        printf("machine: copy bandwidth %.2f GB/s (memcpy, read + write), %d threads; %d tokens of width %d\n\n", bw / 1e9,
+        printf("machine: copy bandwidth %.2f GB/s (memcpy by one thread, read + write), %d threads; %d tokens of width %d\n\n", bw / 1e9,
                omp_get_max_threads(), N, W);
         printf("%-28s %8s %10s %10s %10s %10s %8s %8s %9s\n", "codec", "B/token", "enc GB/s", "dec GB/s", "enc/copy", "dec/copy",
                "enc 1tok", "dec 1tok", "rel RMSE");

@@ -17,7 +17,8 @@
 // the streams it attends over (cache_layout_read_bytes_per_token), so a slot shared by 2 layers
 // counts twice; until 2026-11-26 it counted once (the bytes stored), which put the memory side of
 // the CLA presets' roofline at half what their steps must move. Copy bandwidth: memcpy of 512 MiB
-// (read + written bytes per second), sgemm: cblas_sgemm at 2048^3, both best of 3.
+// shared out over the threads the steps use (read + written bytes per second; one thread's
+// until 2026-11-26), sgemm: cblas_sgemm at 2048^3 on the same threads, both best of 3.
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -110,9 +111,9 @@ int main(int argc, char **argv) {
     int max_ctx = 0;
     for (int i = 0; i < nc; i++) max_ctx = contexts[i] > max_ctx ? contexts[i] : max_ctx;
 
-    double bw = bench_copy_bandwidth(), sg = sgemm_rate();
+    double bw = bench_copy_bandwidth(omp_get_max_threads()), sg = sgemm_rate();
     if (!json)
-        printf("machine: copy bandwidth %.2f GB/s (memcpy, read + write), sgemm %.1f GFLOP/s, %d threads\n\n"
+        printf("machine: copy bandwidth %.2f GB/s (memcpy over the threads, read + write), sgemm %.1f GFLOP/s, %d threads\n\n"
                "%-24s %6s %5s %9s %11s %11s %9s %11s\n", bw / 1e9, sg / 1e9, omp_get_max_threads(),
                "preset", "ctx", "batch", "ms/step", "cache MB/st", "roofline ms", "x roof", "bytes/token");
     else
