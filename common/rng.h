@@ -4,6 +4,7 @@
 #define CLLA_COMMON_RNG_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct Rng { uint64_t s[4]; } Rng;
@@ -35,7 +36,7 @@ static inline double rng_uniform_of(uint64_t x) { return ((double)(x >> 11) + 0.
 static inline double rng_uniform(Rng *r) { return rng_uniform_of(rng_next(r)); }
 
 // Standard normal from two consecutive draws (Box-Muller). rng_normal takes them from the
-// stream; model_init_weights draws a chunk first and transforms it in parallel, with the same
+// stream; rng_fill_normal draws a chunk first and transforms it in parallel, with the same
 // values.
 static inline double rng_normal_of(uint64_t a, uint64_t b) {
     return sqrt(-2.0 * log(rng_uniform_of(a))) * cos(6.283185307179586 * rng_uniform_of(b));
@@ -45,6 +46,21 @@ static inline double rng_normal_of(uint64_t a, uint64_t b) {
 static inline double rng_normal(Rng *r) {
     const uint64_t a = rng_next(r), b = rng_next(r);
     return rng_normal_of(a, b);
+}
+
+// p[0..n) = std x the standard normals rng_normal would give one after another, the same
+// values: the draws are taken from the stream RNG_FILL_CHUNK values at a time (the stream is
+// sequential), then transformed by all threads (the log and cos are the cost). draws: room for
+// 2 x RNG_FILL_CHUNK, the caller's (1 MiB: L2-resident).
+#define RNG_FILL_CHUNK ((size_t)1 << 16)
+static inline void rng_fill_normal(float *p, size_t n, double std, Rng *r, uint64_t *draws) {
+    for (size_t c0 = 0; c0 < n; c0 += RNG_FILL_CHUNK) {
+        const size_t cn = n - c0 < RNG_FILL_CHUNK ? n - c0 : RNG_FILL_CHUNK;
+        for (size_t k = 0; k < 2 * cn; k++) draws[k] = rng_next(r);
+        float *out = p + c0;
+        #pragma omp parallel for schedule(static) if (cn >= 8192)
+        for (size_t k = 0; k < cn; k++) out[k] = (float)(std * rng_normal_of(draws[2 * k], draws[2 * k + 1]));
+    }
 }
 
 #endif

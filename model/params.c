@@ -208,19 +208,10 @@ void model_set_masters(Model *m, const float *host, unsigned long long seed) {
     m->be->zero(m->grad, bytes);
 }
 
-// p[k] = (float)(std * rng_normal(rng)) for k < n, in stream order: the draws are taken a chunk at
-// a time on one thread (a nanosecond each), the transforms (log, cos, sqrt: tens of nanoseconds)
-// run on every thread. The values are those of the sequential loop, for any thread count.
-static void fill_normal(float *p, size_t n, double std, Rng *rng, uint64_t *draws, size_t chunk) {
-    for (size_t c0 = 0; c0 < n; c0 += chunk) {
-        const size_t cn = n - c0 < chunk ? n - c0 : chunk;
-        for (size_t k = 0; k < 2 * cn; k++) draws[k] = rng_next(rng);
-        float *out = p + c0;
-        #pragma omp parallel for schedule(static) if (cn >= 8192)
-        for (size_t k = 0; k < cn; k++) out[k] = (float)(std * rng_normal_of(draws[2 * k], draws[2 * k + 1]));
-    }
-}
-
+// Every matrix std x normals of the seed's stream, in table order, by rng_fill_normal
+// (common/rng.h): the draws are taken a chunk at a time on one thread (a nanosecond each), the
+// transforms (log, cos, sqrt: tens of nanoseconds) run on every thread, and the values are those
+// of the sequential loop for any thread count.
 void model_init_weights(Model *m, unsigned long long seed) {
     const TensorTable *tt = &m->params;
     float *host = xcalloc(tt->bytes_f32 / 4, sizeof(float));
@@ -228,8 +219,7 @@ void model_init_weights(Model *m, unsigned long long seed) {
     rng_seed(&rng, seed);
     double std0 = m->cfg.initializer_range;
     double std_res = std0 / sqrt(2.0 * m->cfg.num_hidden_layers);
-    enum { DRAW_CHUNK = 1 << 16 };   // values per chunk: 1 MiB of draws, L2-resident
-    uint64_t *draws = xmalloc(2 * (size_t)DRAW_CHUNK * sizeof(uint64_t));
+    uint64_t *draws = xmalloc(2 * RNG_FILL_CHUNK * sizeof(uint64_t));
     for (int i = 0; i < tt->n; i++) {
         const TensorInfo *ti = &tt->t[i];
         float *p = (float *)((char *)host + ti->off_f32);
@@ -237,7 +227,7 @@ void model_init_weights(Model *m, unsigned long long seed) {
             for (size_t k = 0; k < ti->numel; k++) p[k] = 1.0f;
         } else {
             double std = is_residual_output(ti->name) ? std_res : std0;
-            fill_normal(p, ti->numel, std, &rng, draws, DRAW_CHUNK);
+            rng_fill_normal(p, ti->numel, std, &rng, draws);
         }
     }
     free(draws);
