@@ -156,13 +156,10 @@ static void keys_from_rows(float *C, int ldc, const float *P, int ldp, const flo
                     P + (size_t)DIAG_SPLIT * ldp + j0, ldp, x + (size_t)DIAG_SPLIT * ldx, ldx, 1.0f, c + (size_t)j0 * ldc, ldc);
 }
 
-// S (rows, cols; ld) = scale Q K^T over the block for query head qh and its kv head; entries with
-// key > query are set to -inf.
+// S (rows, cols; ld) = scale Q K^T over the block for query head qh and its kv head. Entries with
+// key > query hold no score: every reader stops at keys_seen and zeroes the rest of the row.
 static void score_tile(float *S, int ld, const float *qh, const float *kh, const Heads *hd, const Block *bk, float scale) {
     rows_by_keys(S, ld, qh, hd->ldq, kh, hd->ldk, hd->DQK, scale, bk);
-    if (bk->c0 + bk->cols - 1 <= bk->r0) return;   // the whole block is at or below the diagonal
-    for (int i = 0; i < bk->rows; i++)
-        for (int j = keys_seen(bk->r0, i, bk->c0, bk->cols); j < bk->cols; j++) S[(size_t)i * ld + j] = -INFINITY;
 }
 
 // ---------------------------------------------------------------- forward

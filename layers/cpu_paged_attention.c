@@ -332,6 +332,9 @@ static void prefetch_rows(const PagedStream *s, const uint8_t *const *row, int n
     }
 }
 
+// Tokens of the tile that starts at token t of a chunk of nt: TILE_TOKENS, fewer at the end, 0 past it
+static inline int tile_len(int nt, int t) { return nt - t < TILE_TOKENS ? (nt > t ? nt - t : 0) : TILE_TOKENS; }
+
 static Part part_of(const PagedStream *s, const uint8_t *const *row, int first, int n) {
     const int bf16 = s->kind == PAGED_BF16;
     return (Part){row, (size_t)first * (bf16 ? 2 : 4), n, bf16};
@@ -409,10 +412,10 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 }
             }
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
-                const int m = nt - ta < TILE_TOKENS ? nt - ta : TILE_TOKENS;
+                const int m = tile_len(nt, ta);
                 const Part none = {NULL, 0, 0, 0};   // a scored key stream has no part here
                 const Part kp2 = k2 && !k2_scored ? part_of(k2, k2row + ta, 0, DK2) : none;
-                const int ahead = nt - ta - m < TILE_TOKENS ? nt - ta - m : TILE_TOKENS;   // the next tile's rows
+                const int ahead = tile_len(nt, ta + m);   // the next tile's rows
                 if (!k_scored) prefetch_rows(k, krow + ta + m, ahead);
                 if (k2 && !k2_scored) prefetch_rows(k2, k2row + ta + m, ahead);
                 if (!same_v) prefetch_rows(v, vrow + ta, m);
@@ -436,8 +439,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             }
             float *acc = st + 2 * NH;   // (NH, DV), zero from xcalloc
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
-                const int m = nt - ta < TILE_TOKENS ? nt - ta : TILE_TOKENS;
-                prefetch_rows(v, vrow + ta + m, nt - ta - m < TILE_TOKENS ? nt - ta - m : TILE_TOKENS);
+                const int m = tile_len(nt, ta);
+                prefetch_rows(v, vrow + ta + m, tile_len(nt, ta + m));
                 for (int g = 0; g < NKV; g++) {
                     const Part vp = part_of(v, vrow + ta, g * DV, DV);
                     for (int r = 0; r < group; r += 2) {
