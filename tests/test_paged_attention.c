@@ -165,6 +165,11 @@ int main(void) {
     run_v("gqa NH=6 NKV=2 DK=7 DV=44, fp32 k, int4 v", 6, 2, 7, 0, 44, 0, &fp32, &int4);
     run("absorbed latent NH=3 R=37 DR=5, bf16", 3, 1, 37, 5, 37, 1, &bf16);
     run("absorbed latent NH=5 R=48 DR=24, int4", 5, 1, 48, 24, 48, 1, &int4);
+    // groups of 16 and 15 query heads per kv head, widths past the 32-wide value tiles by 16 and
+    // by 8 (fp32), a latent with a 16-wide rope key
+    run_v("gqa NH=32 NKV=2 DK=48 DV=48, bf16 k and v", 32, 2, 48, 0, 48, 0, &bf16, &bf16);
+    run_v("gqa NH=15 NKV=1 DK=24 DV=40, fp32 k and v", 15, 1, 24, 0, 40, 0, &fp32, &fp32);
+    run("absorbed latent NH=8 R=80 DR=16, bf16", 8, 1, 80, 16, 80, 1, &bf16);
     printf("test_paged_attention: %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
