@@ -1,0 +1,68 @@
+// ab_attention: the CPU attention op of this tree against the same op of an older commit, in one
+// process, the two called alternately and the best of each kept. On a shared machine whose rate
+// moves by a tenth between runs, two binaries run one after the other cannot resolve a change
+// of a few percent; two implementations alternated within one run can. Built and run by
+// bench/ab_attention.sh, which compiles the older layers/cpu_attention.c with its entry points
+// renamed old_*.
+//
+//   ab_attention B T DQK REPS     (8 heads, DV = 64; FLOPs counted as bench/bench_attention.c does)
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/num.h"
+
+#define ENTRY_POINTS(P)                                                                                        \
+    void P##cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,     \
+                                  int B, int T, int NH, int NKV, int DQK, int DV, float scale);               \
+    void P##cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,        \
+                                   const float *out, const float *lse, const float *q, const float *k,        \
+                                   const float *v, int B, int T, int NH, int NKV, int DQK, int DV, float scale);
+ENTRY_POINTS()
+ENTRY_POINTS(old_)
+
+static float *uniform(size_t n, unsigned *state) {
+    float *x = malloc(n * sizeof(float));
+    if (!x) { fprintf(stderr, "ab_attention: out of memory\n"); exit(1); }
+    for (size_t i = 0; i < n; i++) {
+        *state = *state * 1664525u + 1013904223u;
+        x[i] = (float)(*state >> 8) / 16777216.0f - 0.5f;
+    }
+    return x;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 5) {
+        fprintf(stderr, "usage: ab_attention B T DQK REPS (run through bench/ab_attention.sh)\n");
+        return 2;
+    }
+    static const char *const NAMES[4] = {"B", "T", "DQK", "REPS"};
+    int64_t a[4];
+    for (int i = 0; i < 4; i++) a[i] = opt_i64(NAMES[i], argv[i + 1], 1, 65536);
+    const int B = (int)a[0], T = (int)a[1], DQK = (int)a[2], reps = (int)a[3], NH = 8, NKV = 8, DV = 64;
+    const size_t nq = (size_t)B * T * NH * DQK, nv = (size_t)B * T * NH * DV, nl = (size_t)B * NH * T;
+    unsigned st = 1;
+    float *q = uniform(nq, &st), *k = uniform(nq, &st), *v = uniform(nv, &st), *dout = uniform(nv, &st);
+    float *o = uniform(nv, &st), *lse = uniform(nl, &st), *dq = uniform(nq, &st), *dk = uniform(nq, &st);
+    float *dv = uniform(nv, &st), *scratch = uniform(nl, &st);
+    double best_f[2] = {1e30, 1e30}, best_b[2] = {1e30, 1e30};
+    for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
+        for (int w = 0; w < 2; w++) {
+            const double t0 = omp_get_wtime();
+            (w ? cpu_attention_forward : old_cpu_attention_forward)(o, lse, q, k, v, B, T, NH, NKV, DQK, DV, 0.125f);
+            const double t1 = omp_get_wtime();
+            (w ? cpu_attention_backward : old_cpu_attention_backward)(dq, dk, dv, scratch, dout, o, lse, q, k, v, B, T,
+                                                                      NH, NKV, DQK, DV, 0.125f);
+            const double t2 = omp_get_wtime();
+            if (r && t1 - t0 < best_f[w]) best_f[w] = t1 - t0;
+            if (r && t2 - t1 < best_b[w]) best_b[w] = t2 - t1;
+        }
+    const double fwd = 2.0 * B * NH * ((double)T * (T + 1) / 2) * (DQK + DV);
+    printf("B=%d T=%d 8 x %d/%d: forward old %.2f ms, new %.2f ms (%.1f -> %.1f GFLOP/s, new/old time %.3f) | "
+           "backward old %.2f ms, new %.2f ms (%.1f -> %.1f GFLOP/s, %.3f)\n",
+           B, T, DQK, DV, best_f[0] * 1e3, best_f[1] * 1e3, fwd / best_f[0] / 1e9, fwd / best_f[1] / 1e9,
+           best_f[1] / best_f[0], best_b[0] * 1e3, best_b[1] * 1e3, 2 * fwd / best_b[0] / 1e9, 2 * fwd / best_b[1] / 1e9,
+           best_b[1] / best_b[0]);
+    return 0;
+}
