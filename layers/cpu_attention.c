@@ -114,6 +114,29 @@ static Block block(int r0, int rows, int c0, int cols) {
     return (Block){r0, rows, c0, cols, diag ? keys_seen(r0, DIAG_SPLIT - 1, c0, cols) : -1};
 }
 
+// C (M, N; ldc) += alpha A B, A (M, K; lda) and B (K, N; ldb) as they lie. A product over more
+// than one key tile (the forward's P V over a 512-key span, 128 x 64 x 512 at head width 64) goes
+// in pieces of 128 keys and of as many rows as keep M N K within OpenBLAS's small-matrix bound
+// (at most 100^3 on x86-64 with AVX-512: kernel/x86_64/*small_kernel_permit*.c of 0.3.21,
+// Debian 12's), which OpenBLAS multiplies with its small-matrix kernels, reading the operands
+// where they lie instead of packing them: the forward ran 2-6% faster (docs/ATTENTION.md has the
+// command). The backward's products, 128 keys deep, stay whole: in 64-row pieces they measured
+// level at head width 64 and up to 6% slower at the latent's 96. Where the bound does not apply
+// (another OpenBLAS), the pieces are ordinary smaller sgemms.
+#define SMALL_MNK 1e6
+
+static void sgemm_acc(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
+    int mb = M, kb = K;
+    if (K > ATT_BK) {
+        kb = ATT_BK;
+        while ((double)mb * N * kb > SMALL_MNK && mb > 16) mb = (mb + 1) / 2;
+    }
+    for (int m0 = 0; m0 < M; m0 += mb)
+        for (int k0 = 0; k0 < K; k0 += kb)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, imin(mb, M - m0), N, imin(kb, K - k0), alpha,
+                        A + (size_t)m0 * lda + k0, lda, B + (size_t)k0 * ldb, ldb, 1.0f, C + (size_t)m0 * ldc, ldc);
+}
+
 // C (rows, cols; ldc) = alpha A[r0:] B[c0:]^T, A's rows the queries and B's the keys (width K):
 // the scores, and dP = dO V^T. Entries above a cut's keys are left unwritten.
 static void rows_by_keys(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int K, float alpha,
@@ -136,11 +159,10 @@ static void rows_from_keys(float *c, int ldc, const float *P, int ldp, const flo
     const float *x = X + (size_t)bk->c0 * ldx;
     int i0 = 0;
     if (bk->cut >= 0) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, DIAG_SPLIT, N, bk->cut, alpha, P, ldp, x, ldx, 1.0f, c, ldc);
+        sgemm_acc(DIAG_SPLIT, N, bk->cut, alpha, P, ldp, x, ldx, c, ldc);
         i0 = DIAG_SPLIT;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bk->rows - i0, N, bk->cols, alpha, P + (size_t)i0 * ldp, ldp,
-                x, ldx, 1.0f, c + (size_t)i0 * ldc, ldc);
+    sgemm_acc(bk->rows - i0, N, bk->cols, alpha, P + (size_t)i0 * ldp, ldp, x, ldx, c + (size_t)i0 * ldc, ldc);
 }
 
 // C[c0:] (cols, N; ldc) += alpha P^T X[r0:], X's rows the queries: dV += P^T dO and
