@@ -6,7 +6,9 @@
 // Layouts (row-major): q (B, T, NH, DQK), k (B, T, NKV, DQK), v (B, T, NKV, DV),
 // out (B, T, NH, DV), lse (B, NH, T). Query head h reads kv head h / (NH / NKV). A head's rows
 // are strided views (row t of head h of q is at q + (b T + t) NH DQK + h DQK), which sgemm
-// takes directly through its leading dimension: no transposed copies.
+// takes directly through its leading dimension. The one copy: each span or tile of keys (and
+// values, in the backward) is transposed into a per-thread block, so that the scores and dP are
+// products A B, which OpenBLAS multiplies unpacked in pieces (sgemm_acc).
 //
 // Tiles: ATT_BQ query rows by ATT_BK keys. Scores, probabilities and their gradients exist only
 // as one tile per thread (64 KiB each; a tile's working set, its Q, K and V rows included, about
@@ -18,8 +20,8 @@
 // reaches the diagonal is cut in two (Block, below), so a diagonal tile costs 3/4 of itself, and
 // the softmax's exponentials stop at each row's last key.
 //
-// Forward, one task per (b, h, query tile), online softmax over its keys ATT_SPAN at a time (one
-// sgemm for a span's scores, one for its P V; up to T = ATT_SPAN no rescaling at all):
+// Forward, one task per (b, h, query tile), online softmax over its keys ATT_SPAN at a time (a
+// span's scores, then its P V; up to T = ATT_SPAN no rescaling at all):
 //   m' = max(m, rowmax S), P = exp(S - m'), l = l e^(m - m') + rowsum P, O = O e^(m - m') + P V,
 // then out = O / l and lse = m + log l.
 // Backward, with P = exp(S - lse) recomputed and Delta_t = dO_t . O_t:
@@ -114,55 +116,107 @@ static Block block(int r0, int rows, int c0, int cols) {
     return (Block){r0, rows, c0, cols, diag ? keys_seen(r0, DIAG_SPLIT - 1, c0, cols) : -1};
 }
 
-// C (M, N; ldc) += alpha A B, A (M, K; lda) and B (K, N; ldb) as they lie. A product over more
-// than one key tile (the forward's P V over a 512-key span, 128 x 64 x 512 at head width 64) goes
-// in pieces of 128 keys and of as many rows as keep M N K within OpenBLAS's small-matrix bound
-// (at most 100^3 on x86-64 with AVX-512: kernel/x86_64/*small_kernel_permit*.c of 0.3.21,
-// Debian 12's), which OpenBLAS multiplies with its small-matrix kernels, reading the operands
-// where they lie instead of packing them: the forward ran 2-6% faster (docs/ATTENTION.md has the
-// command). The backward's products, 128 keys deep, stay whole: in 64-row pieces they measured
-// level at head width 64 and up to 6% slower at the latent's 96. Where the bound does not apply
-// (another OpenBLAS), the pieces are ordinary smaller sgemms.
+// C (M, N; ldc) = alpha A B + beta C, A (M, K; lda) and B (K, N; ldb) as they lie. small: in
+// pieces of at most 128 columns and 128 of the inner dimension, and of as many rows as keep M N K
+// within OpenBLAS's small-matrix bound (at most 100^3 on x86-64 with AVX-512:
+// kernel/x86_64/*small_kernel_permit*.c of 0.3.21, Debian 12's), which OpenBLAS multiplies with
+// its small-matrix kernels, reading the operands where they lie instead of packing them. The
+// tiles' products are just over the bound (128 x 128 x 64, the forward's 128 x 64 x 512), so one
+// call would pack both operands every time. Used for the scores and dP (rows_by_keys_t) and the
+// forward's P V: with them the forward ran 2-7.5% and the backward 5-7% faster
+// (bench/ab_attention.sh; docs/ATTENTION.md). Not for dQ += dS K, dK += dS^T Q and dV += P^T dO,
+// 128 deep: in pieces they measured level at head width 64 and slower at the latent's 96. Where
+// the bound does not apply (another OpenBLAS), the pieces are ordinary smaller sgemms.
 #define SMALL_MNK 1e6
 
-static void sgemm_acc(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
-    int mb = M, kb = K;
-    if (K > ATT_BK) {
-        kb = ATT_BK;
-        while ((double)mb * N * kb > SMALL_MNK && mb > 16) mb = (mb + 1) / 2;
+static void sgemm_acc(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                      int ldc, int small) {
+    if (!small) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
     }
+    const int nb = imin(N, ATT_BK), kb = imin(K, ATT_BK);
+    int mb = M;
+    while ((double)mb * nb * kb > SMALL_MNK && mb > 16) mb = (mb + 1) / 2;
     for (int m0 = 0; m0 < M; m0 += mb)
-        for (int k0 = 0; k0 < K; k0 += kb)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, imin(mb, M - m0), N, imin(kb, K - k0), alpha,
-                        A + (size_t)m0 * lda + k0, lda, B + (size_t)k0 * ldb, ldb, 1.0f, C + (size_t)m0 * ldc, ldc);
+        for (int n0 = 0; n0 < N; n0 += nb)
+            for (int k0 = 0; k0 < K; k0 += kb)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, imin(mb, M - m0), imin(nb, N - n0), imin(kb, K - k0), alpha,
+                            A + (size_t)m0 * lda + k0, lda, B + (size_t)k0 * ldb + n0, ldb, k0 ? 1.0f : beta,
+                            C + (size_t)m0 * ldc + n0, ldc);
 }
 
-// C (rows, cols; ldc) = alpha A[r0:] B[c0:]^T, A's rows the queries and B's the keys (width K):
-// the scores, and dP = dO V^T. Entries above a cut's keys are left unwritten.
-static void rows_by_keys(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int K, float alpha,
-                         const Block *bk) {
-    const float *a = A + (size_t)bk->r0 * lda, *b = B + (size_t)bk->c0 * ldb;
+// dst[d][j] = src[j][d] for j < n, d < D (row strides ldd and lds): 8 x 8 blocks in registers
+static void transpose_rows(float *dst, int ldd, const float *src, int lds, int n, int D) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        int d = 0;
+        for (; d + 8 <= D; d += 8) {
+            const float *s0 = src + (size_t)j * lds + d;
+#define R(i) vec_load(s0 + (size_t)(i) * lds)
+            vecf r0 = R(0), r1 = R(1), r2 = R(2), r3 = R(3), r4 = R(4), r5 = R(5), r6 = R(6), r7 = R(7);
+#undef R
+#define LO(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 4, 12, 5, 13)
+#define HI(a, b) __builtin_shufflevector(a, b, 2, 10, 3, 11, 6, 14, 7, 15)
+#define L2(a, b) __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13)
+#define H2(a, b) __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15)
+#define L4(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11)
+#define H4(a, b) __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15)
+            vecf t0 = LO(r0, r1), t1 = HI(r0, r1), t2 = LO(r2, r3), t3 = HI(r2, r3);
+            vecf t4 = LO(r4, r5), t5 = HI(r4, r5), t6 = LO(r6, r7), t7 = HI(r6, r7);
+            vecf u0 = L2(t0, t2), u1 = H2(t0, t2), u2 = L2(t1, t3), u3 = H2(t1, t3);
+            vecf u4 = L2(t4, t6), u5 = H2(t4, t6), u6 = L2(t5, t7), u7 = H2(t5, t7);
+            float *d0 = dst + (size_t)d * ldd + j;
+            vec_store(d0, L4(u0, u4));
+            vec_store(d0 + (size_t)1 * ldd, L4(u1, u5));
+            vec_store(d0 + (size_t)2 * ldd, L4(u2, u6));
+            vec_store(d0 + (size_t)3 * ldd, L4(u3, u7));
+            vec_store(d0 + (size_t)4 * ldd, H4(u0, u4));
+            vec_store(d0 + (size_t)5 * ldd, H4(u1, u5));
+            vec_store(d0 + (size_t)6 * ldd, H4(u2, u6));
+            vec_store(d0 + (size_t)7 * ldd, H4(u3, u7));
+#undef LO
+#undef HI
+#undef L2
+#undef H2
+#undef L4
+#undef H4
+        }
+        for (; d < D; d++)
+            for (int i = 0; i < 8; i++) dst[(size_t)d * ldd + j + i] = src[(size_t)(j + i) * lds + d];
+    }
+    for (; j < n; j++)
+        for (int d = 0; d < D; d++) dst[(size_t)d * ldd + j] = src[(size_t)j * lds + d];
+}
+
+// C (rows, cols; ldc) = alpha A[r0:] Bt, A's rows the queries and Bt (K, cols; ldbt) the block's
+// keys transposed (transpose_rows): the scores S = scale Q K^T and dP = dO V^T, as products A B
+// that OpenBLAS takes unpacked in pieces (sgemm_acc; its small kernel for A B^T, which would need
+// no transpose, was slower than its packed one). Entries above a cut's keys are left unwritten:
+// every reader stops at keys_seen and zeroes the rest of the row.
+static void rows_by_keys_t(float *C, int ldc, const float *A, int lda, const float *Bt, int ldbt, int K, float alpha,
+                           const Block *bk) {
+    const float *a = A + (size_t)bk->r0 * lda;
     int i0 = 0;
     if (bk->cut >= 0) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, DIAG_SPLIT, bk->cut, K, alpha, a, lda, b, ldb, 0.0f, C, ldc);
+        sgemm_acc(DIAG_SPLIT, bk->cut, K, alpha, a, lda, Bt, ldbt, 0.0f, C, ldc, 1);
         i0 = DIAG_SPLIT;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bk->rows - i0, bk->cols, K, alpha, a + (size_t)i0 * lda, lda,
-                b, ldb, 0.0f, C + (size_t)i0 * ldc, ldc);
+    sgemm_acc(bk->rows - i0, bk->cols, K, alpha, a + (size_t)i0 * lda, lda, Bt, ldbt, 0.0f, C + (size_t)i0 * ldc, ldc, 1);
 }
 
 // C (rows, N; ldc; the block's first query row) += alpha P X[c0:], P (rows, cols; ldp) over the
 // keys, X's rows the keys: O += P V and dQ += scale dS K. P must be 0 above the diagonal (it is not
 // read past a cut).
 static void rows_from_keys(float *c, int ldc, const float *P, int ldp, const float *X, int ldx, int N, float alpha,
-                           const Block *bk) {
+                           const Block *bk, int small) {
     const float *x = X + (size_t)bk->c0 * ldx;
     int i0 = 0;
     if (bk->cut >= 0) {
-        sgemm_acc(DIAG_SPLIT, N, bk->cut, alpha, P, ldp, x, ldx, c, ldc);
+        sgemm_acc(DIAG_SPLIT, N, bk->cut, alpha, P, ldp, x, ldx, 1.0f, c, ldc, small);
         i0 = DIAG_SPLIT;
     }
-    sgemm_acc(bk->rows - i0, N, bk->cols, alpha, P + (size_t)i0 * ldp, ldp, x, ldx, c + (size_t)i0 * ldc, ldc);
+    sgemm_acc(bk->rows - i0, N, bk->cols, alpha, P + (size_t)i0 * ldp, ldp, x, ldx, 1.0f, c + (size_t)i0 * ldc, ldc, small);
 }
 
 // C[c0:] (cols, N; ldc) += alpha P^T X[r0:], X's rows the queries: dV += P^T dO and
@@ -178,18 +232,12 @@ static void keys_from_rows(float *C, int ldc, const float *P, int ldp, const flo
                     P + (size_t)DIAG_SPLIT * ldp + j0, ldp, x + (size_t)DIAG_SPLIT * ldx, ldx, 1.0f, c + (size_t)j0 * ldc, ldc);
 }
 
-// S (rows, cols; ld) = scale Q K^T over the block for query head qh and its kv head. Entries with
-// key > query hold no score: every reader stops at keys_seen and zeroes the rest of the row.
-static void score_tile(float *S, int ld, const float *qh, const float *kh, const Heads *hd, const Block *bk, float scale) {
-    rows_by_keys(S, ld, qh, hd->ldq, kh, hd->ldk, hd->DQK, scale, bk);
-}
-
 // ---------------------------------------------------------------- forward
 
-// out, lse: written (not accumulated). A query tile meets its keys ATT_SPAN at a time (one sgemm
-// for the scores of the span, one for P V): against 128-key steps, the query tile is packed by
-// OpenBLAS once per span instead of once per 128 keys, and up to T = ATT_SPAN a row's softmax
-// is computed in one step, with no rescaling.
+// out, lse: written (not accumulated). A query tile meets its keys ATT_SPAN at a time (the span's
+// keys transposed once, its scores, then its P V, each in pieces under OpenBLAS's small-matrix
+// bound): up to T = ATT_SPAN a row's softmax is computed in one step, with no rescaling, and a
+// span's online-softmax bookkeeping is paid once per 512 keys instead of per 128.
 static void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                               int NH, int NKV, int DQK, int DV, float scale, int bf16p) {
     const Heads hd = heads(T, NH, NKV, DQK, DV);
@@ -198,6 +246,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
     {
         float *S = xmalloc((size_t)ATT_BQ * ATT_SPAN * sizeof(float));
         float *O = xmalloc((size_t)ATT_BQ * DV * sizeof(float));
+        float *Kt = xmalloc((size_t)DQK * ATT_SPAN * sizeof(float));   // a span's keys transposed
         float m[ATT_BQ], l[ATT_BQ];
         // dynamic: later query tiles have more key tiles, so static chunks would be unbalanced
         #pragma omp for collapse(3) schedule(dynamic, 1)
@@ -212,7 +261,8 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                     for (int c0 = 0; c0 < r0 + rows; c0 += ATT_SPAN) {
                         const int cols = imin(r0 + rows - c0, ATT_SPAN);
                         const Block bk = block(r0, rows, c0, cols);
-                        score_tile(S, ATT_SPAN, qh, kh, &hd, &bk, scale);
+                        transpose_rows(Kt, ATT_SPAN, kh + (size_t)c0 * hd.ldk, hd.ldk, cols, DQK);
+                        rows_by_keys_t(S, ATT_SPAN, qh, hd.ldq, Kt, ATT_SPAN, DQK, scale, &bk);
                         for (int i = 0; i < rows; i++) {
                             // the keys the row sees; beyond them (the diagonal block) P is 0
                             float *row = S + (size_t)i * ATT_SPAN;
@@ -227,7 +277,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                                 for (int j = 0; j < n; j++) row[j] = round_bf16(row[j]);
                             if (alpha != 1.0f) scale_row(O + (size_t)i * DV, O + (size_t)i * DV, DV, alpha);
                         }
-                        rows_from_keys(O, DV, S, ATT_SPAN, vh, hd.ldv, DV, 1.0f, &bk);
+                        rows_from_keys(O, DV, S, ATT_SPAN, vh, hd.ldv, DV, 1.0f, &bk, 1);
                     }
                     float *oh = out + hr.o + (size_t)r0 * hd.ldo;
                     float *lh = lse + ((size_t)b * NH + h) * T + r0;
@@ -238,6 +288,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                 }
         free(S);
         free(O);
+        free(Kt);
     }
 }
 
@@ -255,10 +306,10 @@ void cpu_attention_forward_bf16p(float *out, float *lse, const float *q, const f
 
 // The probabilities and score gradients of one tile: P = exp(S - lse) (in S; 0 where masked)
 // and dS = P (dP - Delta) (in dP), with dP = dO V^T computed here. bf16p: P and dS rounded.
-static void grad_tile(float *S, float *dP, const float *doh, const float *vh, const float *lh, const float *delta,
+static void grad_tile(float *S, float *dP, const float *doh, const float *vt, const float *lh, const float *delta,
                       const Heads *hd, const Block *bk, int bf16p) {
     const int r0 = bk->r0, rows = bk->rows, c0 = bk->c0, cols = bk->cols;
-    rows_by_keys(dP, ATT_BK, doh, hd->ldo, vh, hd->ldv, hd->DV, 1.0f, bk);
+    rows_by_keys_t(dP, ATT_BK, doh, hd->ldo, vt, ATT_BK, hd->DV, 1.0f, bk);
     for (int i = 0; i < rows; i++) {
         float *p = S + (size_t)i * ATT_BK, *d = dP + (size_t)i * ATT_BK;
         const int n = keys_seen(r0, i, c0, cols);   // beyond them (above the diagonal) P and dS are 0
@@ -280,7 +331,14 @@ static void accumulate_tile(float *dqh, float *dkh, float *dvh, const float *P, 
                             const float *kh, const float *doh, const Heads *hd, const Block *bk, float scale) {
     if (dvh) keys_from_rows(dvh, hd->ldv, P, ATT_BK, doh, hd->ldo, hd->DV, 1.0f, bk);
     if (dkh) keys_from_rows(dkh, hd->ldk, dS, ATT_BK, qh, hd->ldq, hd->DQK, scale, bk);
-    if (dqh) rows_from_keys(dqh + (size_t)bk->r0 * hd->ldq, hd->ldq, dS, ATT_BK, kh, hd->ldk, hd->DQK, scale, bk);
+    if (dqh) rows_from_keys(dqh + (size_t)bk->r0 * hd->ldq, hd->ldq, dS, ATT_BK, kh, hd->ldk, hd->DQK, scale, bk, 0);
+}
+
+// A key tile's keys and values transposed (Kt: DQK x ATT_BK, Vt: DV x ATT_BK), read by every
+// query tile's S = scale Q Kt and dP = dO Vt (rows_by_keys_t).
+static void key_tile_t(float *Kt, float *Vt, const float *kh, const float *vh, const Heads *hd, int c0, int cols) {
+    transpose_rows(Kt, ATT_BK, kh + (size_t)c0 * hd->ldk, hd->ldk, cols, hd->DQK);
+    transpose_rows(Vt, ATT_BK, vh + (size_t)c0 * hd->ldv, hd->ldv, cols, hd->DV);
 }
 
 // With P = softmax(S), S = scale Q K^T (causal), O = P V and dO given (see the top):
@@ -309,6 +367,7 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
     {
         float *S = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
         float *dP = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
+        float *Kt = xmalloc((size_t)DQK * ATT_BK * sizeof(float)), *Vt = xmalloc((size_t)DV * ATT_BK * sizeof(float));
         if (one_pass) {
             #pragma omp for collapse(2) schedule(dynamic, 1)
             for (int b = 0; b < B; b++)
@@ -319,6 +378,7 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                     float *dvh = dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
                     for (int kt = 0; kt < nk; kt++) {
                         const int c0 = kt * ATT_BK, cols = imin(T - c0, ATT_BK);
+                        key_tile_t(Kt, Vt, kh, vh, &hd, c0, cols);
                         for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
                             const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
                             const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
@@ -327,8 +387,8 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                             for (int r0 = c0; r0 < T; r0 += ATT_BQ) {
                                 const int rows = imin(T - r0, ATT_BQ);
                                 const Block bk = block(r0, rows, c0, cols);
-                                score_tile(S, ATT_BK, qh, kh, &hd, &bk, scale);
-                                grad_tile(S, dP, doh, vh, lh, delta, &hd, &bk, bf16p);
+                                rows_by_keys_t(S, ATT_BK, qh, hd.ldq, Kt, ATT_BK, DQK, scale, &bk);
+                                grad_tile(S, dP, doh, Vt, lh, delta, &hd, &bk, bf16p);
                                 accumulate_tile(dqh, dkh, dvh, S, dP, qh, kh, doh, &hd, &bk, scale);
                             }
                         }
@@ -348,8 +408,9 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                         for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
                             const int cols = imin(r0 + rows - c0, ATT_BK);
                             const Block bk = block(r0, rows, c0, cols);
-                            score_tile(S, ATT_BK, qh, kh, &hd, &bk, scale);
-                            grad_tile(S, dP, doh, vh, lh, delta, &hd, &bk, bf16p);
+                            key_tile_t(Kt, Vt, kh, vh, &hd, c0, cols);
+                            rows_by_keys_t(S, ATT_BK, qh, hd.ldq, Kt, ATT_BK, DQK, scale, &bk);
+                            grad_tile(S, dP, doh, Vt, lh, delta, &hd, &bk, bf16p);
                             accumulate_tile(dqh, NULL, NULL, S, dP, qh, kh, doh, &hd, &bk, scale);
                         }
                     }
@@ -363,6 +424,7 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                         const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
                         float *dkh = dk + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
                         float *dvh = dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
+                        key_tile_t(Kt, Vt, kh, vh, &hd, c0, cols);
                         for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
                             const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
                             const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
@@ -370,8 +432,8 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                             for (int r0 = c0 / ATT_BQ * ATT_BQ; r0 < T; r0 += ATT_BQ) {
                                 const int rows = imin(T - r0, ATT_BQ);
                                 const Block bk = block(r0, rows, c0, cols);
-                                score_tile(S, ATT_BK, qh, kh, &hd, &bk, scale);
-                                grad_tile(S, dP, doh, vh, lh, delta, &hd, &bk, bf16p);
+                                rows_by_keys_t(S, ATT_BK, qh, hd.ldq, Kt, ATT_BK, DQK, scale, &bk);
+                                grad_tile(S, dP, doh, Vt, lh, delta, &hd, &bk, bf16p);
                                 accumulate_tile(NULL, dkh, dvh, S, dP, qh, kh, doh, &hd, &bk, scale);
                             }
                         }
@@ -379,6 +441,8 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
         }
         free(S);
         free(dP);
+        free(Kt);
+        free(Vt);
     }
 }
 
