@@ -8,7 +8,7 @@
 // are strided views (row t of head h of q is at q + (b T + t) NH DQK + h DQK), which sgemm
 // takes directly through its leading dimension. The one copy: each span or tile of keys (and
 // values, in the backward) is transposed into a per-thread block, so that the scores and dP are
-// products A B, which OpenBLAS multiplies unpacked in pieces (sgemm_acc).
+// products A B, which OpenBLAS multiplies unpacked in pieces (sgemm_small).
 //
 // Tiles: ATT_BQ query rows by ATT_BK keys. Scores, probabilities and their gradients exist only
 // as one tile per thread (64 KiB each; a tile's working set, its Q, K and V rows included, about
@@ -116,34 +116,39 @@ static Block block(int r0, int rows, int c0, int cols) {
     return (Block){r0, rows, c0, cols, diag ? keys_seen(r0, DIAG_SPLIT - 1, c0, cols) : -1};
 }
 
-// C (M, N; ldc) = alpha A B + beta C, A (M, K; lda) and B (K, N; ldb) as they lie. small: in
-// pieces of at most 128 columns and 128 of the inner dimension, and of as many rows as keep M N K
-// within OpenBLAS's small-matrix bound (at most 100^3 on x86-64 with AVX-512:
+// C (M, N; ldc) = alpha op(A) B + beta C, op(A) (M, K): A (M, K; lda) as it lies
+// (ta = CblasNoTrans) or A^T of A (K, M; lda), B (K, N; ldb), in pieces that each stay within
+// OpenBLAS's small-matrix bound (M N K at most 100^3 on x86-64 with AVX-512:
 // kernel/x86_64/*small_kernel_permit*.c of 0.3.21, Debian 12's), which OpenBLAS multiplies with
-// its small-matrix kernels, reading the operands where they lie instead of packing them. The
-// tiles' products are just over the bound (128 x 128 x 64, the forward's 128 x 64 x 512), so one
-// call would pack both operands every time. Used for the scores and dP (rows_by_keys_t) and the
-// forward's P V: with them the forward ran 2-7.5% and the backward 5-7% faster
-// (bench/ab_attention.sh; docs/ATTENTION.md). Not for dQ += dS K, dK += dS^T Q and dV += P^T dO,
-// 128 deep: in pieces they measured level at head width 64 and slower at the latent's 96. Where
-// the bound does not apply (another OpenBLAS), the pieces are ordinary smaller sgemms.
+// its small-matrix kernels, reading the operands where they lie instead of packing them. Every
+// tile product here is just over the bound (128 x 128 x 64; the forward's P V 128 x 64 x 512), so
+// one call would pack both operands every time. Two ways to cut, each where it measured faster
+// (bench/ab_attention.sh; docs/ATTENTION.md): CUT_ROWS, at most 128 columns and 128 of the inner
+// dimension, then rows halved (ta = CblasNoTrans): the scores and dP (rows_by_keys_t) and the
+// forward's P V; CUT_INNER, the inner dimension halved: the backward's dQ += dS K,
+// dK += dS^T Q and dV += P^T dO. Where the bound does not apply (another OpenBLAS), the pieces
+// are ordinary smaller sgemms. Each C element's pieces are added in a fixed order, so the
+// result depends neither on threads nor on the backward's path.
 #define SMALL_MNK 1e6
+enum { CUT_ROWS, CUT_INNER };
 
-static void sgemm_acc(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                      int ldc, int small) {
-    if (!small) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
+static void sgemm_small(CBLAS_TRANSPOSE ta, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                        float beta, float *C, int ldc, int cut) {
+    int mb = M, nb = N, kb = K;
+    if (cut == CUT_ROWS) {
+        assert(ta == CblasNoTrans);
+        nb = imin(N, ATT_BK), kb = imin(K, ATT_BK);
+        while ((double)mb * nb * kb > SMALL_MNK && mb > 16) mb = (mb + 1) / 2;
+    } else {
+        while ((double)mb * nb * kb > SMALL_MNK && kb > 16) kb = (kb + 1) / 2;
     }
-    const int nb = imin(N, ATT_BK), kb = imin(K, ATT_BK);
-    int mb = M;
-    while ((double)mb * nb * kb > SMALL_MNK && mb > 16) mb = (mb + 1) / 2;
     for (int m0 = 0; m0 < M; m0 += mb)
         for (int n0 = 0; n0 < N; n0 += nb)
-            for (int k0 = 0; k0 < K; k0 += kb)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, imin(mb, M - m0), imin(nb, N - n0), imin(kb, K - k0), alpha,
-                            A + (size_t)m0 * lda + k0, lda, B + (size_t)k0 * ldb + n0, ldb, k0 ? 1.0f : beta,
-                            C + (size_t)m0 * ldc + n0, ldc);
+            for (int k0 = 0; k0 < K; k0 += kb) {
+                const float *a = ta == CblasNoTrans ? A + (size_t)m0 * lda + k0 : A + (size_t)k0 * lda + m0;
+                cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, imin(mb, M - m0), imin(nb, N - n0), imin(kb, K - k0), alpha, a, lda,
+                            B + (size_t)k0 * ldb + n0, ldb, k0 ? 1.0f : beta, C + (size_t)m0 * ldc + n0, ldc);
+            }
 }
 
 // dst[d][j] = src[j][d] for j < n, d < D (row strides ldd and lds): 8 x 8 blocks in registers
@@ -191,7 +196,7 @@ static void transpose_rows(float *dst, int ldd, const float *src, int lds, int n
 
 // C (rows, cols; ldc) = alpha A[r0:] Bt, A's rows the queries and Bt (K, cols; ldbt) the block's
 // keys transposed (transpose_rows): the scores S = scale Q K^T and dP = dO V^T, as products A B
-// that OpenBLAS takes unpacked in pieces (sgemm_acc; its small kernel for A B^T, which would need
+// that OpenBLAS takes unpacked in pieces (sgemm_small; its small kernel for A B^T, which would need
 // no transpose, was slower than its packed one). Entries above a cut's keys are left unwritten:
 // every reader stops at keys_seen and zeroes the rest of the row.
 static void rows_by_keys_t(float *C, int ldc, const float *A, int lda, const float *Bt, int ldbt, int K, float alpha,
@@ -199,24 +204,25 @@ static void rows_by_keys_t(float *C, int ldc, const float *A, int lda, const flo
     const float *a = A + (size_t)bk->r0 * lda;
     int i0 = 0;
     if (bk->cut >= 0) {
-        sgemm_acc(DIAG_SPLIT, bk->cut, K, alpha, a, lda, Bt, ldbt, 0.0f, C, ldc, 1);
+        sgemm_small(CblasNoTrans, DIAG_SPLIT, bk->cut, K, alpha, a, lda, Bt, ldbt, 0.0f, C, ldc, CUT_ROWS);
         i0 = DIAG_SPLIT;
     }
-    sgemm_acc(bk->rows - i0, bk->cols, K, alpha, a + (size_t)i0 * lda, lda, Bt, ldbt, 0.0f, C + (size_t)i0 * ldc, ldc, 1);
+    sgemm_small(CblasNoTrans, bk->rows - i0, bk->cols, K, alpha, a + (size_t)i0 * lda, lda, Bt, ldbt, 0.0f, C + (size_t)i0 * ldc, ldc,
+                CUT_ROWS);
 }
 
 // C (rows, N; ldc; the block's first query row) += alpha P X[c0:], P (rows, cols; ldp) over the
 // keys, X's rows the keys: O += P V and dQ += scale dS K. P must be 0 above the diagonal (it is not
 // read past a cut).
 static void rows_from_keys(float *c, int ldc, const float *P, int ldp, const float *X, int ldx, int N, float alpha,
-                           const Block *bk, int small) {
+                           const Block *bk, int cut) {
     const float *x = X + (size_t)bk->c0 * ldx;
     int i0 = 0;
     if (bk->cut >= 0) {
-        sgemm_acc(DIAG_SPLIT, N, bk->cut, alpha, P, ldp, x, ldx, 1.0f, c, ldc, small);
+        sgemm_small(CblasNoTrans, DIAG_SPLIT, N, bk->cut, alpha, P, ldp, x, ldx, 1.0f, c, ldc, cut);
         i0 = DIAG_SPLIT;
     }
-    sgemm_acc(bk->rows - i0, N, bk->cols, alpha, P + (size_t)i0 * ldp, ldp, x, ldx, 1.0f, c + (size_t)i0 * ldc, ldc, small);
+    sgemm_small(CblasNoTrans, bk->rows - i0, N, bk->cols, alpha, P + (size_t)i0 * ldp, ldp, x, ldx, 1.0f, c + (size_t)i0 * ldc, ldc, cut);
 }
 
 // C[c0:] (cols, N; ldc) += alpha P^T X[r0:], X's rows the queries: dV += P^T dO and
@@ -226,10 +232,10 @@ static void keys_from_rows(float *C, int ldc, const float *P, int ldp, const flo
     float *c = C + (size_t)bk->c0 * ldc;
     const float *x = X + (size_t)bk->r0 * ldx;
     const int j0 = bk->cut >= 0 ? bk->cut : bk->cols;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j0, N, bk->rows, alpha, P, ldp, x, ldx, 1.0f, c, ldc);
+    sgemm_small(CblasTrans, j0, N, bk->rows, alpha, P, ldp, x, ldx, 1.0f, c, ldc, CUT_INNER);
     if (j0 < bk->cols)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bk->cols - j0, N, bk->rows - DIAG_SPLIT, alpha,
-                    P + (size_t)DIAG_SPLIT * ldp + j0, ldp, x + (size_t)DIAG_SPLIT * ldx, ldx, 1.0f, c + (size_t)j0 * ldc, ldc);
+        sgemm_small(CblasTrans, bk->cols - j0, N, bk->rows - DIAG_SPLIT, alpha, P + (size_t)DIAG_SPLIT * ldp + j0, ldp,
+                    x + (size_t)DIAG_SPLIT * ldx, ldx, 1.0f, c + (size_t)j0 * ldc, ldc, CUT_INNER);
 }
 
 // ---------------------------------------------------------------- forward
@@ -277,7 +283,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                                 for (int j = 0; j < n; j++) row[j] = round_bf16(row[j]);
                             if (alpha != 1.0f) scale_row(O + (size_t)i * DV, O + (size_t)i * DV, DV, alpha);
                         }
-                        rows_from_keys(O, DV, S, ATT_SPAN, vh, hd.ldv, DV, 1.0f, &bk, 1);
+                        rows_from_keys(O, DV, S, ATT_SPAN, vh, hd.ldv, DV, 1.0f, &bk, CUT_ROWS);
                     }
                     float *oh = out + hr.o + (size_t)r0 * hd.ldo;
                     float *lh = lse + ((size_t)b * NH + h) * T + r0;
@@ -331,7 +337,7 @@ static void accumulate_tile(float *dqh, float *dkh, float *dvh, const float *P, 
                             const float *kh, const float *doh, const Heads *hd, const Block *bk, float scale) {
     if (dvh) keys_from_rows(dvh, hd->ldv, P, ATT_BK, doh, hd->ldo, hd->DV, 1.0f, bk);
     if (dkh) keys_from_rows(dkh, hd->ldk, dS, ATT_BK, qh, hd->ldq, hd->DQK, scale, bk);
-    if (dqh) rows_from_keys(dqh + (size_t)bk->r0 * hd->ldq, hd->ldq, dS, ATT_BK, kh, hd->ldk, hd->DQK, scale, bk, 0);
+    if (dqh) rows_from_keys(dqh + (size_t)bk->r0 * hd->ldq, hd->ldq, dS, ATT_BK, kh, hd->ldk, hd->DQK, scale, bk, CUT_INNER);
 }
 
 // A key tile's keys and values transposed (Kt: DQK x ATT_BK, Vt: DV x ATT_BK), read by every
