@@ -15,13 +15,16 @@
 // are prefetched a tile ahead (prefetch_rows). Scores go 8 tokens
 // at a time (8 accumulators, summed across lanes together by vec_sum8), weighted values 2 heads
 // x 32 values at a time, the softmax's exponentials 8 at a time (vec_exp). OpenBLAS's sgemm packs
-// its operands and ran several times slower at these few rows (bench/bench_decode.c).
+// its operands and ran several times slower at these few rows (bench/bench_decode.c), except
+// under its small-matrix bound, where it does not pack: a group of 8 or more query heads whose
+// keys and values are decoded into scratch anyway (CLLA-quant) goes through it (GEMM_GROUP).
 // The chunks of a sequence are merged in chunk order with their row maxima and sums (the
 // split-K / flash-decoding merge). Chunking depends only on the lengths and the shapes, and every
 // sum has a fixed order, so the result depends neither on the number of threads nor on the
 // other sequences of the batch (tests/test_paged_attention.c).
 #include "layers/cpu_ops.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -332,6 +335,47 @@ static void prefetch_rows(const PagedStream *s, const uint8_t *const *row, int n
     }
 }
 
+// ---- groups of GEMM_GROUP or more query heads per kv head whose keys and values a codec decodes
+// into fp32 scratch anyway (CLLA-quant's int4 latent: 8 heads on one latent in the absorbed form;
+// MQA or GQA over a codec): the chunk's products through OpenBLAS's small-matrix kernels,
+// S_g (group, nt) = scale Q_g K_g^T (+ Q2_g K2^T), O_g += P_g V_g, GEMM_TOKENS tokens a call (M N K
+// under OpenBLAS's 100^3 bound: it reads the operands where they lie, without packing). Against
+// the tiles below, CLLA-quant's 16k batch-8 decode step went from 108-113 to 93-96 ms; over a
+// bf16 cache (MLA, CLLA, MQA), where the chunk must first be widened, it was level or slower, so
+// those keep the tiles (docs/INFERENCE.md has the commands).
+#define GEMM_GROUP 8
+#define GEMM_TOKENS 128
+
+// The nt tokens of a chunk's blocks as an fp32 matrix (nt, width) in scratch: decoded (a codec),
+// widened (bf16) or copied (fp32).
+static const float *chunk_matrix(const PagedStream *s, const int *blocks, int nt, float *scratch) {
+    const int BT = s->block_tokens;
+    for (int b = 0, t0 = 0; t0 < nt; b++, t0 += BT) {
+        const int n = nt - t0 < BT ? nt - t0 : BT;
+        float *dst = scratch + (size_t)t0 * s->width;
+        const uint8_t *src = s->blocks[blocks[b]];
+        if (s->kind == PAGED_BF16) vec_bf16_to_f32(dst, src, n * s->width);
+        else if (s->kind == PAGED_F32) memcpy(dst, src, (size_t)n * s->width * sizeof(float));
+        else s->decode(s->ctx, dst, blocks[b], n);
+    }
+    return scratch;
+}
+
+// S (rows, nt; lds) = alpha A (rows, K; lda) B^T, B (nt, K; ldb), or += when acc
+static void gemm_scores(float *S, int lds, const float *A, int lda, const float *B, int ldb, int rows, int nt, int K, float alpha,
+                        int acc) {
+    for (int t0 = 0; t0 < nt; t0 += GEMM_TOKENS)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, K, alpha, A, lda,
+                    B + (size_t)t0 * ldb, ldb, acc ? 1.0f : 0.0f, S + t0, lds);
+}
+
+// O (rows, N; ldo) += P (rows, nt; ldp) V, V (nt, N; ldv), the tokens in order
+static void gemm_values(float *O, int ldo, const float *P, int ldp, const float *V, int ldv, int rows, int nt, int N) {
+    for (int t0 = 0; t0 < nt; t0 += GEMM_TOKENS)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, N, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, 1.0f,
+                    P + t0, ldp, V + (size_t)t0 * ldv, ldv, 1.0f, O, ldo);
+}
+
 // Tokens of the tile that starts at token t of a chunk of nt: TILE_TOKENS, fewer at the end, 0 past it
 static inline int tile_len(int nt, int t) { return nt - t < TILE_TOKENS ? (nt > t ? nt - t : 0) : TILE_TOKENS; }
 
@@ -345,6 +389,9 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                          int n, int NH, int NKV, int DK, int DK2, int DV, float scale) {
     const int BT = k->block_tokens, group = NH / NKV, DQ = DK + DK2, same_v = v == k, k_scored = k->score != NULL;
     const int k2_scored = k2 && k2->score != NULL;
+    // GEMM_GROUP query heads or more per kv head, keys and values decoded into fp32 scratch
+    // anyway (a codec, as CLLA-quant's int4 latent), no scored stream: the products through sgemm
+    const int gemm = group >= GEMM_GROUP && !read_in_place(k) && (same_v || !read_in_place(v)) && !k_scored && !k2_scored;
     // bytes a token brings (decoded streams count their fp32 scratch)
     size_t token = 0;
     for (int j = 0; j < 3; j++) {
@@ -386,6 +433,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
         const uint8_t **krow = rows, **vrow = same_v ? rows : rows + CT, **k2row = rows + 2 * CT;
         float *sc = xmalloc((size_t)(NH + 1) * CT * sizeof(float));   // + one row of a scored stream's raw scores
         float *qk = xmalloc((size_t)NH * (DQ > 0 ? DQ : 1) * sizeof(float));
+        // the gemm path's fp32 rope key (its keys and values are decoded into kbuf and vbuf)
+        float *gk2 = gemm && k2 && read_in_place(k2) ? xmalloc((size_t)CT * k2->width * sizeof(float)) : k2buf;
         #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_items; it++) {
             const int i = item_seq[it], chunk = it - first_item[i];
@@ -393,6 +442,30 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             const int *blocks = block_table + (size_t)i * max_blocks + chunk * chunk_blocks;
             float *st = state + (size_t)it * per_item;
             const int grp = sd.group_of[i];
+            if (gemm) {   // keys and values decoded: the products through sgemm
+                const float *K = grp >= 0 && decoded[0] ? sd.dec[0][grp] + (size_t)t0 * k->width : chunk_matrix(k, blocks, nt, kbuf);
+                const float *V = same_v ? K
+                                 : grp >= 0 && decoded[1] ? sd.dec[1][grp] + (size_t)t0 * v->width : chunk_matrix(v, blocks, nt, vbuf);
+                const float *K2 = !k2 ? NULL
+                                  : grp >= 0 && decoded[2] ? sd.dec[2][grp] + (size_t)t0 * k2->width : chunk_matrix(k2, blocks, nt, gk2);
+                const float *qi = q + (size_t)i * NH * DQ;
+                for (int g = 0; g < NKV; g++) {
+                    float *sg = sc + (size_t)g * group * CT;
+                    const float *qg = qi + (size_t)g * group * DQ;
+                    gemm_scores(sg, CT, qg, DQ, K + (size_t)g * DK, k->width, group, nt, DK, scale, 0);
+                    if (k2) gemm_scores(sg, CT, qg + DK, DQ, K2, k2->width, group, nt, DK2, scale, 1);
+                }
+                for (int h = 0; h < NH; h++) {
+                    float *sh = sc + (size_t)h * CT;
+                    const float mx = vec_max_of(sh, nt, sh[0]);
+                    st[h] = mx;
+                    st[NH + h] = vec_exp_shifted(sh, nt, mx);
+                }
+                for (int g = 0; g < NKV; g++)   // acc: zero from xcalloc
+                    gemm_values(st + 2 * NH + (size_t)g * group * DV, DV, sc + (size_t)g * group * CT, CT, V + (size_t)g * DV,
+                                same_v ? k->width : v->width, group, nt, DV);
+                continue;
+            }
             // keys, or the values they share a stream with; a group's decoded copy where it has one
             if (grp >= 0 && decoded[0]) shared_rows(sd.dec[0][grp], k->width, t0, nt, krow);
             else if (!k_scored || same_v) chunk_rows(k, blocks, nt, kbuf, krow);
@@ -452,6 +525,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             if (v->kind == PAGED_BF16)
                 for (int h = 0; h < NH; h++) unsplit_values(acc + (size_t)h * DV, DV);
         }
+        if (gk2 != k2buf) free(gk2);
         free(kbuf);
         free(vbuf);
         free(k2buf);
