@@ -170,6 +170,9 @@ int main(void) {
     run_v("gqa NH=32 NKV=2 DK=48 DV=48, bf16 k and v", 32, 2, 48, 0, 48, 0, &bf16, &bf16);
     run_v("gqa NH=15 NKV=1 DK=24 DV=40, fp32 k and v", 15, 1, 24, 0, 40, 0, &fp32, &fp32);
     run("absorbed latent NH=8 R=80 DR=16, bf16", 8, 1, 80, 16, 80, 1, &bf16);
+    // bf16 parts of the bench's head widths (64; a latent with a 32-wide rope key)
+    run_v("mha NH=4 DK=64 DV=32, bf16 k and v", 4, 4, 64, 0, 32, 0, &bf16, &bf16);
+    run("absorbed latent NH=8 R=64 DR=32, bf16", 8, 1, 64, 32, 64, 1, &bf16);
     // groups of 8 or more over decoded (codec) streams: the sgemm path
     run("absorbed latent NH=8 R=48 DR=16, int4", 8, 1, 48, 16, 48, 1, &int4);
     run_v("mqa NH=8 DK=24 DV=40, int4 k and v", 8, 1, 24, 0, 40, 0, &int4, &int4);
