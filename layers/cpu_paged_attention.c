@@ -205,18 +205,47 @@ static void unsplit_values(float *acc, int n) {
     }
 }
 
+// The nt tokens of a chunk's blocks as an fp32 matrix (nt, width) in scratch: decoded (a codec),
+// widened (bf16) or copied (fp32).
+static const float *chunk_matrix(const PagedStream *s, const int *blocks, int nt, float *scratch) {
+    const int BT = s->block_tokens;
+    for (int b = 0, t0 = 0; t0 < nt; b++, t0 += BT) {
+        const int n = nt - t0 < BT ? nt - t0 : BT;
+        float *dst = scratch + (size_t)t0 * s->width;
+        const uint8_t *src = s->blocks[blocks[b]];
+        if (s->kind == PAGED_BF16) vec_bf16_to_f32(dst, src, n * s->width);
+        else if (s->kind == PAGED_F32) memcpy(dst, src, (size_t)n * s->width * sizeof(float));
+        else s->decode(s->ctx, dst, blocks[b], n);
+    }
+    return scratch;
+}
+
 // Row pointers of tokens [0, nt) of the chunk's blocks. A stream read in place points into its
 // blocks; a codec stream is decoded into scratch (nt, width) first and points there.
 static int read_in_place(const PagedStream *s) { return s->kind == PAGED_F32 || s->kind == PAGED_BF16; }
 
 static void chunk_rows(const PagedStream *s, const int *blocks, int nt, float *scratch, const uint8_t **row) {
-    const int BT = s->block_tokens, in_place = read_in_place(s);
+    if (!read_in_place(s)) {
+        chunk_matrix(s, blocks, nt, scratch);
+        for (int t = 0; t < nt; t++) row[t] = (const uint8_t *)(scratch + (size_t)t * s->width);
+        return;
+    }
+    const int BT = s->block_tokens;
     for (int b = 0, t0 = 0; t0 < nt; b++, t0 += BT) {
         const int n = nt - t0 < BT ? nt - t0 : BT;
         const uint8_t *src = s->blocks[blocks[b]];
-        if (!in_place) s->decode(s->ctx, scratch + (size_t)t0 * s->width, blocks[b], n);
-        for (int j = 0; j < n; j++)
-            row[t0 + j] = in_place ? src + (size_t)j * s->token_bytes : (const uint8_t *)(scratch + (size_t)(t0 + j) * s->width);
+        for (int j = 0; j < n; j++) row[t0 + j] = src + (size_t)j * s->token_bytes;
+    }
+}
+
+// Each of the NH score rows (CT apart) of a chunk's nt tokens exponentiated in place against its
+// maximum (the softmax numerators); the maxima to st[0..NH), the sums to st[NH..2 NH).
+static void softmax_rows(float *st, float *sc, int CT, int NH, int nt) {
+    for (int h = 0; h < NH; h++) {
+        float *s = sc + (size_t)h * CT;
+        const float mx = vec_max_of(s, nt, s[0]);
+        st[h] = mx;
+        st[NH + h] = vec_exp_shifted(s, nt, mx);
     }
 }
 
@@ -346,21 +375,6 @@ static void prefetch_rows(const PagedStream *s, const uint8_t *const *row, int n
 #define GEMM_GROUP 8
 #define GEMM_TOKENS 128
 
-// The nt tokens of a chunk's blocks as an fp32 matrix (nt, width) in scratch: decoded (a codec),
-// widened (bf16) or copied (fp32).
-static const float *chunk_matrix(const PagedStream *s, const int *blocks, int nt, float *scratch) {
-    const int BT = s->block_tokens;
-    for (int b = 0, t0 = 0; t0 < nt; b++, t0 += BT) {
-        const int n = nt - t0 < BT ? nt - t0 : BT;
-        float *dst = scratch + (size_t)t0 * s->width;
-        const uint8_t *src = s->blocks[blocks[b]];
-        if (s->kind == PAGED_BF16) vec_bf16_to_f32(dst, src, n * s->width);
-        else if (s->kind == PAGED_F32) memcpy(dst, src, (size_t)n * s->width * sizeof(float));
-        else s->decode(s->ctx, dst, blocks[b], n);
-    }
-    return scratch;
-}
-
 // S (rows, nt; lds) = alpha A (rows, K; lda) B^T, B (nt, K; ldb), or += when acc
 static void gemm_scores(float *S, int lds, const float *A, int lda, const float *B, int ldb, int rows, int nt, int K, float alpha,
                         int acc) {
@@ -455,12 +469,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                     gemm_scores(sg, CT, qg, DQ, K + (size_t)g * DK, k->width, group, nt, DK, scale, 0);
                     if (k2) gemm_scores(sg, CT, qg + DK, DQ, K2, k2->width, group, nt, DK2, scale, 1);
                 }
-                for (int h = 0; h < NH; h++) {
-                    float *sh = sc + (size_t)h * CT;
-                    const float mx = vec_max_of(sh, nt, sh[0]);
-                    st[h] = mx;
-                    st[NH + h] = vec_exp_shifted(sh, nt, mx);
-                }
+                softmax_rows(st, sc, CT, NH, nt);
                 for (int g = 0; g < NKV; g++)   // acc: zero from xcalloc
                     gemm_values(st + 2 * NH + (size_t)g * group * DV, DV, sc + (size_t)g * group * CT, CT, V + (size_t)g * DV,
                                 same_v ? k->width : v->width, group, nt, DV);
@@ -504,12 +513,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 if (k_scored) add_scored(sc + (size_t)h * CT, sc + (size_t)NH * CT, k, q + ih * DQ, prep + ih * k->prep_doubles, h / group, blocks, nt, scale);
                 if (k2_scored) add_scored(sc + (size_t)h * CT, sc + (size_t)NH * CT, k2, q + ih * DQ + DK, prep2 + ih * k2->prep_doubles, 0, blocks, nt, scale);
             }
-            for (int h = 0; h < NH; h++) {
-                float *s = sc + (size_t)h * CT;
-                const float mx = vec_max_of(s, nt, s[0]);
-                st[h] = mx;
-                st[NH + h] = vec_exp_shifted(s, nt, mx);
-            }
+            softmax_rows(st, sc, CT, NH, nt);
             float *acc = st + 2 * NH;   // (NH, DV), zero from xcalloc
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
                 const int m = tile_len(nt, ta);
