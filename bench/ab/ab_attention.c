@@ -9,9 +9,10 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "common/num.h"
+#include "common/rng.h"
+#include "common/util.h"
 
 #define ENTRY_POINTS(P)                                                                                        \
     void P##cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,     \
@@ -22,13 +23,10 @@
 ENTRY_POINTS()
 ENTRY_POINTS(old_)
 
-static float *uniform(size_t n, unsigned *state) {
-    float *x = malloc(n * sizeof(float));
-    if (!x) { fprintf(stderr, "ab_attention: out of memory\n"); exit(1); }
-    for (size_t i = 0; i < n; i++) {
-        *state = *state * 1664525u + 1013904223u;
-        x[i] = (float)(*state >> 8) / 16777216.0f - 0.5f;
-    }
+// n values uniform in (-0.5, 0.5)
+static float *uniform(size_t n, Rng *r) {
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)rng_uniform(r) - 0.5f;
     return x;
 }
 
@@ -42,7 +40,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 4; i++) a[i] = opt_i64(NAMES[i], argv[i + 1], 1, 65536);
     const int B = (int)a[0], T = (int)a[1], DQK = (int)a[2], reps = (int)a[3], NH = 8, NKV = 8, DV = 64;
     const size_t nq = (size_t)B * T * NH * DQK, nv = (size_t)B * T * NH * DV, nl = (size_t)B * NH * T;
-    unsigned st = 1;
+    Rng st;
+    rng_seed(&st, 1);
     float *q = uniform(nq, &st), *k = uniform(nq, &st), *v = uniform(nv, &st), *dout = uniform(nv, &st);
     float *o = uniform(nv, &st), *lse = uniform(nl, &st), *dq = uniform(nq, &st), *dk = uniform(nq, &st);
     float *dv = uniform(nv, &st), *scratch = uniform(nl, &st);
