@@ -118,9 +118,8 @@ static Block block(int r0, int rows, int c0, int cols) {
 
 // C (M, N; ldc) = alpha op(A) B + beta C, op(A) (M, K): A (M, K; lda) as it lies
 // (ta = CblasNoTrans) or A^T of A (K, M; lda), B (K, N; ldb), in pieces that each stay within
-// OpenBLAS's small-matrix bound (M N K at most 100^3 on x86-64 with AVX-512:
-// kernel/x86_64/*small_kernel_permit*.c of 0.3.21, Debian 12's), which OpenBLAS multiplies with
-// its small-matrix kernels, reading the operands where they lie instead of packing them. Every
+// OpenBLAS's small-matrix bound (CPU_SGEMM_SMALL_MNK, layers/cpu_ops.h), which OpenBLAS multiplies
+// with its small-matrix kernels, reading the operands where they lie instead of packing them. Every
 // tile product here is just over the bound (128 x 128 x 64; the forward's P V 128 x 64 x 512), so
 // one call would pack both operands every time. Two ways to cut, each where it measured faster
 // (bench/ab_attention.sh; docs/ATTENTION.md): CUT_ROWS, at most 128 columns and 128 of the inner
@@ -129,7 +128,6 @@ static Block block(int r0, int rows, int c0, int cols) {
 // dK += dS^T Q and dV += P^T dO. Where the bound does not apply (another OpenBLAS), the pieces
 // are ordinary smaller sgemms. Each C element's pieces are added in a fixed order, so the
 // result depends neither on threads nor on the backward's path.
-#define SMALL_MNK 1e6
 enum { CUT_ROWS, CUT_INNER };
 
 static void sgemm_small(CBLAS_TRANSPOSE ta, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
@@ -138,9 +136,9 @@ static void sgemm_small(CBLAS_TRANSPOSE ta, int M, int N, int K, float alpha, co
     if (cut == CUT_ROWS) {
         assert(ta == CblasNoTrans);
         nb = imin(N, ATT_BK), kb = imin(K, ATT_BK);
-        while ((double)mb * nb * kb > SMALL_MNK && mb > 16) mb = (mb + 1) / 2;
+        while ((double)mb * nb * kb > CPU_SGEMM_SMALL_MNK && mb > 16) mb = (mb + 1) / 2;
     } else {
-        while ((double)mb * nb * kb > SMALL_MNK && kb > 16) kb = (kb + 1) / 2;
+        while ((double)mb * nb * kb > CPU_SGEMM_SMALL_MNK && kb > 16) kb = (kb + 1) / 2;
     }
     for (int m0 = 0; m0 < M; m0 += mb)
         for (int n0 = 0; n0 < N; n0 += nb)

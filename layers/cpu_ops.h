@@ -10,6 +10,12 @@
 
 #include "backend/backend.h"
 
+// OpenBLAS's small-matrix bound: an sgemm of M N K at most this (x86-64 with AVX-512,
+// kernel/x86_64/*small_kernel_permit*.c of 0.3.21, Debian 12's) runs on its small-matrix kernels,
+// which read the operands where they lie instead of packing them. The attention ops cut their
+// tile products to stay under it (cpu_attention.c, sgemm_small; cpu_paged_attention.c, GEMM_TOKENS).
+#define CPU_SGEMM_SMALL_MNK 1e6
+
 // ---- memory (cpu_memory.c) ----
 void *cpu_alloc(size_t bytes);
 void cpu_release(void *p);

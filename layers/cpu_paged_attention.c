@@ -367,8 +367,9 @@ static void prefetch_rows(const PagedStream *s, const uint8_t *const *row, int n
 // ---- groups of GEMM_GROUP or more query heads per kv head whose keys and values a codec decodes
 // into fp32 scratch anyway (CLLA-quant's int4 latent: 8 heads on one latent in the absorbed form;
 // MQA or GQA over a codec): the chunk's products through OpenBLAS's small-matrix kernels,
-// S_g (group, nt) = scale Q_g K_g^T (+ Q2_g K2^T), O_g += P_g V_g, GEMM_TOKENS tokens a call (M N K
-// under OpenBLAS's 100^3 bound: it reads the operands where they lie, without packing). Against
+// S_g (group, nt) = scale Q_g K_g^T (+ Q2_g K2^T), O_g += P_g V_g, GEMM_TOKENS tokens a call (for 8
+// heads and widths up to 976, M N K under CPU_SGEMM_SMALL_MNK, layers/cpu_ops.h: OpenBLAS reads
+// the operands where they lie, without packing). Against
 // the tiles below, CLLA-quant's 16k batch-8 decode step went from 108-113 to 93-96 ms; over a
 // bf16 cache (MLA, CLLA, MQA), where the chunk must first be widened, it was level or slower, so
 // those keep the tiles (docs/INFERENCE.md has the commands).
