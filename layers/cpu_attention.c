@@ -122,7 +122,7 @@ static Block block(int r0, int rows, int c0, int cols) {
 // with its small-matrix kernels, reading the operands where they lie instead of packing them. Every
 // tile product here is just over the bound (128 x 128 x 64; the forward's P V 128 x 64 x 512), so
 // one call would pack both operands every time. Two ways to cut, each where it measured faster
-// (bench/ab_attention.sh; docs/ATTENTION.md): CUT_ROWS, at most 128 columns and 128 of the inner
+// (bench/ab.sh attention; docs/ATTENTION.md): CUT_ROWS, at most 128 columns and 128 of the inner
 // dimension, then rows halved (ta = CblasNoTrans): the scores and dP (rows_by_keys_t) and the
 // forward's P V; CUT_INNER, the inner dimension halved: the backward's dQ += dS K,
 // dK += dS^T Q and dV += P^T dO. Where the bound does not apply (another OpenBLAS), the pieces

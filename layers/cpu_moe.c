@@ -147,9 +147,18 @@ void cpu_moe_expert_matmul_backward(float *dinp, float *const *dweights, const f
     }
     free(t);
     if (!dweights) return;
-    // channel blocks of dweight[e]: (ob, C) += dout[:, o0:o1]^T (ob, n_e) @ inp rows (n_e, C)
-    int ob = 64, per = (OC + ob - 1) / ob, m = 0;
-    for (int e = 0; e < E; e++) m += expert_off[e + 1] > expert_off[e] ? per : 0;
+    // channel blocks of dweight[e]: (ob, C) += dout[:, o0:o1]^T (ob, n_e) @ inp rows (n_e, C).
+    // Every block packs all of the expert's input rows again, so the blocks are as wide as
+    // about 4 per thread over the experts with rows allows (at 8 experts on 2 threads, a whole
+    // expert each; multiples of 16 channels). Against fixed 64-channel blocks this took 0.72-0.90
+    // of the time at bench_train's MoE shapes (docs/MOE.md, bench/ab.sh moe).
+    int active = 0, m = 0;
+    for (int e = 0; e < E; e++) active += expert_off[e + 1] > expert_off[e];
+    int per = active > 0 ? (4 * omp_get_max_threads() + active - 1) / active : 1;
+    int ob = (OC + per - 1) / per;
+    ob = (ob + 15) / 16 * 16;
+    per = (OC + ob - 1) / ob;
+    m = active * per;
     Tile *w = malloc((size_t)(m > 0 ? m : 1) * sizeof(Tile));
     if (!w) { fprintf(stderr, "moe_expert_matmul: out of memory\n"); abort(); }
     m = 0;

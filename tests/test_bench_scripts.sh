@@ -100,16 +100,21 @@ else
     echo "     (bench_torch_cpu.py runs skipped: /usr/bin/python3 has no torch)"
 fi
 
-# bench/ab_attention.sh: builds the op of a commit beside this tree's and alternates them (at a
-# tiny shape); refuses what is not a commit
+# bench/ab.sh: builds an op of a commit beside this tree's and alternates them (at tiny shapes);
+# refuses what is not a commit and an op it does not know
 if git -C "$SRC" rev-parse --verify --quiet HEAD > /dev/null 2>&1; then
-    out=$(AB_TINY=1 OMP_NUM_THREADS=1 bash "$SRC/bench/ab_attention.sh" HEAD 1 2>&1)
-    [ "$(grep -c 'forward old .* backward old' <<< "$out")" = 2 ] && ok "ab_attention.sh HEAD (tiny): two shapes timed" ||
-        fail "ab_attention.sh: $out"
-    if bash "$SRC/bench/ab_attention.sh" no-such-commit > "$WORK/ab.out" 2>&1; then fail "ab_attention.sh accepted no-such-commit"
-    else grep -q "is not a commit" "$WORK/ab.out" && ok "ab_attention.sh refuses: $(cat "$WORK/ab.out")" || fail "ab refusal: $(cat "$WORK/ab.out")"; fi
+    out=$(AB_TINY=1 OMP_NUM_THREADS=1 bash "$SRC/bench/ab.sh" attention HEAD 1 2>&1)
+    [ "$(grep -c 'forward old .* backward old' <<< "$out")" = 2 ] && ok "ab.sh attention HEAD (tiny): two shapes timed" ||
+        fail "ab.sh attention: $out"
+    out=$(AB_TINY=1 OMP_NUM_THREADS=1 bash "$SRC/bench/ab.sh" moe HEAD 1 2>&1)
+    [ "$(grep -c 'forward old .* input gradients old .* weight gradients old' <<< "$out")" = 2 ] &&
+        ok "ab.sh moe HEAD (tiny): two shapes timed" || fail "ab.sh moe: $out"
+    if bash "$SRC/bench/ab.sh" attention no-such-commit > "$WORK/ab.out" 2>&1; then fail "ab.sh accepted no-such-commit"
+    else grep -q "is not a commit" "$WORK/ab.out" && ok "ab.sh refuses: $(cat "$WORK/ab.out")" || fail "ab refusal: $(cat "$WORK/ab.out")"; fi
+    if bash "$SRC/bench/ab.sh" matmul HEAD > "$WORK/ab.out" 2>&1; then fail "ab.sh accepted the op matmul"
+    else grep -q "unknown op 'matmul'" "$WORK/ab.out" && ok "ab.sh refuses: $(cat "$WORK/ab.out")" || fail "ab refusal: $(cat "$WORK/ab.out")"; fi
 else
-    echo "     (ab_attention.sh runs skipped: $SRC is not a git checkout)"
+    echo "     (ab.sh runs skipped: $SRC is not a git checkout)"
 fi
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

@@ -2,7 +2,7 @@
 // process, the two called alternately and the best of each kept. On a shared machine whose rate
 // moves by a tenth between runs, two binaries run one after the other cannot resolve a change
 // of a few percent; two implementations alternated within one run can. Built and run by
-// bench/ab_attention.sh, which compiles the older layers/cpu_attention.c with its entry points
+// bench/ab.sh attention, which compiles the older layers/cpu_attention.c with its entry points
 // renamed old_*.
 //
 //   ab_attention B T DQK REPS     (8 heads, DV = 64; FLOPs counted as bench/bench_attention.c does)
@@ -32,7 +32,7 @@ static float *uniform(size_t n, Rng *r) {
 
 int main(int argc, char **argv) {
     if (argc != 5) {
-        fprintf(stderr, "usage: ab_attention B T DQK REPS (run through bench/ab_attention.sh)\n");
+        fprintf(stderr, "usage: ab_attention B T DQK REPS (run through bench/ab.sh attention)\n");
         return 2;
     }
     static const char *const NAMES[4] = {"B", "T", "DQK", "REPS"};

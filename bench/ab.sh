@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A CPU op of this tree against the same op of an older commit, alternated in one process
+# (bench/ab/ab_attention.c says why), at bench_train's shapes (bench/train_d512_*.json):
+#   attention  layers/cpu_attention.c: MHA 8 x 64 and the latent 8 x 96 / 64, T = 512 (B = 4)
+#              and T = 2048 (B = 1)
+#   moe        layers/cpu_moe.c's grouped expert matmuls: 2048 tokens routed top-2 over 8 and
+#              over 64 experts, d_model 512, expert width 352 (bench/ab/ab_moe.c)
+#
+#   bash bench/ab.sh attention|moe OLD_COMMIT [REPS]     (REPS: alternated rounds, default 8)
+#
+# AB_TINY=1 runs small shapes instead (tests/test_bench_scripts.sh). Threads: OMP_NUM_THREADS as
+# set (the documented figures use 2). Flags: the Release build's (CMakeLists.txt), -O2 -march=native.
+set -euo pipefail
+usage() { echo "usage: bash bench/ab.sh attention|moe OLD_COMMIT [REPS]" >&2; }
+if [ $# -ge 1 ] && [ "$1" = "--help" ]; then
+    usage
+    echo "Times a CPU op of this tree against OLD_COMMIT's, alternated in one process." >&2
+    exit 0
+fi
+[ $# -ge 2 ] || { usage; exit 2; }
+op="$1" old="$2" reps="${3:-8}"
+case "$op" in
+    attention) src=layers/cpu_attention.c extra=() ;;
+    moe) src=layers/cpu_moe.c extra=(layers/cpu_matmul.c) ;;   # its router calls the dense matmul
+    *) echo "ab.sh: unknown op '$op': use attention or moe" >&2; exit 2 ;;
+esac
+case "$reps" in ''|*[!0-9]*) echo "ab.sh: REPS '$reps' is not a whole number" >&2; exit 2 ;; esac
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+git rev-parse --verify --quiet "$old^{commit}" >/dev/null || { echo "ab.sh: '$old' is not a commit of this repository" >&2; exit 2; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+flags=(-O2 -march=native -fopenmp -std=c11 -D_GNU_SOURCE -I "$root")
+# the old op's entry points renamed old_*, compiled from inside the tree so that its includes resolve
+git show "$old:$src" | sed "s/^void cpu_/void old_cpu_/" > "$work/old_op.c"
+gcc "${flags[@]}" -iquote "$root/layers" -c "$work/old_op.c" -o "$work/old.o"
+gcc "${flags[@]}" -c "$src" -o "$work/new.o"
+gcc "${flags[@]}" -Wall -Wextra "bench/ab/ab_$op.c" "$work/old.o" "$work/new.o" "${extra[@]}" common/util.c common/num.c \
+    -o "$work/ab" -lopenblas -lm
+echo "ab $op: $(git rev-parse --short "$old") (old) against the working tree (new), OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}, best of $reps"
+tiny="${AB_TINY:-0}"
+if [ "$op" = attention ]; then
+    if [ "$tiny" = 1 ]; then shapes=("1 130 64" "1 130 96")
+    else shapes=("4 512 64" "1 2048 64" "4 512 96" "1 2048 96"); fi
+else   # tokens, experts, top-k, d_model, expert width
+    if [ "$tiny" = 1 ]; then shapes=("100 4 2 48 40" "100 16 2 48 40")
+    else shapes=("2048 8 2 512 352" "2048 64 2 512 352"); fi
+fi
+for s in "${shapes[@]}"; do
+    # shellcheck disable=SC2086  # a shape is several arguments
+    "$work/ab" $s "$reps"
+done

@@ -1,0 +1,108 @@
+// ab_moe: the grouped expert matmuls of this tree (layers/cpu_moe.c) against those of an older
+// commit, alternated in one process, the best of each kept (bench/ab/ab_attention.c says why).
+// Built and run by bench/ab.sh moe, which compiles the older file with its entry points renamed
+// old_*.
+//
+//   ab_moe TOKENS EXPERTS TOPK D_MODEL WIDTH REPS
+//
+// Each token picks TOPK distinct experts uniformly (seeded), as a router does at initialization,
+// so the experts' row counts differ by chance as in bench_train's first steps. One round times a
+// SwiGLU expert's three products the way model/moe.c calls them: forward gate (D_MODEL -> WIDTH)
+// and down (WIDTH -> D_MODEL), backward of both with the input gradient and, separately, the
+// weight gradients (the part whose tiling differs most between versions).
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/num.h"
+#include "common/rng.h"
+#include "common/util.h"
+
+#define ENTRY_POINTS(P)                                                                                          \
+    void P##cpu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights,            \
+                                          const int *expert_off, int E, int C, int OC);                         \
+    void P##cpu_moe_expert_matmul_backward(float *dinp, float *const *dweights, const float *dout,              \
+                                           const float *inp, const float *const *weights, const int *expert_off, \
+                                           int E, int C, int OC);
+ENTRY_POINTS()
+ENTRY_POINTS(old_)
+
+typedef void (*ForwardFn)(float *, const float *, const float *const *, const int *, int, int, int);
+typedef void (*BackwardFn)(float *, float *const *, const float *, const float *, const float *const *, const int *,
+                           int, int, int);
+
+static float *uniform(size_t n, Rng *r) {
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)rng_uniform(r) - 0.5f;
+    return x;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 7) {
+        fprintf(stderr, "usage: ab_moe TOKENS EXPERTS TOPK D_MODEL WIDTH REPS (run through bench/ab.sh moe)\n");
+        return 2;
+    }
+    static const char *const NAMES[6] = {"TOKENS", "EXPERTS", "TOPK", "D_MODEL", "WIDTH", "REPS"};
+    int64_t a[6];
+    for (int i = 0; i < 6; i++) a[i] = opt_i64(NAMES[i], argv[i + 1], 1, 65536);
+    const int N = (int)a[0], E = (int)a[1], K = (int)a[2], C = (int)a[3], I = (int)a[4], reps = (int)a[5];
+    if (K > E) die("ab_moe: TOPK %d is more than EXPERTS %d", K, E);
+    Rng st;
+    rng_seed(&st, 1);
+    // row counts of a random top-K routing: each token's K experts distinct
+    int *count = xcalloc((size_t)E, sizeof(int)), *off = xmalloc((size_t)(E + 1) * sizeof(int));
+    char *taken = xmalloc((size_t)E);
+    for (int n = 0; n < N; n++) {
+        for (int e = 0; e < E; e++) taken[e] = 0;
+        for (int k = 0; k < K; k++) {
+            int e;
+            do e = (int)(rng_next(&st) % (uint64_t)E); while (taken[e]);
+            taken[e] = 1;
+            count[e]++;
+        }
+    }
+    off[0] = 0;
+    int lo = N, hi = 0;
+    for (int e = 0; e < E; e++) {
+        off[e + 1] = off[e] + count[e];
+        lo = count[e] < lo ? count[e] : lo;
+        hi = count[e] > hi ? count[e] : hi;
+    }
+    const size_t R = (size_t)off[E], nw = (size_t)I * C;
+    float *xs = uniform(R * C, &st), *gate = uniform(R * I, &st), *dgate = uniform(R * I, &st);
+    float *out = uniform(R * C, &st), *dout = uniform(R * C, &st), *dxs = uniform(R * C, &st), *dact = uniform(R * I, &st);
+    float **wg = xmalloc((size_t)E * sizeof(float *)), **wd = xmalloc((size_t)E * sizeof(float *));
+    float **dwg = xmalloc((size_t)E * sizeof(float *)), **dwd = xmalloc((size_t)E * sizeof(float *));
+    for (int e = 0; e < E; e++) {
+        wg[e] = uniform(nw, &st); wd[e] = uniform(nw, &st);
+        dwg[e] = uniform(nw, &st); dwd[e] = uniform(nw, &st);
+    }
+    const ForwardFn fwd[2] = {old_cpu_moe_expert_matmul_forward, cpu_moe_expert_matmul_forward};
+    const BackwardFn bwd[2] = {old_cpu_moe_expert_matmul_backward, cpu_moe_expert_matmul_backward};
+    double best[3][2] = {{1e30, 1e30}, {1e30, 1e30}, {1e30, 1e30}};   // forward, input gradients, weight gradients
+    for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
+        for (int w = 0; w < 2; w++) {
+            const double t0 = omp_get_wtime();
+            fwd[w](gate, xs, (const float *const *)wg, off, E, C, I);
+            fwd[w](out, gate, (const float *const *)wd, off, E, I, C);
+            const double t1 = omp_get_wtime();
+            bwd[w](dact, NULL, dout, gate, (const float *const *)wd, off, E, I, C);
+            bwd[w](dxs, NULL, dgate, xs, (const float *const *)wg, off, E, C, I);
+            const double t2 = omp_get_wtime();
+            bwd[w](NULL, dwd, dout, gate, (const float *const *)wd, off, E, I, C);
+            bwd[w](NULL, dwg, dgate, xs, (const float *const *)wg, off, E, C, I);
+            const double t3 = omp_get_wtime();
+            const double t[3] = {t1 - t0, t2 - t1, t3 - t2};
+            for (int j = 0; r && j < 3; j++)
+                if (t[j] < best[j][w]) best[j][w] = t[j];
+        }
+    const double flops = 2.0 * 2.0 * (double)R * C * I;   // two products of R x C x I
+    static const char *const PART[3] = {"forward", "input gradients", "weight gradients"};
+    printf("%d tokens top-%d over %d experts (%d to %d rows), %d -> %d:", N, K, E, lo, hi, C, I);
+    for (int j = 0; j < 3; j++)
+        printf("%s %s old %.2f ms, new %.2f ms (%.1f -> %.1f GFLOP/s, new/old time %.3f)", j ? " |" : "", PART[j],
+               best[j][0] * 1e3, best[j][1] * 1e3, flops / best[j][0] / 1e9, flops / best[j][1] / 1e9,
+               best[j][1] / best[j][0]);
+    printf("\n");
+    return 0;
+}
