@@ -5,13 +5,15 @@
 #              and T = 2048 (B = 1)
 #   moe        layers/cpu_moe.c's grouped expert matmuls: 2048 tokens routed top-2 over 8 and
 #              over 64 experts, d_model 512, expert width 352 (bench/ab/ab_moe.c)
+#   matmul     layers/cpu_matmul.c, the dense linear layer: 2048 tokens through the d512 models'
+#              projections (512 -> 512, 512 -> 1408, 1408 -> 512, 512 -> 8192) (bench/ab/ab_matmul.c)
 #
-#   bash bench/ab.sh attention|moe OLD_COMMIT [REPS]     (REPS: alternated rounds, default 8)
+#   bash bench/ab.sh attention|moe|matmul OLD_COMMIT [REPS]     (REPS: alternated rounds, default 8)
 #
 # AB_TINY=1 runs small shapes instead (tests/test_bench_scripts.sh). Threads: OMP_NUM_THREADS as
 # set (the documented figures use 2). Flags: the Release build's (CMakeLists.txt), -O2 -march=native.
 set -euo pipefail
-usage() { echo "usage: bash bench/ab.sh attention|moe OLD_COMMIT [REPS]" >&2; }
+usage() { echo "usage: bash bench/ab.sh attention|moe|matmul OLD_COMMIT [REPS]" >&2; }
 if [ $# -ge 1 ] && [ "$1" = "--help" ]; then
     usage
     echo "Times a CPU op of this tree against OLD_COMMIT's, alternated in one process." >&2
@@ -22,7 +24,8 @@ op="$1" old="$2" reps="${3:-8}"
 case "$op" in
     attention) src=layers/cpu_attention.c extra=() ;;
     moe) src=layers/cpu_moe.c extra=(layers/cpu_matmul.c) ;;   # its router calls the dense matmul
-    *) echo "ab.sh: unknown op '$op': use attention or moe" >&2; exit 2 ;;
+    matmul) src=layers/cpu_matmul.c extra=() ;;
+    *) echo "ab.sh: unknown op '$op': use attention, moe or matmul" >&2; exit 2 ;;
 esac
 case "$reps" in ''|*[!0-9]*) echo "ab.sh: REPS '$reps' is not a whole number" >&2; exit 2 ;; esac
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -42,9 +45,12 @@ tiny="${AB_TINY:-0}"
 if [ "$op" = attention ]; then
     if [ "$tiny" = 1 ]; then shapes=("1 130 64" "1 130 96")
     else shapes=("4 512 64" "1 2048 64" "4 512 96" "1 2048 96"); fi
-else   # tokens, experts, top-k, d_model, expert width
+elif [ "$op" = moe ]; then   # tokens, experts, top-k, d_model, expert width
     if [ "$tiny" = 1 ]; then shapes=("100 4 2 48 40" "100 16 2 48 40")
     else shapes=("2048 8 2 512 352" "2048 64 2 512 352"); fi
+else   # tokens, d_in, d_out
+    if [ "$tiny" = 1 ]; then shapes=("300 96 80" "50 40 30")
+    else shapes=("2048 512 512" "2048 512 1408" "2048 1408 512" "2048 512 8192"); fi
 fi
 for s in "${shapes[@]}"; do
     # shellcheck disable=SC2086  # a shape is several arguments

@@ -61,22 +61,38 @@ typedef struct GemmShape { const char *what; int M, N, K; } GemmShape;
 static const Backend *inner_backend;
 static double attention_seconds, matmul_seconds, matmul_flops;
 
-static void matmul_done(double t0, double flops) {
-    matmul_seconds += now_seconds() - t0;
+// the same totals by call shape, to say which products lag sgemm (printed after the steps)
+typedef struct ShapeTime { const char *op; int N, C, OC; double seconds, flops; } ShapeTime;
+enum { MAX_SHAPES = 64 };
+static ShapeTime shape_times[MAX_SHAPES];
+static int n_shape_times;
+
+static void matmul_done(double t0, double flops, const char *op, int N, int C, int OC) {
+    const double dt = now_seconds() - t0;
+    matmul_seconds += dt;
     matmul_flops += flops;
+    int i = 0;
+    while (i < n_shape_times && !(shape_times[i].op == op && shape_times[i].N == N && shape_times[i].C == C &&
+                                  shape_times[i].OC == OC))
+        i++;
+    if (i == MAX_SHAPES) return;   // more shapes than any model here has: left out of the table
+    if (i == n_shape_times) shape_times[n_shape_times++] = (ShapeTime){op, N, C, OC, 0.0, 0.0};
+    shape_times[i].seconds += dt;
+    shape_times[i].flops += flops;
 }
 
 static void timed_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC) {
     double t0 = now_seconds();
     inner_backend->matmul_forward(out, inp, weight, N, C, OC);
-    matmul_done(t0, 2.0 * N * C * OC);
+    matmul_done(t0, 2.0 * N * C * OC, "forward", N, C, OC);
 }
 
 static void timed_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                                   int N, int C, int OC) {
     double t0 = now_seconds();
     inner_backend->matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC);
-    matmul_done(t0, 2.0 * N * C * OC * ((dinp != NULL) + (dweight != NULL)));
+    matmul_done(t0, 2.0 * N * C * OC * ((dinp != NULL) + (dweight != NULL)), dinp ? "backward" : "backward dW only", N,
+                C, OC);
 }
 
 // MoE's grouped expert products count as weight matmuls too (their rows: the host offsets)
@@ -84,14 +100,15 @@ static void timed_expert_forward(float *out, const float *inp, const float *cons
                                  int C, int OC) {
     double t0 = now_seconds();
     inner_backend->moe_expert_matmul_forward(out, inp, weights, expert_off, E, C, OC);
-    matmul_done(t0, 2.0 * (expert_off[E] - expert_off[0]) * C * OC);
+    matmul_done(t0, 2.0 * (expert_off[E] - expert_off[0]) * C * OC, "experts forward", -1, C, OC);
 }
 
 static void timed_expert_backward(float *dinp, float *const *dweights, const float *dout, const float *inp,
                                   const float *const *weights, const int *expert_off, int E, int C, int OC) {
     double t0 = now_seconds();
     inner_backend->moe_expert_matmul_backward(dinp, dweights, dout, inp, weights, expert_off, E, C, OC);
-    matmul_done(t0, 2.0 * (expert_off[E] - expert_off[0]) * C * OC * ((dinp != NULL) + (dweights != NULL)));
+    matmul_done(t0, 2.0 * (expert_off[E] - expert_off[0]) * C * OC * ((dinp != NULL) + (dweights != NULL)),
+                dinp ? "experts backward" : "experts backward dW only", -1, C, OC);
 }
 
 static void timed_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
@@ -246,7 +263,10 @@ int main(int argc, char **argv) {
         double t3 = now_seconds();
         printf("step %d%s: %.3f s (forward %.3f, backward %.3f, optimizer %.3f) loss %.4f\n", s,
                s == 0 ? " (warm-up, not counted)" : "", t3 - t0, t1 - t0, t2 - t1, t3 - t2, loss);
-        if (s == 0) continue;
+        if (s == 0) {
+            n_shape_times = 0;   // the per-shape table counts the timed steps only
+            continue;
+        }
         t_fwd += t1 - t0; t_bwd += t2 - t1; t_opt += t3 - t2; t_total += t3 - t0;
         t_attn += attention_seconds - attn0;
         t_mm += matmul_seconds - mm0;
@@ -271,6 +291,15 @@ int main(int argc, char **argv) {
            "the rest %.1f%%\n", 100 * t_mm / t_total, t_mm > 0 ? f_mm / t_mm / 1e9 : 0.0,
            t_mm > 0 ? f_mm / t_mm / sgemm_best : 0.0, 100 * t_attn / t_total, t_attn > 0 ? attn_flops / t_attn / 1e9 : 0.0,
            t_attn > 0 ? attn_flops / t_attn / sgemm_best : 0.0, 100 * (t_total - t_mm - t_attn) / t_total);
+    for (int i = 0; i < n_shape_times; i++) {
+        const ShapeTime *st = &shape_times[i];
+        char rows[32];
+        if (st->N < 0) snprintf(rows, sizeof(rows), "routed rows");
+        else snprintf(rows, sizeof(rows), "N=%d", st->N);
+        printf("  %-24s %-11s C=%-5d OC=%-5d %5.1f%% of the step at %6.1f GFLOP/s (%.3f of sgemm)\n", st->op, rows,
+               st->C, st->OC, 100 * st->seconds / t_total, st->flops / st->seconds / 1e9,
+               st->flops / st->seconds / sgemm_best);
+    }
     printf("model FLOP/s %.1f GFLOP/s | ratio to sgemm %.3f (target >= 0.8) | mean step %.3f, best step %.3f\n",
            model_flops / 1e9, ratio, tok_s_mean * flops_per_token / sgemm_best, tok_s_best * flops_per_token / sgemm_best);
     if (args_get(&a, SPECS, N_SPECS, "json"))

@@ -1,9 +1,16 @@
 // Linear layer without bias, PyTorch weight layout: out = inp @ weight^T.
-// All three products are single sgemm calls; OpenBLAS threads them itself (we are outside
-// any OpenMP region here, so its OpenMP build uses the whole pool).
+// Each of the three products is cut into one part per OpenMP thread, each part one
+// single-threaded sgemm (OpenBLAS runs single-threaded inside an OpenMP region): rows of out and
+// dinp, output channels of dweight. OpenBLAS threading one call itself shares packed blocks of
+// an operand between its threads, which wait for each other at every block, and on a shared
+// machine a thread that loses its core for a moment stalls the other there; the parts synchronize once, at the end (docs/COMMANDS.md,
+// bench_train; bench/ab.sh matmul). Per element the sum runs over the same blocks of the
+// inner dimension as in one call, so the bits do not depend on the thread count
+// (tests/test_ops.c), as long as the parts are over OpenBLAS's small-matrix bound (parts_for).
 #include "layers/cpu_ops.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <stddef.h>
 
 #include "common/vec.h"
@@ -82,6 +89,19 @@ static void matmul_few_rows(float *out, const float *inp, const float *weight, i
         for (int n = 0; n < N; n++) out[(size_t)n * OC + o] = dot_1x1(weight + (size_t)o * C, inp + (size_t)n * C, C);
 }
 
+// Parts of a product whose M rows are cut (the other two sizes N and K): one per thread when
+// every part is over the small-matrix bound, else one (a call OpenBLAS threads itself, or runs
+// on its small kernels). Its small kernels give bits that depend on where a row sits in the
+// product (tests/test_ops.c found it), its blocked kernels do not.
+static int parts_for(int M, int N, int K) {
+    const int nt = omp_get_max_threads();
+    if (nt <= 1) return 1;
+    return (double)(M / nt) * N * K > CPU_SGEMM_SMALL_MNK ? nt : 1;
+}
+
+// first row of part p of `parts` over M rows
+static int part_start(int M, int parts, int p) { return (int)((long long)M * p / parts); }
+
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
@@ -93,8 +113,13 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N
         matmul_few_rows(out, inp, weight, N, C, OC);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
-                1.0f, inp, C, weight, C, 0.0f, out, OC);
+    const int parts = parts_for(N, C, OC);
+    #pragma omp parallel for schedule(static) if (parts > 1)
+    for (int p = 0; p < parts; p++) {
+        const int r0 = part_start(N, parts, p), rows = part_start(N, parts, p + 1) - r0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, C,
+                    1.0f, inp + (size_t)r0 * C, C, weight, C, 0.0f, out + (size_t)r0 * OC, OC);
+    }
 }
 
 // dinp (N, C) += dout (N, OC) @ weight (OC, C)
@@ -109,10 +134,22 @@ void cpu_matmul_backward(float *dinp, float *dweight, const float *dout, const f
         for (int n = 0; n < N; n++)
             cblas_sgemv(CblasRowMajor, CblasTrans, OC, C, 1.0f, weight, C, dout + (size_t)n * OC, 1, 1.0f,
                         dinp + (size_t)n * C, 1);
-    } else if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
-                    1.0f, dout, OC, weight, C, 1.0f, dinp, C);
-    if (dweight)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N,
-                    1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    } else if (dinp) {
+        const int parts = parts_for(N, OC, C);
+        #pragma omp parallel for schedule(static) if (parts > 1)
+        for (int p = 0; p < parts; p++) {
+            const int r0 = part_start(N, parts, p), rows = part_start(N, parts, p + 1) - r0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, OC,
+                        1.0f, dout + (size_t)r0 * OC, OC, weight, C, 1.0f, dinp + (size_t)r0 * C, C);
+        }
+    }
+    if (dweight) {
+        const int parts = parts_for(OC, N, C);
+        #pragma omp parallel for schedule(static) if (parts > 1)
+        for (int p = 0; p < parts; p++) {
+            const int o0 = part_start(OC, parts, p), oc = part_start(OC, parts, p + 1) - o0;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, oc, C, N,
+                        1.0f, dout + o0, OC, inp, C, 1.0f, dweight + (size_t)o0 * C, C);
+        }
+    }
 }

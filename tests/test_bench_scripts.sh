@@ -109,10 +109,13 @@ if git -C "$SRC" rev-parse --verify --quiet HEAD > /dev/null 2>&1; then
     out=$(AB_TINY=1 OMP_NUM_THREADS=1 bash "$SRC/bench/ab.sh" moe HEAD 1 2>&1)
     [ "$(grep -c 'forward old .* input gradients old .* weight gradients old' <<< "$out")" = 2 ] &&
         ok "ab.sh moe HEAD (tiny): two shapes timed" || fail "ab.sh moe: $out"
+    out=$(AB_TINY=1 OMP_NUM_THREADS=2 bash "$SRC/bench/ab.sh" matmul HEAD 1 2>&1)
+    [ "$(grep -c 'forward old .* input gradient old .* weight gradient old' <<< "$out")" = 2 ] &&
+        ok "ab.sh matmul HEAD (tiny): two shapes timed" || fail "ab.sh matmul: $out"
     if bash "$SRC/bench/ab.sh" attention no-such-commit > "$WORK/ab.out" 2>&1; then fail "ab.sh accepted no-such-commit"
     else grep -q "is not a commit" "$WORK/ab.out" && ok "ab.sh refuses: $(cat "$WORK/ab.out")" || fail "ab refusal: $(cat "$WORK/ab.out")"; fi
-    if bash "$SRC/bench/ab.sh" matmul HEAD > "$WORK/ab.out" 2>&1; then fail "ab.sh accepted the op matmul"
-    else grep -q "unknown op 'matmul'" "$WORK/ab.out" && ok "ab.sh refuses: $(cat "$WORK/ab.out")" || fail "ab refusal: $(cat "$WORK/ab.out")"; fi
+    if bash "$SRC/bench/ab.sh" gemv HEAD > "$WORK/ab.out" 2>&1; then fail "ab.sh accepted the op gemv"
+    else grep -q "unknown op 'gemv'" "$WORK/ab.out" && ok "ab.sh refuses: $(cat "$WORK/ab.out")" || fail "ab refusal: $(cat "$WORK/ab.out")"; fi
 else
     echo "     (ab.sh runs skipped: $SRC is not a git checkout)"
 fi

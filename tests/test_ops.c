@@ -380,6 +380,30 @@ static void test_matmul_rows_independent(int N, int C, int OC) {
     free(inp); free(w); free(all); free(one);
 }
 
+// The dense matmuls cut their products into one part per thread (layers/cpu_matmul.c): the
+// bits must be those of one thread. N, C, OC are chosen so that the parts are over OpenBLAS's
+// small-matrix bound (CPU_SGEMM_SMALL_MNK), or the whole is over it and its parts under, or
+// all are under (cutting those products into parts changed bits: its small kernels').
+static void test_matmul_threads(int N, int C, int OC) {
+    float *inp = frand((size_t)N * C, -1, 1), *w = frand((size_t)OC * C, -1, 1), *dout = frand((size_t)N * OC, -1, 1);
+    float *out[2], *dinp[2], *dw[2];
+    const int nt = omp_get_max_threads();
+    for (int i = 0; i < 2; i++) {
+        out[i] = falloc((size_t)N * OC); dinp[i] = falloc((size_t)N * C); dw[i] = falloc((size_t)OC * C);
+        omp_set_num_threads(i ? nt : 1);
+        be->matmul_forward(out[i], inp, w, N, C, OC);
+        be->matmul_backward(dinp[i], dw[i], dout, inp, w, N, C, OC);
+    }
+    omp_set_num_threads(nt);
+    char name[128];
+    snprintf(name, sizeof name, "matmul N=%d C=%d OC=%d out, dinp, dweight bitwise equal, 1 vs %d threads", N, C, OC, nt);
+    check(name, memcmp(out[0], out[1], (size_t)N * OC * sizeof(float)) == 0 &&
+                memcmp(dinp[0], dinp[1], (size_t)N * C * sizeof(float)) == 0 &&
+                memcmp(dw[0], dw[1], (size_t)OC * C * sizeof(float)) == 0 ? 0.0 : 1.0, 0.0);
+    for (int i = 0; i < 2; i++) { free(out[i]); free(dinp[i]); free(dw[i]); }
+    free(inp); free(w); free(dout);
+}
+
 static void test_matmul(int N, int C, int OC, int with_backward) {
     char name[128];
     float *inp = frand((size_t)N * C, -1, 1), *w = frand((size_t)OC * C, -1, 1);
@@ -730,6 +754,11 @@ int main(void) {
     test_matmul(13, 17, 11, 1);
     test_matmul(37, 71, 19, 1);
     test_matmul(301, 257, 133, 0);   // big enough for OpenBLAS's blocked, threaded path
+    test_matmul(300, 96, 80, 1);     // parts of 150 rows and of 40 channels, each over the small-matrix bound
+    test_matmul_threads(300, 96, 80);
+    test_matmul_threads(301, 257, 133);
+    test_matmul_threads(140, 96, 80);   // the whole over the small-matrix bound, its parts under it: one call
+    test_matmul_threads(50, 40, 30);    // all under it
     // a few rows (decoding): the read-the-weight-once path, serial and threaded, and the
     // matrix-vector input gradient
     test_matmul(1, 45, 300, 1);

@@ -1,0 +1,68 @@
+// ab_matmul: the dense matmul of this tree (layers/cpu_matmul.c) against that of an older commit,
+// alternated in one process, the best of each kept (bench/ab/ab_attention.c says why). Built and
+// run by bench/ab.sh matmul, which compiles the older file with its entry points renamed old_*.
+//
+//   ab_matmul N C OC REPS     (out (N, OC) = inp (N, C) @ weight (OC, C)^T, and its backward)
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/num.h"
+#include "common/rng.h"
+#include "common/util.h"
+
+#define ENTRY_POINTS(P)                                                                                      \
+    void P##cpu_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC);     \
+    void P##cpu_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,            \
+                                const float *weight, int N, int C, int OC);
+ENTRY_POINTS()
+ENTRY_POINTS(old_)
+
+typedef void (*ForwardFn)(float *, const float *, const float *, int, int, int);
+typedef void (*BackwardFn)(float *, float *, const float *, const float *, const float *, int, int, int);
+
+static float *uniform(size_t n, Rng *r) {
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)rng_uniform(r) - 0.5f;
+    return x;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 5) {
+        fprintf(stderr, "usage: ab_matmul N C OC REPS (run through bench/ab.sh matmul)\n");
+        return 2;
+    }
+    static const char *const NAMES[4] = {"N", "C", "OC", "REPS"};
+    int64_t a[4];
+    for (int i = 0; i < 4; i++) a[i] = opt_i64(NAMES[i], argv[i + 1], 1, 65536);
+    const int N = (int)a[0], C = (int)a[1], OC = (int)a[2], reps = (int)a[3];
+    Rng st;
+    rng_seed(&st, 1);
+    float *inp = uniform((size_t)N * C, &st), *w = uniform((size_t)OC * C, &st), *out = uniform((size_t)N * OC, &st);
+    float *dout = uniform((size_t)N * OC, &st), *dinp = uniform((size_t)N * C, &st), *dw = uniform((size_t)OC * C, &st);
+    const ForwardFn fwd[2] = {old_cpu_matmul_forward, cpu_matmul_forward};
+    const BackwardFn bwd[2] = {old_cpu_matmul_backward, cpu_matmul_backward};
+    double best[3][2] = {{1e30, 1e30}, {1e30, 1e30}, {1e30, 1e30}};   // forward, input gradient, weight gradient
+    for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
+        for (int v = 0; v < 2; v++) {
+            const double t0 = omp_get_wtime();
+            fwd[v](out, inp, w, N, C, OC);
+            const double t1 = omp_get_wtime();
+            bwd[v](dinp, NULL, dout, inp, w, N, C, OC);
+            const double t2 = omp_get_wtime();
+            bwd[v](NULL, dw, dout, inp, w, N, C, OC);
+            const double t3 = omp_get_wtime();
+            const double t[3] = {t1 - t0, t2 - t1, t3 - t2};
+            for (int j = 0; r && j < 3; j++)
+                if (t[j] < best[j][v]) best[j][v] = t[j];
+        }
+    const double flops = 2.0 * N * C * OC;
+    static const char *const PART[3] = {"forward", "input gradient", "weight gradient"};
+    printf("N=%d C=%d OC=%d:", N, C, OC);
+    for (int j = 0; j < 3; j++)
+        printf("%s %s old %.2f ms, new %.2f ms (%.1f -> %.1f GFLOP/s, new/old time %.3f)", j ? " |" : "", PART[j],
+               best[j][0] * 1e3, best[j][1] * 1e3, flops / best[j][0] / 1e9, flops / best[j][1] / 1e9,
+               best[j][1] / best[j][0]);
+    printf("\n");
+    return 0;
+}
