@@ -11,7 +11,9 @@
 #   bash bench/ab.sh attention|moe|matmul OLD_COMMIT [REPS]     (REPS: alternated rounds, default 8)
 #
 # AB_TINY=1 runs small shapes instead (tests/test_bench_scripts.sh). Threads: OMP_NUM_THREADS as
-# set (the documented figures use 2). Flags: the Release build's (CMakeLists.txt), -O2 -march=native.
+# set (the documented figures use 2). Flags: the Release build's (CMakeLists.txt), -O2 -march=native,
+# with the file's own options there (-ffp-contract=fast for the matmul). The old op is compiled
+# among the headers of its commit, the new among the tree's.
 set -euo pipefail
 usage() { echo "usage: bash bench/ab.sh attention|moe|matmul OLD_COMMIT [REPS]" >&2; }
 if [ $# -ge 1 ] && [ "$1" = "--help" ]; then
@@ -22,9 +24,9 @@ fi
 [ $# -ge 2 ] || { usage; exit 2; }
 op="$1" old="$2" reps="${3:-8}"
 case "$op" in
-    attention) src=layers/cpu_attention.c extra=() ;;
-    moe) src=layers/cpu_moe.c extra=(layers/cpu_matmul.c) ;;   # its router calls the dense matmul
-    matmul) src=layers/cpu_matmul.c extra=() ;;
+    attention) src=layers/cpu_attention.c extra=() opflags=() ;;
+    moe) src=layers/cpu_moe.c extra=(layers/cpu_matmul.c) opflags=() ;;   # its router calls the dense matmul
+    matmul) src=layers/cpu_matmul.c extra=() opflags=(-ffp-contract=fast) ;;   # as CMakeLists.txt builds it
     *) echo "ab.sh: unknown op '$op': use attention, moe or matmul" >&2; exit 2 ;;
 esac
 case "$reps" in ''|*[!0-9]*) echo "ab.sh: REPS '$reps' is not a whole number" >&2; exit 2 ;; esac
@@ -33,10 +35,14 @@ cd "$root"
 git rev-parse --verify --quiet "$old^{commit}" >/dev/null || { echo "ab.sh: '$old' is not a commit of this repository" >&2; exit 2; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-flags=(-O2 -march=native -fopenmp -std=c11 -D_GNU_SOURCE -I "$root")
-# the old op's entry points renamed old_*, compiled from inside the tree so that its includes resolve
-git show "$old:$src" | sed "s/^void cpu_/void old_cpu_/" > "$work/old_op.c"
-gcc "${flags[@]}" -iquote "$root/layers" -c "$work/old_op.c" -o "$work/old.o"
+cflags=(-O2 -march=native -fopenmp -std=c11 -D_GNU_SOURCE "${opflags[@]}")
+flags=("${cflags[@]}" -I "$root")
+# the old op's entry points renamed old_*, compiled among the old commit's own headers (common/vec.h
+# and the like change too)
+mkdir "$work/old_tree"
+git archive "$old" common layers backend | tar -x -C "$work/old_tree"
+sed "s/^void cpu_/void old_cpu_/" "$work/old_tree/$src" > "$work/old_tree/${src%.c}_old.c"
+gcc "${cflags[@]}" -I "$work/old_tree" -c "$work/old_tree/${src%.c}_old.c" -o "$work/old.o"
 gcc "${flags[@]}" -c "$src" -o "$work/new.o"
 gcc "${flags[@]}" -Wall -Wextra "bench/ab/ab_$op.c" "$work/old.o" "$work/new.o" "${extra[@]}" common/util.c common/num.c \
     -o "$work/ab" -lopenblas -lm

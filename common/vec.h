@@ -27,6 +27,21 @@ typedef int32_t veci __attribute__((vector_size(VEC_LANES * sizeof(int32_t))));
 // lane i: a[i] where mask[i] (all ones), else b[i]; masks come from vector comparisons
 static inline vecf vec_select(veci mask, vecf a, vecf b) { return (vecf)(((veci)a & mask) | ((veci)b & ~mask)); }
 
+// a * b + c rounded once, and lane i: a[i] > b[i] ? a[i] : b[i], in one instruction each where
+// the target has them (x86-64 with FMA and AVX: -march=native or x86-64-v3, CMakeLists.txt).
+// Written out, not left to -ffp-contract: C11's a * b + c is unfused in the files that keep it
+// (CMakeLists.txt), and the polynomial of vec_exp below is a chain of multiply-adds whose
+// latency doubled unfused (docs/ATTENTION.md). Elsewhere: a * b + c (fused where the file is
+// contracted) and a compare with a select, the same values up to the fused rounding.
+#if defined(__FMA__) && defined(__AVX__)
+#include <immintrin.h>
+static inline vecf vec_fma(vecf a, vecf b, vecf c) { return (vecf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+static inline vecf vec_max(vecf a, vecf b) { return (vecf)_mm256_max_ps((__m256)a, (__m256)b); }
+#else
+static inline vecf vec_fma(vecf a, vecf b, vecf c) { return a * b + c; }
+static inline vecf vec_max(vecf a, vecf b) { return vec_select(a > b, a, b); }
+#endif
+
 // the lanes summed pairwise
 static inline float vec_sum(vecf a) {
     return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
@@ -40,8 +55,7 @@ static inline float vec_max_of(const float *x, int n, float init) {
     vecf m = vec_splat(init);
     int j = 0;
     for (; j + VEC_LANES <= n; j += VEC_LANES) {
-        vecf v = vec_load(x + j);
-        m = vec_select(v > m, v, m);
+        m = vec_max(vec_load(x + j), m);
     }
     float r = init;
     for (int i = 0; i < VEC_LANES; i++) r = m[i] > r ? m[i] : r;
@@ -82,16 +96,16 @@ static inline vecf vec_exp(vecf x) {
     vecf xc = vec_select(under, lo, x);
     xc = vec_select(xc > hi, hi, xc);
     const vecf shifter = vec_splat(12582912.0f);   // 1.5 * 2^23: adding it rounds to an integer
-    vecf n = (xc * vec_splat(1.44269504088896341f) + shifter) - shifter;
-    vecf r = xc - n * vec_splat(0.693359375f);
-    r = r - n * vec_splat(-2.12194440e-4f);
+    vecf n = vec_fma(xc, vec_splat(1.44269504088896341f), shifter) - shifter;
+    vecf r = vec_fma(n, vec_splat(-0.693359375f), xc);
+    r = vec_fma(n, vec_splat(2.12194440e-4f), r);
     vecf p = vec_splat(1.9875691500E-4f);
-    p = p * r + vec_splat(1.3981999507E-3f);
-    p = p * r + vec_splat(8.3334519073E-3f);
-    p = p * r + vec_splat(4.1665795894E-2f);
-    p = p * r + vec_splat(1.6666665459E-1f);
-    p = p * r + vec_splat(5.0000001201E-1f);
-    vecf y = p * (r * r) + r + vec_splat(1.0f);
+    p = vec_fma(p, r, vec_splat(1.3981999507E-3f));
+    p = vec_fma(p, r, vec_splat(8.3334519073E-3f));
+    p = vec_fma(p, r, vec_splat(4.1665795894E-2f));
+    p = vec_fma(p, r, vec_splat(1.6666665459E-1f));
+    p = vec_fma(p, r, vec_splat(5.0000001201E-1f));
+    vecf y = vec_fma(p, r * r, r) + vec_splat(1.0f);
     veci e = (__builtin_convertvector(n, veci) + 127) << 23;   // 2^n; n in [-126, 128)
     vecf two_n = (vecf)e;
     return (vecf)((veci)(y * two_n) & ~under);
