@@ -3,10 +3,12 @@
 // single-threaded sgemm (OpenBLAS runs single-threaded inside an OpenMP region): rows of out and
 // dinp, output channels of dweight. OpenBLAS threading one call itself shares packed blocks of
 // an operand between its threads, which wait for each other at every block, and on a shared
-// machine a thread that loses its core for a moment stalls the other there; the parts synchronize once, at the end (docs/COMMANDS.md,
-// bench_train; bench/ab.sh matmul). Per element the sum runs over the same blocks of the
-// inner dimension as in one call, so the bits do not depend on the thread count
-// (tests/test_ops.c), as long as the parts are over OpenBLAS's small-matrix bound (parts_for).
+// machine a thread that loses its core for a moment stalls the other there; the parts
+// synchronize once, at the end (docs/COMMANDS.md, bench_train; bench/ab.sh matmul). Per element
+// the sum runs over the same blocks of the inner dimension as in one call, so the bits do not
+// depend on the thread count (tests/test_ops.c), as long as the parts are over OpenBLAS's
+// small-matrix bound (parts_for). Called inside an OpenMP region, the parts run one after the
+// other on the calling thread, with the same bits.
 #include "layers/cpu_ops.h"
 
 #include <cblas.h>
