@@ -104,6 +104,19 @@ static int parts_for(int M, int N, int K) {
 // first row of part p of `parts` over M rows
 static int part_start(int M, int parts, int p) { return (int)((long long)M * p / parts); }
 
+// C (M, N; ldc) = op(A) B' + beta C, op(A) (M, K) from A (M, K; lda) as it lies or (ta = CblasTrans)
+// A^T of A (K, M; lda), B' = op_b(B) (K, N), its M rows cut into parts_for's parts
+static void sgemm_parts(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A, int lda, const float *B,
+                        int ldb, float beta, float *C, int ldc) {
+    const int parts = parts_for(M, N, K);
+    #pragma omp parallel for schedule(static) if (parts > 1)
+    for (int p = 0; p < parts; p++) {
+        const int r0 = part_start(M, parts, p), rows = part_start(M, parts, p + 1) - r0;
+        cblas_sgemm(CblasRowMajor, ta, tb, rows, N, K, 1.0f, ta == CblasNoTrans ? A + (size_t)r0 * lda : A + r0, lda, B, ldb,
+                    beta, C + (size_t)r0 * ldc, ldc);
+    }
+}
+
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
@@ -115,13 +128,7 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N
         matmul_few_rows(out, inp, weight, N, C, OC);
         return;
     }
-    const int parts = parts_for(N, C, OC);
-    #pragma omp parallel for schedule(static) if (parts > 1)
-    for (int p = 0; p < parts; p++) {
-        const int r0 = part_start(N, parts, p), rows = part_start(N, parts, p + 1) - r0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, C,
-                    1.0f, inp + (size_t)r0 * C, C, weight, C, 0.0f, out + (size_t)r0 * OC, OC);
-    }
+    sgemm_parts(CblasNoTrans, CblasTrans, N, OC, C, inp, C, weight, C, 0.0f, out, OC);
 }
 
 // dinp (N, C) += dout (N, OC) @ weight (OC, C)
@@ -136,22 +143,8 @@ void cpu_matmul_backward(float *dinp, float *dweight, const float *dout, const f
         for (int n = 0; n < N; n++)
             cblas_sgemv(CblasRowMajor, CblasTrans, OC, C, 1.0f, weight, C, dout + (size_t)n * OC, 1, 1.0f,
                         dinp + (size_t)n * C, 1);
-    } else if (dinp) {
-        const int parts = parts_for(N, OC, C);
-        #pragma omp parallel for schedule(static) if (parts > 1)
-        for (int p = 0; p < parts; p++) {
-            const int r0 = part_start(N, parts, p), rows = part_start(N, parts, p + 1) - r0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, OC,
-                        1.0f, dout + (size_t)r0 * OC, OC, weight, C, 1.0f, dinp + (size_t)r0 * C, C);
-        }
-    }
-    if (dweight) {
-        const int parts = parts_for(OC, N, C);
-        #pragma omp parallel for schedule(static) if (parts > 1)
-        for (int p = 0; p < parts; p++) {
-            const int o0 = part_start(OC, parts, p), oc = part_start(OC, parts, p + 1) - o0;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, oc, C, N,
-                        1.0f, dout + o0, OC, inp, C, 1.0f, dweight + (size_t)o0 * C, C);
-        }
-    }
+    } else if (dinp)
+        sgemm_parts(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
+    if (dweight)   // parts of the output channels
+        sgemm_parts(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
 }

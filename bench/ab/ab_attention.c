@@ -7,12 +7,8 @@
 //
 //   ab_attention B T DQK REPS     (8 heads, DV = 64; FLOPs counted as bench/bench_attention.c does)
 #include <omp.h>
-#include <stdint.h>
-#include <stdio.h>
 
-#include "common/num.h"
-#include "common/rng.h"
-#include "common/util.h"
+#include "bench/ab/ab_common.h"
 
 #define ENTRY_POINTS(P)                                                                                        \
     void P##cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,     \
@@ -23,28 +19,17 @@
 ENTRY_POINTS()
 ENTRY_POINTS(old_)
 
-// n values uniform in (-0.5, 0.5)
-static float *uniform(size_t n, Rng *r) {
-    float *x = xmalloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = (float)rng_uniform(r) - 0.5f;
-    return x;
-}
-
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: ab_attention B T DQK REPS (run through bench/ab.sh attention)\n");
-        return 2;
-    }
     static const char *const NAMES[4] = {"B", "T", "DQK", "REPS"};
     int64_t a[4];
-    for (int i = 0; i < 4; i++) a[i] = opt_i64(NAMES[i], argv[i + 1], 1, 65536);
+    ab_args(argc, argv, "ab_attention B T DQK REPS (run through bench/ab.sh attention)", NAMES, 4, a);
     const int B = (int)a[0], T = (int)a[1], DQK = (int)a[2], reps = (int)a[3], NH = 8, NKV = 8, DV = 64;
     const size_t nq = (size_t)B * T * NH * DQK, nv = (size_t)B * T * NH * DV, nl = (size_t)B * NH * T;
     Rng st;
     rng_seed(&st, 1);
-    float *q = uniform(nq, &st), *k = uniform(nq, &st), *v = uniform(nv, &st), *dout = uniform(nv, &st);
-    float *o = uniform(nv, &st), *lse = uniform(nl, &st), *dq = uniform(nq, &st), *dk = uniform(nq, &st);
-    float *dv = uniform(nv, &st), *scratch = uniform(nl, &st);
+    float *q = ab_uniform(nq, &st), *k = ab_uniform(nq, &st), *v = ab_uniform(nv, &st), *dout = ab_uniform(nv, &st);
+    float *o = ab_uniform(nv, &st), *lse = ab_uniform(nl, &st), *dq = ab_uniform(nq, &st), *dk = ab_uniform(nq, &st);
+    float *dv = ab_uniform(nv, &st), *scratch = ab_uniform(nl, &st);
     double best_f[2] = {1e30, 1e30}, best_b[2] = {1e30, 1e30};
     for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
         for (int w = 0; w < 2; w++) {

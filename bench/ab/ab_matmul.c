@@ -4,12 +4,8 @@
 //
 //   ab_matmul N C OC REPS     (out (N, OC) = inp (N, C) @ weight (OC, C)^T, and its backward)
 #include <omp.h>
-#include <stdint.h>
-#include <stdio.h>
 
-#include "common/num.h"
-#include "common/rng.h"
-#include "common/util.h"
+#include "bench/ab/ab_common.h"
 
 #define ENTRY_POINTS(P)                                                                                      \
     void P##cpu_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC);     \
@@ -21,25 +17,15 @@ ENTRY_POINTS(old_)
 typedef void (*ForwardFn)(float *, const float *, const float *, int, int, int);
 typedef void (*BackwardFn)(float *, float *, const float *, const float *, const float *, int, int, int);
 
-static float *uniform(size_t n, Rng *r) {
-    float *x = xmalloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = (float)rng_uniform(r) - 0.5f;
-    return x;
-}
-
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: ab_matmul N C OC REPS (run through bench/ab.sh matmul)\n");
-        return 2;
-    }
     static const char *const NAMES[4] = {"N", "C", "OC", "REPS"};
     int64_t a[4];
-    for (int i = 0; i < 4; i++) a[i] = opt_i64(NAMES[i], argv[i + 1], 1, 65536);
+    ab_args(argc, argv, "ab_matmul N C OC REPS (run through bench/ab.sh matmul)", NAMES, 4, a);
     const int N = (int)a[0], C = (int)a[1], OC = (int)a[2], reps = (int)a[3];
     Rng st;
     rng_seed(&st, 1);
-    float *inp = uniform((size_t)N * C, &st), *w = uniform((size_t)OC * C, &st), *out = uniform((size_t)N * OC, &st);
-    float *dout = uniform((size_t)N * OC, &st), *dinp = uniform((size_t)N * C, &st), *dw = uniform((size_t)OC * C, &st);
+    float *inp = ab_uniform((size_t)N * C, &st), *w = ab_uniform((size_t)OC * C, &st), *out = ab_uniform((size_t)N * OC, &st);
+    float *dout = ab_uniform((size_t)N * OC, &st), *dinp = ab_uniform((size_t)N * C, &st), *dw = ab_uniform((size_t)OC * C, &st);
     const ForwardFn fwd[2] = {old_cpu_matmul_forward, cpu_matmul_forward};
     const BackwardFn bwd[2] = {old_cpu_matmul_backward, cpu_matmul_backward};
     double best[3][2] = {{1e30, 1e30}, {1e30, 1e30}, {1e30, 1e30}};   // forward, input gradient, weight gradient
@@ -59,10 +45,6 @@ int main(int argc, char **argv) {
     const double flops = 2.0 * N * C * OC;
     static const char *const PART[3] = {"forward", "input gradient", "weight gradient"};
     printf("N=%d C=%d OC=%d:", N, C, OC);
-    for (int j = 0; j < 3; j++)
-        printf("%s %s old %.2f ms, new %.2f ms (%.1f -> %.1f GFLOP/s, new/old time %.3f)", j ? " |" : "", PART[j],
-               best[j][0] * 1e3, best[j][1] * 1e3, flops / best[j][0] / 1e9, flops / best[j][1] / 1e9,
-               best[j][1] / best[j][0]);
-    printf("\n");
+    ab_print_parts(PART, 3, (const double (*)[2])best, flops);
     return 0;
 }

@@ -11,12 +11,8 @@
 // and down (WIDTH -> D_MODEL), backward of both with the input gradient and, separately, the
 // weight gradients (the part whose tiling differs most between versions).
 #include <omp.h>
-#include <stdint.h>
-#include <stdio.h>
 
-#include "common/num.h"
-#include "common/rng.h"
-#include "common/util.h"
+#include "bench/ab/ab_common.h"
 
 #define ENTRY_POINTS(P)                                                                                          \
     void P##cpu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights,            \
@@ -31,20 +27,10 @@ typedef void (*ForwardFn)(float *, const float *, const float *const *, const in
 typedef void (*BackwardFn)(float *, float *const *, const float *, const float *, const float *const *, const int *,
                            int, int, int);
 
-static float *uniform(size_t n, Rng *r) {
-    float *x = xmalloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = (float)rng_uniform(r) - 0.5f;
-    return x;
-}
-
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: ab_moe TOKENS EXPERTS TOPK D_MODEL WIDTH REPS (run through bench/ab.sh moe)\n");
-        return 2;
-    }
     static const char *const NAMES[6] = {"TOKENS", "EXPERTS", "TOPK", "D_MODEL", "WIDTH", "REPS"};
     int64_t a[6];
-    for (int i = 0; i < 6; i++) a[i] = opt_i64(NAMES[i], argv[i + 1], 1, 65536);
+    ab_args(argc, argv, "ab_moe TOKENS EXPERTS TOPK D_MODEL WIDTH REPS (run through bench/ab.sh moe)", NAMES, 6, a);
     const int N = (int)a[0], E = (int)a[1], K = (int)a[2], C = (int)a[3], I = (int)a[4], reps = (int)a[5];
     if (K > E) die("ab_moe: TOPK %d is more than EXPERTS %d", K, E);
     Rng st;
@@ -69,13 +55,13 @@ int main(int argc, char **argv) {
         hi = count[e] > hi ? count[e] : hi;
     }
     const size_t R = (size_t)off[E], nw = (size_t)I * C;
-    float *xs = uniform(R * C, &st), *gate = uniform(R * I, &st), *dgate = uniform(R * I, &st);
-    float *out = uniform(R * C, &st), *dout = uniform(R * C, &st), *dxs = uniform(R * C, &st), *dact = uniform(R * I, &st);
+    float *xs = ab_uniform(R * C, &st), *gate = ab_uniform(R * I, &st), *dgate = ab_uniform(R * I, &st);
+    float *out = ab_uniform(R * C, &st), *dout = ab_uniform(R * C, &st), *dxs = ab_uniform(R * C, &st), *dact = ab_uniform(R * I, &st);
     float **wg = xmalloc((size_t)E * sizeof(float *)), **wd = xmalloc((size_t)E * sizeof(float *));
     float **dwg = xmalloc((size_t)E * sizeof(float *)), **dwd = xmalloc((size_t)E * sizeof(float *));
     for (int e = 0; e < E; e++) {
-        wg[e] = uniform(nw, &st); wd[e] = uniform(nw, &st);
-        dwg[e] = uniform(nw, &st); dwd[e] = uniform(nw, &st);
+        wg[e] = ab_uniform(nw, &st); wd[e] = ab_uniform(nw, &st);
+        dwg[e] = ab_uniform(nw, &st); dwd[e] = ab_uniform(nw, &st);
     }
     const ForwardFn fwd[2] = {old_cpu_moe_expert_matmul_forward, cpu_moe_expert_matmul_forward};
     const BackwardFn bwd[2] = {old_cpu_moe_expert_matmul_backward, cpu_moe_expert_matmul_backward};
@@ -99,10 +85,6 @@ int main(int argc, char **argv) {
     const double flops = 2.0 * 2.0 * (double)R * C * I;   // two products of R x C x I
     static const char *const PART[3] = {"forward", "input gradients", "weight gradients"};
     printf("%d tokens top-%d over %d experts (%d to %d rows), %d -> %d:", N, K, E, lo, hi, C, I);
-    for (int j = 0; j < 3; j++)
-        printf("%s %s old %.2f ms, new %.2f ms (%.1f -> %.1f GFLOP/s, new/old time %.3f)", j ? " |" : "", PART[j],
-               best[j][0] * 1e3, best[j][1] * 1e3, flops / best[j][0] / 1e9, flops / best[j][1] / 1e9,
-               best[j][1] / best[j][0]);
-    printf("\n");
+    ab_print_parts(PART, 3, (const double (*)[2])best, flops);
     return 0;
 }
