@@ -443,6 +443,26 @@ static void test_matmul(int N, int C, int OC, int with_backward) {
     free(inp); free(w); free(out); free(inp_d); free(w_d); free(ref);
 }
 
+// copy_cols against the element loop of its contract (backend/backend.h): offsets inside wider
+// rows, a width with a vector tail, both modes, the columns around the piece untouched
+static void test_copy_cols(void) {
+    enum { N = 70, DLD = 101, SLD = 83, DOFF = 9, SOFF = 30, W = 37 };
+    float *src = frand((size_t)N * SLD, -1, 1), *dst = frand((size_t)N * DLD, -1, 1);
+    for (int acc = 0; acc < 2; acc++) {
+        float *want = fcopy(dst, (size_t)N * DLD), *got = fcopy(dst, (size_t)N * DLD);
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < W; j++) {
+                float *d = want + (size_t)n * DLD + DOFF + j;
+                *d = acc ? *d + src[(size_t)n * SLD + SOFF + j] : src[(size_t)n * SLD + SOFF + j];
+            }
+        be->copy_cols(got, DLD, DOFF, src, SLD, SOFF, N, W, acc);
+        check(acc ? "copy_cols accumulate (bitwise)" : "copy_cols (bitwise)",
+              memcmp(got, want, (size_t)N * DLD * sizeof(float)) == 0 ? 0.0 : 1.0, 0.0);
+        free(want); free(got);
+    }
+    free(src); free(dst);
+}
+
 static void test_embedding(void) {
     const int V = 11, C = 77, N = 19;   // C = 2 full 32-channel blocks + a remainder
     int *tok = xalloc(N * sizeof(int));
@@ -768,6 +788,7 @@ int main(void) {
     test_matmul(7, 13, 5, 1);      // a 3-row remainder tile and the k % 8 tail
     test_matmul(5, 4, 2, 1);       // fewer than 8 inputs: no vector step at all
     test_vec_exp();
+    test_copy_cols();
     test_vec_int4();
     test_matmul_rows_independent(8, 517, 37);
     test_matmul_rows_independent(7, 64, 1031);
