@@ -18,9 +18,9 @@
 //
 // Where the step goes: the backend's attention_forward and attention_backward, and its weight
 // matmuls (matmul_forward, matmul_backward, MoE's moe_expert_matmul_*), are wrapped with timers
-// (the one file-level state of this program); the matmuls' FLOPs are counted from their shapes,
-// so their rate can be set against sgemm's, and what neither takes (norms, SwiGLU, RoPE,
-// cross-entropy, the optimizer, MoE routing) is the rest.
+// (this program's file-level state, with their per-shape table); the matmuls' FLOPs are counted
+// from their shapes, so their rate can be set against sgemm's, overall and per shape, and what
+// neither takes (norms, SwiGLU, RoPE, cross-entropy, the optimizer, MoE routing) is the rest.
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -293,6 +293,7 @@ int main(int argc, char **argv) {
            t_attn > 0 ? attn_flops / t_attn / sgemm_best : 0.0, 100 * (t_total - t_mm - t_attn) / t_total);
     for (int i = 0; i < n_shape_times; i++) {
         const ShapeTime *st = &shape_times[i];
+        if (st->seconds <= 0) continue;   // too fast for the clock: no rate to show
         char rows[32];
         if (st->N < 0) snprintf(rows, sizeof(rows), "routed rows");
         else snprintf(rows, sizeof(rows), "N=%d", st->N);
