@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#include "common/sumsq.h"
+
 // Channels per dweight work item in the backward (see there).
 #define RMS_BWD_CBLOCK 64
 
@@ -13,14 +15,24 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *y = out + (size_t)n * C;
-        // The mean square in double: this backend is the numerical reference, and the
-        // row reduction is a negligible cost next to the matmuls.
-        double ss = 0.0;
-        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        // The mean square in double (this backend is the numerical reference), in eight running
+        // sums (common/sumsq.h): one dependent chain of double adds cost a few cycles a channel.
+        const double ss = sumsq_block(x, (size_t)C);
         const float r = (float)(1.0 / sqrt(ss / C + (double)eps));
         for (int c = 0; c < C; c++) y[c] = x[c] * r * weight[c];
         rstd[n] = r;
     }
+}
+
+// sum over c of dy[c] w[c] (x[c] r) in double, in eight running sums (channel c into sum
+// c mod 8) added pairwise at the end, as sumsq_block (common/sumsq.h) sums its squares
+static double dot_dy_w_xhat(const float *dy, const float *w, const float *x, float r, int C) {
+    double s[8] = {0};
+    int c = 0;
+    for (; c + 8 <= C; c += 8)
+        for (int j = 0; j < 8; j++) s[j] += (double)dy[c + j] * w[c + j] * (x[c + j] * r);
+    for (int j = 0; c < C; c++, j++) s[j] += (double)dy[c] * w[c] * (x[c] * r);
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
 // With xhat = x * r and r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / C, so
@@ -35,9 +47,7 @@ void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
         const float *dy = dout + (size_t)n * C;
         float *dx = dinp + (size_t)n * C;
         const float r = rstd[n];
-        double dot = 0.0;
-        for (int c = 0; c < C; c++) dot += (double)dy[c] * weight[c] * (x[c] * r);
-        const float mean_dot = (float)(dot / C);
+        const float mean_dot = (float)(dot_dy_w_xhat(dy, weight, x, r, C) / C);
         for (int c = 0; c < C; c++) {
             const float xhat = x[c] * r;
             dx[c] += r * (dy[c] * weight[c] - xhat * mean_dot);
