@@ -11,15 +11,21 @@
 
 #define SUMSQ_BLOCK ((size_t)4096)
 
-// sum of g[i]^2 in double: eight running sums (element i into sum i mod 8), added pairwise at
-// the end. One dependent chain of double adds was latency-bound, a few cycles per element.
+// Eight running sums (element i into sum i mod 8) added pairwise, in this order. One dependent
+// chain of double adds was latency-bound, a few cycles per element; layers/cpu_rmsnorm.c sums
+// its rows the same way.
+static inline double sum8_pairwise(const double s[8]) {
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+// sum of g[i]^2 in double, in eight running sums (sum8_pairwise)
 static inline double sumsq_block(const float *g, size_t n) {
     double s[8] = {0};
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         for (int j = 0; j < 8; j++) s[j] += (double)g[i + j] * g[i + j];
     for (int j = 0; i < n; i++, j++) s[j] += (double)g[i] * g[i];
-    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    return sum8_pairwise(s);
 }
 
 #endif

@@ -351,6 +351,13 @@ static void shared_rows(const float *dec, int width, int t0, int nt, const uint8
     for (int j = 0; j < nt; j++) row[j] = (const uint8_t *)(dec + (size_t)(t0 + j) * width);
 }
 
+// Tokens [t0, t0 + nt) of stream j (k, v, k2 as in decoded[]) as an fp32 matrix: the group's
+// shared decoded copy where it has one, else the chunk's blocks made fp32 in buf (chunk_matrix).
+static const float *chunk_fp32(const SharedDecode *sd, const PagedStream *const decoded[3], int j, int grp,
+                               const PagedStream *s, const int *blocks, int t0, int nt, float *buf) {
+    return grp >= 0 && decoded[j] ? sd->dec[j][grp] + (size_t)t0 * s->width : chunk_matrix(s, blocks, nt, buf);
+}
+
 // Rows [0, n) of a stream read in place, asked into L2 (prefetcht1) ahead of their use: a tile
 // reads each of its rows in head-sized pieces, one head after another, a stride the hardware
 // prefetchers do not follow past a page, and perf put most of a step on the loads' stalls. The
@@ -458,11 +465,9 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             float *st = state + (size_t)it * per_item;
             const int grp = sd.group_of[i];
             if (gemm) {   // keys and values decoded: the products through sgemm
-                const float *K = grp >= 0 && decoded[0] ? sd.dec[0][grp] + (size_t)t0 * k->width : chunk_matrix(k, blocks, nt, kbuf);
-                const float *V = same_v ? K
-                                 : grp >= 0 && decoded[1] ? sd.dec[1][grp] + (size_t)t0 * v->width : chunk_matrix(v, blocks, nt, vbuf);
-                const float *K2 = !k2 ? NULL
-                                  : grp >= 0 && decoded[2] ? sd.dec[2][grp] + (size_t)t0 * k2->width : chunk_matrix(k2, blocks, nt, gk2);
+                const float *K = chunk_fp32(&sd, decoded, 0, grp, k, blocks, t0, nt, kbuf);
+                const float *V = same_v ? K : chunk_fp32(&sd, decoded, 1, grp, v, blocks, t0, nt, vbuf);
+                const float *K2 = k2 ? chunk_fp32(&sd, decoded, 2, grp, k2, blocks, t0, nt, gk2) : NULL;
                 const float *qi = q + (size_t)i * NH * DQ;
                 for (int g = 0; g < NKV; g++) {
                     float *sg = sc + (size_t)g * group * CT;

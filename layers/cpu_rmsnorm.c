@@ -25,14 +25,14 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
 }
 
 // sum over c of dy[c] w[c] (x[c] r) in double, in eight running sums (channel c into sum
-// c mod 8) added pairwise at the end, as sumsq_block (common/sumsq.h) sums its squares
+// c mod 8) added by sum8_pairwise, as sumsq_block (common/sumsq.h) sums its squares
 static double dot_dy_w_xhat(const float *dy, const float *w, const float *x, float r, int C) {
     double s[8] = {0};
     int c = 0;
     for (; c + 8 <= C; c += 8)
         for (int j = 0; j < 8; j++) s[j] += (double)dy[c + j] * w[c + j] * (x[c + j] * r);
     for (int j = 0; c < C; c++, j++) s[j] += (double)dy[c] * w[c] * (x[c] * r);
-    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    return sum8_pairwise(s);
 }
 
 // With xhat = x * r and r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / C, so
