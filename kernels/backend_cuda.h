@@ -46,8 +46,11 @@ int cuda_timing_take(CudaOpTime *out, int max);
 
 // Attention kernels: the tensor-core ones (kernels/cuda_attention_tc.cu) where the shape allows
 // (the default; also CLLA_CUDA_ATTENTION=tc), or 0: the one-warp-per-row kernels everywhere (also
-// CLLA_CUDA_ATTENTION=warp). The op tests run both against the CPU.
+// CLLA_CUDA_ATTENTION=warp). The op tests run both against the CPU. The tensor-core kernels take
+// head widths that are multiples of 16 up to these (their instantiations), the warp kernels the rest.
 void cuda_attention_use_tensor_cores(int on);
+#define CUDA_ATTENTION_TC_MAX_DQK 192
+#define CUDA_ATTENTION_TC_MAX_DV 128
 
 #ifdef __cplusplus
 }

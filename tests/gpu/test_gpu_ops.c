@@ -490,10 +490,11 @@ static void test_attention_kernel(int B, int T, int NH, int NKV, int DQK, int DV
 }
 
 // Both CUDA attention paths against the CPU: the tensor-core kernels (kernels/cuda_attention_tc.cu)
-// where the widths are multiples of 16 (the test's buffers are aligned), and the one-warp-per-row
-// kernels, which also serve every other width. `both` 0: the default path only.
+// where the widths are multiples of 16 within their instantiations (the test's buffers are
+// aligned), and the one-warp-per-row kernels, which also serve every other width. `both` 0: the
+// default path only.
 static void test_attention_both(int B, int T, int NH, int NKV, int DQK, int DV, int both) {
-    const int tc = DQK % 16 == 0 && DV % 16 == 0;
+    const int tc = DQK % 16 == 0 && DV % 16 == 0 && DQK <= CUDA_ATTENTION_TC_MAX_DQK && DV <= CUDA_ATTENTION_TC_MAX_DV;
     cuda_attention_use_tensor_cores(1);
     test_attention_kernel(B, T, NH, NKV, DQK, DV, tc ? "[tc]" : "[warp]");
     if (tc && both) {
@@ -818,7 +819,10 @@ int main(int argc, char **argv) {
     test_attention(3, 1, 2, 2, 16, 32);     // tensor cores: one token, one partial tile
     test_attention(2, 100, 4, 2, 32, 16);   // GQA, T not a multiple of the 64-row tile, DV < DQK
     test_attention(1, 128, 6, 3, 48, 80);   // two whole tiles, DV > DQK
-    test_attention(1, 200, 4, 1, 192, 128); // wide heads: the dK, dV kernel's tiles near the shared-memory limit
+    test_attention(1, 200, 4, 1, 192, 128); // wide heads: the widest tensor-core instantiation
+    test_attention(1, 70, 4, 2, 96, 64);    // tensor cores: the 128 / 64 instantiation (kernels/cuda_attention_tc.cu)
+    test_attention(1, 90, 2, 2, 176, 48);   // the 192 / 64 one
+    test_attention(1, 80, 2, 1, 64, 144);   // values wider than 128: the warp kernels take it
 
     test_xent(1, 5);
     test_xent(7, 1001);
