@@ -7,7 +7,9 @@
 #  - the real CUDA build's binaries when this machine has them: every step skipped, with the
 #    binaries' "no CUDA device" reason;
 #  - --bundle: the binaries and the libraries they load, but glibc and CUDA; a non-empty bundle
-#    directory is refused; an unknown argument is refused.
+#    directory is refused; an unknown argument is refused;
+#  - scripts/gpu_profile_attention.sh: skips, saying why, without ncu or a device; its SASS counter
+#    (scripts/sass_op_counts.py) on a small cuobjdump-style listing.
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
 : "${SRC:?set SRC to the source tree (ctest does this)}"
@@ -109,5 +111,33 @@ if bash "$GC" --bundle bdl --build tree > b2.log 2>&1; then fail "a non-empty bu
 else grep -q "not empty" b2.log && ok "a non-empty bundle directory refused: $(cat b2.log)" || fail "bundle refusal: $(cat b2.log)"; fi
 bash "$GC" --frobnicate > x.log 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "unknown argument" x.log && ok "unknown argument: $(cat x.log)" || fail "unknown argument: rc $rc $(cat x.log)"
+
+# ---- scripts/gpu_profile_attention.sh and scripts/sass_op_counts.py
+GP="$SRC/scripts/gpu_profile_attention.sh"
+mkdir -p prof/bin && cp "$CLLA" prof/bin/bench_gpu
+out=$(PATH=/usr/bin:/bin bash "$GP" --bin prof --out prof/out 2>&1); rc=$?
+if [ $rc -eq 0 ] && echo "$out" | grep -q "skipped:" && [ ! -e prof/out ]; then ok "profile without ncu or a device: $out"
+else fail "profile skip: rc $rc $out"; fi
+bash "$GP" --bin nowhere > p2.log 2>&1; rc=$?
+[ $rc -eq 1 ] && grep -q "no bench_gpu" p2.log && ok "profile with no bench_gpu: $(cat p2.log)" || fail "profile without binaries: rc $rc $(cat p2.log)"
+cat > listing.sass <<'EOS'
+Fatbin elf code:
+================
+arch = sm_90
+
+	code for sm_90
+		Function : _Z27attention_tc_forward_kernelILi8ELi8EEvP13__nv_bfloat16PfPKS0_S4_S4_iiiiif
+	.headerflags    @"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                  /* 0x00000a00ff017b82 */
+        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;   /* 0x0000000c0804723c */
+        /*0020*/              @!P0 HMMA.16816.F32.BF16 R4, R8, R14, R4 ;   /* 0x0000000e0804723c */
+        /*0030*/                   LDSM.16.M88.4 R8, [R2] ;                /* 0x000000000208783b */
+		Function : _Z9other_kernelv
+        /*0000*/                   EXIT ;                                  /* 0x000000000000794d */
+EOS
+out=$("$PY" "$SRC/scripts/sass_op_counts.py" listing.sass 2>&1)
+[ "$out" = "sm_90 forward<8,8> total 4 HMMA:2 LDC:1 LDSM:1" ] && ok "sass_op_counts: $out" || fail "sass_op_counts: '$out'"
+"$PY" "$SRC/scripts/sass_op_counts.py" listing.sass --match nothing_here > s2.log 2>&1 && fail "sass_op_counts matched nothing and passed" ||
+    { grep -q "no function matching" s2.log && ok "sass_op_counts with no matching kernel: $(cat s2.log)" || fail "sass_op_counts refusal: $(cat s2.log)"; }
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
