@@ -115,14 +115,35 @@ static __device__ __forceinline__ E *tile_buffer(E *region, size_t size, int i) 
     return region + (size_t)(i & 1) * size;
 }
 
+// The forward's and dQ's loop step over key tiles: waits for tile kt of K and V (and whatever
+// else this thread started before) and, every thread past the barrier, so no longer reading the
+// other buffers, starts loading tile kt + 1 into them unless kt is the last, qt.
+static __device__ __forceinline__ void next_kv_tile(bf16 *Ks, bf16 *Vs, const TcLayout &L, const bf16 *kb,
+                                                    const bf16 *vb, int NKV, int kt, int qt, int T) {
+    tile_wait();
+    __syncthreads();
+    if (kt < qt) {
+        const int s1 = (kt + 1) * TILE;
+        load_tile(tile_buffer(Ks, (size_t)TILE * L.ldq(), kt + 1), L.ldq(), kb, (size_t)NKV * L.dqk, s1, T, L.dqk);
+        load_tile(tile_buffer(Vs, (size_t)TILE * L.ldv(), kt + 1), L.ldv(), vb, (size_t)NKV * L.dv, s1, T, L.dv);
+        tile_commit();
+    }
+}
+
+// Zeroes fragments of accumulators.
+template <int N>
+static __device__ __forceinline__ void zero_acc(float (&a)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.0f;
+}
+
 // s[j] (16 x 8: the warp's 16 rows of A against rows row0 + 8 j.. of B) = A B^T over kn <= K
 // chunks of 16 columns, for 2 NP n-tiles: A (16 rows at a, lda), B (row-major, ldb), both bf16 in
 // shared memory. S = Q K^T, dP = dO V^T and their transposes.
 template <int K, int NP>
 static __device__ __forceinline__ void mma_abt(float (&s)[2 * NP][4], int kn, const bf16 *a, int lda, const bf16 *b,
                                                int ldb, int lane) {
-#pragma unroll
-    for (int j = 0; j < 2 * NP; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    zero_acc(s);
 #pragma unroll
     for (int kc = 0; kc < K; kc++) {
         if (kc < kn) {
@@ -211,25 +232,17 @@ attention_tc_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
     for (int kc = 0; kc < NQ; kc++)
         if (kc < nq) ldsm_x4(qa[kc], mma_addr_a(Qstage, ldq, warp * 16, kc * 16, lane));
     float o[2 * NV][4];
-#pragma unroll
-    for (int j = 0; j < 2 * NV; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    zero_acc(o);
     const float sl = scale * LOG2E;            // scores in log2 units: p = exp2(s sl - m)
     const int rows[2] = {tw + g, tw + g + 8};  // this lane's query rows
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};   // l: this lane's part of the row sums
     for (int kt = 0; kt <= qt; kt++) {
         const int s0 = kt * TILE;
-        tile_wait();                           // tile kt's K and V are here
-        __syncthreads();                       // ... for every thread; the other buffer is no longer read
-        if (kt < qt) {
-            load_tile(tile_buffer(Ks, kbuf, kt + 1), ldq, kb, (size_t)NKV * DQK, s0 + TILE, T, DQK);
-            load_tile(tile_buffer(Vs, vbuf, kt + 1), ldv, vb, (size_t)NKV * DV, s0 + TILE, T, DV);
-            tile_commit();
-        }
+        next_kv_tile(Ks, Vs, L, kb, vb, NKV, kt, qt, T);   // tile kt here, kt + 1 loading
         const bf16 *Kt = tile_buffer(Ks, kbuf, kt), *Vt = tile_buffer(Vs, vbuf, kt);
         // S = Q K^T for the tile's 64 keys: 8 n-tiles of 8 keys
         float s[TILE / 8][4];
-#pragma unroll
-        for (int j = 0; j < TILE / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        zero_acc(s);
 #pragma unroll
         for (int kc = 0; kc < NQ; kc++) {
             if (kc < nq) {
@@ -335,17 +348,10 @@ attention_tc_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float
         dt[i] = rows[i] < T ? delta[((size_t)b * NH + h) * T + rows[i]] : 0.0f;
     }
     float acc[2 * NQ][4];
-#pragma unroll
-    for (int j = 0; j < 2 * NQ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    zero_acc(acc);
     for (int kt = 0; kt <= qt; kt++) {
         const int s0 = kt * TILE;
-        tile_wait();                           // tile kt's K and V (and at first Q, dO) are here
-        __syncthreads();                       // ... for every thread; the other buffer is no longer read
-        if (kt < qt) {
-            load_tile(tile_buffer(Ks, kbuf, kt + 1), ldq, kb, (size_t)NKV * DQK, s0 + TILE, T, DQK);
-            load_tile(tile_buffer(Vs, vbuf, kt + 1), ldv, vb, (size_t)NKV * DV, s0 + TILE, T, DV);
-            tile_commit();
-        }
+        next_kv_tile(Ks, Vs, L, kb, vb, NKV, kt, qt, T);   // tile kt here, kt + 1 loading
         const bf16 *Kt = tile_buffer(Ks, kbuf, kt), *Vt = tile_buffer(Vs, vbuf, kt);
         float s[TILE / 8][4], d[TILE / 8][4];
         mma_abt<NQ, TILE / 16>(s, nq, Qw, ldq, Kt, ldq, lane);   // S
@@ -400,10 +406,8 @@ attention_tc_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, 
     const float sl = scale * LOG2E;
     const int keys[2] = {sw + g, sw + g + 8};  // this lane's key rows
     float dka[2 * NQ][4], dva[2 * NV][4];
-#pragma unroll
-    for (int j = 0; j < 2 * NQ; j++) dka[j][0] = dka[j][1] = dka[j][2] = dka[j][3] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 2 * NV; j++) dva[j][0] = dva[j][1] = dva[j][2] = dva[j][3] = 0.0f;
+    zero_acc(dka);
+    zero_acc(dva);
     for (int i = 0; i < steps; i++) {
         const int t0 = (kt + i % nqt) * TILE;
         tile_wait();                           // step i's tiles are here
