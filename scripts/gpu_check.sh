@@ -20,11 +20,11 @@
 # preset and a MoE model against cpu-bf16 (test_gpu_train); decoding (test_gpu_decode); the
 # production-shape checks (test_gpu_ops --production: matmul 8192 x 2048 x 5632, attention at
 # T = 2048 with head widths 128 and 160 / 96, cross-entropy at V = 32000 and 128256, on a subset
-# of rows); the PyTorch comparison where a CUDA torch exists (bench/bench_gpu_compare.py, dense
-# model only); compute-sanitizer memcheck and initcheck on the op tests; bench_gpu --json (dense
-# and MoE, per-op GPU times). --budget S: the whole run's seconds (default 3600); each step
-# runs under timeout(1) with what is left (and at most its own cap), and a step that finds
-# less than 20 s left is skipped, saying so. --bench-steps N: timed steps per benchmark (10).
+# of rows); the PyTorch comparison where a CUDA torch exists (bench/bench_gpu_compare.py: the
+# dense model and the CLLA MoE config); compute-sanitizer memcheck and initcheck on the op tests;
+# bench_gpu --json (dense and MoE, per-op GPU times). --budget S: the whole run's seconds
+# (default 3600); each step runs under timeout(1) with what is left (and at most its own cap),
+# and a step that finds less than 20 s left is skipped, saying so. --bench-steps N: timed steps per benchmark (10).
 # Missing shared libraries (the CUDA ones a bundle does not carry) are looked for in the CUDA
 # toolkit and in the nvidia-* Python wheels of the machine and added to LD_LIBRARY_PATH.
 # Without a GPU (or with --dry-run) every step says it skipped and why, and the exit status is 0;
@@ -34,7 +34,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_check_out}
 BIN="" DRY=0 QUICK=0 BUNDLE="" BUILD=$ROOT/build-gpu-portable BUDGET=3600 BENCH_STEPS=10
-usage() { sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 positive_int() {   # positive_int OPTION VALUE: the value, or exit 2 naming the option
     [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || { echo "gpu_check: $1 needs a positive integer, got '$2'" >&2; exit 2; }
 }
@@ -201,7 +201,7 @@ else
         # PyTorch with the machine's own libraries; bench_gpu with the bundle's
         (cd "$ROOT" && run_step bench_torch 600 env LD_LIBRARY_PATH="$MACHINE_LD_LIBRARY_PATH" \
             BENCH_GPU="env LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} $BG" python3 bench/bench_gpu_compare.py --json \
-            --steps "$BENCH_STEPS" --moe '') || FAILED=1
+            --steps "$BENCH_STEPS" --moe clla) || FAILED=1
     else record bench_torch skipped "python3 has no torch with CUDA here" 0; fi
 fi
 sanitizer memcheck
