@@ -137,7 +137,7 @@ static __device__ __forceinline__ void zero_acc(float (&a)[N][4]) {
     for (int j = 0; j < N; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.0f;
 }
 
-// s[j] (16 x 8: the warp's 16 rows of A against rows row0 + 8 j.. of B) = A B^T over kn <= K
+// s[j] (16 x 8: the warp's 16 rows of A against rows 8 j.. of B) = A B^T over kn <= K
 // chunks of 16 columns, for 2 NP n-tiles: A (16 rows at a, lda), B (row-major, ldb), both bf16 in
 // shared memory. S = Q K^T, dP = dO V^T and their transposes.
 template <int K, int NP>
