@@ -25,6 +25,8 @@ cat > "$WORK/fake_bench_gpu" <<'EOF2'
 echo '{"bench":"bench_gpu","device":"FakeGPU (sm_90, 80.0 GiB, 79.0 GiB free) | bf16 peak 1000.0 TFLOP/s (table)"}'
 case "$*" in
 *"--only dense"*) echo '{"bench":"bench_gpu","model":"dense","config":"bench/dense_1b.json","params":1.06e9,"layers":18,"B":2,"T":2048,"steps":10,"s_per_step":1,"tokens_per_s":1000,"flops_per_token":1e9,"model_tflops":450,"fraction_of_peak":0.45,"last_loss":10.4}' ;;
+*"--only moe"*"num_hidden_layers=6"*)
+                echo '{"bench":"bench_gpu","model":"moe","config":"x","params":2.5e9,"layers":6,"B":1,"T":4096,"steps":10,"s_per_step":1,"tokens_per_s":4096,"flops_per_token":1e9,"model_tflops":300,"fraction_of_peak":0.3,"last_loss":10.9}' ;;
 *"--only moe"*) echo '{"bench":"bench_gpu","note":"moe: fits"}'
                 echo '{"bench":"bench_gpu","model":"moe","config":"x","params":5e9,"layers":12,"B":1,"T":4096,"steps":10,"s_per_step":2,"tokens_per_s":2048,"flops_per_token":1e9,"model_tflops":300,"fraction_of_peak":0.3,"last_loss":10.9}' ;;
 esac
@@ -33,6 +35,10 @@ cat > "$WORK/fake_torch" <<EOF2
 #!/bin/sh
 if [ -n "\${FAKE_TORCH_SKIP:-}" ]; then echo '{"bench": "bench_torch_gpu", "skipped": "no CUDA device (fake)"}'; exit 0; fi
 case "\$*" in
+*--layers\ 12*) if [ -n "\${FAKE_TORCH_OOM:-}" ]; then
+                echo '{"bench": "bench_torch_gpu", "skipped": "out of GPU memory at 12 layers, B=1 T=4096"}'; exit 0; fi
+            echo "\$*" >> "$WORK/torch_moe_args"
+            echo '{"bench": "bench_torch_gpu", "model": "moe", "torch": "2.9", "device": "FakeGPU", "layers": 12, "B": 1, "T": 4096, "tokens_per_s": 1024.0, "model_tflops": 150, "fused_attention": true, "compiled": false}' ;;
 *--layers*) echo "\$*" >> "$WORK/torch_moe_args"
             echo '{"bench": "bench_torch_gpu", "model": "moe", "torch": "2.9", "device": "FakeGPU", "layers": 12, "B": 1, "T": 4096, "tokens_per_s": 1024.0, "model_tflops": 150, "fused_attention": true, "compiled": false}' ;;
 *) echo "\$*" > "$WORK/torch_args"
@@ -61,6 +67,9 @@ case "$margs" in
 *"--config configs/paper/clla.json"*"--batch 1 --seq 4096"*"--layers 12"*) ok "PyTorch MoE at bench_gpu's layers, batch and length: $margs" ;;
 *) fail "PyTorch MoE arguments: '$margs'" ;;
 esac
+out=$(FAKE_TORCH_OOM=1 BENCH_GPU="$WORK/fake_bench_gpu" TORCH_BENCH="$WORK/fake_torch" python3 bench/bench_gpu_compare.py --moe clla 2>&1)
+echo "$out" | grep -q 'configs/paper/clla.json (6 layers, T=4096): 4096 tok/s (30.0% of bf16 peak) | PyTorch 1024 tok/s | clla / PyTorch = 4.000' &&
+    ok "PyTorch out of memory at bench_gpu's 12 layers: both again at 6" || fail "MoE out-of-memory fallback: $out"
 out=$(FAKE_TORCH_SKIP=1 BENCH_GPU="$WORK/fake_bench_gpu" TORCH_BENCH="$WORK/fake_torch" python3 bench/bench_gpu_compare.py --moe '' --json 2>&1)
 echo "$out" | python3 -c 'import json,sys; [json.loads(l) for l in sys.stdin]' 2> /dev/null &&
     echo "$out" | grep -q '"torch_skipped": "no CUDA device (fake)"' && echo "$out" | grep -q '"clla_at_least_torch": null' &&
