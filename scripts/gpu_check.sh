@@ -22,19 +22,20 @@
 # T = 2048 with head widths 128 and 160 / 96, cross-entropy at V = 32000 and 128256, on a subset
 # of rows); the PyTorch comparison where a CUDA torch exists (bench/bench_gpu_compare.py: the
 # dense model and the CLLA MoE config); compute-sanitizer memcheck and initcheck on the op tests;
-# bench_gpu --json (dense and MoE, per-op GPU times). --budget S: the whole run's seconds
+# bench_gpu --json (dense and MoE, per-op GPU times); scripts/gpu_profile_attention.sh (ncu on
+# the attention kernels, into OUT/profile_attention/). --budget S: the whole run's seconds
 # (default 3600); each step runs under timeout(1) with what is left (and at most its own cap),
 # and a step that finds less than 20 s left is skipped, saying so. --bench-steps N: timed steps per benchmark (10).
 # Missing shared libraries (the CUDA ones a bundle does not carry) are looked for in the CUDA
 # toolkit and in the nvidia-* Python wheels of the machine and added to LD_LIBRARY_PATH.
 # Without a GPU (or with --dry-run) every step says it skipped and why, and the exit status is 0;
-# any failed step makes it 1. --quick: no sanitizers, no benchmarks. COMPUTE_SANITIZER names the
-# sanitizer when it is not on PATH or in /usr/local/cuda/bin.
+# any failed step makes it 1. --quick: no sanitizers, benchmarks or profile. COMPUTE_SANITIZER
+# names the sanitizer when it is not on PATH or in /usr/local/cuda/bin.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_check_out}
 BIN="" DRY=0 QUICK=0 BUNDLE="" BUILD=$ROOT/build-gpu-portable BUDGET=3600 BENCH_STEPS=10
-usage() { sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 positive_int() {   # positive_int OPTION VALUE: the value, or exit 2 naming the option
     [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || { echo "gpu_check: $1 needs a positive integer, got '$2'" >&2; exit 2; }
 }
@@ -208,5 +209,8 @@ sanitizer memcheck
 sanitizer initcheck
 # last: the MoE half of bench_gpu builds a paper config as large as the GPU holds (minutes)
 [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ] || (cd "$ROOT" && run_step bench_gpu 600 "$BG" --json --steps "$BENCH_STEPS") || FAILED=1
+# the attention kernels under ncu, and their SASS op counts (scripts/gpu_profile_attention.sh)
+if [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ]; then record profile_attention skipped "--quick" 0
+else run_step profile_attention 300 bash "$ROOT/scripts/gpu_profile_attention.sh" --bin "${BIN:-.}" --out "$OUT/profile_attention" || FAILED=1; fi
 echo "gpu_check: results in $OUT (summary.jsonl and one log per step)"
 exit $FAILED

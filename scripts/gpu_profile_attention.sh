@@ -9,7 +9,8 @@
 # --bin DIR: a bundle of scripts/gpu_check.sh --bundle (bin/, lib/) or a CUDA build tree (default
 # ./gpu_bundle, else build-cuda). --out DIR: where ncu_attention.txt and sass_stats.txt go (default
 # gpu_profile_out/). Needs ncu and cuobjdump (the CUDA toolkit's; /usr/local/cuda/bin is searched);
-# without them, or without a device, it says what is missing and exits 0 having run nothing.
+# without them, or without a device, it says what is missing and exits 77 (skipped, as the GPU
+# tests do) having run nothing.
 # ncu runs with --clock-control none (the clocks as the benchmarks see them).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,9 +31,9 @@ for d in "$BIN/bin" "$BIN/bench" "$BIN"; do [ -x "$d/bench_gpu" ] && { BG=$d/ben
 [ -d "$BIN/lib" ] && export LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH=$PATH:/usr/local/cuda/bin
 for tool in ncu cuobjdump; do
-    command -v $tool > /dev/null || { echo "gpu_profile_attention: skipped: $tool not found (the CUDA toolkit's profiler and disassembler)"; exit 0; }
+    command -v $tool > /dev/null || { echo "gpu_profile_attention: skipped: $tool not found (the CUDA toolkit's profiler and disassembler)"; exit 77; }
 done
-nvidia-smi -L > /dev/null 2>&1 || { echo "gpu_profile_attention: skipped: no CUDA device (nvidia-smi -L failed)"; exit 0; }
+nvidia-smi -L > /dev/null 2>&1 || { echo "gpu_profile_attention: skipped: no CUDA device (nvidia-smi -L failed)"; exit 77; }
 mkdir -p "$OUTDIR" || exit 1
 SASS=$(mktemp) || exit 1
 trap 'rm -f "$SASS"' EXIT
