@@ -48,7 +48,8 @@ def flops_per_token(cfg, n_matmul_params, T):
 
 
 def build(torch, cfg):
-    """The model of config dict cfg, and whether this torch has fused attention (SDPA)."""
+    """(model of config dict cfg, whether this torch has fused attention (SDPA), its activated
+    matmul parameters in bench_gpu's FLOP convention, "dense" or "moe")."""
     import twin        # the config's semantics: presets, sharing, the int_group quantizer
     import twin_moe
     nn, F = torch.nn, torch.nn.functional
