@@ -260,6 +260,13 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="2 steps of a tiny model of the config's structure on the CPU")
     ap.add_argument("--json", action="store_true", help="one JSON object per line instead of text")
     args = ap.parse_args()
+    for name, v, least, hint in (("--steps", args.steps, 1, "a whole number >= 1"),
+                                 ("--layers", args.layers, 0, "a whole number >= 1, or 0 for the config's"),
+                                 ("--batch", args.batch, 0, "a whole number >= 1, or 0 for the config's"),
+                                 ("--seq", args.seq, 0, "a whole number >= 1, or 0 for the config's"),
+                                 ("--peak-tflops", args.peak_tflops, 0, "a number > 0, or 0 for none")):
+        if not v >= least:   # also refuses nan
+            sys.exit(f"bench_torch_gpu: {name} {v}: use {hint}")
 
     def say(key, text):
         print(json.dumps({"bench": "bench_torch_gpu", key: text}) if args.json else
@@ -271,8 +278,13 @@ def main():
         say("skipped", f"no PyTorch ({e}); Debian: apt-get install python3-torch, run with /usr/bin/python3")
         return 0
 
-    with open(args.config) as f:
-        cfg = json.load(f)
+    try:
+        with open(args.config) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"bench_torch_gpu: --config {args.config}: {e}")
+    if not isinstance(cfg, dict):
+        sys.exit(f"bench_torch_gpu: --config {args.config}: not a JSON object")
     if args.layers > 0:
         cfg["num_hidden_layers"] = args.layers
     train = cfg.get("train", {})
@@ -293,8 +305,8 @@ def main():
     torch.manual_seed(train.get("seed", 1))
     try:
         model, have_sdpa, matmul_params, kind = build(torch, cfg)
-    except ValueError as e:
-        sys.exit(f"bench_torch_gpu: {args.config}: {e}")
+    except (ValueError, KeyError, TypeError) as e:
+        sys.exit(f"bench_torch_gpu: {args.config}: {e if not isinstance(e, KeyError) else 'no key ' + str(e)}")
     model.to(dev)
     std = cfg.get("initializer_range", 0.02)
     res_std = std / math.sqrt(2 * cfg["num_hidden_layers"])

@@ -118,6 +118,11 @@ sys.exit(1 if bad else 0)
 EOP
 )
     [ $? -eq 0 ] && ok "bench_torch_gpu.py builds clla's parameter counts: $out" || fail "PyTorch model against clla info: $out"
+    for bad in "--layers -3" "--steps 0" "--peak-tflops nan" "--config /nonexistent/x.json"; do
+        out=$(/usr/bin/python3 bench/bench_torch_gpu.py --smoke $bad 2>&1); rc=$?
+        [ $rc -ne 0 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q '^bench_torch_gpu: ' &&
+            ok "bench_torch_gpu.py $bad refused: $out" || fail "bench_torch_gpu.py $bad: rc $rc $out"
+    done
 else
     echo "     (bench_torch_gpu.py smoke run skipped: /usr/bin/python3 has no torch)"
 fi
