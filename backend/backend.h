@@ -160,6 +160,13 @@ typedef struct Backend {
     //   p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)       (decoupled decay, as torch.optim.AdamW)
     void (*adamw_update)(float *param, float *m, float *v, const float *grad, size_t n, float lr,
                          float beta1, float beta2, float eps, float wd, float grad_scale, int t);
+    // Optional (NULL: the trainer calls adamw_update, then store_weights): adamw_update of one
+    // whole tensor and store_weights(store, param, n, seed) of its result in one pass over the
+    // masters, the same bits as the two calls. For backends whose weight storage is a rounded
+    // copy of separate masters; both passes are memory-bound on a GPU.
+    void (*adamw_update_store)(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                               float beta1, float beta2, float eps, float wd, float grad_scale, int t, float *store,
+                               unsigned long long seed);
 
     // ---- column copies (splitting and concatenating per-token vectors) ----
     // For n < N, j < width: dst[n*dst_ld + dst_off + j] (= or +=) src[n*src_ld + src_off + j].

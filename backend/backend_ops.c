@@ -41,6 +41,7 @@ static const OpEntry OPS[] = {
     {"xent_backward", offsetof(Backend, xent_backward), BACKEND_OPS_CORE},
     {"sumsq", offsetof(Backend, sumsq), BACKEND_OPS_CORE},
     {"adamw_update", offsetof(Backend, adamw_update), BACKEND_OPS_CORE},
+    {"adamw_update_store", offsetof(Backend, adamw_update_store), 0},   // optional: no feature needs it
     {"copy_cols", offsetof(Backend, copy_cols), BACKEND_OPS_CORE},
     {"int_group_roundtrip", offsetof(Backend, int_group_roundtrip), BACKEND_OPS_CORE},
     {"moe_router_forward", offsetof(Backend, moe_router_forward), BACKEND_OPS_MOE},

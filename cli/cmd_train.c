@@ -333,8 +333,13 @@ int cmd_train(int argc, char **argv) {
             kc.pending[0] = '\0';
         }
         if (finite) {
-            adamw_update_range(&opt, &model, tc, lr, clip_scale(norm, tc->grad_clip));
-            grad_sync_gather_params(&gs, &model, adamw_store_seed(tc->seed, opt.t));
+            // one pass where nothing is gathered across ranks (train/optimizer.h), else the update
+            // of this rank's range, then the gather and the storage refresh
+            const float scale = clip_scale(norm, tc->grad_clip);
+            if (!grad_sync_gather_is_refresh(&gs) || !adamw_step_fused(&opt, &model, tc, lr, scale)) {
+                adamw_update_range(&opt, &model, tc, lr, scale);
+                grad_sync_gather_params(&gs, &model, adamw_store_seed(tc->seed, opt.t));
+            }
             st.consecutive_skips = 0;
         } else {
             st.consecutive_skips++;

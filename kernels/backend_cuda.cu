@@ -37,6 +37,7 @@ static Backend make_backend_cuda(void) {
     b.xent_backward = cuda_xent_backward;
     b.sumsq = cuda_sumsq;
     b.adamw_update = cuda_adamw_update;
+    b.adamw_update_store = cuda_adamw_update_store;
     b.copy_cols = cuda_copy_cols;
     b.int_group_roundtrip = cuda_int_group_roundtrip;
     b.moe_router_forward = cuda_moe_router_forward;

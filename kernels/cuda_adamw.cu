@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#include "backend/bf16.h"
+
 // Fixed grid: the partition of g into per-thread strides, and so the summation order, is
 // the same on every GPU and every call of the same n.
 #define SUMSQ_BLOCKS 1024
@@ -58,9 +60,11 @@ extern "C" double cuda_sumsq(const float *g, size_t n) {
 //   p *= 1 - lr wd ; m = b1 m + (1 - b1) g ; v = b2 v + (1 - b2) g^2
 //   p -= step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps),  step_size = lr / (1 - b1^t)
 // The scalar factors are formed in double on the host and rounded once to fp32.
+// With store (the fused form): the updated master is also stored as the bf16 weight, as
+// cuda_store_weights would store it (sr_round_weight, backend/bf16.h), in the same pass.
 __global__ void adamw_kernel(float *param, float *m, float *v, const float *grad, size_t n, float beta1,
                              float beta2, float omb1, float omb2, float eps, float grad_scale,
-                             float step_size, float bc2_sqrt, float decay) {
+                             float step_size, float bc2_sqrt, float decay, uint16_t *store, uint64_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float g = grad[i] * grad_scale;
         const float mi = beta1 * m[i] + omb1 * g;
@@ -68,12 +72,14 @@ __global__ void adamw_kernel(float *param, float *m, float *v, const float *grad
         m[i] = mi;
         v[i] = vi;
         const float denom = sqrtf(vi) / bc2_sqrt + eps;
-        param[i] = param[i] * decay - step_size * (mi / denom);
+        const float p = param[i] * decay - step_size * (mi / denom);
+        param[i] = p;
+        if (store) store[i] = sr_round_weight(p, seed, i);
     }
 }
 
-extern "C" void cuda_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
-                                  float beta1, float beta2, float eps, float wd, float grad_scale, int t) {
+static void adamw_launch(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
+                         float beta2, float eps, float wd, float grad_scale, int t, uint16_t *store, uint64_t seed) {
     if (!n) return;
     if (t < 1) die("adamw: step t = %d; steps count from 1", t);
     const double bc1 = 1.0 - pow((double)beta1, (double)t);
@@ -82,6 +88,17 @@ extern "C" void cuda_adamw_update(float *param, float *m, float *v, const float 
     const float bc2_sqrt = (float)sqrt(bc2);
     const float decay = (float)(1.0 - (double)lr * (double)wd);
     adamw_kernel<<<ew_blocks(n, 256), 256>>>(param, m, v, grad, n, beta1, beta2, 1.0f - beta1, 1.0f - beta2, eps,
-                                             grad_scale, step_size, bc2_sqrt, decay);
+                                             grad_scale, step_size, bc2_sqrt, decay, store, seed);
     CUDA_LAUNCHED();
+}
+
+extern "C" void cuda_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                                  float beta1, float beta2, float eps, float wd, float grad_scale, int t) {
+    adamw_launch(param, m, v, grad, n, lr, beta1, beta2, eps, wd, grad_scale, t, NULL, 0);
+}
+
+extern "C" void cuda_adamw_update_store(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                                        float beta1, float beta2, float eps, float wd, float grad_scale, int t,
+                                        float *store, unsigned long long seed) {
+    adamw_launch(param, m, v, grad, n, lr, beta1, beta2, eps, wd, grad_scale, t, (uint16_t *)store, (uint64_t)seed);
 }

@@ -72,6 +72,9 @@ void cuda_xent_backward(float *dlogits, const float *logits, const int *targets,
 double cuda_sumsq(const float *g, size_t n);
 void cuda_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, float grad_scale, int t);
+void cuda_adamw_update_store(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
+                             float beta2, float eps, float wd, float grad_scale, int t, float *store,
+                             unsigned long long seed);
 
 // ---- column copies (cuda_copy.cu) ----
 void cuda_copy_cols(float *dst, int dst_ld, int dst_off, const float *src, int src_ld, int src_off,

@@ -167,6 +167,16 @@ static void emu_xent_backward(float *dlogits, const float *logits, const int *ta
     round_n(dlogits, (size_t)N * V);
 }
 
+// ---- optimizer: fp32 AdamW; the fused form is the two calls (the CUDA backend fuses them into one
+// pass), so that the trainer's fused path runs here too ----
+
+static void emu_adamw_update_store(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
+                                   float beta2, float eps, float wd, float grad_scale, int t, float *store,
+                                   unsigned long long seed) {
+    cpu_adamw_update(param, m, v, grad, n, lr, beta1, beta2, eps, wd, grad_scale, t);
+    emu_store_weights(store, param, n, seed);
+}
+
 // ---- column copies and the int_group round trip (bf16 outputs) ----
 
 static void emu_copy_cols(float *dst, int dst_ld, int dst_off, const float *src, int src_ld, int src_off, int N,
@@ -271,6 +281,7 @@ static const Backend cpu_bf16_backend = {
 
     .sumsq = cpu_sumsq,
     .adamw_update = cpu_adamw_update,
+    .adamw_update_store = emu_adamw_update_store,
 
     .copy_cols = emu_copy_cols,
     .int_group_roundtrip = emu_int_group_roundtrip,

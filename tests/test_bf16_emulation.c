@@ -5,7 +5,9 @@
 //     of them, att or rstd, holds values that are not bf16);
 //  2. the weight storage equals the host prediction of backend/bf16.h bit for bit, after
 //     initialization and after AdamW steps (the seed adamw_store_seed(seed, t));
-//  3. the masters are separate fp32 buffers (not the storage) and the gradients fp32;
+//  3. the masters are separate fp32 buffers (not the storage) and the gradients fp32; the
+//     one-pass update (adamw_step_fused through adamw_update_store) leaves masters, moments and
+//     storage bit for bit as the update and the refresh in two passes do;
 //  4. a 50-step training run of a tiny model on cpu-bf16 against the same run on the fp32 CPU
 //     backend: the loss curves agree within TOL_LOSS (below), both learn, the bf16 run is
 //     not secretly fp32 (its losses differ), and it is deterministic (two runs bitwise equal).
@@ -89,6 +91,46 @@ static const Case CASES[] = {
     {"gqa + moe", "{" BASE MOE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":3}"},
 };
 
+// The same AdamW step taken from the same state twice, fused (one pass) and as the update of
+// the whole range then model_sync_weights: masters, moments and storage compared bitwise.
+static void check_fused_update(Model *m, AdamW *opt, const TrainConfig *tc, const char *label) {
+    const size_t nm = m->params.bytes_f32 / 4, ns = m->params.bytes_store;
+    float *state = malloc(3 * nm * sizeof(float)), *fused = malloc(3 * nm * sizeof(float));
+    unsigned char *w0 = malloc(ns), *wf = malloc(ns);
+    if (!state || !fused || !w0 || !wf) { fprintf(stderr, "out of memory\n"); exit(1); }
+    memcpy(state, m->master, nm * sizeof(float));
+    memcpy(state + nm, opt->m, nm * sizeof(float));
+    memcpy(state + 2 * nm, opt->v, nm * sizeof(float));
+    memcpy(w0, m->w, ns);
+    const int t0 = opt->t;
+    const int took = adamw_step_fused(opt, m, tc, tc->lr, 0.5f);
+    memcpy(fused, m->master, nm * sizeof(float));
+    memcpy(fused + nm, opt->m, nm * sizeof(float));
+    memcpy(fused + 2 * nm, opt->v, nm * sizeof(float));
+    memcpy(wf, m->w, ns);
+    memcpy(m->master, state, nm * sizeof(float));   // back to the state before, then two passes
+    memcpy(opt->m, state + nm, nm * sizeof(float));
+    memcpy(opt->v, state + 2 * nm, nm * sizeof(float));
+    memcpy(m->w, w0, ns);
+    opt->t = t0;
+    adamw_update_range(opt, m, tc, tc->lr, 0.5f);
+    model_sync_weights(m, adamw_store_seed(tc->seed, opt->t));
+    size_t diff = 0;
+    for (size_t i = 0; i < nm; i++)
+        diff += memcmp(&fused[i], &m->master[i], 4) != 0 || memcmp(&fused[nm + i], &opt->m[i], 4) != 0 ||
+                memcmp(&fused[2 * nm + i], &opt->v[i], 4) != 0;
+    const int w_same = memcmp(wf, m->w, ns) == 0;
+    char name[96], d[128];
+    snprintf(d, sizeof d, "%s; %zu of %zu masters/moments differ, storage %s", took ? "fused" : "NOT fused", diff, nm,
+             w_same ? "equal" : "differs");
+    snprintf(name, sizeof name, "%s: one-pass AdamW + store = two passes, bitwise", label);
+    result(name, took && diff == 0 && w_same, d);
+    free(state);
+    free(fused);
+    free(w0);
+    free(wf);
+}
+
 static void check_storage(const Case *cs) {
     Config cfg;
     config_from_json(&cfg, cs->json, cs->name, 0, NULL);
@@ -144,6 +186,7 @@ static void check_storage(const Case *cs) {
     snprintf(d, sizeof d, "%zu masters, %zu gradients of %zu are not bf16 values", master_not_bf16, grad_not_bf16, nm);
     snprintf(name, sizeof name, "%s: masters and weight gradients stay fp32", cs->name);
     result(name, master_not_bf16 > 0 && grad_not_bf16 > 0, d);
+    check_fused_update(&m, &opt, &tc, cs->name);
     adamw_free(&opt, &m);
     model_free(&m);
 }

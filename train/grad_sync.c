@@ -207,6 +207,8 @@ void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed) {
     model_sync_weights(m, seed);
 }
 
+int grad_sync_gather_is_refresh(const GradSync *g) { return !g->shard_masters && !(g->zero && g->dist->world > 1); }
+
 const float *grad_sync_full_masters(GradSync *g, Model *m) {
     return g->shard_masters ? assemble_masters(g, m) : m->master;
 }

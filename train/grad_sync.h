@@ -66,6 +66,9 @@ double grad_sync_norm(GradSync *g, Model *m);
 // refreshed with seed (as adamw_step does). ZeRO 0: only the refresh. With sharded masters the
 // gradient buffer is overwritten (the next step's first micro-step zeroes it anyway).
 void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed);
+// 1 when grad_sync_gather_params would only refresh the storage from this process's masters
+// (no masters sharded or gathered), so that the update and the refresh may run as one pass.
+int grad_sync_gather_is_refresh(const GradSync *g);
 // Every master of the model in one backend buffer, for saving: m->master, or with sharded masters
 // the gradient buffer after an all-gather (so only between steps). Collective: every rank calls it.
 const float *grad_sync_full_masters(GradSync *g, Model *m);

@@ -52,7 +52,25 @@ void adamw_update_range(AdamW *opt, Model *model, const TrainConfig *tc, float l
     }
 }
 
+int adamw_step_fused(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale) {
+    const TensorTable *tt = &model->params;
+    if (!model->be->adamw_update_store || (void *)model->master == model->w || model_masters_sharded(model) ||
+        opt->lo != 0 || opt->hi != tt->bytes_f32 / 4)
+        return 0;
+    opt->t++;
+    const unsigned long long seed = adamw_store_seed(tc->seed, opt->t);
+    for (int i = 0; i < tt->n; i++) {   // whole tensors, as model_sync_weights stores them
+        const TensorInfo *ti = &tt->t[i];
+        const size_t a = ti->off_f32 / 4;
+        model->be->adamw_update_store(model->master + a, opt->m + a, opt->v + a, model->grad + a, ti->numel, lr,
+                                      tc->beta1, tc->beta2, tc->eps, ti->decay ? tc->weight_decay : 0.0f, grad_scale,
+                                      opt->t, (float *)table_ptr_store(tt, model->w, i), model_weight_seed(seed, i));
+    }
+    return 1;
+}
+
 void adamw_step(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale) {
+    if (adamw_step_fused(opt, model, tc, lr, grad_scale)) return;
     adamw_update_range(opt, model, tc, lr, grad_scale);
     // bf16 storage backends re-round the weights from the masters; the seed makes it repeatable
     model_sync_weights(model, adamw_store_seed(tc->seed, opt->t));

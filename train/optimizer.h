@@ -26,6 +26,11 @@ void adamw_step(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float
 // The update of adamw_step on the masters in [opt->lo, opt->hi) only, without refreshing the
 // storage copy: ZeRO-1 all-gathers the masters first, then calls model_sync_weights.
 void adamw_update_range(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale);
+// adamw_step in one pass over the masters, where it can be: the backend fuses the update with the
+// storage refresh (adamw_update_store), the storage is a copy of separate masters, and this
+// process updates every master (no ZeRO-1 shard). Returns 1 having done the step (the same bits
+// as adamw_step's two passes), else 0 having done nothing.
+int adamw_step_fused(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale);
 // Seed of the bf16 weight rounding after update t (stored in checkpoints' state.json so a
 // resumed run re-rounds the weights exactly as the uninterrupted one did).
 static inline unsigned long long adamw_store_seed(unsigned long long seed, int t) {

@@ -562,6 +562,31 @@ static void test_adamw(size_t n, int t) {
     compare(name, &m, TOL_OPT);
     snprintf(name, sizeof name, "adamw_update v n=%zu t=%d", n, t);
     compare(name, &v, TOL_OPT);
+    // the fused form from the same state: the same masters and moments as adamw_update, and the
+    // bf16 storage store_weights makes of them, bit for bit (kernels/cuda_adamw.cu)
+    const unsigned long long seed = 77;
+    float *p2 = gpu->alloc(n * 4), *m2 = gpu->alloc(n * 4), *v2 = gpu->alloc(n * 4);
+    float *w_fused = gpu->alloc(n * 4), *w_ref = gpu->alloc(n * 4);   // bf16 storage: n * 2 bytes used
+    gpu->upload(p2, hp, n * 4);
+    gpu->upload(m2, hm, n * 4);
+    gpu->upload(v2, hv, n * 4);
+    gpu->adamw_update_store(p2, m2, v2, g.g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t, w_fused, seed);
+    gpu->store_weights(w_ref, p.g, n, seed);
+    size_t bad = 0;
+    float *a1 = xalloc(n * 4), *a2 = xalloc(n * 4);
+    const float *fused_bufs[3] = {p2, m2, v2}, *ref_bufs[3] = {p.g, m.g, v.g};
+    for (int k = 0; k < 3; k++) {
+        gpu->download(a1, fused_bufs[k], n * 4);
+        gpu->download(a2, ref_bufs[k], n * 4);
+        bad += memcmp(a1, a2, n * 4) != 0;
+    }
+    gpu->download(a1, w_fused, n * 2);
+    gpu->download(a2, w_ref, n * 2);
+    bad += memcmp(a1, a2, n * 2) != 0;
+    snprintf(name, sizeof name, "adamw_update_store n=%zu t=%d = adamw_update + store_weights", n, t);
+    result(name, bad == 0, bad ? "differs" : "bitwise");
+    gpu->release(p2); gpu->release(m2); gpu->release(v2); gpu->release(w_fused); gpu->release(w_ref);
+    free(a1); free(a2);
     buf_free(&p); buf_free(&m); buf_free(&v); buf_free(&g);
     free(hp); free(hm); free(hv); free(hg);
 }
