@@ -1,4 +1,5 @@
-// Optimizer ops, all fp32: the global-norm sum of squares (double, fixed order) and AdamW.
+// Optimizer ops, all fp32: the global-norm sum of squares (double, fixed order) and AdamW, alone
+// or with the bf16 store of its result in the same pass.
 #include "kernels/cuda_common.cuh"
 
 #include <math.h>
@@ -78,8 +79,10 @@ __global__ void adamw_kernel(float *param, float *m, float *v, const float *grad
     }
 }
 
-static void adamw_launch(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
-                         float beta2, float eps, float wd, float grad_scale, int t, uint16_t *store, uint64_t seed) {
+// op: the public function, which names the launch in errors and per-op timing
+static void adamw_launch(const char *op, float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                         float beta1, float beta2, float eps, float wd, float grad_scale, int t, uint16_t *store,
+                         uint64_t seed) {
     if (!n) return;
     if (t < 1) die("adamw: step t = %d; steps count from 1", t);
     const double bc1 = 1.0 - pow((double)beta1, (double)t);
@@ -89,16 +92,17 @@ static void adamw_launch(float *param, float *m, float *v, const float *grad, si
     const float decay = (float)(1.0 - (double)lr * (double)wd);
     adamw_kernel<<<ew_blocks(n, 256), 256>>>(param, m, v, grad, n, beta1, beta2, 1.0f - beta1, 1.0f - beta2, eps,
                                              grad_scale, step_size, bc2_sqrt, decay, store, seed);
-    CUDA_LAUNCHED();
+    cuda_after_launch(__FILE__, __LINE__, op);
 }
 
 extern "C" void cuda_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
                                   float beta1, float beta2, float eps, float wd, float grad_scale, int t) {
-    adamw_launch(param, m, v, grad, n, lr, beta1, beta2, eps, wd, grad_scale, t, NULL, 0);
+    adamw_launch(__func__, param, m, v, grad, n, lr, beta1, beta2, eps, wd, grad_scale, t, NULL, 0);
 }
 
 extern "C" void cuda_adamw_update_store(float *param, float *m, float *v, const float *grad, size_t n, float lr,
                                         float beta1, float beta2, float eps, float wd, float grad_scale, int t,
                                         float *store, unsigned long long seed) {
-    adamw_launch(param, m, v, grad, n, lr, beta1, beta2, eps, wd, grad_scale, t, (uint16_t *)store, (uint64_t)seed);
+    adamw_launch(__func__, param, m, v, grad, n, lr, beta1, beta2, eps, wd, grad_scale, t, (uint16_t *)store,
+                 (uint64_t)seed);
 }
