@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
     float *q = ab_uniform(nq, &st), *k = ab_uniform(nq, &st), *v = ab_uniform(nv, &st), *dout = ab_uniform(nv, &st);
     float *o = ab_uniform(nv, &st), *lse = ab_uniform(nl, &st), *dq = ab_uniform(nq, &st), *dk = ab_uniform(nq, &st);
     float *dv = ab_uniform(nv, &st), *scratch = ab_uniform(nl, &st);
-    double best_f[2] = {1e30, 1e30}, best_b[2] = {1e30, 1e30};
+    double best[2][2] = {{AB_NONE, AB_NONE}, {AB_NONE, AB_NONE}};   // forward, backward
     for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
         for (int w = 0; w < 2; w++) {
             const double t0 = omp_get_wtime();
@@ -39,14 +39,12 @@ int main(int argc, char **argv) {
             (w ? cpu_attention_backward : old_cpu_attention_backward)(dq, dk, dv, scratch, dout, o, lse, q, k, v, B, T,
                                                                       NH, NKV, DQK, DV, 0.125f);
             const double t2 = omp_get_wtime();
-            if (r && t1 - t0 < best_f[w]) best_f[w] = t1 - t0;
-            if (r && t2 - t1 < best_b[w]) best_b[w] = t2 - t1;
+            const double t[2] = {t1 - t0, t2 - t1};
+            ab_keep_best(best, 2, r, w, t);
         }
-    const double fwd = 2.0 * B * NH * ((double)T * (T + 1) / 2) * (DQK + DV);
-    printf("B=%d T=%d 8 x %d/%d: forward old %.2f ms, new %.2f ms (%.1f -> %.1f GFLOP/s, new/old time %.3f) | "
-           "backward old %.2f ms, new %.2f ms (%.1f -> %.1f GFLOP/s, %.3f)\n",
-           B, T, DQK, DV, best_f[0] * 1e3, best_f[1] * 1e3, fwd / best_f[0] / 1e9, fwd / best_f[1] / 1e9,
-           best_f[1] / best_f[0], best_b[0] * 1e3, best_b[1] * 1e3, 2 * fwd / best_b[0] / 1e9, 2 * fwd / best_b[1] / 1e9,
-           best_b[1] / best_b[0]);
+    const double fwd = 2.0 * B * NH * ((double)T * (T + 1) / 2) * (DQK + DV), flops[2] = {fwd, 2 * fwd};
+    static const char *const PART[2] = {"forward", "backward"};
+    printf("B=%d T=%d 8 x %d/%d:", B, T, DQK, DV);
+    ab_print_parts(PART, 2, (const double (*)[2])best, flops);
     return 0;
 }

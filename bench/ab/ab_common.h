@@ -27,12 +27,20 @@ static inline void ab_args(int argc, char **argv, const char *usage, const char 
     for (int i = 0; i < n; i++) a[i] = opt_i64(names[i], argv[i + 1], 1, 65536);
 }
 
+// best[j][v]: the shortest of the times t[j] of part j of version v (0 old, 1 new) over the
+// rounds; round 0 warms up and is not kept (best starts at AB_NONE)
+#define AB_NONE 1e30
+static inline void ab_keep_best(double (*best)[2], int n, int round, int v, const double *t) {
+    for (int j = 0; round && j < n; j++)
+        if (t[j] < best[j][v]) best[j][v] = t[j];
+}
+
 // " part old X ms, new Y ms (old -> new GFLOP/s, new/old time r)" for each of n parts, | apart,
-// best[j] = {old, new} seconds of part j, flops each
-static inline void ab_print_parts(const char *const *part, int n, const double (*best)[2], double flops) {
+// best[j] = {old, new} seconds of part j, flops[j] its floating-point operations
+static inline void ab_print_parts(const char *const *part, int n, const double (*best)[2], const double *flops) {
     for (int j = 0; j < n; j++)
         printf("%s %s old %.2f ms, new %.2f ms (%.1f -> %.1f GFLOP/s, new/old time %.3f)", j ? " |" : "", part[j],
-               best[j][0] * 1e3, best[j][1] * 1e3, flops / best[j][0] / 1e9, flops / best[j][1] / 1e9,
+               best[j][0] * 1e3, best[j][1] * 1e3, flops[j] / best[j][0] / 1e9, flops[j] / best[j][1] / 1e9,
                best[j][1] / best[j][0]);
     printf("\n");
 }

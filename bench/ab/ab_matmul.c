@@ -28,7 +28,7 @@ int main(int argc, char **argv) {
     float *dout = ab_uniform((size_t)N * OC, &st), *dinp = ab_uniform((size_t)N * C, &st), *dw = ab_uniform((size_t)OC * C, &st);
     const ForwardFn fwd[2] = {old_cpu_matmul_forward, cpu_matmul_forward};
     const BackwardFn bwd[2] = {old_cpu_matmul_backward, cpu_matmul_backward};
-    double best[3][2] = {{1e30, 1e30}, {1e30, 1e30}, {1e30, 1e30}};   // forward, input gradient, weight gradient
+    double best[3][2] = {{AB_NONE, AB_NONE}, {AB_NONE, AB_NONE}, {AB_NONE, AB_NONE}};   // forward, dinp, dweight
     for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
         for (int v = 0; v < 2; v++) {
             const double t0 = omp_get_wtime();
@@ -39,10 +39,9 @@ int main(int argc, char **argv) {
             bwd[v](NULL, dw, dout, inp, w, N, C, OC);
             const double t3 = omp_get_wtime();
             const double t[3] = {t1 - t0, t2 - t1, t3 - t2};
-            for (int j = 0; r && j < 3; j++)
-                if (t[j] < best[j][v]) best[j][v] = t[j];
+            ab_keep_best(best, 3, r, v, t);
         }
-    const double flops = 2.0 * N * C * OC;
+    const double f = 2.0 * N * C * OC, flops[3] = {f, f, f};
     static const char *const PART[3] = {"forward", "input gradient", "weight gradient"};
     printf("N=%d C=%d OC=%d:", N, C, OC);
     ab_print_parts(PART, 3, (const double (*)[2])best, flops);

@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
     }
     const ForwardFn fwd[2] = {old_cpu_moe_expert_matmul_forward, cpu_moe_expert_matmul_forward};
     const BackwardFn bwd[2] = {old_cpu_moe_expert_matmul_backward, cpu_moe_expert_matmul_backward};
-    double best[3][2] = {{1e30, 1e30}, {1e30, 1e30}, {1e30, 1e30}};   // forward, input gradients, weight gradients
+    double best[3][2] = {{AB_NONE, AB_NONE}, {AB_NONE, AB_NONE}, {AB_NONE, AB_NONE}};   // forward, dinp, dweights
     for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
         for (int w = 0; w < 2; w++) {
             const double t0 = omp_get_wtime();
@@ -79,10 +79,9 @@ int main(int argc, char **argv) {
             bwd[w](NULL, dwg, dgate, xs, (const float *const *)wg, off, E, C, I);
             const double t3 = omp_get_wtime();
             const double t[3] = {t1 - t0, t2 - t1, t3 - t2};
-            for (int j = 0; r && j < 3; j++)
-                if (t[j] < best[j][w]) best[j][w] = t[j];
+            ab_keep_best(best, 3, r, w, t);
         }
-    const double flops = 2.0 * 2.0 * (double)R * C * I;   // two products of R x C x I
+    const double f = 2.0 * 2.0 * (double)R * C * I, flops[3] = {f, f, f};   // two products of R x C x I
     static const char *const PART[3] = {"forward", "input gradients", "weight gradients"};
     printf("%d tokens top-%d over %d experts (%d to %d rows), %d -> %d:", N, K, E, lo, hi, C, I);
     ab_print_parts(PART, 3, (const double (*)[2])best, flops);
