@@ -288,8 +288,7 @@ attention_tc_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                 p[e] = exp2f(s[j][e] - m[e >> 1]);
                 sum[e >> 1] += p[e];
             }
-            pa[j >> 1][(j & 1) * 2] = mma_pack_bf16(p[0], p[1]);
-            pa[j >> 1][(j & 1) * 2 + 1] = mma_pack_bf16(p[2], p[3]);
+            mma_pack_tile(pa, j, p);
         }
 #pragma unroll
         for (int i = 0; i < 2; i++) l[i] = l[i] * alpha[i] + sum[i];
@@ -365,8 +364,7 @@ attention_tc_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float
                 const int key = s0 + 8 * j + c2 + (e & 1), row = rows[e >> 1];
                 ds[e] = key <= row && row < T ? exp2f(s[j][e] * sl - lt[e >> 1]) * (d[j][e] - dt[e >> 1]) : 0.0f;
             }
-            da[j >> 1][(j & 1) * 2] = mma_pack_bf16(ds[0], ds[1]);
-            da[j >> 1][(j & 1) * 2 + 1] = mma_pack_bf16(ds[2], ds[3]);
+            mma_pack_tile(da, j, ds);
         }
         mma_acc<TILE / 16, NQ>(acc, nq, da, Kt, ldq, lane);      // dQ += dS K
     }
@@ -439,10 +437,8 @@ attention_tc_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, 
                         ds[e] = p[e] * (dpt[j][e] - dt[col]);
                     }
                 }
-                pa[j >> 1][(j & 1) * 2] = mma_pack_bf16(p[0], p[1]);
-                pa[j >> 1][(j & 1) * 2 + 1] = mma_pack_bf16(p[2], p[3]);
-                da[j >> 1][(j & 1) * 2] = mma_pack_bf16(ds[0], ds[1]);
-                da[j >> 1][(j & 1) * 2 + 1] = mma_pack_bf16(ds[2], ds[3]);
+                mma_pack_tile(pa, j, p);
+                mma_pack_tile(da, j, ds);
             }
             mma_acc<2, NV>(dva, nv, pa, Gt + (size_t)c0 * ldv, ldv, lane);   // dV += P^T dO
             mma_acc<2, NQ>(dka, nq, da, Qt + (size_t)c0 * ldq, ldq, lane);   // dK += dS^T Q

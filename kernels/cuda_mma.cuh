@@ -10,7 +10,7 @@
 //   B (16 x 8, 2 registers): b[0] = rows (k) 2c, 2c+1 of col (n) g; b[1] = rows 2c+8, 2c+9
 //   C, D (16 x 8 fp32, 4 floats): d[0], d[1] = row g, cols 2c, 2c+1; d[2], d[3] = row g+8, same
 // so the C of two adjacent n-tiles (16 columns) is, packed to bf16, the A of a product whose k runs
-// over those 16 columns (mma_pack_a).
+// over those 16 columns (mma_pack_tile).
 #ifndef CLLA_KERNELS_CUDA_MMA_CUH
 #define CLLA_KERNELS_CUDA_MMA_CUH
 
@@ -63,13 +63,13 @@ static __device__ __forceinline__ uint32_t mma_pack_bf16(float lo, float hi) {
     return *(const uint32_t *)&v;
 }
 
-// a (16 x 16 A operand, bf16) from the fp32 accumulators of two adjacent n-tiles d0 (columns
-// 0..7) and d1 (8..15).
-static __device__ __forceinline__ void mma_pack_a(uint32_t (&a)[4], const float (&d0)[4], const float (&d1)[4]) {
-    a[0] = mma_pack_bf16(d0[0], d0[1]);
-    a[1] = mma_pack_bf16(d0[2], d0[3]);
-    a[2] = mma_pack_bf16(d1[0], d1[1]);
-    a[3] = mma_pack_bf16(d1[2], d1[3]);
+// Values x laid out as n-tile j's accumulator (x[0], x[1] row g, x[2], x[3] row g + 8), rounded
+// to bf16 into the A operands a of a product whose k runs over the tiles' columns: tile 2i fills
+// columns 0..7 of a[i] (a[i][0], a[i][1]), tile 2i + 1 columns 8..15 (a[i][2], a[i][3]).
+template <int N>
+static __device__ __forceinline__ void mma_pack_tile(uint32_t (&a)[N][4], int j, const float (&x)[4]) {
+    a[j >> 1][(j & 1) * 2] = mma_pack_bf16(x[0], x[1]);
+    a[j >> 1][(j & 1) * 2 + 1] = mma_pack_bf16(x[2], x[3]);
 }
 
 #endif
