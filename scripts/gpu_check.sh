@@ -25,7 +25,8 @@
 # bench_gpu --json (dense and MoE, per-op GPU times); scripts/gpu_profile_attention.sh (ncu on
 # the attention kernels, into OUT/profile_attention/). --budget S: the whole run's seconds
 # (default 3600); each step runs under timeout(1) with what is left (and at most its own cap),
-# and a step that finds less than 20 s left is skipped, saying so. --bench-steps N: timed steps per benchmark (10).
+# and a step that finds less than 20 s left is skipped, saying so. --bench-steps N: timed steps
+# per benchmark (10).
 # Missing shared libraries (the CUDA ones a bundle does not carry) are looked for in the CUDA
 # toolkit and in the nvidia-* Python wheels of the machine and added to LD_LIBRARY_PATH.
 # Without a GPU (or with --dry-run) every step says it skipped and why, and the exit status is 0;
@@ -35,7 +36,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_check_out}
 BIN="" DRY=0 QUICK=0 BUNDLE="" BUILD=$ROOT/build-gpu-portable BUDGET=3600 BENCH_STEPS=10
-usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 positive_int() {   # positive_int OPTION VALUE: the value, or exit 2 naming the option
     [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || { echo "gpu_check: $1 needs a positive integer, got '$2'" >&2; exit 2; }
 }
