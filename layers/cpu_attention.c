@@ -5,10 +5,12 @@
 //
 // Layouts (row-major): q (B, T, NH, DQK), k (B, T, NKV, DQK), v (B, T, NKV, DV),
 // out (B, T, NH, DV), lse (B, NH, T). Query head h reads kv head h / (NH / NKV). A head's rows
-// are strided views (row t of head h of q is at q + (b T + t) NH DQK + h DQK), which sgemm
-// takes directly through its leading dimension. The one copy: each span or tile of keys (and
-// values, in the backward) is transposed into a per-thread block, so that the scores and dP are
-// products A B, which OpenBLAS multiplies unpacked in pieces (sgemm_small).
+// are strided views (row t of head h of q is at q + (b T + t) NH DQK + h DQK), which the forward's
+// sgemm takes directly through its leading dimension. Keys (and values, in the backward) are
+// transposed into per-thread blocks, so that the scores and dP are products A B, which OpenBLAS
+// multiplies unpacked in pieces (sgemm_small). The backward, whose five products read each
+// operand several times, first packs a head's rows into contiguous per-thread copies
+// (TileArgs, below).
 //
 // Tiles: ATT_BQ query rows by ATT_BK keys. Scores, probabilities and their gradients exist only
 // as one tile per thread (64 KiB each; a tile's working set, its Q, K and V rows included, about
@@ -31,10 +33,11 @@
 // key tiles in order, each against the query tiles at and below it: 5 tile products per tile,
 // FlashAttention-2's count. Otherwise two phases: tasks (b, h, query tile) own their dQ rows,
 // then tasks (b, kv head, key tile) own their dK and dV rows, at the price of computing S and
-// dP twice (7 products). Either way nothing is added by two threads (no atomics), and both add
-// every term in the same order (dQ rows over key tiles ascending; dK and dV rows over the
-// group's heads, then query tiles ascending), so the two give the same bits and the result
-// depends neither on the thread count nor on the path (tests/test_ops.c checks it).
+// dP twice (7 products). Either way nothing is added by two threads (no atomics), and both sum
+// every term in the same order into a zeroed accumulator that is added to dq, dk or dv once (dQ
+// rows over key tiles ascending; dK and dV rows over the group's heads, then query tiles
+// ascending), so the two give the same bits and the result depends neither on the thread count
+// nor on the path (tests/test_ops.c checks it).
 //
 // The *_bf16p variants serve the bf16 emulation backend (layers/backend_cpu_bf16.c): the CUDA
 // kernel hands P (for P V and dV) and dS (for dQ and dK) to its tensor-core products as bf16,
@@ -192,14 +195,13 @@ static void transpose_rows(float *dst, int ldd, const float *src, int lds, int n
         for (int d = 0; d < D; d++) dst[(size_t)d * ldd + j] = src[(size_t)j * lds + d];
 }
 
-// C (rows, cols; ldc) = alpha A[r0:] Bt, A's rows the queries and Bt (K, cols; ldbt) the block's
-// keys transposed (transpose_rows): the scores S = scale Q K^T and dP = dO V^T, as products A B
-// that OpenBLAS takes unpacked in pieces (sgemm_small; its small kernel for A B^T, which would need
-// no transpose, was slower than its packed one). Entries above a cut's keys are left unwritten:
-// every reader stops at keys_seen and zeroes the rest of the row.
-static void rows_by_keys_t(float *C, int ldc, const float *A, int lda, const float *Bt, int ldbt, int K, float alpha,
+// C (rows, cols; ldc) = alpha A Bt, A (rows, K; lda) the block's query rows (from its first) and
+// Bt (K, cols; ldbt) its keys transposed (transpose_rows): the scores S = scale Q K^T and
+// dP = dO V^T, as products A B that OpenBLAS takes unpacked in pieces (sgemm_small; its small
+// kernel for A B^T, which would need no transpose, was slower than its packed one). Entries above
+// a cut's keys are left unwritten: every reader stops at keys_seen and zeroes the rest of the row.
+static void rows_by_keys_t(float *C, int ldc, const float *a, int lda, const float *Bt, int ldbt, int K, float alpha,
                            const Block *bk) {
-    const float *a = A + (size_t)bk->r0 * lda;
     int i0 = 0;
     if (bk->cut >= 0) {
         sgemm_small(CblasNoTrans, DIAG_SPLIT, bk->cut, K, alpha, a, lda, Bt, ldbt, 0.0f, C, ldc, CUT_ROWS);
@@ -209,12 +211,11 @@ static void rows_by_keys_t(float *C, int ldc, const float *A, int lda, const flo
                 CUT_ROWS);
 }
 
-// C (rows, N; ldc; the block's first query row) += alpha P X[c0:], P (rows, cols; ldp) over the
-// keys, X's rows the keys: O += P V and dQ += scale dS K. P must be 0 above the diagonal (it is not
-// read past a cut).
-static void rows_from_keys(float *c, int ldc, const float *P, int ldp, const float *X, int ldx, int N, float alpha,
+// c (rows, N; ldc; from the block's first query row) += alpha P x, P (rows, cols; ldp) over the
+// keys, x (cols, N; ldx) the block's key rows: O += P V and dQ += scale dS K. P must be 0 above the
+// diagonal (it is not read past a cut).
+static void rows_from_keys(float *c, int ldc, const float *P, int ldp, const float *x, int ldx, int N, float alpha,
                            const Block *bk, int cut) {
-    const float *x = X + (size_t)bk->c0 * ldx;
     int i0 = 0;
     if (bk->cut >= 0) {
         sgemm_small(CblasNoTrans, DIAG_SPLIT, N, bk->cut, alpha, P, ldp, x, ldx, 1.0f, c, ldc, cut);
@@ -223,12 +224,10 @@ static void rows_from_keys(float *c, int ldc, const float *P, int ldp, const flo
     sgemm_small(CblasNoTrans, bk->rows - i0, N, bk->cols, alpha, P + (size_t)i0 * ldp, ldp, x, ldx, 1.0f, c + (size_t)i0 * ldc, ldc, cut);
 }
 
-// C[c0:] (cols, N; ldc) += alpha P^T X[r0:], X's rows the queries: dV += P^T dO and
-// dK += scale dS^T Q. Keys past a cut are seen by no row before DIAG_SPLIT.
-static void keys_from_rows(float *C, int ldc, const float *P, int ldp, const float *X, int ldx, int N, float alpha,
+// c (cols, N; ldc; from the block's first key) += alpha P^T x, x (rows, N; ldx) the block's query
+// rows: dV += P^T dO and dK += scale dS^T Q. Keys past a cut are seen by no row before DIAG_SPLIT.
+static void keys_from_rows(float *c, int ldc, const float *P, int ldp, const float *x, int ldx, int N, float alpha,
                            const Block *bk) {
-    float *c = C + (size_t)bk->c0 * ldc;
-    const float *x = X + (size_t)bk->r0 * ldx;
     const int j0 = bk->cut >= 0 ? bk->cut : bk->cols;
     sgemm_small(CblasTrans, j0, N, bk->rows, alpha, P, ldp, x, ldx, 1.0f, c, ldc, CUT_INNER);
     if (j0 < bk->cols)
@@ -272,14 +271,13 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                 for (int qt = 0; qt < nq; qt++) {
                     const int r0 = qt * ATT_BQ, rows = imin(T - r0, ATT_BQ);
                     const HeadRows hr = head_rows(&hd, q, k, v, b, h);
-                    const float *qh = hr.q, *vh = hr.v;
                     const float *kth = kt + ((size_t)b * NKV + h / hd.group) * DQK * ldt;
                     for (int i = 0; i < rows; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
                     memset(O, 0, (size_t)rows * DV * sizeof(float));
                     for (int c0 = 0; c0 < r0 + rows; c0 += ATT_SPAN) {
                         const int cols = imin(r0 + rows - c0, ATT_SPAN);
                         const Block bk = block(r0, rows, c0, cols);
-                        rows_by_keys_t(S, ATT_SPAN, qh, hd.ldq, kth + c0, ldt, DQK, scale, &bk);
+                        rows_by_keys_t(S, ATT_SPAN, hr.q + (size_t)r0 * hd.ldq, hd.ldq, kth + c0, ldt, DQK, scale, &bk);
                         for (int i = 0; i < rows; i++) {
                             // the keys the row sees; beyond them (the diagonal block) P is 0
                             float *row = S + (size_t)i * ATT_SPAN;
@@ -294,7 +292,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                                 for (int j = 0; j < n; j++) row[j] = round_bf16(row[j]);
                             if (alpha != 1.0f) scale_row(O + (size_t)i * DV, O + (size_t)i * DV, DV, alpha);
                         }
-                        rows_from_keys(O, DV, S, ATT_SPAN, vh, hd.ldv, DV, 1.0f, &bk, CUT_ROWS);
+                        rows_from_keys(O, DV, S, ATT_SPAN, hr.v + (size_t)c0 * hd.ldv, hd.ldv, DV, 1.0f, &bk, CUT_ROWS);
                     }
                     float *oh = out + hr.o + (size_t)r0 * hd.ldo;
                     float *lh = lse + ((size_t)b * NH + h) * T + r0;
@@ -321,45 +319,65 @@ void cpu_attention_forward_bf16p(float *out, float *lse, const float *q, const f
 
 // ---------------------------------------------------------------- backward
 
-// The probabilities and score gradients of one tile: P = exp(S - lse) (in S; 0 where masked)
-// and dS = P (dP - Delta) (in dP), with dP = dO V^T computed here. bf16p: P and dS rounded.
-static void grad_tile(float *S, float *dP, const float *doh, const float *vt, const float *lh, const float *delta,
-                      const Heads *hd, const Block *bk, int bf16p) {
-    const int r0 = bk->r0, rows = bk->rows, c0 = bk->c0, cols = bk->cols;
-    rows_by_keys_t(dP, ATT_BK, doh, hd->ldo, vt, ATT_BK, hd->DV, 1.0f, bk);
-    for (int i = 0; i < rows; i++) {
-        float *p = S + (size_t)i * ATT_BK, *d = dP + (size_t)i * ATT_BK;
-        const int n = keys_seen(r0, i, c0, cols);   // beyond them (above the diagonal) P and dS are 0
-        vec_exp_shifted(p, n, lh[r0 + i]);
-        const vecf di = vec_splat(delta[r0 + i]);
+// dst (n, D; rows contiguous) = the n rows of src (row stride ld)
+static void pack_rows(float *dst, const float *src, int ld, int n, int D) {
+    for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * D, src + (size_t)i * ld, (size_t)D * sizeof(float));
+}
+
+// the n rows of dst (row stride ld) += src (n, D; rows contiguous)
+static void add_rows(float *dst, int ld, const float *src, int n, int D) {
+    for (int i = 0; i < n; i++) {
+        float *d = dst + (size_t)i * ld;
+        const float *x = src + (size_t)i * D;
         int j = 0;
-        for (; j + VEC_LANES <= n; j += VEC_LANES) vec_store(d + j, vec_load(p + j) * (vec_load(d + j) - di));
-        for (; j < n; j++) d[j] = p[j] * (d[j] - di[0]);
-        memset(p + n, 0, (size_t)(cols - n) * sizeof(float));
-        memset(d + n, 0, (size_t)(cols - n) * sizeof(float));
-        if (bf16p)
-            for (int c = 0; c < n; c++) { p[c] = round_bf16(p[c]); d[c] = round_bf16(d[c]); }
+        for (; j + VEC_LANES <= D; j += VEC_LANES) vec_store(d + j, vec_load(d + j) + vec_load(x + j));
+        for (; j < D; j++) d[j] += x[j];
     }
 }
 
-// The tile's terms of the gradients, each target skipped when NULL:
-//   dV[c0:] += P^T dO[r0:r0+rows],  dK[c0:] += scale dS^T Q[r0:r0+rows],  dQ[r0:] += scale dS K[c0:c0+cols].
-static void accumulate_tile(float *dqh, float *dkh, float *dvh, const float *P, const float *dS, const float *qh,
-                            const float *kh, const float *doh, const Heads *hd, const Block *bk, float scale) {
-    if (dvh) keys_from_rows(dvh, hd->ldv, P, ATT_BK, doh, hd->ldo, hd->DV, 1.0f, bk);
-    if (dkh) keys_from_rows(dkh, hd->ldk, dS, ATT_BK, qh, hd->ldq, hd->DQK, scale, bk);
-    if (dqh) rows_from_keys(dqh + (size_t)bk->r0 * hd->ldq, hd->ldq, dS, ATT_BK, kh, hd->ldk, hd->DQK, scale, bk, CUT_INNER);
-}
+// One block's operands, each at the block's first row (queries from r0, keys from c0), in
+// contiguous rows: the backward packs the strided head views (q + h DQK, rows NH DQK apart) into
+// per-thread copies before it multiplies, because OpenBLAS's small kernels read their operands
+// where they lie, and 128 rows 2 KiB apart ran about a fifth slower than the same rows packed
+// (docs/ATTENTION.md).
+typedef struct TileArgs {
+    const float *q, *dout;     // (rows, DQK), (rows, DV)
+    const float *lse, *delta;  // (rows)
+    const float *kt, *vt;      // (DQK, ATT_BK), (DV, ATT_BK): the key tile transposed
+    const float *k;            // (cols, DQK): the key rows, for dQ
+    float *dq, *dk, *dv;       // accumulators: (rows, DQK); (cols, DQK), (cols, DV); each skipped when NULL
+} TileArgs;
 
-// A key tile's keys and values transposed (Kt: DQK x ATT_BK, Vt: DV x ATT_BK), read by every
-// query tile's S = scale Q Kt and dP = dO Vt (rows_by_keys_t).
-static void key_tile_t(float *Kt, float *Vt, const float *kh, const float *vh, const Heads *hd, int c0, int cols) {
-    transpose_rows(Kt, ATT_BK, kh + (size_t)c0 * hd->ldk, hd->ldk, cols, hd->DQK);
-    transpose_rows(Vt, ATT_BK, vh + (size_t)c0 * hd->ldv, hd->ldv, cols, hd->DV);
+// One block of the backward: P = exp(S - lse) and dS = P (dP - Delta) recomputed (S = scale Q K^T,
+// dP = dO V^T; 0 above the diagonal; bf16p: P and dS rounded), then
+//   dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
+static void block_backward(float *S, float *dP, const TileArgs *t, int DQK, int DV, const Block *bk, float scale, int bf16p) {
+    rows_by_keys_t(S, ATT_BK, t->q, DQK, t->kt, ATT_BK, DQK, scale, bk);
+    rows_by_keys_t(dP, ATT_BK, t->dout, DV, t->vt, ATT_BK, DV, 1.0f, bk);
+    for (int i = 0; i < bk->rows; i++) {
+        float *p = S + (size_t)i * ATT_BK, *d = dP + (size_t)i * ATT_BK;
+        const int n = keys_seen(bk->r0, i, bk->c0, bk->cols);   // beyond them (above the diagonal) P and dS are 0
+        vec_exp_shifted(p, n, t->lse[i]);
+        const vecf di = vec_splat(t->delta[i]);
+        int j = 0;
+        for (; j + VEC_LANES <= n; j += VEC_LANES) vec_store(d + j, vec_load(p + j) * (vec_load(d + j) - di));
+        for (; j < n; j++) d[j] = p[j] * (d[j] - di[0]);
+        memset(p + n, 0, (size_t)(bk->cols - n) * sizeof(float));
+        memset(d + n, 0, (size_t)(bk->cols - n) * sizeof(float));
+        if (bf16p)
+            for (int c = 0; c < n; c++) { p[c] = round_bf16(p[c]); d[c] = round_bf16(d[c]); }
+    }
+    if (t->dv) keys_from_rows(t->dv, DV, S, ATT_BK, t->dout, DV, DV, 1.0f, bk);
+    if (t->dk) keys_from_rows(t->dk, DQK, dP, ATT_BK, t->q, DQK, DQK, scale, bk);
+    if (t->dq) rows_from_keys(t->dq, DQK, dP, ATT_BK, t->k, DQK, DQK, scale, bk, CUT_INNER);
 }
 
 // With P = softmax(S), S = scale Q K^T (causal), O = P V and dO given (see the top):
 // dq, dk, dv accumulate. scratch: fp32 (B, NH, T), receives Delta.
+//
+// Every gradient is summed in a zeroed per-thread accumulator and added to dq, dk or dv once at the
+// end (a query tile's dQ over its key tiles ascending; a key tile's dK and dV over the group's
+// heads, then the query tiles ascending), in both paths, so the two give the same bits.
 static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *out,
                                const float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
                                int NKV, int DQK, int DV, float scale, int bf16p) {
@@ -380,36 +398,52 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
     const int tasks = B * NKV, threads = omp_get_max_threads();
     const int one_pass = tasks >= 4 * threads || tasks % threads == 0;
     _Static_assert(ATT_BQ == ATT_BK, "the query tiles at and below a key tile start at its own index");
+    // per-thread rows: a whole head's (one pass) or one tile's (two phases)
+    const size_t rows = one_pass ? (size_t)nk * ATT_BK : ATT_BK;
     #pragma omp parallel
     {
         float *S = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
         float *dP = xmalloc((size_t)ATT_BQ * ATT_BK * sizeof(float));
-        float *Kt = xmalloc((size_t)DQK * ATT_BK * sizeof(float)), *Vt = xmalloc((size_t)DV * ATT_BK * sizeof(float));
+        // key tiles transposed (one pass: all of the kv head's, tile after tile), key rows, query
+        // rows, dO rows, and the accumulators of dQ, dK, dV
+        float *kt = xmalloc(rows * DQK * sizeof(float)), *vt = xmalloc(rows * DV * sizeof(float));
+        float *kc = xmalloc(rows * DQK * sizeof(float)), *qc = xmalloc(rows * DQK * sizeof(float));
+        float *doc = xmalloc(rows * DV * sizeof(float)), *dqc = xmalloc(rows * DQK * sizeof(float));
+        float *dkc = xmalloc(rows * DQK * sizeof(float)), *dvc = xmalloc(rows * DV * sizeof(float));
         if (one_pass) {
             #pragma omp for collapse(2) schedule(dynamic, 1)
             for (int b = 0; b < B; b++)
                 for (int kvh = 0; kvh < NKV; kvh++) {
                     const float *kh = k + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
                     const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
-                    float *dkh = dk + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
-                    float *dvh = dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
-                    for (int kt = 0; kt < nk; kt++) {
-                        const int c0 = kt * ATT_BK, cols = imin(T - c0, ATT_BK);
-                        key_tile_t(Kt, Vt, kh, vh, &hd, c0, cols);
-                        for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
-                            const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
-                            const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
-                            const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
-                            float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
+                    pack_rows(kc, kh, hd.ldk, T, DQK);
+                    for (int i = 0; i < nk; i++) {
+                        const int c0 = i * ATT_BK, cols = imin(T - c0, ATT_BK);
+                        transpose_rows(kt + (size_t)c0 * DQK, ATT_BK, kc + (size_t)c0 * DQK, DQK, cols, DQK);
+                        transpose_rows(vt + (size_t)c0 * DV, ATT_BK, vh + (size_t)c0 * hd.ldv, hd.ldv, cols, DV);
+                    }
+                    memset(dkc, 0, (size_t)T * DQK * sizeof(float));
+                    memset(dvc, 0, (size_t)T * DV * sizeof(float));
+                    for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
+                        const size_t qo = (size_t)b * T * hd.ldq + (size_t)h * DQK, oo = (size_t)b * T * hd.ldo + (size_t)h * DV;
+                        const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
+                        pack_rows(qc, q + qo, hd.ldq, T, DQK);
+                        pack_rows(doc, dout + oo, hd.ldo, T, DV);
+                        memset(dqc, 0, (size_t)T * DQK * sizeof(float));
+                        for (int i = 0; i < nk; i++) {
+                            const int c0 = i * ATT_BK, cols = imin(T - c0, ATT_BK);
                             for (int r0 = c0; r0 < T; r0 += ATT_BQ) {
-                                const int rows = imin(T - r0, ATT_BQ);
-                                const Block bk = block(r0, rows, c0, cols);
-                                rows_by_keys_t(S, ATT_BK, qh, hd.ldq, Kt, ATT_BK, DQK, scale, &bk);
-                                grad_tile(S, dP, doh, Vt, lh, delta, &hd, &bk, bf16p);
-                                accumulate_tile(dqh, dkh, dvh, S, dP, qh, kh, doh, &hd, &bk, scale);
+                                const Block bk = block(r0, imin(T - r0, ATT_BQ), c0, cols);
+                                const TileArgs ta = {qc + (size_t)r0 * DQK, doc + (size_t)r0 * DV, lh + r0, delta + r0,
+                                                     kt + (size_t)c0 * DQK, vt + (size_t)c0 * DV, kc + (size_t)c0 * DQK,
+                                                     dqc + (size_t)r0 * DQK, dkc + (size_t)c0 * DQK, dvc + (size_t)c0 * DV};
+                                block_backward(S, dP, &ta, DQK, DV, &bk, scale, bf16p);
                             }
                         }
+                        add_rows(dq + qo, hd.ldq, dqc, T, DQK);
                     }
+                    add_rows(dk + (size_t)b * T * hd.ldk + (size_t)kvh * DQK, hd.ldk, dkc, T, DQK);
+                    add_rows(dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV, hd.ldv, dvc, T, DV);
                 }
         } else {
             // phase 1: dQ rows of a query tile
@@ -417,49 +451,63 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
             for (int b = 0; b < B; b++)
                 for (int h = 0; h < NH; h++)
                     for (int qt = 0; qt < nq; qt++) {
-                        const int r0 = qt * ATT_BQ, rows = imin(T - r0, ATT_BQ);
+                        const int r0 = qt * ATT_BQ, nr = imin(T - r0, ATT_BQ);
                         const HeadRows hr = head_rows(&hd, q, k, v, b, h);
-                        const float *qh = hr.q, *kh = hr.k, *vh = hr.v, *doh = dout + hr.o;
                         const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
-                        float *dqh = dq + (size_t)b * T * hd.ldq + (size_t)h * DQK;
-                        for (int c0 = 0; c0 < r0 + rows; c0 += ATT_BK) {
-                            const int cols = imin(r0 + rows - c0, ATT_BK);
-                            const Block bk = block(r0, rows, c0, cols);
-                            key_tile_t(Kt, Vt, kh, vh, &hd, c0, cols);
-                            rows_by_keys_t(S, ATT_BK, qh, hd.ldq, Kt, ATT_BK, DQK, scale, &bk);
-                            grad_tile(S, dP, doh, Vt, lh, delta, &hd, &bk, bf16p);
-                            accumulate_tile(dqh, NULL, NULL, S, dP, qh, kh, doh, &hd, &bk, scale);
+                        pack_rows(qc, hr.q + (size_t)r0 * hd.ldq, hd.ldq, nr, DQK);
+                        pack_rows(doc, dout + hr.o + (size_t)r0 * hd.ldo, hd.ldo, nr, DV);
+                        memset(dqc, 0, (size_t)nr * DQK * sizeof(float));
+                        for (int c0 = 0; c0 < r0 + nr; c0 += ATT_BK) {
+                            const int cols = imin(r0 + nr - c0, ATT_BK);
+                            const Block bk = block(r0, nr, c0, cols);
+                            pack_rows(kc, hr.k + (size_t)c0 * hd.ldk, hd.ldk, cols, DQK);
+                            transpose_rows(kt, ATT_BK, kc, DQK, cols, DQK);
+                            transpose_rows(vt, ATT_BK, hr.v + (size_t)c0 * hd.ldv, hd.ldv, cols, DV);
+                            const TileArgs ta = {qc, doc, lh + r0, delta + r0, kt, vt, kc, dqc, NULL, NULL};
+                            block_backward(S, dP, &ta, DQK, DV, &bk, scale, bf16p);
                         }
+                        add_rows(dq + (size_t)b * T * hd.ldq + (size_t)h * DQK + (size_t)r0 * hd.ldq, hd.ldq, dqc, nr, DQK);
                     }
             // phase 2: dK and dV rows of a key tile, from the query tiles at and below it
             #pragma omp for collapse(3) schedule(dynamic, 1)
             for (int b = 0; b < B; b++)
                 for (int kvh = 0; kvh < NKV; kvh++)
-                    for (int kt = 0; kt < nk; kt++) {
-                        const int c0 = kt * ATT_BK, cols = imin(T - c0, ATT_BK);
-                        const float *kh = k + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
-                        const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
-                        float *dkh = dk + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
-                        float *dvh = dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
-                        key_tile_t(Kt, Vt, kh, vh, &hd, c0, cols);
+                    for (int i = 0; i < nk; i++) {
+                        const int c0 = i * ATT_BK, cols = imin(T - c0, ATT_BK);
+                        const size_t ko = (size_t)b * T * hd.ldk + (size_t)kvh * DQK + (size_t)c0 * hd.ldk;
+                        const size_t vo = (size_t)b * T * hd.ldv + (size_t)kvh * DV + (size_t)c0 * hd.ldv;
+                        pack_rows(kc, k + ko, hd.ldk, cols, DQK);
+                        transpose_rows(kt, ATT_BK, kc, DQK, cols, DQK);
+                        transpose_rows(vt, ATT_BK, v + vo, hd.ldv, cols, DV);
+                        memset(dkc, 0, (size_t)cols * DQK * sizeof(float));
+                        memset(dvc, 0, (size_t)cols * DV * sizeof(float));
                         for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
                             const float *qh = q + (size_t)b * T * hd.ldq + (size_t)h * DQK;
                             const float *doh = dout + (size_t)b * T * hd.ldo + (size_t)h * DV;
                             const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
-                            for (int r0 = c0 / ATT_BQ * ATT_BQ; r0 < T; r0 += ATT_BQ) {
-                                const int rows = imin(T - r0, ATT_BQ);
-                                const Block bk = block(r0, rows, c0, cols);
-                                rows_by_keys_t(S, ATT_BK, qh, hd.ldq, Kt, ATT_BK, DQK, scale, &bk);
-                                grad_tile(S, dP, doh, Vt, lh, delta, &hd, &bk, bf16p);
-                                accumulate_tile(NULL, dkh, dvh, S, dP, qh, kh, doh, &hd, &bk, scale);
+                            for (int r0 = c0; r0 < T; r0 += ATT_BQ) {
+                                const int nr = imin(T - r0, ATT_BQ);
+                                const Block bk = block(r0, nr, c0, cols);
+                                pack_rows(qc, qh + (size_t)r0 * hd.ldq, hd.ldq, nr, DQK);
+                                pack_rows(doc, doh + (size_t)r0 * hd.ldo, hd.ldo, nr, DV);
+                                const TileArgs ta = {qc, doc, lh + r0, delta + r0, kt, vt, kc, NULL, dkc, dvc};
+                                block_backward(S, dP, &ta, DQK, DV, &bk, scale, bf16p);
                             }
                         }
+                        add_rows(dk + ko, hd.ldk, dkc, cols, DQK);
+                        add_rows(dv + vo, hd.ldv, dvc, cols, DV);
                     }
         }
         free(S);
         free(dP);
-        free(Kt);
-        free(Vt);
+        free(kt);
+        free(vt);
+        free(kc);
+        free(qc);
+        free(doc);
+        free(dqc);
+        free(dkc);
+        free(dvc);
     }
 }
 
