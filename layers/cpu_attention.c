@@ -398,7 +398,8 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
     const int tasks = B * NKV, threads = omp_get_max_threads();
     const int one_pass = tasks >= 4 * threads || tasks % threads == 0;
     _Static_assert(ATT_BQ == ATT_BK, "the query tiles at and below a key tile start at its own index");
-    // per-thread rows: a whole head's (one pass) or one tile's (two phases)
+    // per-thread rows: a whole head's (one pass) or one tile's (two phases); pages are touched only
+    // by the threads that take a task, so at most min(threads, B NKV) heads' rows are resident
     const size_t rows = one_pass ? (size_t)nk * ATT_BK : ATT_BK;
     #pragma omp parallel
     {
