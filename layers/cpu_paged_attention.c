@@ -363,6 +363,10 @@ static const float *chunk_fp32(const SharedDecode *sd, const PagedStream *const 
 // prefetchers do not follow past a page, and perf put most of a step on the loads' stalls. The
 // scores pass asks for the next tile's keys and for this tile's values, so that the values pass
 // finds its rows in L2 (L1, prefetcht0, measured slower: a tile's keys are already most of it).
+// The requests are spread over the tile's heads, a share before each head's products: asked all
+// at once (an MHA tile's 512 lines) they filled the core's miss buffers, the prefetch
+// instructions waited for free ones (30% of the kernel's samples sat on them under perf), and no
+// product ran meanwhile (docs/INFERENCE.md).
 static void prefetch_rows(const PagedStream *s, const uint8_t *const *row, int n) {
     if (!s || !read_in_place(s)) return;
     for (int j = 0; j < n; j++) {
@@ -504,10 +508,12 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 const Part none = {NULL, 0, 0, 0};   // a scored key stream has no part here
                 const Part kp2 = k2 && !k2_scored ? part_of(k2, k2row + ta, 0, DK2) : none;
                 const int ahead = tile_len(nt, ta + m);   // the next tile's rows
-                if (!k_scored) prefetch_rows(k, krow + ta + m, ahead);
-                if (k2 && !k2_scored) prefetch_rows(k2, k2row + ta + m, ahead);
-                if (!same_v) prefetch_rows(v, vrow + ta, m);
                 for (int h = 0; h < NH; h++) {
+                    // the prefetches spread over the heads, a share before each
+                    const int a0 = ahead * h / NH, a1 = ahead * (h + 1) / NH, v0 = m * h / NH, v1 = m * (h + 1) / NH;
+                    if (!k_scored) prefetch_rows(k, krow + ta + m + a0, a1 - a0);
+                    if (k2 && !k2_scored) prefetch_rows(k2, k2row + ta + m + a0, a1 - a0);
+                    if (!same_v) prefetch_rows(v, vrow + ta + v0, v1 - v0);
                     const Part kp = k_scored ? none : part_of(k, krow + ta, (h / group) * DK, DK);
                     scores(sc + (size_t)h * CT + ta, qk + (size_t)h * DQ, &kp, qk + (size_t)h * DQ + DK, &kp2, m, scale);
                 }
@@ -522,9 +528,9 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             softmax_rows(st, sc, CT, NH, nt);
             float *acc = st + 2 * NH;   // (NH, DV), zero from xcalloc
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
-                const int m = tile_len(nt, ta);
-                prefetch_rows(v, vrow + ta + m, tile_len(nt, ta + m));
+                const int m = tile_len(nt, ta), ahead = tile_len(nt, ta + m);
                 for (int g = 0; g < NKV; g++) {
+                    prefetch_rows(v, vrow + ta + m + ahead * g / NKV, ahead * (g + 1) / NKV - ahead * g / NKV);
                     const Part vp = part_of(v, vrow + ta, g * DV, DV);
                     for (int r = 0; r < group; r += 2) {
                         const int h = g * group + r;
