@@ -344,7 +344,7 @@ typedef struct TileArgs {
     const float *q, *dout;     // (rows, DQK), (rows, DV)
     const float *lse, *delta;  // (rows)
     const float *kt, *vt;      // (DQK, ATT_BK), (DV, ATT_BK): the key tile transposed
-    const float *k;            // (cols, DQK): the key rows, for dQ
+    const float *k;            // (cols, DQK): the key rows, for dQ (NULL when dq is)
     float *dq, *dk, *dv;       // accumulators: (rows, DQK); (cols, DQK), (cols, DV); each skipped when NULL
 } TileArgs;
 
@@ -477,8 +477,7 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                         const int c0 = i * ATT_BK, cols = imin(T - c0, ATT_BK);
                         const size_t ko = (size_t)b * T * hd.ldk + (size_t)kvh * DQK + (size_t)c0 * hd.ldk;
                         const size_t vo = (size_t)b * T * hd.ldv + (size_t)kvh * DV + (size_t)c0 * hd.ldv;
-                        pack_rows(kc, k + ko, hd.ldk, cols, DQK);
-                        transpose_rows(kt, ATT_BK, kc, DQK, cols, DQK);
+                        transpose_rows(kt, ATT_BK, k + ko, hd.ldk, cols, DQK);   // no dQ here: K rows not needed
                         transpose_rows(vt, ATT_BK, v + vo, hd.ldv, cols, DV);
                         memset(dkc, 0, (size_t)cols * DQK * sizeof(float));
                         memset(dvc, 0, (size_t)cols * DV * sizeof(float));
@@ -491,7 +490,7 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                                 const Block bk = block(r0, nr, c0, cols);
                                 pack_rows(qc, qh + (size_t)r0 * hd.ldq, hd.ldq, nr, DQK);
                                 pack_rows(doc, doh + (size_t)r0 * hd.ldo, hd.ldo, nr, DV);
-                                const TileArgs ta = {qc, doc, lh + r0, delta + r0, kt, vt, kc, NULL, dkc, dvc};
+                                const TileArgs ta = {qc, doc, lh + r0, delta + r0, kt, vt, NULL, NULL, dkc, dvc};
                                 block_backward(S, dP, &ta, DQK, DV, &bk, scale, bf16p);
                             }
                         }
