@@ -13,7 +13,8 @@
 // the accumulators are kept split into even and odd elements). A codec stream (int_group) is
 // decoded once per chunk into a per-thread fp32 scratch and read from there. Rows read in place
 // are prefetched a tile ahead (prefetch_rows). Scores go 8 tokens
-// at a time (8 accumulators, summed across lanes together by vec_sum8), weighted values 2 heads
+// at a time (8 accumulators, summed across lanes together by vec_sum8), for two query heads of
+// one kv head together where a group has two (scores_pair), weighted values 2 heads
 // x 32 values at a time, the softmax's exponentials 8 at a time (vec_exp). OpenBLAS's sgemm packs
 // its operands and ran several times slower at these few rows (bench/bench_decode.c), except
 // under its small-matrix bound, where it does not pack: a group of 8 or more query heads whose
@@ -75,84 +76,119 @@ static void query_for(float *dst, const float *q, const Part *p) {
     for (int d = e; d < p->n; d++) dst[d] = q[d];
 }
 
-// a_j += (query . part) over the vector steps, for the 8 tokens t .. t + 7; returns where the
-// scalar tail starts
+// a_j += (query . part) and, for a second head (two), b_j += (its query . part) over the vector
+// steps, for the 8 tokens t .. t + 7; e ends where the scalar tail starts. Two heads that share a
+// kv head take the same rows: each row piece is loaded and widened once for both, which halves
+// the loads and the widening per multiply-add, and the 8 rows of the tile stay in flight. Each
+// accumulator sees the same multiply-adds in the same order either way, so one head scored
+// alone or beside another gives the same bits.
 #define TILE8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
-#define SCORE_ACC                                                                                 \
+#define SCORE_ACC(two)                                                                            \
     if (p->bf16) {                                                                                \
         e = p->n / 16 * 16;                                                                       \
         for (int d = 0; d < e; d += 16) {                                                         \
-            vecf qe = vec_load(qp + d), qo = vec_load(qp + d + 8);                                \
+            vecf qe = vec_load(qp + d), qo = vec_load(qp + d + 8), qe2 = qe, qo2 = qo;            \
+            if (two) qe2 = vec_load(qp2 + d), qo2 = vec_load(qp2 + d + 8);                        \
             TILE8(BF16_STEP)                                                                      \
         }                                                                                         \
     } else {                                                                                      \
         e = p->n / VEC_LANES * VEC_LANES;                                                         \
         for (int d = 0; d < e; d += VEC_LANES) {                                                  \
-            vecf x = vec_load(qp + d);                                                            \
+            vecf x = vec_load(qp + d), x2 = x;                                                    \
+            if (two) x2 = vec_load(qp2 + d);                                                      \
             TILE8(F32_STEP)                                                                       \
         }                                                                                         \
     }
-#define BF16_STEP(j) { vecu u = load_pairs(r##j + 2 * (size_t)d); a##j += qe * even_of(u); a##j += qo * odd_of(u); }
-#define F32_STEP(j) a##j += x * vec_load((const float *)r##j + d);
+#define BF16_STEP(j)                                                                              \
+    {                                                                                             \
+        vecu u = load_pairs(r##j + 2 * (size_t)d);                                                \
+        vecf ev = even_of(u), od = odd_of(u);                                                     \
+        a##j += qe * ev; a##j += qo * od;                                                         \
+        if (two) { b##j += qe2 * ev; b##j += qo2 * od; }                                          \
+    }
+#define F32_STEP(j)                                                                               \
+    {                                                                                             \
+        vecf kv = vec_load((const float *)r##j + d);                                              \
+        a##j += x * kv;                                                                           \
+        if (two) b##j += x2 * kv;                                                                 \
+    }
 
-// sc[t] = scale * (q . K[t] + q2 . K2[t]) for t < nt, q and q2 laid out by query_for; k2 has n = 0
-// when absent
-static void scores(float *sc, const float *q, const Part *k, const float *q2, const Part *k2, int nt, float scale) {
+// sc[t] = scale * (q . K[t] + q2 . K2[t]) for t < nt, q and q2 laid out by query_for; k2 has
+// n = 0 when absent. two: the same for a second head, whose query rows are qb, qb2 and scores scb
+// (its kv head's part is k's: the caller pairs heads of one group). Inlined with two a constant,
+// so that the one-head form carries no second set of accumulators.
+static inline __attribute__((always_inline)) void scores_heads(int two, float *sc, float *scb, const float *q, const float *qb,
+                                                               const Part *k, const float *q2, const float *qb2, const Part *k2,
+                                                               int nt, float scale) {
     int t = 0;
     for (; t + 8 <= nt; t += 8) {
         vecf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+        vecf b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0}, b4 = {0}, b5 = {0}, b6 = {0}, b7 = {0};
         int tails[2];
         for (int part = 0; part < 2; part++) {
             const Part *p = part ? k2 : k;
-            const float *qp = part ? q2 : q;
+            const float *qp = part ? q2 : q, *qp2 = part ? qb2 : qb;
             int e = 0;
             if (p->n) {
 #define ROW(j) const uint8_t *r##j = at(p, t + j);
                 TILE8(ROW)
 #undef ROW
-                SCORE_ACC
+                SCORE_ACC(two)
             }
             tails[part] = e;
         }
-        vecf s = vec_sum8(a0, a1, a2, a3, a4, a5, a6, a7);
-        for (int part = 0; part < 2; part++) {
-            const Part *p = part ? k2 : k;
-            const float *qp = part ? q2 : q;
-            for (int j = 0; j < 8 && tails[part] < p->n; j++) {
-                const uint8_t *r = at(p, t + j);
-                for (int d = tails[part]; d < p->n; d++) s[j] += qp[d] * elem(p, r, d);
-            }
-        }
-        vec_store(sc + t, s * vec_splat(scale));
-    }
-    for (; t < nt; t++) {   // one token: the same steps with one accumulator
-        vecf a = {0};
-        float s = 0.0f;
-        int tails[2];
-        for (int part = 0; part < 2; part++) {
-            const Part *p = part ? k2 : k;
-            const float *qp = part ? q2 : q;
-            const uint8_t *r = p->n ? at(p, t) : NULL;
-            int e = 0;
-            if (p->bf16) {
-                for (e = 0; e + 16 <= p->n; e += 16) {
-                    vecu u = load_pairs(r + 2 * (size_t)e);
-                    a += vec_load(qp + e) * even_of(u);
-                    a += vec_load(qp + e + 8) * odd_of(u);
+        for (int head = 0; head < 1 + two; head++) {
+            vecf s = head ? vec_sum8(b0, b1, b2, b3, b4, b5, b6, b7) : vec_sum8(a0, a1, a2, a3, a4, a5, a6, a7);
+            for (int part = 0; part < 2; part++) {
+                const Part *p = part ? k2 : k;
+                const float *qp = head ? (part ? qb2 : qb) : (part ? q2 : q);
+                for (int j = 0; j < 8 && tails[part] < p->n; j++) {
+                    const uint8_t *r = at(p, t + j);
+                    for (int d = tails[part]; d < p->n; d++) s[j] += qp[d] * elem(p, r, d);
                 }
-            } else {
-                for (e = 0; e + VEC_LANES <= p->n; e += VEC_LANES) a += vec_load(qp + e) * vec_load((const float *)r + e);
             }
-            tails[part] = e;
+            vec_store((head ? scb : sc) + t, s * vec_splat(scale));
         }
-        s = vec_sum(a);
-        for (int part = 0; part < 2; part++) {
-            const Part *p = part ? k2 : k;
-            const float *qp = part ? q2 : q;
-            for (int d = tails[part]; d < p->n; d++) s += qp[d] * elem(p, at(p, t), d);
-        }
-        sc[t] = scale * s;
     }
+    for (int head = 0; head < 1 + two; head++)
+        for (int u = t; u < nt; u++) {   // one token: the same steps with one accumulator
+            const float *qh = head ? qb : q, *qh2 = head ? qb2 : q2;
+            vecf a = {0};
+            float s = 0.0f;
+            int tails[2];
+            for (int part = 0; part < 2; part++) {
+                const Part *p = part ? k2 : k;
+                const float *qp = part ? qh2 : qh;
+                const uint8_t *r = p->n ? at(p, u) : NULL;
+                int e = 0;
+                if (p->bf16) {
+                    for (e = 0; e + 16 <= p->n; e += 16) {
+                        vecu w = load_pairs(r + 2 * (size_t)e);
+                        a += vec_load(qp + e) * even_of(w);
+                        a += vec_load(qp + e + 8) * odd_of(w);
+                    }
+                } else {
+                    for (e = 0; e + VEC_LANES <= p->n; e += VEC_LANES) a += vec_load(qp + e) * vec_load((const float *)r + e);
+                }
+                tails[part] = e;
+            }
+            s = vec_sum(a);
+            for (int part = 0; part < 2; part++) {
+                const Part *p = part ? k2 : k;
+                const float *qp = part ? qh2 : qh;
+                for (int d = tails[part]; d < p->n; d++) s += qp[d] * elem(p, at(p, u), d);
+            }
+            (head ? scb : sc)[u] = scale * s;
+        }
+}
+
+static void scores(float *sc, const float *q, const Part *k, const float *q2, const Part *k2, int nt, float scale) {
+    scores_heads(0, sc, NULL, q, NULL, k, q2, NULL, k2, nt, scale);
+}
+
+static void scores_pair(float *sc, float *scb, const float *q, const float *qb, const Part *k, const float *q2, const float *qb2,
+                        const Part *k2, int nt, float scale) {
+    scores_heads(1, sc, scb, q, qb, k, q2, qb2, k2, nt, scale);
 }
 
 // acc[r][0..n) += sum_t p[r][t] V[t][0..n) for rows r < rows (1 or 2) of p (leading dim ldp),
@@ -508,14 +544,22 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 const Part none = {NULL, 0, 0, 0};   // a scored key stream has no part here
                 const Part kp2 = k2 && !k2_scored ? part_of(k2, k2row + ta, 0, DK2) : none;
                 const int ahead = tile_len(nt, ta + m);   // the next tile's rows
-                for (int h = 0; h < NH; h++) {
+                for (int h = 0; h < NH;) {
+                    // two heads of one kv head scored together (scores_pair) where there are two
+                    const int pair = group > 1 && h % group + 1 < group, h1 = h + 1 + pair;
                     // the prefetches spread over the heads, a share before each
-                    const int a0 = ahead * h / NH, a1 = ahead * (h + 1) / NH, v0 = m * h / NH, v1 = m * (h + 1) / NH;
+                    const int a0 = ahead * h / NH, a1 = ahead * h1 / NH, v0 = m * h / NH, v1 = m * h1 / NH;
                     if (!k_scored) prefetch_rows(k, krow + ta + m + a0, a1 - a0);
                     if (k2 && !k2_scored) prefetch_rows(k2, k2row + ta + m + a0, a1 - a0);
                     if (!same_v) prefetch_rows(v, vrow + ta + v0, v1 - v0);
                     const Part kp = k_scored ? none : part_of(k, krow + ta, (h / group) * DK, DK);
-                    scores(sc + (size_t)h * CT + ta, qk + (size_t)h * DQ, &kp, qk + (size_t)h * DQ + DK, &kp2, m, scale);
+                    const float *qa = qk + (size_t)h * DQ;
+                    if (pair)
+                        scores_pair(sc + (size_t)h * CT + ta, sc + (size_t)(h + 1) * CT + ta, qa, qa + DQ, &kp, qa + DK, qa + DQ + DK,
+                                    &kp2, m, scale);
+                    else
+                        scores(sc + (size_t)h * CT + ta, qa, &kp, qa + DK, &kp2, m, scale);
+                    h = h1;
                 }
             }
             // the codecs' scores of scored key parts, block by block, added scaled (the rope key is

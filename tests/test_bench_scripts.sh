@@ -167,6 +167,9 @@ if git -C "$SRC" rev-parse --verify --quiet HEAD > /dev/null 2>&1; then
     out=$(AB_TINY=1 OMP_NUM_THREADS=2 bash "$SRC/bench/ab.sh" matmul HEAD 1 2>&1)
     [ "$(grep -c 'forward old .* input gradient old .* weight gradient old' <<< "$out")" = 2 ] &&
         ok "ab.sh matmul HEAD (tiny): two shapes timed" || fail "ab.sh matmul: $out"
+    out=$(AB_TINY=1 OMP_NUM_THREADS=2 bash "$SRC/bench/ab.sh" paged HEAD 1 2>&1)
+    [ "$(grep -c "step's attention old .* new .*" <<< "$out")" = 2 ] && [ "$(grep -c 'the same bits' <<< "$out")" = 2 ] &&
+        ok "ab.sh paged HEAD (tiny): two shapes timed, the same bits" || fail "ab.sh paged: $out"
     if bash "$SRC/bench/ab.sh" attention no-such-commit > "$WORK/ab.out" 2>&1; then fail "ab.sh accepted no-such-commit"
     else grep -q "is not a commit" "$WORK/ab.out" && ok "ab.sh refuses: $(cat "$WORK/ab.out")" || fail "ab refusal: $(cat "$WORK/ab.out")"; fi
     if bash "$SRC/bench/ab.sh" gemv HEAD > "$WORK/ab.out" 2>&1; then fail "ab.sh accepted the op gemv"

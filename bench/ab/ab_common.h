@@ -18,13 +18,16 @@ static inline float *ab_uniform(size_t n, Rng *r) {
     return x;
 }
 
-// the n whole-number arguments named names[] (each 1..65536) into a[], or the usage and exit 2
-static inline void ab_args(int argc, char **argv, const char *usage, const char *const *names, int n, int64_t *a) {
+// the n whole-number arguments named names[] (each lo..65536) into a[], or the usage and exit 2
+static inline void ab_args_from(int argc, char **argv, const char *usage, const char *const *names, int n, int64_t *a, int lo) {
     if (argc != n + 1) {
         fprintf(stderr, "usage: %s\n", usage);
         exit(2);
     }
-    for (int i = 0; i < n; i++) a[i] = opt_i64(names[i], argv[i + 1], 1, 65536);
+    for (int i = 0; i < n; i++) a[i] = opt_i64(names[i], argv[i + 1], lo, 65536);
+}
+static inline void ab_args(int argc, char **argv, const char *usage, const char *const *names, int n, int64_t *a) {
+    ab_args_from(argc, argv, usage, names, n, a, 1);
 }
 
 // best[j][v]: the shortest of the times t[j] of part j of version v (0 old, 1 new) over the
