@@ -38,6 +38,8 @@
 #define CHUNK_BYTES ((size_t)256 << 10)
 #define MAX_CHUNK_BLOCKS 16
 #define TILE_TOKENS 16
+// query heads that weighted_values serves from one widened value row (1 to 4)
+#define VALUE_HEADS 4
 
 typedef uint32_t vecu __attribute__((vector_size(VEC_LANES * sizeof(uint32_t))));
 typedef uint32_t vecu_u __attribute__((vector_size(VEC_LANES * sizeof(uint32_t)), aligned(2), may_alias));
@@ -191,18 +193,27 @@ static void scores_pair(float *sc, float *scb, const float *q, const float *qb, 
     scores_heads(1, sc, scb, q, qb, k, q2, qb2, k2, nt, scale);
 }
 
-// acc[r][0..n) += sum_t p[r][t] V[t][0..n) for rows r < rows (1 or 2) of p (leading dim ldp),
-// t in order. For a bf16 part, acc holds each 32 values split as the registers hold them (the
-// even elements of the first 16, their odd ones, then the same of the second 16): the caller
-// zeroes acc before the first tile and calls unsplit_values after the last.
-static void weighted_values(float *acc, int ldacc, const float *p, int ldp, int rows, const Part *v, int nt) {
+// acc[r][0..n) += sum_t p[r][t] V[t][0..n) for rows r < R (1 to 4) of p (leading dim ldp), t in
+// order. For a bf16 part, acc holds each 32 values split as the registers hold them (the even
+// elements of the first 16, their odd ones, then the same of the second 16): the caller zeroes
+// acc before the first tile and calls unsplit_values after the last. Each value row is loaded and
+// widened once for the R heads (16 accumulators at R = 4); a head's sums do not depend on R.
+// Inlined with R a constant (weighted_values), so that fewer rows carry no unused accumulators.
+#define VAL_ROWS(X) X(0, a) X(1, b) X(2, c) X(3, g)
+static inline __attribute__((always_inline)) void values_rows(const int R, float *acc, int ldacc, const float *p, int ldp,
+                                                              const Part *v, int nt) {
     const int n = v->n;
-    float *acc1 = acc + ldacc;
     int d = 0;
     for (; d + 4 * VEC_LANES <= n; d += 4 * VEC_LANES) {
-        vecf a0 = vec_load(acc + d), a1 = vec_load(acc + d + 8), a2 = vec_load(acc + d + 16), a3 = vec_load(acc + d + 24);
-        vecf b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-        if (rows > 1) b0 = vec_load(acc1 + d), b1 = vec_load(acc1 + d + 8), b2 = vec_load(acc1 + d + 16), b3 = vec_load(acc1 + d + 24);
+        vecf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+        vecf c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0}, g0 = {0}, g1 = {0}, g2 = {0}, g3 = {0};
+#define VAL_LOAD(r, x)                                                                       \
+        if (R > r) {                                                                         \
+            const float *ar = acc + (size_t)(r) * ldacc + d;                                 \
+            x##0 = vec_load(ar), x##1 = vec_load(ar + 8), x##2 = vec_load(ar + 16), x##3 = vec_load(ar + 24); \
+        }
+        VAL_ROWS(VAL_LOAD)
+#undef VAL_LOAD
         for (int t = 0; t < nt; t++) {
             vecf x0, x1, x2, x3;
             if (v->bf16) {
@@ -213,22 +224,37 @@ static void weighted_values(float *acc, int ldacc, const float *p, int ldp, int 
                 const float *r = (const float *)at(v, t) + d;
                 x0 = vec_load(r), x1 = vec_load(r + 8), x2 = vec_load(r + 16), x3 = vec_load(r + 24);
             }
-            vecf w = vec_splat(p[t]);
-            a0 += w * x0; a1 += w * x1; a2 += w * x2; a3 += w * x3;
-            if (rows > 1) {
-                vecf w1 = vec_splat(p[ldp + t]);
-                b0 += w1 * x0; b1 += w1 * x1; b2 += w1 * x2; b3 += w1 * x3;
+#define VAL_FMA(r, y)                                                                        \
+            if (R > r) {                                                                     \
+                vecf w = vec_splat(p[(size_t)(r) * ldp + t]);                                \
+                y##0 += w * x0; y##1 += w * x1; y##2 += w * x2; y##3 += w * x3;             \
             }
+            VAL_ROWS(VAL_FMA)
+#undef VAL_FMA
         }
-        vec_store(acc + d, a0); vec_store(acc + d + 8, a1); vec_store(acc + d + 16, a2); vec_store(acc + d + 24, a3);
-        if (rows > 1) vec_store(acc1 + d, b0), vec_store(acc1 + d + 8, b1), vec_store(acc1 + d + 16, b2), vec_store(acc1 + d + 24, b3);
+#define VAL_STORE(r, x)                                                                      \
+        if (R > r) {                                                                         \
+            float *ar = acc + (size_t)(r) * ldacc + d;                                       \
+            vec_store(ar, x##0), vec_store(ar + 8, x##1), vec_store(ar + 16, x##2), vec_store(ar + 24, x##3); \
+        }
+        VAL_ROWS(VAL_STORE)
+#undef VAL_STORE
     }
     for (; d < n; d++)   // the last < 32 values, one at a time
-        for (int r = 0; r < rows; r++) {
+        for (int r = 0; r < R; r++) {
             float a = acc[(size_t)r * ldacc + d];
             for (int t = 0; t < nt; t++) a += p[(size_t)r * ldp + t] * elem(v, at(v, t), d);
             acc[(size_t)r * ldacc + d] = a;
         }
+}
+
+static void weighted_values(float *acc, int ldacc, const float *p, int ldp, int rows, const Part *v, int nt) {
+    switch (rows) {
+    case 1: values_rows(1, acc, ldacc, p, ldp, v, nt); break;
+    case 2: values_rows(2, acc, ldacc, p, ldp, v, nt); break;
+    case 3: values_rows(3, acc, ldacc, p, ldp, v, nt); break;
+    default: values_rows(4, acc, ldacc, p, ldp, v, nt); break;
+    }
 }
 
 // weighted_values' split layout of a bf16 part back to element order
@@ -576,9 +602,10 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 for (int g = 0; g < NKV; g++) {
                     prefetch_rows(v, vrow + ta + m + ahead * g / NKV, ahead * (g + 1) / NKV - ahead * g / NKV);
                     const Part vp = part_of(v, vrow + ta, g * DV, DV);
-                    for (int r = 0; r < group; r += 2) {
+                    for (int r = 0; r < group; r += VALUE_HEADS) {
                         const int h = g * group + r;
-                        weighted_values(acc + (size_t)h * DV, DV, sc + (size_t)h * CT + ta, CT, group - r >= 2 ? 2 : 1, &vp, m);
+                        weighted_values(acc + (size_t)h * DV, DV, sc + (size_t)h * CT + ta, CT,
+                                        group - r < VALUE_HEADS ? group - r : VALUE_HEADS, &vp, m);
                     }
                 }
             }
