@@ -467,6 +467,14 @@ static void gemm_values(float *O, int ldo, const float *P, int ldp, const float 
 // Tokens of the tile that starts at token t of a chunk of nt: TILE_TOKENS, fewer at the end, 0 past it
 static inline int tile_len(int nt, int t) { return nt - t < TILE_TOKENS ? (nt > t ? nt - t : 0) : TILE_TOKENS; }
 
+// o[0..n) += w x[0..n), each element one fused multiply-add, in vectors
+static void add_scaled(float *o, float w, const float *x, int n) {
+    const vecf wv = vec_splat(w);
+    int d = 0;
+    for (; d + VEC_LANES <= n; d += VEC_LANES) vec_store(o + d, vec_fma(wv, vec_load(x + d), vec_load(o + d)));
+    for (; d < n; d++) o[d] = fmaf(w, x[d], o[d]);
+}
+
 static Part part_of(const PagedStream *s, const uint8_t *const *row, int first, int n) {
     const int bf16 = s->kind == PAGED_BF16;
     return (Part){row, (size_t)first * (bf16 ? 2 : 4), n, bf16};
@@ -510,17 +518,26 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
     const size_t per_item = (size_t)NH * (2 + DV);
     float *state = xcalloc((size_t)(n_items ? n_items : 1) * per_item, sizeof(float));
 
+    // every query head laid out for its parts (query_for) once, for all the chunks it meets
+    float *qlay = xmalloc(((size_t)n * NH * DQ + 1) * sizeof(float));
+    for (int ih = 0; !gemm && ih < n * NH; ih++) {
+        const Part kp = part_of(k, NULL, 0, DK);
+        query_for(qlay + (size_t)ih * DQ, q + (size_t)ih * DQ, &kp);
+        if (k2) {
+            const Part kp2 = part_of(k2, NULL, 0, DK2);
+            query_for(qlay + (size_t)ih * DQ + DK, q + (size_t)ih * DQ + DK, &kp2);
+        }
+    }
+
     #pragma omp parallel
     {
-        // per thread: decoded chunks of codec streams, the chunk's row pointers, the scores and
-        // the query heads laid out for their parts (query_for)
+        // per thread: decoded chunks of codec streams, the chunk's row pointers and the scores
         float *kbuf = read_in_place(k) ? NULL : xmalloc((size_t)CT * k->width * sizeof(float));
         float *vbuf = same_v || read_in_place(v) ? NULL : xmalloc((size_t)CT * v->width * sizeof(float));
         float *k2buf = !k2 || read_in_place(k2) ? NULL : xmalloc((size_t)CT * k2->width * sizeof(float));
         const uint8_t **rows = xmalloc((size_t)3 * CT * sizeof(*rows));
         const uint8_t **krow = rows, **vrow = same_v ? rows : rows + CT, **k2row = rows + 2 * CT;
         float *sc = xmalloc((size_t)(NH + 1) * CT * sizeof(float));   // + one row of a scored stream's raw scores
-        float *qk = xmalloc((size_t)NH * (DQ > 0 ? DQ : 1) * sizeof(float));
         // the gemm path's fp32 rope key (its keys and values are decoded into kbuf and vbuf)
         float *gk2 = gemm && k2 && read_in_place(k2) ? xmalloc((size_t)CT * k2->width * sizeof(float)) : k2buf;
         #pragma omp for schedule(dynamic, 1)
@@ -556,15 +573,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             else if (k2 && !k2_scored) chunk_rows(k2, blocks, nt, k2buf, k2row);
             // the chunk is walked token-major, TILE_TOKENS rows at a time for every head (the rows
             // stay in L1 while the heads that share them are scored; memory is read front to back)
-            for (int h = 0; h < NH; h++) {
-                const float *qh = q + ((size_t)i * NH + h) * DQ;
-                const Part kp = part_of(k, krow, (h / group) * DK, DK);
-                query_for(qk + (size_t)h * DQ, qh, &kp);
-                if (k2) {
-                    const Part kp2 = part_of(k2, k2row, 0, DK2);
-                    query_for(qk + (size_t)h * DQ + DK, qh + DK, &kp2);
-                }
-            }
+            const float *qk = qlay + (size_t)i * NH * DQ;
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
                 const int m = tile_len(nt, ta);
                 const Part none = {NULL, 0, 0, 0};   // a scored key stream has no part here
@@ -618,31 +627,32 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
         free(k2buf);
         free(rows);
         free(sc);
-        free(qk);
     }
 
-    // merge the chunks of each sequence in order
-    #pragma omp parallel for schedule(static) if (n > 1)
-    for (int i = 0; i < n; i++) {
-        for (int h = 0; h < NH; h++) {
-            float mx = -INFINITY;
-            for (int it = first_item[i]; it < first_item[i + 1]; it++) {
-                const float m = state[(size_t)it * per_item + h];
-                mx = m > mx ? m : mx;
-            }
-            float *o = out + ((size_t)i * NH + h) * DV, l = 0.0f;
-            memset(o, 0, (size_t)DV * sizeof(float));
-            for (int it = first_item[i]; it < first_item[i + 1]; it++) {
-                const float *st = state + (size_t)it * per_item;
-                const float w = expf(st[h] - mx);
-                l += w * st[NH + h];
-                const float *acc = st + 2 * NH + (size_t)h * DV;
-                for (int d = 0; d < DV; d++) o[d] += w * acc[d];
-            }
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            for (int d = 0; d < DV; d++) o[d] *= inv;
+    // merge the chunks of each (sequence, head) in order; the pairs in parallel (a batch of one
+    // has NH of them), each row's sums in vectors (element d's order is the chunks')
+    #pragma omp parallel for schedule(static) if (n * NH > 1)
+    for (int ih = 0; ih < n * NH; ih++) {
+        const int i = ih / NH, h = ih % NH;
+        float mx = -INFINITY;
+        for (int it = first_item[i]; it < first_item[i + 1]; it++) {
+            const float m = state[(size_t)it * per_item + h];
+            mx = m > mx ? m : mx;
         }
+        float *o = out + (size_t)ih * DV, l = 0.0f;
+        memset(o, 0, (size_t)DV * sizeof(float));
+        for (int it = first_item[i]; it < first_item[i + 1]; it++) {
+            const float *st = state + (size_t)it * per_item;
+            const float w = expf(st[h] - mx);
+            l += w * st[NH + h];
+            add_scaled(o, w, st + 2 * NH + (size_t)h * DV, DV);
+        }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        int d = 0;
+        for (; d + VEC_LANES <= DV; d += VEC_LANES) vec_store(o + d, vec_load(o + d) * vec_splat(inv));
+        for (; d < DV; d++) o[d] *= inv;
     }
+    free(qlay);
     free(state);
     shared_free(&sd);
     free(prep);
