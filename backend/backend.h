@@ -138,10 +138,12 @@ typedef struct Backend {
                             const PagedStream *v, const int *block_table, int max_blocks, const int *lens,
                             int n, int NH, int NKV, int DK, int DK2, int DV, float scale);
 
-    // ---- SwiGLU: out = silu(gate) * up, elementwise over n ----
-    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    // ---- SwiGLU: out (rows, cols) = silu(gate) * up, elementwise; gate and up (and dgate and
+    // dup) have rows ld apart: the gate and up halves of one (rows, 2 cols) product are gate =
+    // p, up = p + cols, ld = 2 cols (model/forward.c). The backward adds into dgate and dup. ----
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, int rows, int cols, int ld);
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
-                            const float *up, size_t n);
+                            const float *up, int rows, int cols, int ld);
 
     // ---- softmax cross-entropy over V classes, targets == ignore_index contribute nothing ----
     // losses (N) fp32: -log softmax(logits)[target], 0 where ignored.

@@ -26,9 +26,9 @@ void cuda_act_from_host(float *dst, const float *src_host, size_t n);
 // ---- elementwise (cuda_elementwise.cu) and SwiGLU (cuda_swiglu.cu) ----
 void cuda_add_forward(float *out, const float *a, const float *b, size_t n);
 void cuda_accumulate(float *dst, const float *src, size_t n);
-void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void cuda_swiglu_forward(float *out, const float *gate, const float *up, int rows, int cols, int stride);
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                          const float *up, size_t n);
+                          const float *up, int rows, int cols, int stride);
 
 // ---- token embedding (cuda_embedding.cu) ----
 void cuda_embedding_forward(float *out, const int *tokens, const float *wte, int N, int C);

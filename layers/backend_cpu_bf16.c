@@ -147,16 +147,18 @@ static void emu_attention_backward(float *dq, float *dk, float *dv, float *scrat
 
 // ---- SwiGLU ----
 
-static void emu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-    cpu_swiglu_forward(out, gate, up, n);
-    round_n(out, n);
+static void emu_swiglu_forward(float *out, const float *gate, const float *up, int rows, int cols, int ld) {
+    cpu_swiglu_forward(out, gate, up, rows, cols, ld);
+    round_n(out, (size_t)rows * cols);
 }
 
-static void emu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                                size_t n) {
-    cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
-    round_n(dgate, n);
-    round_n(dup, n);
+static void emu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int rows,
+                                int cols, int ld) {
+    cpu_swiglu_backward(dgate, dup, dout, gate, up, rows, cols, ld);
+    for (int r = 0; r < rows; r++) {
+        round_n(dgate + (size_t)r * ld, (size_t)cols);
+        round_n(dup + (size_t)r * ld, (size_t)cols);
+    }
 }
 
 // ---- cross-entropy: fp32 losses, bf16 dlogits ----

@@ -71,9 +71,9 @@ void cpu_attention_backward_bf16p(float *dq, float *dk, float *dv, float *scratc
                                   int NH, int NKV, int DQK, int DV, float scale);
 
 // ---- SwiGLU (cpu_swiglu.c) ----
-void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
-void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                         const float *up, size_t n);
+void cpu_swiglu_forward(float *out, const float *gate, const float *up, int rows, int cols, int ld);
+void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int rows, int cols,
+                         int ld);
 
 // ---- softmax cross-entropy (cpu_xent.c) ----
 void cpu_xent_forward(float *losses, const float *logits, const int *targets, int N, int V,

@@ -88,8 +88,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
         x->h_mlp = act(a, DT_STORE, N, C, "layers.%d.h_mlp", l);
         x->rstd_mlp = act(a, DT_F32, N, 1, "layers.%d.rstd_mlp", l);
         if (!config_is_moe_layer(c, l)) {   // MoE layers: model/moe.c lays out their buffers
-            x->gate = act(a, DT_STORE, N, I, "layers.%d.gate", l);
-            x->up = act(a, DT_STORE, N, I, "layers.%d.up", l);
+            x->gate_up = act(a, DT_STORE, N, 2 * (int64_t)I, "layers.%d.gate_up", l);
             x->act = act(a, DT_STORE, N, I, "layers.%d.act", l);
         }
     }
@@ -123,8 +122,7 @@ void model_layout_acts(Model *m, int B, int T, size_t store_bytes) {
     }
     ga->datt_out = act(g, DT_STORE, N, (int64_t)NH * DV, "datt_out", 0);
     if (!config_is_moe_layer(c, 0)) {   // layer 0 is dense exactly when some layer has a dense MLP
-        ga->dgate = act(g, DT_STORE, N, I, "dgate", 0);
-        ga->dup = act(g, DT_STORE, N, I, "dup", 0);
+        ga->dgate_up = act(g, DT_STORE, N, 2 * (int64_t)I, "dgate_up", 0);
         ga->dact = act(g, DT_STORE, N, I, "dact", 0);
     }
     ga->dlogits = act(g, DT_STORE, N, V, "dlogits", 0);

@@ -14,9 +14,11 @@ static void mlp_forward(Model *m, int l) {
     int N = m->B * m->T, C = c->hidden_size, I = c->intermediate_size;
     const LayerParams *p = &m->lp[l];
     const LayerActs *x = &m->la[l];
-    be->matmul_forward(A(x->gate), A(x->h_mlp), P(p->gate_proj), N, C, I);
-    be->matmul_forward(A(x->up), A(x->h_mlp), P(p->up_proj), N, C, I);
-    be->swiglu_forward(A(x->act), A(x->gate), A(x->up), (size_t)N * I);
+    // gate and up as one product: up_proj is joined to gate_proj in the table (model/params.c),
+    // so the two are one (2I, C) weight and each output row is gate | up
+    const float *gu = A(x->gate_up);
+    be->matmul_forward(A(x->gate_up), A(x->h_mlp), P(p->gate_proj), N, C, 2 * I);
+    be->swiglu_forward(A(x->act), gu, store_at(be, gu, (size_t)I), N, I, 2 * I);
     be->matmul_forward(A(m->tmp_c), A(x->act), P(p->down_proj), N, I, C);
 }
 
@@ -31,11 +33,11 @@ static void mlp_backward(Model *m, int l) {
     size_t sb = be->act_bytes;
     be->zero(DA(ga->dact), (size_t)N * I * sb);
     be->matmul_backward(DA(ga->dact), G(p->down_proj), DA(ga->dres), A(x->act), P(p->down_proj), N, I, C);
-    be->zero(DA(ga->dgate), (size_t)N * I * sb);
-    be->zero(DA(ga->dup), (size_t)N * I * sb);
-    be->swiglu_backward(DA(ga->dgate), DA(ga->dup), DA(ga->dact), A(x->gate), A(x->up), (size_t)N * I);
-    be->matmul_backward(DA(ga->dh), G(p->gate_proj), DA(ga->dgate), A(x->h_mlp), P(p->gate_proj), N, C, I);
-    be->matmul_backward(DA(ga->dh), G(p->up_proj), DA(ga->dup), A(x->h_mlp), P(p->up_proj), N, C, I);
+    float *dgu = DA(ga->dgate_up);
+    const float *gu = A(x->gate_up);
+    be->zero(dgu, (size_t)N * 2 * I * sb);
+    be->swiglu_backward(dgu, store_at(be, dgu, (size_t)I), DA(ga->dact), gu, store_at(be, gu, (size_t)I), N, I, 2 * I);
+    be->matmul_backward(DA(ga->dh), G(p->gate_proj), dgu, A(x->h_mlp), P(p->gate_proj), N, C, 2 * I);
 }
 
 // The FFN of layer l: the dense MLP, or (MoE layers) the mixture of experts (model/moe.c),

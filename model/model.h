@@ -21,7 +21,7 @@ typedef struct LayerParams {
     int kv_a_norm;                      // latent producers: RMSNorm of the latent
     int k_rope_proj;                    // latent consumers that project their own k_rope: [rope, C]
     int kv_b_proj;                      // latent: [NH * (D + DV), kv_lora_rank] (absent: latent_kvproj consumers)
-    int gate_proj, up_proj, down_proj;
+    int gate_proj, up_proj, down_proj;   // up_proj joined to gate_proj: one (2I, C) matrix (model/params.c)
 } LayerParams;
 
 // Indices into Model.acts, per layer (-1 where the layer's attention kind has none).
@@ -42,7 +42,7 @@ typedef struct LayerActs {
     int res_mid;         // (B,T,C) residual after attention
     int h_mlp;           // (B,T,C) post_attention_layernorm output
     int rstd_mlp;        // (B*T) f32
-    int gate, up, act;   // (B,T,I) gate_proj, up_proj outputs and silu(gate)*up
+    int gate_up, act;   // (B,T,2I) gate_proj | up_proj outputs, one product; (B,T,I) silu(gate)*up
 } LayerActs;
 
 // Indices into Model.acts, per cache slot (the cache layer's payload in training).
@@ -67,7 +67,7 @@ typedef struct GradActs {
     int dc_raw;          // latent producer: (B,T,r)
     int dk_rope;         // latent consumer's own rope key (B,T,DR)
     int datt_out;        // (B,T,NH,DV)
-    int dgate, dup, dact;  // (B,T,I)
+    int dgate_up, dact;  // (B,T,2I) d(gate | up), (B,T,I) d(act)
     int dlogits;         // (B,T,V)
     int att_delta;       // (B,NH,T) f32 scratch of the attention backward (dO . O per row)
 } GradActs;

@@ -12,6 +12,12 @@
 #define A(i) ((float *)table_ptr_store(&m->acts, m->act, (i)))
 #define DA(i) ((float *)table_ptr_store(&m->gacts, m->gact, (i)))
 
+// n elements past p in a buffer of the backend's storage (act_bytes each): the up half of a
+// (rows, 2 I) gate | up product starts I past its gate half.
+static inline float *store_at(const Backend *be, const float *p, size_t n) {
+    return (float *)((const char *)p + n * be->act_bytes);
+}
+
 // Attention block of layer l: reads la[l].h_attn, writes la[l].att_out (forward); given
 // d(att_out) in ga.datt_out, adds d(h_attn) into ga.dh and parameter gradients (backward).
 void attention_block_forward(Model *m, int l);

@@ -74,7 +74,9 @@ void moe_add_layer_params(Model *m, int l) {
     int64_t sh[2];
 #define MATRIX(out, in, ...) (sh[0] = (out), sh[1] = (in), table_addf(tt, l, 1, DT_STORE, 2, sh, __VA_ARGS__))
     if (Is > 0) {
+        // each up_proj joined to its gate_proj: one (2 width, C) matrix, one product for both
         p->shared_gate = MATRIX(Is, C, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
+        table_join_next(tt);
         p->shared_up = MATRIX(Is, C, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
         p->shared_down = MATRIX(C, Is, "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
     }
@@ -84,6 +86,7 @@ void moe_add_layer_params(Model *m, int l) {
     p->down_proj = xcalloc((size_t)E, sizeof(int));
     for (int e = 0; e < E; e++) {
         p->gate_proj[e] = MATRIX(Ie, C, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+        table_join_next(tt);
         p->up_proj[e] = MATRIX(Ie, C, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
         p->down_proj[e] = MATRIX(C, Ie, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
     }
@@ -116,13 +119,11 @@ void moe_layout_acts(Model *m, TensorTable *a, TensorTable *g) {
         x->expert_off = act(a, DT_F32, E + 1, 1, "layers.%d.moe.expert_off", l);
         x->row_token = act(a, DT_F32, R, 1, "layers.%d.moe.row_token", l);
         x->assign_row = act(a, DT_F32, N, K, "layers.%d.moe.assign_row", l);
-        x->gate = act(a, DT_STORE, R, Ie, "layers.%d.moe.gate", l);
-        x->up = act(a, DT_STORE, R, Ie, "layers.%d.moe.up", l);
+        x->gate_up = act(a, DT_STORE, R, 2 * (int64_t)Ie, "layers.%d.moe.gate_up", l);
         x->act = act(a, DT_STORE, R, Ie, "layers.%d.moe.act", l);
         x->expert_out = act(a, DT_STORE, R, C, "layers.%d.moe.expert_out", l);
         if (Is > 0) {
-            x->s_gate = act(a, DT_STORE, N, Is, "layers.%d.moe.shared_gate", l);
-            x->s_up = act(a, DT_STORE, N, Is, "layers.%d.moe.shared_up", l);
+            x->s_gate_up = act(a, DT_STORE, N, 2 * (int64_t)Is, "layers.%d.moe.shared_gate_up", l);
             x->s_act = act(a, DT_STORE, N, Is, "layers.%d.moe.shared_act", l);
         }
     }
@@ -132,13 +133,11 @@ void moe_layout_acts(Model *m, TensorTable *a, TensorTable *g) {
 
     s->dxs = act(g, DT_STORE, R, C, "moe.dxs", 0);
     s->dexpert_out = act(g, DT_STORE, R, C, "moe.dexpert_out", 0);
-    s->dgate = act(g, DT_STORE, R, Ie, "moe.dgate", 0);
-    s->dup = act(g, DT_STORE, R, Ie, "moe.dup", 0);
+    s->dgate_up = act(g, DT_STORE, R, 2 * (int64_t)Ie, "moe.dgate_up", 0);
     s->dact = act(g, DT_STORE, R, Ie, "moe.dact", 0);
-    s->ds_gate = s->ds_up = s->ds_act = -1;
+    s->ds_gate_up = s->ds_act = -1;
     if (Is > 0) {
-        s->ds_gate = act(g, DT_STORE, N, Is, "moe.dshared_gate", 0);
-        s->ds_up = act(g, DT_STORE, N, Is, "moe.dshared_up", 0);
+        s->ds_gate_up = act(g, DT_STORE, N, 2 * (int64_t)Is, "moe.dshared_gate_up", 0);
         s->ds_act = act(g, DT_STORE, N, Is, "moe.dshared_act", 0);
     }
     s->dtopk_w = act(g, DT_F32, N, K, "moe.dtopk_w", 0);
@@ -188,9 +187,9 @@ static void shared_forward(Model *m, int l, float *out, const float *h) {
     const MoeLayerParams *p = &s->lp[l];
     const MoeLayerActs *x = &s->la[l];
     int N = m->B * m->T, C = m->cfg.hidden_size, Is = s->Is;
-    be->matmul_forward(A(x->s_gate), h, P(p->shared_gate), N, C, Is);
-    be->matmul_forward(A(x->s_up), h, P(p->shared_up), N, C, Is);
-    be->swiglu_forward(A(x->s_act), A(x->s_gate), A(x->s_up), (size_t)N * Is);
+    const float *gu = A(x->s_gate_up);   // (N, 2 Is): gate | up, one product (shared_up joined to shared_gate)
+    be->matmul_forward(A(x->s_gate_up), h, P(p->shared_gate), N, C, 2 * Is);
+    be->swiglu_forward(A(x->s_act), gu, store_at(be, gu, (size_t)Is), N, Is, 2 * Is);
     be->matmul_forward(out, A(x->s_act), P(p->shared_down), N, Is, C);
 }
 
@@ -225,9 +224,10 @@ void moe_forward(Model *m, int l) {
 
     // routed experts, each on its own rows (grouped matmuls: one op call for all experts)
     be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
-    be->moe_expert_matmul_forward(A(x->gate), A(s->xs), weights(m, p->gate_proj), off, E, C, Ie);
-    be->moe_expert_matmul_forward(A(x->up), A(s->xs), weights(m, p->up_proj), off, E, C, Ie);
-    be->swiglu_forward(A(x->act), A(x->gate), A(x->up), (size_t)R * Ie);
+    // each expert's gate and up as one product (up_proj joined to gate_proj): (R, 2 Ie) rows
+    const float *gu = A(x->gate_up);
+    be->moe_expert_matmul_forward(A(x->gate_up), A(s->xs), weights(m, p->gate_proj), off, E, C, 2 * Ie);
+    be->swiglu_forward(A(x->act), gu, store_at(be, gu, (size_t)Ie), R, Ie, 2 * Ie);
     be->moe_expert_matmul_forward(A(x->expert_out), A(x->act), weights(m, p->down_proj), off, E, Ie, C);
     be->moe_combine_forward(out, A(x->expert_out), A(x->topk_w), AI(x->assign_row), N, K, C);
 }
@@ -251,11 +251,11 @@ void moe_backward(Model *m, int l, float loss_scale) {
     if (Is > 0) {
         be->zero(DA(s->ds_act), (size_t)N * Is * sb);
         be->matmul_backward(DA(s->ds_act), G(p->shared_down), dout, A(x->s_act), P(p->shared_down), N, Is, C);
-        be->zero(DA(s->ds_gate), (size_t)N * Is * sb);
-        be->zero(DA(s->ds_up), (size_t)N * Is * sb);
-        be->swiglu_backward(DA(s->ds_gate), DA(s->ds_up), DA(s->ds_act), A(x->s_gate), A(x->s_up), (size_t)N * Is);
-        be->matmul_backward(dh, G(p->shared_gate), DA(s->ds_gate), h, P(p->shared_gate), N, C, Is);
-        be->matmul_backward(dh, G(p->shared_up), DA(s->ds_up), h, P(p->shared_up), N, C, Is);
+        float *dgu = DA(s->ds_gate_up);   // (N, 2 Is): d(gate | up)
+        const float *gu = A(x->s_gate_up);
+        be->zero(dgu, (size_t)N * 2 * Is * sb);
+        be->swiglu_backward(dgu, store_at(be, dgu, (size_t)Is), DA(s->ds_act), gu, store_at(be, gu, (size_t)Is), N, Is, 2 * Is);
+        be->matmul_backward(dh, G(p->shared_gate), dgu, h, P(p->shared_gate), N, C, 2 * Is);
     }
 
     // weighted scatter: gradients of the expert outputs and of the combine weights
@@ -268,16 +268,15 @@ void moe_backward(Model *m, int l, float loss_scale) {
         be->zero(DA(s->dact), (size_t)R * Ie * sb);
         be->moe_expert_matmul_backward(DA(s->dact), grads(m, p->down_proj), DA(s->dexpert_out), A(x->act),
                                        weights(m, p->down_proj), off, E, Ie, C);
-        be->zero(DA(s->dgate), (size_t)R * Ie * sb);
-        be->zero(DA(s->dup), (size_t)R * Ie * sb);
-        be->swiglu_backward(DA(s->dgate), DA(s->dup), DA(s->dact), A(x->gate), A(x->up), (size_t)R * Ie);
+        float *dgu = DA(s->dgate_up);   // (R, 2 Ie): d(gate | up)
+        const float *gu = A(x->gate_up);
+        be->zero(dgu, (size_t)R * 2 * Ie * sb);
+        be->swiglu_backward(dgu, store_at(be, dgu, (size_t)Ie), DA(s->dact), gu, store_at(be, gu, (size_t)Ie), R, Ie, 2 * Ie);
         // the gathered input is not kept per layer: gather it again (cheap next to the matmuls)
         be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
         be->zero(DA(s->dxs), (size_t)R * C * sb);
-        be->moe_expert_matmul_backward(DA(s->dxs), grads(m, p->gate_proj), DA(s->dgate), A(s->xs),
-                                       weights(m, p->gate_proj), off, E, C, Ie);
-        be->moe_expert_matmul_backward(DA(s->dxs), grads(m, p->up_proj), DA(s->dup), A(s->xs),
-                                       weights(m, p->up_proj), off, E, C, Ie);
+        be->moe_expert_matmul_backward(DA(s->dxs), grads(m, p->gate_proj), dgu, A(s->xs), weights(m, p->gate_proj), off, E,
+                                       C, 2 * Ie);
         be->moe_gather_backward(dh, DA(s->dxs), AI(x->assign_row), N, K, C);
     }
 

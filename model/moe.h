@@ -35,9 +35,9 @@ typedef struct MoeLayerActs {
     int expert_off;       // (E+1) int32 row ranges of the experts
     int row_token;        // (R) int32
     int assign_row;       // (N, K) int32, -1 = dropped
-    int gate, up, act;    // (R, Ie) expert SwiGLU activations, rows in expert order
+    int gate_up, act;     // (R, 2Ie) gate | up of one product per expert, (R, Ie) SwiGLU; rows in expert order
     int expert_out;       // (R, C) expert outputs before weighting
-    int s_gate, s_up, s_act;   // (N, Is) shared expert
+    int s_gate_up, s_act;      // (N, 2Is), (N, Is) shared expert
 } MoeLayerActs;
 
 typedef struct MoeModel {
@@ -50,8 +50,8 @@ typedef struct MoeModel {
     int aux;              // (2) f32 aux and z loss of the layer being run
     // activation gradients (Model.gacts), reused by every layer
     int dxs, dexpert_out;          // (R, C)
-    int dgate, dup, dact;          // (R, Ie)
-    int ds_gate, ds_up, ds_act;    // (N, Is)
+    int dgate_up, dact;            // (R, 2Ie), (R, Ie)
+    int ds_gate_up, ds_act;        // (N, 2Is), (N, Is)
     int dtopk_w;                   // (N, K) f32
     int dlogits;                   // (N, E) f32
     // host copies from the last forward, per layer

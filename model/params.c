@@ -86,7 +86,9 @@ static void build_table(Model *m, const ModelConfig *cfg, size_t store_bytes, in
         if (config_is_moe_layer(c, l)) {
             moe_add_layer_params(m, l);
         } else {
+            // up_proj joined to gate_proj: one (2I, C) matrix, one product for both (model/forward.c)
             p->gate_proj = add_matrix(tt, l, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
+            table_join_next(tt);
             p->up_proj = add_matrix(tt, l, I, C, "model.layers.%d.mlp.up_proj.weight", l);
             p->down_proj = add_matrix(tt, l, C, I, "model.layers.%d.mlp.down_proj.weight", l);
         }

@@ -56,12 +56,19 @@ static int find_hashed(const TensorTable *tt, const char *name, size_t h) {
     return -1;
 }
 
-// x + bytes rounded up to 256; 0 (refused) when it would overflow: the layout sizes real allocations.
-static int place_ok(size_t x, size_t numel, size_t elem_bytes, size_t *end) {
-    int64_t bytes, e;
-    if (ck_mul((int64_t)numel, (int64_t)elem_bytes, &bytes) || ck_add((int64_t)x, bytes, &e) || ck_add(e, 255, &e)) return 0;
+// x + bytes (raw) and that rounded up to 256 (end); 0 (refused) when it would overflow: the
+// layout sizes real allocations.
+static int place_ok(size_t x, size_t numel, size_t elem_bytes, size_t *raw, size_t *end) {
+    int64_t bytes, e, r;
+    if (ck_mul((int64_t)numel, (int64_t)elem_bytes, &bytes) || ck_add((int64_t)x, bytes, &r) || ck_add(r, 255, &e)) return 0;
+    *raw = (size_t)r;
     *end = (size_t)e & ~(size_t)255;
     return 1;
+}
+
+void table_join_next(TensorTable *tt) {
+    if (tt->n == 0) die("internal: table_join_next on an empty table");
+    tt->join_next = 1;
 }
 
 // A plan-only table's add, same arithmetic as table_add + table_layout: -1 when anything is
@@ -71,14 +78,18 @@ static int plan_add(TensorTable *tt, int dtype, int ndim, const int64_t *shape) 
     int64_t numel = 1, total;
     for (int d = 0; d < ndim; d++)
         if (shape[d] <= 0 || ck_mul(numel, shape[d], &numel)) return -1;
-    size_t s, f;
+    size_t s, f, rs, rf;
+    const int join = tt->join_next;   // starts at the last one's unpadded ends
     if (ck_add((int64_t)tt->numel, numel, &total) ||
-        !place_ok(tt->bytes_store, (size_t)numel, dtype == DT_F32 ? 4 : tt->plan_store_bytes, &s) ||
-        !place_ok(tt->bytes_f32, (size_t)numel, 4, &f))
+        !place_ok(join ? tt->plan_raw_store : tt->bytes_store, (size_t)numel, dtype == DT_F32 ? 4 : tt->plan_store_bytes, &rs, &s) ||
+        !place_ok(join ? tt->plan_raw_f32 : tt->bytes_f32, (size_t)numel, 4, &rf, &f))
         return -1;
+    tt->join_next = 0;
     tt->numel = (size_t)total;
     tt->bytes_store = s;
     tt->bytes_f32 = f;
+    tt->plan_raw_store = rs;
+    tt->plan_raw_f32 = rf;
     return tt->n++;
 }
 
@@ -118,6 +129,9 @@ int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype
     ti->layer = layer;
     ti->decay = decay;
     ti->dtype = dtype;
+    ti->joined = tt->join_next;
+    if (ti->joined && tt->t[tt->n - 1].dtype != dtype) die("internal: tensor %s joined to one of another dtype", name);
+    tt->join_next = 0;
     tt->numel = (size_t)total;
     tt->n++;
     if (!tt->unindexed && !index_grow(tt)) index_insert(tt, h, tt->n - 1);
@@ -142,10 +156,11 @@ int table_find(const TensorTable *tt, const char *name) {
     return find_hashed(tt, name, name_hash(name));
 }
 
-// x + bytes rounded up to 256, or die: the layout must never wrap (it sizes real allocations).
-static size_t place(size_t x, size_t numel, size_t elem_bytes, const char *name) {
+// x + bytes (raw) and that rounded up to 256 (returned), or die: the layout must never wrap (it
+// sizes real allocations).
+static size_t place(size_t x, size_t numel, size_t elem_bytes, const char *name, size_t *raw) {
     size_t end;
-    if (!place_ok(x, numel, elem_bytes, &end)) die("tensor %s: the table's byte size overflows 64 bits: the config is too large", name);
+    if (!place_ok(x, numel, elem_bytes, raw, &end)) die("tensor %s: the table's byte size overflows 64 bits: the config is too large", name);
     return end;
 }
 
@@ -154,14 +169,14 @@ void table_layout(TensorTable *tt, size_t store_bytes) {
         if (store_bytes != tt->plan_store_bytes) die("internal: plan-only table laid out with %zu-byte storage, planned with %zu", store_bytes, tt->plan_store_bytes);
         return;
     }
-    size_t s = 0, f = 0;
+    size_t s = 0, f = 0, rs = 0, rf = 0;   // the next offsets; the last tensor's unpadded ends
     for (int i = 0; i < tt->n; i++) {
         TensorInfo *ti = &tt->t[i];
         size_t eb = ti->dtype == DT_F32 ? 4 : store_bytes;
-        ti->off_store = s;
-        ti->off_f32 = f;
-        s = place(s, ti->numel, eb, ti->name);
-        f = place(f, ti->numel, 4, ti->name);
+        ti->off_store = ti->joined ? rs : s;
+        ti->off_f32 = ti->joined ? rf : f;
+        s = place(ti->off_store, ti->numel, eb, ti->name, &rs);
+        f = place(ti->off_f32, ti->numel, 4, ti->name, &rf);
     }
     tt->bytes_store = s;
     tt->bytes_f32 = f;

@@ -23,6 +23,7 @@ typedef struct TensorInfo {
     int dtype;         // DT_STORE or DT_F32
     size_t off_store;  // byte offset in a buffer laid out with the backend's storage size
     size_t off_f32;    // byte offset in an fp32 buffer of the same table (grads, masters, m, v)
+    int joined;        // starts where the tensor before it ends, without padding (table_join_next)
 } TensorInfo;
 
 typedef struct TensorTable {
@@ -42,6 +43,8 @@ typedef struct TensorTable {
     // a model of 100,000 layers is planned in milliseconds. Set before the first table_add;
     // the returned indices only count, and table_find, table_ptr_* and t[] must not be used.
     size_t plan_store_bytes;
+    int join_next;                      // the next table_add is joined (table_join_next)
+    size_t plan_raw_store, plan_raw_f32;   // a plan-only table: the last tensor's unpadded ends
 } TensorTable;
 
 // Adds a tensor; returns its index. Dies on a duplicate name.
@@ -50,8 +53,12 @@ int table_add(TensorTable *tt, const char *name, int layer, int decay, int dtype
 int table_addf(TensorTable *tt, int layer, int decay, int dtype, int ndim, const int64_t *shape, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 int table_find(const TensorTable *tt, const char *name);   // -1 when absent; O(1) (hashed names)
+// The next tensor added starts where the last one added ends, with no padding between them,
+// in every layout, so that two matrices of the same input width are one matrix of their rows
+// (gate_proj and up_proj: one product for both, model/forward.c). Same dtype as the last one.
+void table_join_next(TensorTable *tt);
 // Computes byte offsets (checked: dies rather than wrap; config_check_sizes refuses such configs first): storage elements of store_bytes (DT_F32 tensors always 4), each
-// tensor aligned to 256 bytes (GPU-friendly, and harmless on the CPU).
+// tensor aligned to 256 bytes (GPU-friendly, and harmless on the CPU) except a joined one.
 void table_layout(TensorTable *tt, size_t store_bytes);
 void table_free(TensorTable *tt);
 

@@ -139,6 +139,29 @@ static void test_table(void) {
     table_layout(&tt, 2);
     CHECK(tt.t[1].off_store == 256 && tt.t[1].off_f32 == 256 && tt.bytes_store == 20000 * 256, "256-byte aligned layout");
     table_free(&tt);
+
+    // a joined tensor starts where the one before it ends (gate_proj | up_proj), in both
+    // layouts, and a plan-only table counts the same bytes
+    TensorTable full = {0}, plan = {.plan_store_bytes = 2};
+    TensorTable *both[2] = {&full, &plan};
+    for (int k = 0; k < 2; k++) {
+        table_add(both[k], "a", 0, 1, DT_STORE, 2, shape);
+        table_join_next(both[k]);
+        table_add(both[k], "b", 0, 1, DT_STORE, 2, shape);
+        table_add(both[k], "c", 0, 1, DT_STORE, 2, shape);
+        table_join_next(both[k]);
+        table_add(both[k], "d", 0, 1, DT_STORE, 2, shape);
+    }
+    table_layout(&full, 2);
+    CHECK(full.t[1].off_store == 30 && full.t[1].off_f32 == 60, "joined: b at %zu / %zu, not right after a", full.t[1].off_store,
+          full.t[1].off_f32);
+    CHECK(full.t[2].off_store == 256 && full.t[3].off_store == 286 && full.t[3].off_f32 == 316, "after a joined pair: c at %zu, d at %zu",
+          full.t[2].off_store, full.t[3].off_store);
+    CHECK(full.bytes_store == 512 && full.bytes_f32 == 512, "joined layout totals %zu / %zu", full.bytes_store, full.bytes_f32);
+    CHECK(plan.bytes_store == full.bytes_store && plan.bytes_f32 == full.bytes_f32, "plan-only totals %zu / %zu against %zu / %zu",
+          plan.bytes_store, plan.bytes_f32, full.bytes_store, full.bytes_f32);
+    table_free(&full);
+    table_free(&plan);
 }
 
 int main(void) {

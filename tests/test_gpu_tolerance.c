@@ -45,7 +45,7 @@ int main(void) {
         const size_t n = 100003;
         float *g = bf16_uniform(n, -6, 6, &r), *u = bf16_uniform(n, -2, 2, &r);
         float *ref = malloc(n * sizeof(float)), *f = malloc(n * sizeof(float)), *x = malloc(n * sizeof(float));
-        cpu->swiglu_forward(ref, g, u, n);
+        cpu->swiglu_forward(ref, g, u, 1, (int)n, (int)n);
         for (size_t i = 0; i < n; i++) {
             float s = g[i] * (1.0f / (1.0f + expf(-g[i])));   // another formula for silu
             f[i] = bf(s * u[i]);

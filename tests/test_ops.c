@@ -635,20 +635,30 @@ static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV, int w
     free(ref); free(ref_lse);
 }
 
-static void test_swiglu(size_t n) {
+// gate and up as the halves of one (rows, 2 cols) product, as the model lays them out
+// (model/forward.c): gate = gu, up = gu + cols, rows 2 cols apart; dgate and dup the same in dgu
+static void test_swiglu(int rows, int cols) {
     char name[96];
-    float *g = frand(n, -6, 6), *u = frand(n, -2, 2), *out = falloc(n);
-    double *g_d = to_double(g, n), *u_d = to_double(u, n), *ref = dalloc(n);
-    be->swiglu_forward(out, g, u, n);
+    const size_t n = (size_t)rows * cols, ld = 2 * (size_t)cols;
+    float *gu = falloc(2 * n), *out = falloc(n);
+    for (int r = 0; r < rows; r++) {   // gate values in [-6, 6], up values in [-2, 2]
+        float *g = frand((size_t)cols, -6, 6), *u = frand((size_t)cols, -2, 2);
+        memcpy(gu + r * ld, g, (size_t)cols * sizeof(float));
+        memcpy(gu + r * ld + cols, u, (size_t)cols * sizeof(float));
+        free(g); free(u);
+    }
+    double *g_d = dalloc(n), *u_d = dalloc(n), *ref = dalloc(n);
+    for (size_t i = 0; i < n; i++) g_d[i] = gu[i / cols * ld + i % cols], u_d[i] = gu[i / cols * ld + cols + i % cols];
+    be->swiglu_forward(out, gu, gu + cols, rows, cols, (int)ld);
     ref_swiglu(ref, g_d, u_d, n);
-    snprintf(name, sizeof name, "swiglu_forward n=%zu", n);
+    snprintf(name, sizeof name, "swiglu_forward %d x %d, gate and up rows %zu apart", rows, cols, ld);
     check(name, maxrel(out, ref, n), TOL_FWD);
 
     float *dout = frand(n, -1, 1);
     double *dout_d = to_double(dout, n);
     // out[i] depends only on gate[i] and up[i], so the finite differences of L = sum(w * out)
     // are taken one element at a time (the generic fd_grad would cost O(n^2) here).
-    double *gg = dalloc(n), *gu = dalloc(n);
+    double *gg = dalloc(n), *gup = dalloc(n);
     for (size_t i = 0; i < n; i++) {
         double o[2];
         const double h = 1e-6 * (fabs(g_d[i]) > 1.0 ? fabs(g_d[i]) : 1.0);
@@ -659,19 +669,20 @@ static void test_swiglu(size_t n) {
         double up = u_d[i] + 1e-6, um = u_d[i] - 1e-6;
         ref_swiglu(&o[0], &g_d[i], &up, 1);
         ref_swiglu(&o[1], &g_d[i], &um, 1);
-        gu[i] = dout_d[i] * (o[0] - o[1]) / (up - um);
+        gup[i] = dout_d[i] * (o[0] - o[1]) / (up - um);
     }
-    float *dg = falloc(n), *du = falloc(n);
-    be->swiglu_backward(dg, du, dout, g, u, n);
-    snprintf(name, sizeof name, "swiglu_backward dgate n=%zu", n);
+    float *dgu = falloc(2 * n), *dg = falloc(n), *du = falloc(n);
+    be->swiglu_backward(dgu, dgu + cols, dout, gu, gu + cols, rows, cols, (int)ld);
+    for (size_t i = 0; i < n; i++) dg[i] = dgu[i / cols * ld + i % cols], du[i] = dgu[i / cols * ld + cols + i % cols];
+    snprintf(name, sizeof name, "swiglu_backward dgate %d x %d", rows, cols);
     check(name, maxrel(dg, gg, n), TOL_BWD);
-    snprintf(name, sizeof name, "swiglu_backward dup n=%zu", n);
-    check(name, maxrel(du, gu, n), TOL_BWD);
-    float *dg1 = fcopy(dg, n), *du1 = fcopy(du, n);
-    be->swiglu_backward(dg, du, dout, g, u, n);
-    check("swiglu_backward accumulates (2 calls = 2x)", fmax(maxrel_2x(dg, dg1, n), maxrel_2x(du, du1, n)), TOL_ACC);
-    free(g); free(u); free(out); free(g_d); free(u_d); free(ref); free(dout); free(dout_d);
-    free(gg); free(gu); free(dg); free(du); free(dg1); free(du1);
+    snprintf(name, sizeof name, "swiglu_backward dup %d x %d", rows, cols);
+    check(name, maxrel(du, gup, n), TOL_BWD);
+    float *dgu1 = fcopy(dgu, 2 * n);
+    be->swiglu_backward(dgu, dgu + cols, dout, gu, gu + cols, rows, cols, (int)ld);
+    check("swiglu_backward accumulates (2 calls = 2x)", maxrel_2x(dgu, dgu1, 2 * n), TOL_ACC);
+    free(gu); free(out); free(g_d); free(u_d); free(ref); free(dout); free(dout_d);
+    free(gg); free(gup); free(dgu); free(dg); free(du); free(dgu1);
 }
 
 static void test_xent(void) {
@@ -817,8 +828,9 @@ int main(void) {
     test_attention(1, 1100, 2, 1, 5, 3, 0);   // three forward key spans (512 + 512 + 76)
     test_attention(1, 300, 2, 1, 24, 16, 0);  // three tiles, forward only
 
-    test_swiglu(101);
-    test_swiglu(40009);   // parallel path
+    test_swiglu(1, 101);
+    test_swiglu(3, 37);
+    test_swiglu(97, 413);   // parallel path
 
     test_xent();
 

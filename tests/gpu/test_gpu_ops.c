@@ -277,24 +277,25 @@ static void test_add(size_t n) {
     free(ha); free(hb);
 }
 
-static void test_swiglu(size_t n) {
-    float *hg = rnd(n, -6, 6), *hu = rnd(n, -2, 2), *hd = rnd(n, -1, 1);
-    float *hdg = rnd(n, -1, 1), *hdu = rnd(n, -1, 1);
-    Buf g = buf_act(hg, n), u = buf_act(hu, n), o = buf_act(hu, n), d = buf_act(hd, n);
-    Buf dg = buf_act(hdg, n), du = buf_act(hdu, n);
-    cpu->swiglu_forward(o.c, g.c, u.c, n);
-    gpu->swiglu_forward(o.g, g.g, u.g, n);
-    cpu->swiglu_backward(dg.c, du.c, d.c, g.c, u.c, n);
-    gpu->swiglu_backward(dg.g, du.g, d.g, g.g, u.g, n);
+// gate and up as the halves of one (rows, 2 cols) product (model/forward.c): rows 2 cols apart
+static void test_swiglu(int rows, int cols) {
+    const size_t n = (size_t)rows * cols, ld = 2 * (size_t)cols;
+    float *hgu = rnd(2 * n, -3, 3), *hd = rnd(n, -1, 1), *hdgu = rnd(2 * n, -1, 1), *ho = rnd(n, -1, 1);
+    for (size_t i = 0; i < 2 * n; i++) hgu[i] *= i % ld < (size_t)cols ? 2.0f : 1.0f;   // gate in [-6, 6], up in [-3, 3]
+    Buf gu = buf_act(hgu, 2 * n), o = buf_act(ho, n), d = buf_act(hd, n), dgu = buf_act(hdgu, 2 * n);
+    const size_t off_c = (size_t)cols * cpu->act_bytes, off_g = (size_t)cols * gpu->act_bytes;
+    float *upc = (float *)((char *)gu.c + off_c), *upg = (float *)((char *)gu.g + off_g);
+    cpu->swiglu_forward(o.c, gu.c, upc, rows, cols, (int)ld);
+    gpu->swiglu_forward(o.g, gu.g, upg, rows, cols, (int)ld);
+    cpu->swiglu_backward(dgu.c, (float *)((char *)dgu.c + off_c), d.c, gu.c, upc, rows, cols, (int)ld);
+    gpu->swiglu_backward(dgu.g, (float *)((char *)dgu.g + off_g), d.g, gu.g, upg, rows, cols, (int)ld);
     char name[128];
-    snprintf(name, sizeof name, "swiglu_forward n=%zu", n);
+    snprintf(name, sizeof name, "swiglu_forward %d x %d (rows %zu apart)", rows, cols, ld);
     compare(name, &o, TOL_ROUND);
-    snprintf(name, sizeof name, "swiglu_backward dgate n=%zu", n);
-    compare(name, &dg, TOL_ROUND);
-    snprintf(name, sizeof name, "swiglu_backward dup n=%zu", n);
-    compare(name, &du, TOL_ROUND);
-    buf_free(&g); buf_free(&u); buf_free(&o); buf_free(&d); buf_free(&dg); buf_free(&du);
-    free(hg); free(hu); free(hd); free(hdg); free(hdu);
+    snprintf(name, sizeof name, "swiglu_backward dgate | dup %d x %d", rows, cols);
+    compare(name, &dgu, TOL_ROUND);
+    buf_free(&gu); buf_free(&o); buf_free(&d); buf_free(&dgu);
+    free(hgu); free(hd); free(hdgu); free(ho);
 }
 
 static void test_copy_cols(int N, int src_ld, int src_off, int dst_ld, int dst_off, int width) {
@@ -804,8 +805,8 @@ int main(int argc, char **argv) {
 
     test_add(1);
     test_add(1001);
-    test_swiglu(1);
-    test_swiglu(4099);
+    test_swiglu(1, 1);
+    test_swiglu(7, 4099);
     test_copy_cols(1, 5, 1, 7, 2, 3);
     test_copy_cols(37, 96, 64, 160, 0, 32);
     test_int_group(1, 32, 4, 32);
