@@ -104,6 +104,42 @@ for np in 1 4; do
     fi
 done
 
+# A shard written before gate_proj and up_proj were joined into one matrix has no "layout" key
+# (train/checkpoint.c): it is this model's layout where no joined tensor moved (moe.json: every
+# gate_proj ends on a 256-byte boundary), and is refused where one did (intermediate_size 33:
+# 33 x 32 floats do not). The key is blanked in place (the header keeps its length) and the
+# file's FNV-1a 64 in state.json follows, as an older clla would have written them.
+strip_layout() {
+    python3 - "$1" <<'PY'
+import glob, json, os, sys
+d = sys.argv[1]
+state = json.load(open(os.path.join(d, "state.json")))
+for f in sorted(glob.glob(os.path.join(d, "optimizer.rank*.safetensors"))):
+    b = open(f, "rb").read()
+    key = b'"layout":"joined",'
+    assert key in b, f
+    b = b.replace(key, b" " * len(key), 1)
+    open(f, "wb").write(b)
+    h = 0xcbf29ce484222325
+    for c in b:
+        h = ((h ^ c) * 0x100000001b3) & 0xffffffffffffffff
+    state["files"][os.path.basename(f)]["fnv1a64"] = "%016x" % h
+json.dump(state, open(os.path.join(d, "state.json"), "w"), indent=1)
+PY
+}
+rm -rf part_old && cp -r part part_old && strip_layout part_old/checkpoints/step_00000004
+if grep -q '"layout"' part_old/checkpoints/step_00000004/optimizer.rank0.safetensors; then fail "strip_layout left the key"
+elif "$CLLA" train --config moe.json --out part_old --quiet --resume auto 2> part_old.err && same_bits moe_1 part_old; then
+    ok "a ZeRO-1 shard without the layout key, of a model whose joined tensors did not move: resumed, bit for bit"
+else fail "old-layout shard of moe.json: $(tail -n 1 part_old.err)"; fi
+run 2 oddlayout --config dense.json --set intermediate_size=33 --zero 1 --stop-at 2
+strip_layout oddlayout/checkpoints/step_00000002
+if "$CLLA" train --config dense.json --set intermediate_size=33 --out oddlayout --quiet --resume auto 2> odd_resume.err; then
+    fail "a ZeRO-1 shard without the layout key, of a model whose up_proj moved, was resumed"
+elif grep -q "written before gate_proj and up_proj were laid out as one matrix" odd_resume.err; then
+    ok "refused: $(tail -n 1 odd_resume.err | cut -c1-150)..."
+else fail "odd-layout shard: $(tail -n 1 odd_resume.err)"; fi
+
 # ---------------------------------------------------------------- (c) a rank dies / hangs
 # Each rank records its pid; rank 1 is killed once a checkpoint exists.
 cat > pidwrap.sh <<'EOF'

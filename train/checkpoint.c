@@ -348,7 +348,7 @@ static int save_shard(Model *model, const AdamW *opt, const char *path, int rank
                      {.name = "exp_avg_sq", .ndim = 1, .shape = {(int64_t)len}, .data = hv}};
     char meta[320];
     snprintf(meta, sizeof(meta),
-             "{\"format\":\"clla-adamw-zero1\",\"t\":\"%d\",\"rank\":\"%d\",\"world\":\"%d\",\"lo\":\"%zu\",\"hi\":\"%zu\",\"numel\":\"%zu\"}",
+             "{\"format\":\"clla-adamw-zero1\",\"layout\":\"joined\",\"t\":\"%d\",\"rank\":\"%d\",\"world\":\"%d\",\"lo\":\"%zu\",\"hi\":\"%zu\",\"numel\":\"%zu\"}",
              opt->t, rank, world, opt->lo, opt->hi, model->params.bytes_f32 / 4);
     int rc = st_save(path, t, len ? 2 : 0, ST_F32, meta, err, errlen);   // an empty shard: metadata only
     free(hm);
@@ -776,6 +776,15 @@ static unsigned long long meta_u64(const cJSON *meta, const char *key, const cha
     return x;
 }
 
+// A ZeRO-1 shard written before the tensor table joined up_proj to gate_proj (no "layout" key in
+// its metadata) padded every tensor to 256 bytes; its flat offsets are this model's only when no
+// joined tensor moved, that is when every tensor before one ends on a 256-byte boundary.
+static int joined_moved(const TensorTable *tt) {
+    for (int i = 1; i < tt->n; i++)
+        if (tt->t[i].joined && tt->t[i - 1].numel * 4 % 256) return 1;
+    return 0;
+}
+
 // Opens an optimizer file of the checkpoint and checks that it belongs to update t.
 static cJSON *open_optimizer_file(StFile *sf, const char *op, int t) {
     char err[1024];
@@ -820,6 +829,11 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
         if (!st->saved_zero) {
             load_table_host(model, &sf, op, hm, ".exp_avg", hv, ".exp_avg_sq");
         } else {
+            if (!cJSON_GetObjectItemCaseSensitive(meta, "layout") && joined_moved(tt))
+                die("cannot resume: '%s' is a ZeRO-1 shard written before gate_proj and up_proj were laid out as one matrix, and its "
+                    "flat offsets are not this model's: resume with the clla that wrote it, or start from its weights with "
+                    "--set train.init_from=%s/model.safetensors",
+                    op, dir);
             unsigned long long lo = meta_u64(meta, "lo", op), hi = meta_u64(meta, "hi", op), numel = meta_u64(meta, "numel", op);
             if (numel != n || lo > hi || hi > n)
                 die("cannot resume: '%s' holds elements [%llu, %llu) of %llu, this model has %zu: the file belongs to another model",
