@@ -32,7 +32,8 @@ int main(int argc, char **argv) {
     float *dv = ab_uniform(nv, &st), *scratch = ab_uniform(nl, &st);
     double best[2][2] = {{AB_NONE, AB_NONE}, {AB_NONE, AB_NONE}};   // forward, backward
     for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
-        for (int w = 0; w < 2; w++) {
+        for (int slot = 0; slot < 2; slot++) {
+            const int w = ab_version(r, slot);
             const double t0 = omp_get_wtime();
             (w ? cpu_attention_forward : old_cpu_attention_forward)(o, lse, q, k, v, B, T, NH, NKV, DQK, DV, 0.125f);
             const double t1 = omp_get_wtime();

@@ -30,6 +30,11 @@ static inline void ab_args(int argc, char **argv, const char *usage, const char 
     ab_args_from(argc, argv, usage, names, n, a, 1);
 }
 
+// The version (0 old, 1 new) that goes i-th (0 or 1) in round `round`: the order flips every
+// round, since the second call of a round measured a few percent faster with the same code in
+// both slots (bench/ab.sh paged on an unchanged tree, docs/INFERENCE.md).
+static inline int ab_version(int round, int i) { return round & 1 ? 1 - i : i; }
+
 // best[j][v]: the shortest of the times t[j] of part j of version v (0 old, 1 new) over the
 // rounds; round 0 warms up and is not kept (best starts at AB_NONE)
 #define AB_NONE 1e30

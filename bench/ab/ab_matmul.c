@@ -30,7 +30,8 @@ int main(int argc, char **argv) {
     const BackwardFn bwd[2] = {old_cpu_matmul_backward, cpu_matmul_backward};
     double best[3][2] = {{AB_NONE, AB_NONE}, {AB_NONE, AB_NONE}, {AB_NONE, AB_NONE}};   // forward, dinp, dweight
     for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
-        for (int v = 0; v < 2; v++) {
+        for (int slot = 0; slot < 2; slot++) {
+            const int v = ab_version(r, slot);
             const double t0 = omp_get_wtime();
             fwd[v](out, inp, w, N, C, OC);
             const double t1 = omp_get_wtime();

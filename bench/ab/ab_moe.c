@@ -67,7 +67,8 @@ int main(int argc, char **argv) {
     const BackwardFn bwd[2] = {old_cpu_moe_expert_matmul_backward, cpu_moe_expert_matmul_backward};
     double best[3][2] = {{AB_NONE, AB_NONE}, {AB_NONE, AB_NONE}, {AB_NONE, AB_NONE}};   // forward, dinp, dweights
     for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
-        for (int w = 0; w < 2; w++) {
+        for (int slot = 0; slot < 2; slot++) {
+            const int w = ab_version(r, slot);
             const double t0 = omp_get_wtime();
             fwd[w](gate, xs, (const float *const *)wg, off, E, C, I);
             fwd[w](out, gate, (const float *const *)wd, off, E, I, C);

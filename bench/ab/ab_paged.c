@@ -82,7 +82,8 @@ int main(int argc, char **argv) {
     const float scale = 1.0f / sqrtf((float)(DK + DK2));
     double best[1][2] = {{AB_NONE, AB_NONE}};
     for (int r = 0; r < reps + 1; r++)   // the first round warms up and is not kept
-        for (int w = 0; w < 2; w++) {
+        for (int slot = 0; slot < 2; slot++) {
+            const int w = ab_version(r, slot);
             const double t0 = omp_get_wtime();
             for (int l = 0; l < LAYERS; l++)
                 (w ? cpu_paged_attention : old_cpu_paged_attention)(out[w] + no * l, q, &k[l], latent ? &k2[l] : NULL,
