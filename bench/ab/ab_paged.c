@@ -43,15 +43,8 @@ static PagedStream bf16_stream(int width, int n_blocks, Rng *r) {
     }
     uint8_t **blocks = xmalloc((size_t)n_blocks * sizeof(*blocks));
     for (int b = 0; b < n_blocks; b++) blocks[b] = base + (size_t)b * block_bytes;
-    PagedStream s;
-    memset(&s, 0, sizeof(s));
-    s.width = width;
-    s.token_bytes = token_bytes;
-    s.block_tokens = BLOCK_TOKENS;
-    s.blocks = blocks;
-    s.n_blocks = n_blocks;
-    s.kind = PAGED_BF16;
-    return s;
+    return (PagedStream){.width = width, .token_bytes = token_bytes, .block_tokens = BLOCK_TOKENS, .blocks = blocks,
+                         .n_blocks = n_blocks, .kind = PAGED_BF16};
 }
 
 int main(int argc, char **argv) {
