@@ -14,8 +14,8 @@
 // decoded once per chunk into a per-thread fp32 scratch and read from there. Rows read in place
 // are prefetched a tile ahead (prefetch_rows). Scores go 8 tokens
 // at a time (8 accumulators, summed across lanes together by vec_sum8), for two query heads of
-// one kv head together where a group has two (scores_pair), weighted values 2 heads
-// x 32 values at a time, the softmax's exponentials 8 at a time (vec_exp). OpenBLAS's sgemm packs
+// one kv head together where a group has two (scores_pair), weighted values up to 4 heads
+// (VALUE_HEADS) x 32 values at a time, the softmax's exponentials 8 at a time (vec_exp). OpenBLAS's sgemm packs
 // its operands and ran several times slower at these few rows (bench/bench_decode.c), except
 // under its small-matrix bound, where it does not pack: a group of 8 or more query heads whose
 // keys and values are decoded into scratch anyway (CLLA-quant) goes through it (GEMM_GROUP).
