@@ -18,7 +18,11 @@
 // counts twice; until 2026-11-26 it counted once (the bytes stored), which put the memory side of
 // the CLA presets' roofline at half what their steps must move. Copy bandwidth: memcpy of 512 MiB
 // shared out over the threads the steps use (read + written bytes per second; one thread's
-// until 2026-11-26), sgemm: cblas_sgemm at 2048^3 on the same threads, both best of 3.
+// until 2026-11-26), sgemm: cblas_sgemm at 2048^3 on the same threads, both best of 3, measured
+// before the first preset and again after each one; the roofline takes the best of all of them
+// (since 2026-11-26, late night: one measurement at the start moved between 29 and 41 GB/s from
+// run to run on the development VM, and every x-roofline figure of the run with it). So the
+// table is printed at the end; progress goes to stderr meanwhile.
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -43,6 +47,9 @@ static const ArgSpec SPECS[] = {
     {"json", 0, "one JSON object per line instead of the table", NULL},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
+
+// the prompt whose prefill is timed; the model's positions cover it and its one extra token
+#define PREFILL_TOKENS 1024
 
 static const char *ALL_PRESETS = "mha,gqa,mqa,mla,cla,gqa_cla,clla,clla_share_krope,clla_share_kvproj,clla_quant,clla_quant_share_kvproj";
 
@@ -94,6 +101,23 @@ static double step_flops(const Model *m, int ctx) {
     return f;
 }
 
+// What a run measured, printed at the end against the run's best copy bandwidth and sgemm rate:
+// a preset's prefill (ctx 0) or one decode point.
+typedef struct Result {
+    char preset[32];
+    int ctx, batch;
+    double prefill_full, prefill_chunk;         // tokens/s (ctx 0)
+    double step_s, cache_read, bytes, flops;    // best step, cache bytes read, all bytes moved, FLOPs
+    double bytes_per_token;
+} Result;
+
+// the best copy bandwidth and sgemm rate so far, measured once more
+static void measure(double *bw, double *sg) {
+    const double b = bench_copy_bandwidth(omp_get_max_threads()), g = sgemm_rate();
+    *bw = b > *bw ? b : *bw;
+    *sg = g > *sg ? g : *sg;
+}
+
 int main(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
@@ -111,13 +135,10 @@ int main(int argc, char **argv) {
     int max_ctx = 0;
     for (int i = 0; i < nc; i++) max_ctx = contexts[i] > max_ctx ? contexts[i] : max_ctx;
 
-    double bw = bench_copy_bandwidth(omp_get_max_threads()), sg = sgemm_rate();
-    if (!json)
-        printf("machine: copy bandwidth %.2f GB/s (memcpy over the threads, read + write), sgemm %.1f GFLOP/s, %d threads\n\n"
-               "%-24s %6s %5s %9s %11s %11s %9s %11s\n", bw / 1e9, sg / 1e9, omp_get_max_threads(),
-               "preset", "ctx", "batch", "ms/step", "cache MB/st", "roofline ms", "x roof", "bytes/token");
-    else
-        printf("{\"machine\":{\"copy_GBps\":%.3f,\"sgemm_GFLOPs\":%.2f,\"threads\":%d}}\n", bw / 1e9, sg / 1e9, omp_get_max_threads());
+    double bw = 0, sg = 0, t_start = now_seconds();
+    measure(&bw, &sg);
+    Result *res = NULL;
+    int n_res = 0;
 
     char presets[512];
     snprintf(presets, sizeof(presets), "%s", args_get(&a, SPECS, N_SPECS, "presets") ? args_get(&a, SPECS, N_SPECS, "presets") : ALL_PRESETS);
@@ -127,7 +148,7 @@ int main(int argc, char **argv) {
                  "{\"attention\":\"%s\",\"vocab_size\":8192,\"hidden_size\":512,\"num_hidden_layers\":8,"
                  "\"num_attention_heads\":8,\"head_dim\":64,\"v_head_dim\":64,\"intermediate_size\":1408,"
                  "\"max_position_embeddings\":%d,\"tie_word_embeddings\":false%s,\"train\":{\"seq_len\":1024}}",
-                 preset, max_ctx + steps + 2 > 1024 ? max_ctx + steps + 2 : 1024,
+                 preset, max_ctx + steps + 2 > PREFILL_TOKENS + 1 ? max_ctx + steps + 2 : PREFILL_TOKENS + 1,
                  strstr(preset, "la") && strcmp(preset, "cla") && strcmp(preset, "gqa_cla")
                      ? ",\"kv_lora_rank\":256,\"qk_rope_head_dim\":32,\"q_lora_rank\":0"
                      : strstr(preset, "gqa") ? ",\"num_key_value_heads\":2" : "");
@@ -144,7 +165,7 @@ int main(int argc, char **argv) {
         double wbytes = (double)m.params.numel * 4.0;
 
         // prefill of one 1024-token prompt: full forward, and chunked through the cache
-        int P = 1024, V = cfg.model.vocab_size;
+        int P = PREFILL_TOKENS, V = cfg.model.vocab_size;
         int32_t *prompt = xmalloc((size_t)P * sizeof(int32_t));
         for (int i = 0; i < P; i++) prompt[i] = (int32_t)((i * 7919) % V);
         float *lg = xmalloc((size_t)V * 8 * sizeof(float));
@@ -160,12 +181,9 @@ int main(int argc, char **argv) {
         double pf_chunk = P / (now_seconds() - t0);
         decoder_free(d);
         double bpt = cache_layout_bytes_per_token(&cl);
-        if (json)
-            printf("{\"preset\":\"%s\",\"prefill_tokens\":%d,\"prefill_full_tok_s\":%.1f,\"prefill_chunked_tok_s\":%.1f,\"bytes_per_token\":%.10g}\n",
-                   preset, P, pf_full, pf_chunk, bpt);
-        else
-            printf("%-24s prefill 1024 tokens: %.0f tok/s (full forward), %.0f tok/s (chunked through the cache)\n",
-                   preset, pf_full, pf_chunk);
+        res = xrealloc(res, (size_t)(n_res + 1 + nc * nb) * sizeof(Result));
+        res[n_res++] = (Result){.ctx = 0, .prefill_full = pf_full, .prefill_chunk = pf_chunk, .bytes_per_token = bpt};
+        snprintf(res[n_res - 1].preset, sizeof(res[n_res - 1].preset), "%s", preset);
 
         for (int ci = 0; ci < nc; ci++)
             for (int bi = 0; bi < nb; bi++) {
@@ -184,15 +202,9 @@ int main(int argc, char **argv) {
                     best = dt < best ? dt : best;
                 }
                 double cache_read = (double)B * (ctx + 2) * cache_layout_read_bytes_per_token(&cl);
-                double roof = fmax((cache_read + wbytes) / bw, B * step_flops(&m, ctx + 2) / sg);
-                if (json)
-                    printf("{\"preset\":\"%s\",\"context\":%d,\"batch\":%d,\"ms_per_step\":%.3f,\"cache_bytes_read\":%.0f,"
-                           "\"roofline_ms\":%.3f,\"x_roofline\":%.3f,\"bytes_per_token\":%.10g}\n",
-                           preset, ctx, B, best * 1e3, cache_read, roof * 1e3, best / roof, bpt);
-                else
-                    printf("%-24s %6d %5d %9.2f %11.1f %11.2f %9.2f %11.10g\n", preset, ctx, B, best * 1e3, cache_read / 1e6,
-                           roof * 1e3, best / roof, bpt);
-                fflush(stdout);
+                res[n_res++] = (Result){.ctx = ctx, .batch = B, .step_s = best, .cache_read = cache_read,
+                                        .bytes = cache_read + wbytes, .flops = B * step_flops(&m, ctx + 2), .bytes_per_token = bpt};
+                snprintf(res[n_res - 1].preset, sizeof(res[n_res - 1].preset), "%s", preset);
                 free(lgb);
                 decoder_free(d);
             }
@@ -200,6 +212,37 @@ int main(int argc, char **argv) {
         free(lg);
         cache_layout_free(&cl);
         model_free(&m);
+        measure(&bw, &sg);
+        fprintf(stderr, "bench_decode: %s done, %.0f s\n", preset, now_seconds() - t_start);
     }
+
+    if (!json)
+        printf("machine: copy bandwidth %.2f GB/s (memcpy over the threads, read + write), sgemm %.1f GFLOP/s, %d threads "
+               "(the best of the measurements before the first preset and after each)\n\n"
+               "%-24s %6s %5s %9s %11s %11s %9s %11s\n", bw / 1e9, sg / 1e9, omp_get_max_threads(),
+               "preset", "ctx", "batch", "ms/step", "cache MB/st", "roofline ms", "x roof", "bytes/token");
+    else
+        printf("{\"machine\":{\"copy_GBps\":%.3f,\"sgemm_GFLOPs\":%.2f,\"threads\":%d}}\n", bw / 1e9, sg / 1e9, omp_get_max_threads());
+    for (int i = 0; i < n_res; i++) {
+        const Result *r = &res[i];
+        if (r->ctx == 0) {
+            if (json)
+                printf("{\"preset\":\"%s\",\"prefill_tokens\":%d,\"prefill_full_tok_s\":%.1f,\"prefill_chunked_tok_s\":%.1f,"
+                       "\"bytes_per_token\":%.10g}\n", r->preset, PREFILL_TOKENS, r->prefill_full, r->prefill_chunk, r->bytes_per_token);
+            else
+                printf("%-24s prefill %d tokens: %.0f tok/s (full forward), %.0f tok/s (chunked through the cache)\n", r->preset,
+                       PREFILL_TOKENS, r->prefill_full, r->prefill_chunk);
+            continue;
+        }
+        const double roof = fmax(r->bytes / bw, r->flops / sg);
+        if (json)
+            printf("{\"preset\":\"%s\",\"context\":%d,\"batch\":%d,\"ms_per_step\":%.3f,\"cache_bytes_read\":%.0f,"
+                   "\"roofline_ms\":%.3f,\"x_roofline\":%.3f,\"bytes_per_token\":%.10g}\n",
+                   r->preset, r->ctx, r->batch, r->step_s * 1e3, r->cache_read, roof * 1e3, r->step_s / roof, r->bytes_per_token);
+        else
+            printf("%-24s %6d %5d %9.2f %11.1f %11.2f %9.2f %11.10g\n", r->preset, r->ctx, r->batch, r->step_s * 1e3,
+                   r->cache_read / 1e6, roof * 1e3, r->step_s / roof, r->bytes_per_token);
+    }
+    free(res);
     return 0;
 }

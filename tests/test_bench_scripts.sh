@@ -6,7 +6,9 @@
 #  - on this machine: the real bench_gpu prints why it skips and exits 0, and so does the driver;
 #  - bench/bench_torch_gpu.py --smoke --json: one JSON result (the script itself runs);
 #  - bench_train at tiny sizes: the attention share, the activated parameters of a MoE model
-#    (counted by hand below); bench_torch_cpu.py runs the twin in fp32 and refuses MoE.
+#    (counted by hand below); bench_torch_cpu.py runs the twin in fp32 and refuses MoE;
+#  - bench_decode at a tiny context (--json): the machine's rates first, every point against them;
+#  - bench/ab.sh at tiny shapes, and its refusals.
 # Prints "N passed, M failed".
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -154,6 +156,28 @@ if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
 else
     echo "     (bench_torch_cpu.py runs skipped: /usr/bin/python3 has no torch)"
 fi
+
+# bench_decode at a tiny context: the machine object comes first, with the best rates of the
+# run; every point's roofline is max(bytes / copy, FLOPs / sgemm) of those rates, so x_roofline
+# is ms_per_step over it; a context under the 1024-token prefill runs (it once exceeded the
+# model's positions)
+if OMP_NUM_THREADS=2 "$BUILD/bench/bench_decode" --presets gqa,clla --contexts 32 --batches 1,2 --steps 1 --json \
+        > "$WORK/dec.json" 2> "$WORK/dec.err"; then
+    if /usr/bin/python3 - "$WORK/dec.json" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert "machine" in rows[0] and rows[0]["machine"]["copy_GBps"] > 0 and rows[0]["machine"]["sgemm_GFLOPs"] > 0, rows[0]
+pre = [r for r in rows[1:] if "prefill_tokens" in r]
+pts = [r for r in rows[1:] if "context" in r]
+assert [r["preset"] for r in pre] == ["gqa", "clla"], pre
+assert len(pts) == 4 and all(r["context"] == 32 for r in pts), pts
+for r in pts:
+    assert abs(r["x_roofline"] - r["ms_per_step"] / r["roofline_ms"]) <= 2e-3 * r["x_roofline"], r
+    assert r["roofline_ms"] >= r["cache_bytes_read"] / (rows[0]["machine"]["copy_GBps"] * 1e9) * 1e3 * 0.999, r
+PY
+    then ok "bench_decode --json at context 32: the machine first, 2 prefills, 4 points against its rates"
+    else fail "bench_decode --json: $(head -c 600 "$WORK/dec.json")"; fi
+else fail "bench_decode at context 32: $(tail -n 2 "$WORK/dec.err")"; fi
 
 # bench/ab.sh: builds an op of a commit beside this tree's and alternates them (at tiny shapes);
 # refuses what is not a commit and an op it does not know
