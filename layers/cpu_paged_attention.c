@@ -273,6 +273,13 @@ static const float *chunk_matrix(const PagedStream *s, const int *blocks, int nt
     const int BT = s->block_tokens;
     for (int b = 0, t0 = 0; t0 < nt; b++, t0 += BT) {
         const int n = nt - t0 < BT ? nt - t0 : BT;
+        // the next block's bytes asked for while this one is decoded: the decode waited on its
+        // loads (perf of CLLA-quant's step put 39% of int_group_decode on the first load of a code word)
+        if (s->token_bytes && t0 + BT < nt) {
+            const uint8_t *nb = s->blocks[blocks[b + 1]];
+            const size_t bytes = (size_t)(nt - t0 - BT < BT ? nt - t0 - BT : BT) * s->token_bytes;
+            for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(nb + o, 0, 2);
+        }
         float *dst = scratch + (size_t)t0 * s->width;
         const uint8_t *src = s->blocks[blocks[b]];
         if (s->kind == PAGED_BF16) vec_bf16_to_f32(dst, src, n * s->width);
