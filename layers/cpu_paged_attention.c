@@ -11,8 +11,9 @@
 // read the cache where it lies: fp32 as is, bf16 widened in registers (a pair of bf16 read as
 // one 32-bit lane gives its even element by a shift and its odd one by a mask, so the query and
 // the accumulators are kept split into even and odd elements). A codec stream (int_group) is
-// decoded once per chunk into a per-thread fp32 scratch and read from there. Rows read in place
-// are prefetched a tile ahead (prefetch_rows). Scores go 8 tokens
+// decoded once per chunk into a per-thread fp32 scratch and read from there, each block's bytes
+// asked for while the one before it decodes (chunk_matrix). Rows read in place are prefetched a
+// tile ahead (prefetch_rows). Scores go 8 tokens
 // at a time (8 accumulators, summed across lanes together by vec_sum8), for two query heads of
 // one kv head together where a group has two (scores_pair), weighted values up to 4 heads
 // (VALUE_HEADS) x 32 values at a time, the softmax's exponentials 8 at a time (vec_exp). OpenBLAS's sgemm packs
