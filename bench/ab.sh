@@ -28,7 +28,7 @@ fi
 [ $# -ge 2 ] || { usage; exit 2; }
 op="$1" old="$2" reps="${3:-8}"
 case "$op" in
-    attention) src=layers/cpu_attention.c extra=() opflags=() ;;
+    attention) src=layers/cpu_attention.c extra=(layers/cpu_copy.c) opflags=() ;;   # it packs rows with cpu_copy_cols
     moe) src=layers/cpu_moe.c extra=(layers/cpu_matmul.c) opflags=() ;;   # its router calls the dense matmul
     matmul) src=layers/cpu_matmul.c extra=() opflags=(-ffp-contract=fast) ;;   # as CMakeLists.txt builds it
     paged) src=layers/cpu_paged_attention.c extra=() opflags=(-ffp-contract=fast) ;;   # as CMakeLists.txt builds it

@@ -319,22 +319,6 @@ void cpu_attention_forward_bf16p(float *out, float *lse, const float *q, const f
 
 // ---------------------------------------------------------------- backward
 
-// dst (n, D; rows contiguous) = the n rows of src (row stride ld)
-static void pack_rows(float *dst, const float *src, int ld, int n, int D) {
-    for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * D, src + (size_t)i * ld, (size_t)D * sizeof(float));
-}
-
-// the n rows of dst (row stride ld) += src (n, D; rows contiguous)
-static void add_rows(float *dst, int ld, const float *src, int n, int D) {
-    for (int i = 0; i < n; i++) {
-        float *d = dst + (size_t)i * ld;
-        const float *x = src + (size_t)i * D;
-        int j = 0;
-        for (; j + VEC_LANES <= D; j += VEC_LANES) vec_store(d + j, vec_load(d + j) + vec_load(x + j));
-        for (; j < D; j++) d[j] += x[j];
-    }
-}
-
 // One block's operands, each at the block's first row (queries from r0, keys from c0), in
 // contiguous rows: the backward packs the strided head views (q + h DQK, rows NH DQK apart) into
 // per-thread copies before it multiplies, because OpenBLAS's small kernels read their operands
@@ -417,7 +401,7 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                 for (int kvh = 0; kvh < NKV; kvh++) {
                     const float *kh = k + (size_t)b * T * hd.ldk + (size_t)kvh * DQK;
                     const float *vh = v + (size_t)b * T * hd.ldv + (size_t)kvh * DV;
-                    pack_rows(kc, kh, hd.ldk, T, DQK);
+                    cpu_copy_cols(kc, DQK, 0, kh, hd.ldk, 0, T, DQK, 0);
                     for (int i = 0; i < nk; i++) {
                         const int c0 = i * ATT_BK, cols = imin(T - c0, ATT_BK);
                         transpose_rows(kt + (size_t)c0 * DQK, ATT_BK, kc + (size_t)c0 * DQK, DQK, cols, DQK);
@@ -428,8 +412,8 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                     for (int h = kvh * hd.group; h < (kvh + 1) * hd.group; h++) {
                         const size_t qo = (size_t)b * T * hd.ldq + (size_t)h * DQK, oo = (size_t)b * T * hd.ldo + (size_t)h * DV;
                         const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
-                        pack_rows(qc, q + qo, hd.ldq, T, DQK);
-                        pack_rows(doc, dout + oo, hd.ldo, T, DV);
+                        cpu_copy_cols(qc, DQK, 0, q + qo, hd.ldq, 0, T, DQK, 0);
+                        cpu_copy_cols(doc, DV, 0, dout + oo, hd.ldo, 0, T, DV, 0);
                         memset(dqc, 0, (size_t)T * DQK * sizeof(float));
                         for (int i = 0; i < nk; i++) {
                             const int c0 = i * ATT_BK, cols = imin(T - c0, ATT_BK);
@@ -441,10 +425,11 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                                 block_backward(S, dP, &ta, DQK, DV, &bk, scale, bf16p);
                             }
                         }
-                        add_rows(dq + qo, hd.ldq, dqc, T, DQK);
+                        cpu_copy_cols(dq + qo, hd.ldq, 0, dqc, DQK, 0, T, DQK, 1);
                     }
-                    add_rows(dk + (size_t)b * T * hd.ldk + (size_t)kvh * DQK, hd.ldk, dkc, T, DQK);
-                    add_rows(dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV, hd.ldv, dvc, T, DV);
+                    cpu_copy_cols(dk + (size_t)b * T * hd.ldk + (size_t)kvh * DQK, hd.ldk, 0, dkc, DQK, 0, T, DQK,
+                                  1);
+                    cpu_copy_cols(dv + (size_t)b * T * hd.ldv + (size_t)kvh * DV, hd.ldv, 0, dvc, DV, 0, T, DV, 1);
                 }
         } else {
             // phase 1: dQ rows of a query tile
@@ -455,19 +440,20 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                         const int r0 = qt * ATT_BQ, nr = imin(T - r0, ATT_BQ);
                         const HeadRows hr = head_rows(&hd, q, k, v, b, h);
                         const float *lh = lse + ((size_t)b * NH + h) * T, *delta = scratch + ((size_t)b * NH + h) * T;
-                        pack_rows(qc, hr.q + (size_t)r0 * hd.ldq, hd.ldq, nr, DQK);
-                        pack_rows(doc, dout + hr.o + (size_t)r0 * hd.ldo, hd.ldo, nr, DV);
+                        cpu_copy_cols(qc, DQK, 0, hr.q + (size_t)r0 * hd.ldq, hd.ldq, 0, nr, DQK, 0);
+                        cpu_copy_cols(doc, DV, 0, dout + hr.o + (size_t)r0 * hd.ldo, hd.ldo, 0, nr, DV, 0);
                         memset(dqc, 0, (size_t)nr * DQK * sizeof(float));
                         for (int c0 = 0; c0 < r0 + nr; c0 += ATT_BK) {
                             const int cols = imin(r0 + nr - c0, ATT_BK);
                             const Block bk = block(r0, nr, c0, cols);
-                            pack_rows(kc, hr.k + (size_t)c0 * hd.ldk, hd.ldk, cols, DQK);
+                            cpu_copy_cols(kc, DQK, 0, hr.k + (size_t)c0 * hd.ldk, hd.ldk, 0, cols, DQK, 0);
                             transpose_rows(kt, ATT_BK, kc, DQK, cols, DQK);
                             transpose_rows(vt, ATT_BK, hr.v + (size_t)c0 * hd.ldv, hd.ldv, cols, DV);
                             const TileArgs ta = {qc, doc, lh + r0, delta + r0, kt, vt, kc, dqc, NULL, NULL};
                             block_backward(S, dP, &ta, DQK, DV, &bk, scale, bf16p);
                         }
-                        add_rows(dq + (size_t)b * T * hd.ldq + (size_t)h * DQK + (size_t)r0 * hd.ldq, hd.ldq, dqc, nr, DQK);
+                        cpu_copy_cols(dq + (size_t)b * T * hd.ldq + (size_t)h * DQK + (size_t)r0 * hd.ldq, hd.ldq, 0, dqc, DQK, 0,
+                                      nr, DQK, 1);
                     }
             // phase 2: dK and dV rows of a key tile, from the query tiles at and below it
             #pragma omp for collapse(3) schedule(dynamic, 1)
@@ -488,14 +474,14 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                             for (int r0 = c0; r0 < T; r0 += ATT_BQ) {
                                 const int nr = imin(T - r0, ATT_BQ);
                                 const Block bk = block(r0, nr, c0, cols);
-                                pack_rows(qc, qh + (size_t)r0 * hd.ldq, hd.ldq, nr, DQK);
-                                pack_rows(doc, doh + (size_t)r0 * hd.ldo, hd.ldo, nr, DV);
+                                cpu_copy_cols(qc, DQK, 0, qh + (size_t)r0 * hd.ldq, hd.ldq, 0, nr, DQK, 0);
+                                cpu_copy_cols(doc, DV, 0, doh + (size_t)r0 * hd.ldo, hd.ldo, 0, nr, DV, 0);
                                 const TileArgs ta = {qc, doc, lh + r0, delta + r0, kt, vt, NULL, NULL, dkc, dvc};
                                 block_backward(S, dP, &ta, DQK, DV, &bk, scale, bf16p);
                             }
                         }
-                        add_rows(dk + ko, hd.ldk, dkc, cols, DQK);
-                        add_rows(dv + vo, hd.ldv, dvc, cols, DV);
+                        cpu_copy_cols(dk + ko, hd.ldk, 0, dkc, DQK, 0, cols, DQK, 1);
+                        cpu_copy_cols(dv + vo, hd.ldv, 0, dvc, DV, 0, cols, DV, 1);
                     }
         }
         free(S);
