@@ -7,6 +7,20 @@
 #include "model/moe.h"
 
 
+// n elements past p in a buffer of the backend's storage (act_bytes each): where a row's up half
+// starts, I past its gate half
+static float *store_at(const Backend *be, const float *p, size_t n) { return (float *)((const char *)p + n * be->act_bytes); }
+
+void swiglu_halves_forward(const Backend *be, float *act, const float *gate_up, int rows, int I) {
+    be->swiglu_forward(act, gate_up, store_at(be, gate_up, (size_t)I), rows, I, 2 * I);
+}
+
+void swiglu_halves_backward(const Backend *be, float *dgate_up, const float *dact, const float *gate_up, int rows, int I) {
+    be->zero(dgate_up, (size_t)rows * 2 * I * be->act_bytes);
+    be->swiglu_backward(dgate_up, store_at(be, dgate_up, (size_t)I), dact, gate_up, store_at(be, gate_up, (size_t)I), rows, I,
+                        2 * I);
+}
+
 // Dense SwiGLU MLP of layer l: tmp_c (N, C) = down(silu(gate(h_mlp)) * up(h_mlp)).
 static void mlp_forward(Model *m, int l) {
     const Backend *be = m->be;
@@ -14,11 +28,9 @@ static void mlp_forward(Model *m, int l) {
     int N = m->B * m->T, C = c->hidden_size, I = c->intermediate_size;
     const LayerParams *p = &m->lp[l];
     const LayerActs *x = &m->la[l];
-    // gate and up as one product: up_proj is joined to gate_proj in the table (model/params.c),
-    // so the two are one (2I, C) weight and each output row is gate | up
-    const float *gu = A(x->gate_up);
+    // gate and up as one product: up_proj is joined to gate_proj, one (2I, C) weight
     be->matmul_forward(A(x->gate_up), A(x->h_mlp), P(p->gate_proj), N, C, 2 * I);
-    be->swiglu_forward(A(x->act), gu, store_at(be, gu, (size_t)I), N, I, 2 * I);
+    swiglu_halves_forward(be, A(x->act), A(x->gate_up), N, I);
     be->matmul_forward(A(m->tmp_c), A(x->act), P(p->down_proj), N, I, C);
 }
 
@@ -33,11 +45,8 @@ static void mlp_backward(Model *m, int l) {
     size_t sb = be->act_bytes;
     be->zero(DA(ga->dact), (size_t)N * I * sb);
     be->matmul_backward(DA(ga->dact), G(p->down_proj), DA(ga->dres), A(x->act), P(p->down_proj), N, I, C);
-    float *dgu = DA(ga->dgate_up);
-    const float *gu = A(x->gate_up);
-    be->zero(dgu, (size_t)N * 2 * I * sb);
-    be->swiglu_backward(dgu, store_at(be, dgu, (size_t)I), DA(ga->dact), gu, store_at(be, gu, (size_t)I), N, I, 2 * I);
-    be->matmul_backward(DA(ga->dh), G(p->gate_proj), dgu, A(x->h_mlp), P(p->gate_proj), N, C, 2 * I);
+    swiglu_halves_backward(be, DA(ga->dgate_up), DA(ga->dact), A(x->gate_up), N, I);
+    be->matmul_backward(DA(ga->dh), G(p->gate_proj), DA(ga->dgate_up), A(x->h_mlp), P(p->gate_proj), N, C, 2 * I);
 }
 
 // The FFN of layer l: the dense MLP, or (MoE layers) the mixture of experts (model/moe.c),

@@ -12,11 +12,11 @@
 #define A(i) ((float *)table_ptr_store(&m->acts, m->act, (i)))
 #define DA(i) ((float *)table_ptr_store(&m->gacts, m->gact, (i)))
 
-// n elements past p in a buffer of the backend's storage (act_bytes each): the up half of a
-// (rows, 2 I) gate | up product starts I past its gate half.
-static inline float *store_at(const Backend *be, const float *p, size_t n) {
-    return (float *)((const char *)p + n * be->act_bytes);
-}
+// SwiGLU over the rows of one gate | up product (rows, 2 I): up_proj is joined to gate_proj in the
+// table (model/params.c, model/moe.c), so one product gives each row's gate half, then its up half.
+// Forward: act (rows, I) = silu(gate) * up. Backward: d(gate | up) zeroed, then from dact.
+void swiglu_halves_forward(const Backend *be, float *act, const float *gate_up, int rows, int I);
+void swiglu_halves_backward(const Backend *be, float *dgate_up, const float *dact, const float *gate_up, int rows, int I);
 
 // Attention block of layer l: reads la[l].h_attn, writes la[l].att_out (forward); given
 // d(att_out) in ga.datt_out, adds d(h_attn) into ga.dh and parameter gradients (backward).

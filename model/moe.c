@@ -187,9 +187,8 @@ static void shared_forward(Model *m, int l, float *out, const float *h) {
     const MoeLayerParams *p = &s->lp[l];
     const MoeLayerActs *x = &s->la[l];
     int N = m->B * m->T, C = m->cfg.hidden_size, Is = s->Is;
-    const float *gu = A(x->s_gate_up);   // (N, 2 Is): gate | up, one product (shared_up joined to shared_gate)
-    be->matmul_forward(A(x->s_gate_up), h, P(p->shared_gate), N, C, 2 * Is);
-    be->swiglu_forward(A(x->s_act), gu, store_at(be, gu, (size_t)Is), N, Is, 2 * Is);
+    be->matmul_forward(A(x->s_gate_up), h, P(p->shared_gate), N, C, 2 * Is);   // gate | up: one product
+    swiglu_halves_forward(be, A(x->s_act), A(x->s_gate_up), N, Is);
     be->matmul_forward(out, A(x->s_act), P(p->shared_down), N, Is, C);
 }
 
@@ -225,9 +224,8 @@ void moe_forward(Model *m, int l) {
     // routed experts, each on its own rows (grouped matmuls: one op call for all experts)
     be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
     // each expert's gate and up as one product (up_proj joined to gate_proj): (R, 2 Ie) rows
-    const float *gu = A(x->gate_up);
     be->moe_expert_matmul_forward(A(x->gate_up), A(s->xs), weights(m, p->gate_proj), off, E, C, 2 * Ie);
-    be->swiglu_forward(A(x->act), gu, store_at(be, gu, (size_t)Ie), R, Ie, 2 * Ie);
+    swiglu_halves_forward(be, A(x->act), A(x->gate_up), R, Ie);
     be->moe_expert_matmul_forward(A(x->expert_out), A(x->act), weights(m, p->down_proj), off, E, Ie, C);
     be->moe_combine_forward(out, A(x->expert_out), A(x->topk_w), AI(x->assign_row), N, K, C);
 }
@@ -251,11 +249,8 @@ void moe_backward(Model *m, int l, float loss_scale) {
     if (Is > 0) {
         be->zero(DA(s->ds_act), (size_t)N * Is * sb);
         be->matmul_backward(DA(s->ds_act), G(p->shared_down), dout, A(x->s_act), P(p->shared_down), N, Is, C);
-        float *dgu = DA(s->ds_gate_up);   // (N, 2 Is): d(gate | up)
-        const float *gu = A(x->s_gate_up);
-        be->zero(dgu, (size_t)N * 2 * Is * sb);
-        be->swiglu_backward(dgu, store_at(be, dgu, (size_t)Is), DA(s->ds_act), gu, store_at(be, gu, (size_t)Is), N, Is, 2 * Is);
-        be->matmul_backward(dh, G(p->shared_gate), dgu, h, P(p->shared_gate), N, C, 2 * Is);
+        swiglu_halves_backward(be, DA(s->ds_gate_up), DA(s->ds_act), A(x->s_gate_up), N, Is);
+        be->matmul_backward(dh, G(p->shared_gate), DA(s->ds_gate_up), h, P(p->shared_gate), N, C, 2 * Is);
     }
 
     // weighted scatter: gradients of the expert outputs and of the combine weights
@@ -268,15 +263,12 @@ void moe_backward(Model *m, int l, float loss_scale) {
         be->zero(DA(s->dact), (size_t)R * Ie * sb);
         be->moe_expert_matmul_backward(DA(s->dact), grads(m, p->down_proj), DA(s->dexpert_out), A(x->act),
                                        weights(m, p->down_proj), off, E, Ie, C);
-        float *dgu = DA(s->dgate_up);   // (R, 2 Ie): d(gate | up)
-        const float *gu = A(x->gate_up);
-        be->zero(dgu, (size_t)R * 2 * Ie * sb);
-        be->swiglu_backward(dgu, store_at(be, dgu, (size_t)Ie), DA(s->dact), gu, store_at(be, gu, (size_t)Ie), R, Ie, 2 * Ie);
+        swiglu_halves_backward(be, DA(s->dgate_up), DA(s->dact), A(x->gate_up), R, Ie);
         // the gathered input is not kept per layer: gather it again (cheap next to the matmuls)
         be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
         be->zero(DA(s->dxs), (size_t)R * C * sb);
-        be->moe_expert_matmul_backward(DA(s->dxs), grads(m, p->gate_proj), dgu, A(s->xs), weights(m, p->gate_proj), off, E,
-                                       C, 2 * Ie);
+        be->moe_expert_matmul_backward(DA(s->dxs), grads(m, p->gate_proj), DA(s->dgate_up), A(s->xs),
+                                       weights(m, p->gate_proj), off, E, C, 2 * Ie);
         be->moe_gather_backward(dh, DA(s->dxs), AI(x->assign_row), N, K, C);
     }
 
