@@ -15,6 +15,7 @@
 // SwiGLU over the rows of one gate | up product (rows, 2 I): up_proj is joined to gate_proj in the
 // table (model/params.c, model/moe.c), so one product gives each row's gate half, then its up half.
 // Forward: act (rows, I) = silu(gate) * up. Backward: d(gate | up) zeroed, then from dact.
+// (model/swiglu_halves.c)
 void swiglu_halves_forward(const Backend *be, float *act, const float *gate_up, int rows, int I);
 void swiglu_halves_backward(const Backend *be, float *dgate_up, const float *dact, const float *gate_up, int rows, int I);
 
