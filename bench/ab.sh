@@ -7,19 +7,21 @@
 #              over 64 experts, d_model 512, expert width 352 (bench/ab/ab_moe.c)
 #   matmul     layers/cpu_matmul.c, the dense linear layer: 2048 tokens through the d512 models'
 #              projections (512 -> 512, 512 -> 1408, 1408 -> 512, 512 -> 8192) (bench/ab/ab_matmul.c)
+#   matmul_rows  the same op at a decode step's rows (1 and 8 tokens) over the d512 projections,
+#              the forward over copies of the weight past the L3, as a step streams its layers'
 #   paged      layers/cpu_paged_attention.c, a decode step's attention over a bf16 cache at
 #              bench_decode's 16k context: MHA, GQA and MQA (8 heads of 64) at batch 8, the
 #              latent form (8 heads over latent 256 + rope 32) at batches 1 and 8, 8 layers of
 #              caches (bench/ab/ab_paged.c; it also says whether the outputs have the same bits)
 #
-#   bash bench/ab.sh attention|moe|matmul|paged OLD_COMMIT [REPS]     (REPS: alternated rounds, default 8)
+#   bash bench/ab.sh attention|moe|matmul|matmul_rows|paged OLD_COMMIT [REPS]     (REPS: alternated rounds, default 8)
 #
 # AB_TINY=1 runs small shapes instead (tests/test_bench_scripts.sh). Threads: OMP_NUM_THREADS as
 # set (the documented figures use 2). Flags: the Release build's (CMakeLists.txt), -O2 -march=native,
 # with the file's own options there (-ffp-contract=fast for the matmul). The old op is compiled
 # among the headers of its commit, the new among the tree's.
 set -euo pipefail
-usage() { echo "usage: bash bench/ab.sh attention|moe|matmul|paged OLD_COMMIT [REPS]" >&2; }
+usage() { echo "usage: bash bench/ab.sh attention|moe|matmul|matmul_rows|paged OLD_COMMIT [REPS]" >&2; }
 if [ $# -ge 1 ] && [ "$1" = "--help" ]; then
     usage
     echo "Times a CPU op of this tree against OLD_COMMIT's, alternated in one process." >&2
@@ -30,9 +32,9 @@ op="$1" old="$2" reps="${3:-8}"
 case "$op" in
     attention) src=layers/cpu_attention.c extra=(layers/cpu_copy.c) opflags=() ;;   # it packs rows with cpu_copy_cols
     moe) src=layers/cpu_moe.c extra=(layers/cpu_matmul.c) opflags=() ;;   # its router calls the dense matmul
-    matmul) src=layers/cpu_matmul.c extra=() opflags=(-ffp-contract=fast) ;;   # as CMakeLists.txt builds it
+    matmul|matmul_rows) src=layers/cpu_matmul.c extra=() opflags=(-ffp-contract=fast) ;;   # as CMakeLists.txt builds it
     paged) src=layers/cpu_paged_attention.c extra=() opflags=(-ffp-contract=fast) ;;   # as CMakeLists.txt builds it
-    *) echo "ab.sh: unknown op '$op': use attention, moe, matmul or paged" >&2; exit 2 ;;
+    *) echo "ab.sh: unknown op '$op': use attention, moe, matmul, matmul_rows or paged" >&2; exit 2 ;;
 esac
 case "$reps" in ''|*[!0-9]*) echo "ab.sh: REPS '$reps' is not a whole number" >&2; exit 2 ;; esac
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -49,7 +51,7 @@ git archive "$old" common layers backend | tar -x -C "$work/old_tree"
 sed "s/^void cpu_/void old_cpu_/" "$work/old_tree/$src" > "$work/old_tree/${src%.c}_old.c"
 gcc "${cflags[@]}" -I "$work/old_tree" -c "$work/old_tree/${src%.c}_old.c" -o "$work/old.o"
 gcc "${flags[@]}" -c "$src" -o "$work/new.o"
-gcc "${flags[@]}" -Wall -Wextra "bench/ab/ab_$op.c" "$work/old.o" "$work/new.o" "${extra[@]}" common/util.c common/num.c \
+gcc "${flags[@]}" -Wall -Wextra "bench/ab/ab_${op%_rows}.c" "$work/old.o" "$work/new.o" "${extra[@]}" common/util.c common/num.c \
     -o "$work/ab" -lopenblas -lm
 echo "ab $op: $(git rev-parse --short "$old") (old) against the working tree (new), OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}, best of $reps"
 tiny="${AB_TINY:-0}"
@@ -63,6 +65,9 @@ elif [ "$op" = paged ]; then   # sequences, context, heads, kv heads, key width,
     if [ "$tiny" = 1 ]; then shapes=("2 100 4 2 16 0 16" "1 70 4 1 32 8 32")
     else shapes=("8 16384 8 8 64 0 64" "8 16384 8 2 64 0 64" "8 16384 8 1 64 0 64" "1 16384 8 1 256 32 256"
                  "8 16384 8 1 256 32 256"); fi
+elif [ "$op" = matmul_rows ]; then   # tokens, d_in, d_out
+    if [ "$tiny" = 1 ]; then shapes=("1 96 80" "8 40 30")
+    else shapes=("1 512 1536" "8 512 1536" "1 512 2816" "8 512 2816" "1 1408 512" "8 1408 512" "1 512 8192" "8 512 8192"); fi
 else   # tokens, d_in, d_out
     if [ "$tiny" = 1 ]; then shapes=("300 96 80" "50 40 30")
     else shapes=("2048 512 512" "2048 512 1408" "2048 1408 512" "2048 512 8192"); fi

@@ -20,12 +20,16 @@
 // A few rows (decoding: one token per sequence): OpenBLAS's sgemm packs the whole weight for
 // them and ran 2-10x slower than reading it once (bench/bench_decode.c, OpenBLAS 0.3.21). Here
 // the weight is read once, in blocks of 4 rows split over the threads, and dotted with every
-// input row in register tiles: 2 weight rows x 4 input rows (8 accumulators: 6 loads per 8
-// multiply-adds, where one dot at a time loads 2 per 1) or 4 weight rows x 1 input row (the
-// batch-1 case: 4 independent add chains). Every dot sums in the same order whatever tile
-// computes it (8 lanes over k, then vec_sum and the tail), so a sequence's output does not depend on what
-// else is in the batch or on the thread count. Vectors and fused multiply-adds: common/vec.h.
+// input row in register tiles: 2 weight rows x 8 input rows (16 accumulators: 10 loads per 16
+// multiply-adds), 2 x 4 for 4 to 7 rows, and 4 weight rows x 1 input row for the rest (the
+// batch-1 case: 4 independent add chains). Every tile asks for the weight rows WEIGHT_AHEAD rows
+// on into L2 as it goes: the hardware prefetcher alone left the weight stream at 9-19 GB/s, the
+// core waiting on each new row (bench/ab.sh matmul_rows). Every dot sums in the same order
+// whatever tile computes it (8 lanes over k, then vec_sum and the tail), so a sequence's output
+// does not depend on what else is in the batch or on the thread count. Vectors and fused
+// multiply-adds: common/vec.h.
 #define SMALL_N 8
+#define WEIGHT_AHEAD 8
 
 // vec_sum of the lanes, then the C % 8 tail in order
 static inline float dot_finish(vecf acc, const float *a, const float *b, int k0, int n) {
@@ -36,13 +40,50 @@ static inline float dot_finish(vecf acc, const float *a, const float *b, int k0,
 
 #define VEC_END(C) ((C) / VEC_LANES * VEC_LANES)
 
+// The first of `rows` weight rows WEIGHT_AHEAD rows after row o, or row o itself near the end
+// (rows within the weight: asked for again, they cost nothing)
+static inline const float *ahead_rows(const float *weight, int C, int OC, int o, int rows) {
+    const int a = o + WEIGHT_AHEAD + rows <= OC ? o + WEIGHT_AHEAD : o;
+    return weight + (size_t)a * C;
+}
+
+// the 64-byte line at column k of `rows` rows from p into L2, once per line (k steps by 8 floats).
+// Always inlined: GCC 12 at -O2 finds a function of prefetches alone free of side effects
+// (ipa-pure-const) and deletes the calls to it, so a plain static one asked for nothing.
+static inline __attribute__((always_inline)) void prefetch_weight(const float *p, int C, int rows, int k) {
+    if (k & 15) return;
+    for (int j = 0; j < rows; j++) __builtin_prefetch(p + (size_t)j * C + k, 0, 2);
+}
+
+// out[(n0 + j) * OC + o + i] for weight rows o, o + 1 and input rows n0 .. n0 + 7
+static void tile_2x8(float *out, const float *inp, const float *weight, int C, int OC, int o, int n0) {
+    const float *w0 = weight + (size_t)o * C, *w1 = w0 + C, *p = ahead_rows(weight, C, OC, o, 2);
+    const float *x[8];
+    for (int j = 0; j < 8; j++) x[j] = inp + (size_t)(n0 + j) * C;
+    vecf a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a04 = {0}, a05 = {0}, a06 = {0}, a07 = {0};
+    vecf a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0}, a14 = {0}, a15 = {0}, a16 = {0}, a17 = {0};
+    int end = VEC_END(C);
+    for (int k = 0; k < end; k += VEC_LANES) {
+        prefetch_weight(p, C, 2, k);
+        vecf u = vec_load(w0 + k), v = vec_load(w1 + k), y;
+#define ROW8(j) y = vec_load(x[j] + k); a0##j += u * y; a1##j += v * y;
+        ROW8(0) ROW8(1) ROW8(2) ROW8(3) ROW8(4) ROW8(5) ROW8(6) ROW8(7)
+#undef ROW8
+    }
+    float *r = out + (size_t)n0 * OC + o;
+#define OUT8(j) r[(size_t)(j) * OC] = dot_finish(a0##j, w0, x[j], end, C); r[(size_t)(j) * OC + 1] = dot_finish(a1##j, w1, x[j], end, C);
+    OUT8(0) OUT8(1) OUT8(2) OUT8(3) OUT8(4) OUT8(5) OUT8(6) OUT8(7)
+#undef OUT8
+}
+
 // out[(n0 + j) * OC + o + i] for weight rows o, o + 1 and input rows n0 .. n0 + 3
 static void tile_2x4(float *out, const float *inp, const float *weight, int C, int OC, int o, int n0) {
     const float *w0 = weight + (size_t)o * C, *w1 = w0 + C;
-    const float *x0 = inp + (size_t)n0 * C, *x1 = x0 + C, *x2 = x1 + C, *x3 = x2 + C;
+    const float *x0 = inp + (size_t)n0 * C, *x1 = x0 + C, *x2 = x1 + C, *x3 = x2 + C, *p = ahead_rows(weight, C, OC, o, 2);
     vecf a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
     int end = VEC_END(C);
     for (int k = 0; k < end; k += VEC_LANES) {
+        prefetch_weight(p, C, 2, k);
         vecf u = vec_load(w0 + k), v = vec_load(w1 + k), x;
         x = vec_load(x0 + k); a00 += u * x; a10 += v * x;
         x = vec_load(x1 + k); a01 += u * x; a11 += v * x;
@@ -59,9 +100,11 @@ static void tile_2x4(float *out, const float *inp, const float *weight, int C, i
 // out[n * OC + o .. o + 3] for weight rows o .. o + 3 and input row n
 static void tile_4x1(float *out, const float *inp, const float *weight, int C, int OC, int o, int n) {
     const float *w0 = weight + (size_t)o * C, *w1 = w0 + C, *w2 = w1 + C, *w3 = w2 + C, *x0 = inp + (size_t)n * C;
+    const float *p = ahead_rows(weight, C, OC, o, 4);
     vecf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     int end = VEC_END(C);
     for (int k = 0; k < end; k += VEC_LANES) {
+        prefetch_weight(p, C, 4, k);
         vecf x = vec_load(x0 + k);
         a0 += vec_load(w0 + k) * x; a1 += vec_load(w1 + k) * x; a2 += vec_load(w2 + k) * x; a3 += vec_load(w3 + k) * x;
     }
@@ -78,14 +121,19 @@ static float dot_1x1(const float *w0, const float *x0, int C) {
 }
 
 static void matmul_few_rows(float *out, const float *inp, const float *weight, int N, int C, int OC) {
-    int blocks = OC / 4, n4 = N / 4 * 4;
+    int blocks = OC / 4;
     #pragma omp parallel for schedule(static) if ((size_t)OC * C >= ((size_t)1 << 15))
     for (int b = 0; b < blocks; b++) {
-        for (int n = 0; n < n4; n += 4) {
+        int n = 0;
+        for (; n + 8 <= N; n += 8) {
+            tile_2x8(out, inp, weight, C, OC, 4 * b, n);
+            tile_2x8(out, inp, weight, C, OC, 4 * b + 2, n);
+        }
+        for (; n + 4 <= N; n += 4) {
             tile_2x4(out, inp, weight, C, OC, 4 * b, n);
             tile_2x4(out, inp, weight, C, OC, 4 * b + 2, n);
         }
-        for (int n = n4; n < N; n++) tile_4x1(out, inp, weight, C, OC, 4 * b, n);
+        for (; n < N; n++) tile_4x1(out, inp, weight, C, OC, 4 * b, n);
     }
     for (int o = 4 * blocks; o < OC; o++)
         for (int n = 0; n < N; n++) out[(size_t)n * OC + o] = dot_1x1(weight + (size_t)o * C, inp + (size_t)n * C, C);

@@ -436,8 +436,9 @@ static const float *chunk_fp32(const SharedDecode *sd, const PagedStream *const 
 // The requests are spread over the tile's heads, a share before each head's products: asked all
 // at once (an MHA tile's 512 lines) they filled the core's miss buffers, the prefetch
 // instructions waited for free ones (30% of the kernel's samples sat on them under perf), and no
-// product ran meanwhile (docs/INFERENCE.md).
-static void prefetch_rows(const PagedStream *s, const uint8_t *const *row, int n) {
+// product ran meanwhile (docs/INFERENCE.md). Always inlined: a function of prefetches alone is
+// dropped by GCC at -O2 where it is not inlined (layers/cpu_matmul.c, prefetch_weight).
+static inline __attribute__((always_inline)) void prefetch_rows(const PagedStream *s, const uint8_t *const *row, int n) {
     if (!s || !read_in_place(s)) return;
     for (int j = 0; j < n; j++) {
         for (size_t o = 0; o < s->token_bytes; o += 64) __builtin_prefetch(row[j] + o, 0, 2);

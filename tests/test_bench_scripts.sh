@@ -191,6 +191,9 @@ if git -C "$SRC" rev-parse --verify --quiet HEAD > /dev/null 2>&1; then
     out=$(AB_TINY=1 OMP_NUM_THREADS=2 bash "$SRC/bench/ab.sh" matmul HEAD 1 2>&1)
     [ "$(grep -c 'forward old .* input gradient old .* weight gradient old' <<< "$out")" = 2 ] &&
         ok "ab.sh matmul HEAD (tiny): two shapes timed" || fail "ab.sh matmul: $out"
+    out=$(AB_TINY=1 OMP_NUM_THREADS=2 bash "$SRC/bench/ab.sh" matmul_rows HEAD 1 2>&1)
+    [ "$(grep -c 'copies of the weight.*forward old .* input gradient old' <<< "$out")" = 2 ] &&
+        ok "ab.sh matmul_rows HEAD (tiny): two shapes timed over weight copies" || fail "ab.sh matmul_rows: $out"
     out=$(AB_TINY=1 OMP_NUM_THREADS=2 bash "$SRC/bench/ab.sh" paged HEAD 1 2>&1)
     [ "$(grep -c "step's attention old .* new .*" <<< "$out")" = 2 ] && [ "$(grep -c 'the same bits' <<< "$out")" = 2 ] &&
         ok "ab.sh paged HEAD (tiny): two shapes timed, the same bits" || fail "ab.sh paged: $out"

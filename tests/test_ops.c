@@ -795,7 +795,7 @@ int main(void) {
     test_matmul(1, 45, 300, 1);
     test_matmul(3, 600, 70, 1);
     test_matmul(16, 33, 1100, 0);
-    test_matmul(8, 512, 31, 1);    // register tiles: 2 full 4-row tiles, an odd last weight row
+    test_matmul(8, 512, 31, 1);    // register tiles: one 8-row tile, an odd last weight row
     test_matmul(7, 13, 5, 1);      // a 3-row remainder tile and the k % 8 tail
     test_matmul(5, 4, 2, 1);       // fewer than 8 inputs: no vector step at all
     test_vec_exp();
