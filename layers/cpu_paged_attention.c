@@ -13,7 +13,10 @@
 // the accumulators are kept split into even and odd elements). A codec stream (int_group) is
 // decoded once per chunk into a per-thread fp32 scratch and read from there, each block's bytes
 // asked for while the one before it decodes (chunk_matrix). Rows read in place are prefetched a
-// tile ahead (prefetch_rows). Scores go 8 tokens
+// tile ahead (prefetch_rows), and each thread claims its next chunk when it starts one, so that
+// the chunk's values pass, which reads its rows from L2, asks for the next chunk's keys: memory
+// then streams through both passes instead of the scores pass alone (MHA's 16k batch-8
+// attention 0.80-0.86 of the time, bench/ab.sh paged). Scores go 8 tokens
 // at a time (8 accumulators, summed across lanes together by vec_sum8), for two query heads of
 // one kv head together where a group has two (scores_pair), weighted values up to 4 heads
 // (VALUE_HEADS) x 32 values at a time, the softmax's exponentials 8 at a time (vec_exp). OpenBLAS's sgemm packs
@@ -431,8 +434,8 @@ static const float *chunk_fp32(const SharedDecode *sd, const PagedStream *const 
 // Rows [0, n) of a stream read in place, asked into L2 (prefetcht1) ahead of their use: a tile
 // reads each of its rows in head-sized pieces, one head after another, a stride the hardware
 // prefetchers do not follow past a page, and perf put most of a step on the loads' stalls. The
-// scores pass asks for the next tile's keys and for this tile's values, so that the values pass
-// finds its rows in L2 (L1, prefetcht0, measured slower: a tile's keys are already most of it).
+// scores pass asks for the next tile's keys (unless the chunk's keys were asked for during the
+// last chunk's values pass) and for this tile's values, so that the values pass finds its rows in L2 (L1, prefetcht0, measured slower: a tile's keys are already most of it).
 // The requests are spread over the tile's heads, a share before each head's products: asked all
 // at once (an MHA tile's 512 lines) they filled the core's miss buffers, the prefetch
 // instructions waited for free ones (30% of the kernel's samples sat on them under perf), and no
@@ -444,6 +447,36 @@ static inline __attribute__((always_inline)) void prefetch_rows(const PagedStrea
         for (size_t o = 0; o < s->token_bytes; o += 64) __builtin_prefetch(row[j] + o, 0, 2);
         __builtin_prefetch(row[j] + s->token_bytes - 1, 0, 2);
     }
+}
+
+// Tokens [t0, t1) of a chunk (its blocks) of a stream read in place, asked into L2 (the next
+// item's keys, during this item's values pass; prefetch_rows says why always inlined)
+static inline __attribute__((always_inline)) void prefetch_tokens(const PagedStream *s, const int *blocks, int t0, int t1) {
+    if (!s || !read_in_place(s) || t0 >= t1) return;
+    const int BT = s->block_tokens;
+    for (int b = t0 / BT; b * BT < t1; b++) {
+        const int a = t0 > b * BT ? t0 - b * BT : 0, e = t1 < (b + 1) * BT ? t1 - b * BT : BT;
+        const uint8_t *p = s->blocks[blocks[b]];
+        for (size_t o = (size_t)a * s->token_bytes; o < (size_t)e * s->token_bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+        __builtin_prefetch(p + (size_t)e * s->token_bytes - 1, 0, 2);
+    }
+}
+
+// Share `piece` of `pieces` of the nt tokens of the next item's keys (k and k2, either NULL)
+static inline __attribute__((always_inline)) void prefetch_share(const PagedStream *k, const PagedStream *k2, const int *blocks,
+                                                                 int nt, int piece, int pieces) {
+    if (!blocks || piece >= pieces) return;
+    const int t0 = (int)((long long)nt * piece / pieces), t1 = (int)((long long)nt * (piece + 1) / pieces);
+    prefetch_tokens(k, blocks, t0, t1);
+    prefetch_tokens(k2, blocks, t0, t1);
+}
+
+// the next work item's index, shared counter *next (items past the last mean none left)
+static int claim_item(int *next) {
+    int it;
+    #pragma omp atomic capture
+    it = (*next)++;
+    return it;
 }
 
 // ---- groups of GEMM_GROUP or more query heads per kv head whose keys and values a codec decodes
@@ -525,7 +558,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
     double *prep2 = k2_scored ? prepare_queries(k2, q, n * NH, DQ, DK) : NULL;
     // per item and query head: row max, row sum, (DV) weighted values
     const size_t per_item = (size_t)NH * (2 + DV);
-    float *state = xcalloc((size_t)(n_items ? n_items : 1) * per_item, sizeof(float));
+    // (not zeroed here: each item zeroes its own accumulators, in parallel and into its cache)
+    float *state = xmalloc((size_t)(n_items ? n_items : 1) * per_item * sizeof(float));
 
     // every query head laid out for its parts (query_for) once, for all the chunks it meets
     float *qlay = xmalloc(((size_t)n * NH * DQ + 1) * sizeof(float));
@@ -538,8 +572,10 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
         }
     }
 
+    int next_item = 0;   // the next item not yet claimed (claim_item)
     #pragma omp parallel
     {
+        int claimed_keys = -1;   // the item whose keys this thread asked for ahead
         // per thread: decoded chunks of codec streams, the chunk's row pointers and the scores
         float *kbuf = read_in_place(k) ? NULL : xmalloc((size_t)CT * k->width * sizeof(float));
         float *vbuf = same_v || read_in_place(v) ? NULL : xmalloc((size_t)CT * v->width * sizeof(float));
@@ -549,12 +585,32 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
         float *sc = xmalloc((size_t)(NH + 1) * CT * sizeof(float));   // + one row of a scored stream's raw scores
         // the gemm path's fp32 rope key (its keys and values are decoded into kbuf and vbuf)
         float *gk2 = gemm && k2 && read_in_place(k2) ? xmalloc((size_t)CT * k2->width * sizeof(float)) : k2buf;
-        #pragma omp for schedule(dynamic, 1)
-        for (int it = 0; it < n_items; it++) {
+        // items handed out one at a time (as schedule(dynamic, 1)), each thread claiming its next
+        // one when it starts the current, so that the values pass can ask for the next item's keys
+        for (int it = claim_item(&next_item), next; it < n_items; it = next) {
+            next = claim_item(&next_item);
             const int i = item_seq[it], chunk = it - first_item[i];
             const int t0 = chunk * CT, nt = lens[i] - t0 < CT ? lens[i] - t0 : CT;
             const int *blocks = block_table + (size_t)i * max_blocks + chunk * chunk_blocks;
+            // this item's keys asked for during the last one's values pass (then the scores pass
+            // asks for its values only), and the next item's, when this thread has one
+            const int primed = claimed_keys == it;
+            const int *nblocks = NULL;
+            int nnt = 0;
+            if (next < n_items) {
+                const int ni = item_seq[next], nchunk = next - first_item[ni];
+                nblocks = block_table + (size_t)ni * max_blocks + nchunk * chunk_blocks;
+                nnt = lens[ni] - nchunk * CT < CT ? lens[ni] - nchunk * CT : CT;
+                claimed_keys = next;
+            }
+            // the next item's keys go in equal shares, one before each head step of the values pass
+            // and, where the values are the keys' stream (the scores pass asks for no values), of the
+            // scores pass too: a burst of the whole tile's lines filled the miss buffers (prefetch_rows)
+            const int tiles = (nt + TILE_TOKENS - 1) / TILE_TOKENS, score_steps = same_v ? (group > 1 ? NKV * ((group + 1) / 2) : NH) : 0;
+            const int pieces = tiles * (score_steps + NKV * ((group + VALUE_HEADS - 1) / VALUE_HEADS));
+            int piece = 0;
             float *st = state + (size_t)it * per_item;
+            memset(st + 2 * NH, 0, (size_t)NH * DV * sizeof(float));
             const int grp = sd.group_of[i];
             if (gemm) {   // keys and values decoded: the products through sgemm
                 const float *K = chunk_fp32(&sd, decoded, 0, grp, k, blocks, t0, nt, kbuf);
@@ -568,7 +624,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                     if (k2) gemm_scores(sg, CT, qg + DK, DQ, K2, k2->width, group, nt, DK2, scale, 1);
                 }
                 softmax_rows(st, sc, CT, NH, nt);
-                for (int g = 0; g < NKV; g++)   // acc: zero from xcalloc
+                for (int g = 0; g < NKV; g++)   // acc: zeroed above
                     gemm_values(st + 2 * NH + (size_t)g * group * DV, DV, sc + (size_t)g * group * CT, CT, V + (size_t)g * DV,
                                 same_v ? k->width : v->width, group, nt, DV);
                 continue;
@@ -593,9 +649,10 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                     const int pair = group > 1 && h % group + 1 < group, h1 = h + 1 + pair;
                     // the prefetches spread over the heads, a share before each
                     const int a0 = ahead * h / NH, a1 = ahead * h1 / NH, v0 = m * h / NH, v1 = m * h1 / NH;
-                    if (!k_scored) prefetch_rows(k, krow + ta + m + a0, a1 - a0);
-                    if (k2 && !k2_scored) prefetch_rows(k2, k2row + ta + m + a0, a1 - a0);
+                    if (!k_scored && !primed) prefetch_rows(k, krow + ta + m + a0, a1 - a0);
+                    if (k2 && !k2_scored && !primed) prefetch_rows(k2, k2row + ta + m + a0, a1 - a0);
                     if (!same_v) prefetch_rows(v, vrow + ta + v0, v1 - v0);
+                    else prefetch_share(k_scored ? NULL : k, k2_scored ? NULL : k2, nblocks, nnt, piece++, pieces);
                     const Part kp = k_scored ? none : part_of(k, krow + ta, (h / group) * DK, DK);
                     const float *qa = qk + (size_t)h * DQ;
                     if (pair)
@@ -614,7 +671,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 if (k2_scored) add_scored(sc + (size_t)h * CT, sc + (size_t)NH * CT, k2, q + ih * DQ + DK, prep2 + ih * k2->prep_doubles, 0, blocks, nt, scale);
             }
             softmax_rows(st, sc, CT, NH, nt);
-            float *acc = st + 2 * NH;   // (NH, DV), zero from xcalloc
+            float *acc = st + 2 * NH;   // (NH, DV), zeroed above
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
                 const int m = tile_len(nt, ta), ahead = tile_len(nt, ta + m);
                 for (int g = 0; g < NKV; g++) {
@@ -622,6 +679,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                     const Part vp = part_of(v, vrow + ta, g * DV, DV);
                     for (int r = 0; r < group; r += VALUE_HEADS) {
                         const int h = g * group + r;
+                        prefetch_share(k_scored ? NULL : k, k2_scored ? NULL : k2, nblocks, nnt, piece++, pieces);
                         weighted_values(acc + (size_t)h * DV, DV, sc + (size_t)h * CT + ta, CT,
                                         group - r < VALUE_HEADS ? group - r : VALUE_HEADS, &vp, m);
                     }
