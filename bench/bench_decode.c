@@ -22,7 +22,11 @@
 // before the first preset and again after each one; the roofline takes the best of all of them
 // (since 2026-11-26, late night: one measurement at the start moved between 29 and 41 GB/s from
 // run to run on the development VM, and every x-roofline figure of the run with it). So the
-// table is printed at the end; progress goes to stderr meanwhile.
+// table is printed at the end; progress goes to stderr meanwhile. The last column, x read, sets
+// the step against the same roofline with the bytes over the machine's read bandwidth instead
+// (bench_read_bandwidth, bench/bench_common.h, measured beside the other two): a step only reads
+// its cache and weights. On the development VM the two rates moved within about 15% of each
+// other, either one the higher from run to run (docs/INFERENCE.md).
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -111,10 +115,11 @@ typedef struct Result {
     double bytes_per_token;
 } Result;
 
-// the best copy bandwidth and sgemm rate so far, measured once more
-static void measure(double *bw, double *sg) {
-    const double b = bench_copy_bandwidth(omp_get_max_threads()), g = sgemm_rate();
+// the best copy bandwidth, read bandwidth and sgemm rate so far, measured once more
+static void measure(double *bw, double *rd, double *sg) {
+    const double b = bench_copy_bandwidth(omp_get_max_threads()), r = bench_read_bandwidth(omp_get_max_threads()), g = sgemm_rate();
     *bw = b > *bw ? b : *bw;
+    *rd = r > *rd ? r : *rd;
     *sg = g > *sg ? g : *sg;
 }
 
@@ -135,8 +140,8 @@ int main(int argc, char **argv) {
     int max_ctx = 0;
     for (int i = 0; i < nc; i++) max_ctx = contexts[i] > max_ctx ? contexts[i] : max_ctx;
 
-    double bw = 0, sg = 0, t_start = now_seconds();
-    measure(&bw, &sg);
+    double bw = 0, rd = 0, sg = 0, t_start = now_seconds();
+    measure(&bw, &rd, &sg);
     Result *res = NULL;
     int n_res = 0;
 
@@ -212,17 +217,19 @@ int main(int argc, char **argv) {
         free(lg);
         cache_layout_free(&cl);
         model_free(&m);
-        measure(&bw, &sg);
+        measure(&bw, &rd, &sg);
         fprintf(stderr, "bench_decode: %s done, %.0f s\n", preset, now_seconds() - t_start);
     }
 
     if (!json)
-        printf("machine: copy bandwidth %.2f GB/s (memcpy over the threads, read + write), sgemm %.1f GFLOP/s, %d threads "
-               "(the best of the measurements before the first preset and after each)\n\n"
-               "%-24s %6s %5s %9s %11s %11s %9s %11s\n", bw / 1e9, sg / 1e9, omp_get_max_threads(),
-               "preset", "ctx", "batch", "ms/step", "cache MB/st", "roofline ms", "x roof", "bytes/token");
+        printf("machine: copy bandwidth %.2f GB/s (memcpy over the threads, read + write), read bandwidth %.2f GB/s (a sum "
+               "over the threads), sgemm %.1f GFLOP/s, %d threads (the best of the measurements before the first preset and "
+               "after each)\n\n"
+               "%-24s %6s %5s %9s %11s %11s %9s %11s %9s\n", bw / 1e9, rd / 1e9, sg / 1e9, omp_get_max_threads(),
+               "preset", "ctx", "batch", "ms/step", "cache MB/st", "roofline ms", "x roof", "bytes/token", "x read");
     else
-        printf("{\"machine\":{\"copy_GBps\":%.3f,\"sgemm_GFLOPs\":%.2f,\"threads\":%d}}\n", bw / 1e9, sg / 1e9, omp_get_max_threads());
+        printf("{\"machine\":{\"copy_GBps\":%.3f,\"read_GBps\":%.3f,\"sgemm_GFLOPs\":%.2f,\"threads\":%d}}\n", bw / 1e9,
+               rd / 1e9, sg / 1e9, omp_get_max_threads());
     for (int i = 0; i < n_res; i++) {
         const Result *r = &res[i];
         if (r->ctx == 0) {
@@ -234,14 +241,18 @@ int main(int argc, char **argv) {
                        PREFILL_TOKENS, r->prefill_full, r->prefill_chunk);
             continue;
         }
-        const double roof = fmax(r->bytes / bw, r->flops / sg);
+        // the roofline of the issue (bytes over the copy bandwidth), and the same with the bytes
+        // over the read bandwidth: a step only reads its cache and weights
+        const double roof = fmax(r->bytes / bw, r->flops / sg), read_roof = fmax(r->bytes / rd, r->flops / sg);
         if (json)
             printf("{\"preset\":\"%s\",\"context\":%d,\"batch\":%d,\"ms_per_step\":%.3f,\"cache_bytes_read\":%.0f,"
-                   "\"roofline_ms\":%.3f,\"x_roofline\":%.3f,\"bytes_per_token\":%.10g}\n",
-                   r->preset, r->ctx, r->batch, r->step_s * 1e3, r->cache_read, roof * 1e3, r->step_s / roof, r->bytes_per_token);
+                   "\"roofline_ms\":%.3f,\"x_roofline\":%.3f,\"read_roofline_ms\":%.3f,\"x_read_roofline\":%.3f,"
+                   "\"bytes_per_token\":%.10g}\n",
+                   r->preset, r->ctx, r->batch, r->step_s * 1e3, r->cache_read, roof * 1e3, r->step_s / roof, read_roof * 1e3,
+                   r->step_s / read_roof, r->bytes_per_token);
         else
-            printf("%-24s %6d %5d %9.2f %11.1f %11.2f %9.2f %11.10g\n", r->preset, r->ctx, r->batch, r->step_s * 1e3,
-                   r->cache_read / 1e6, roof * 1e3, r->step_s / roof, r->bytes_per_token);
+            printf("%-24s %6d %5d %9.2f %11.1f %11.2f %9.2f %11.10g %9.2f\n", r->preset, r->ctx, r->batch, r->step_s * 1e3,
+                   r->cache_read / 1e6, roof * 1e3, r->step_s / roof, r->bytes_per_token, r->step_s / read_roof);
     }
     free(res);
     return 0;
