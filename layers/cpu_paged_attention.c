@@ -499,11 +499,12 @@ static void gemm_scores(float *S, int lds, const float *A, int lda, const float 
                     B + (size_t)t0 * ldb, ldb, acc ? 1.0f : 0.0f, S + t0, lds);
 }
 
-// O (rows, N; ldo) += P (rows, nt; ldp) V, V (nt, N; ldv), the tokens in order
+// O (rows, N; ldo) = P (rows, nt; ldp) V, V (nt, N; ldv), the tokens in order (O is written by the
+// first GEMM_TOKENS, then added to: it need not be zeroed)
 static void gemm_values(float *O, int ldo, const float *P, int ldp, const float *V, int ldv, int rows, int nt, int N) {
     for (int t0 = 0; t0 < nt; t0 += GEMM_TOKENS)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, N, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, 1.0f,
-                    P + t0, ldp, V + (size_t)t0 * ldv, ldv, 1.0f, O, ldo);
+                    P + t0, ldp, V + (size_t)t0 * ldv, ldv, t0 ? 1.0f : 0.0f, O, ldo);
 }
 
 // Tokens of the tile that starts at token t of a chunk of nt: TILE_TOKENS, fewer at the end, 0 past it
@@ -610,7 +611,6 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             const int pieces = tiles * (score_steps + NKV * ((group + VALUE_HEADS - 1) / VALUE_HEADS));
             int piece = 0;
             float *st = state + (size_t)it * per_item;
-            memset(st + 2 * NH, 0, (size_t)NH * DV * sizeof(float));
             const int grp = sd.group_of[i];
             if (gemm) {   // keys and values decoded: the products through sgemm
                 const float *K = chunk_fp32(&sd, decoded, 0, grp, k, blocks, t0, nt, kbuf);
@@ -624,11 +624,12 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                     if (k2) gemm_scores(sg, CT, qg + DK, DQ, K2, k2->width, group, nt, DK2, scale, 1);
                 }
                 softmax_rows(st, sc, CT, NH, nt);
-                for (int g = 0; g < NKV; g++)   // acc: zeroed above
+                for (int g = 0; g < NKV; g++)   // acc: written by the first tokens' product
                     gemm_values(st + 2 * NH + (size_t)g * group * DV, DV, sc + (size_t)g * group * CT, CT, V + (size_t)g * DV,
                                 same_v ? k->width : v->width, group, nt, DV);
                 continue;
             }
+            memset(st + 2 * NH, 0, (size_t)NH * DV * sizeof(float));   // the tiles add to acc
             // keys, or the values they share a stream with; a group's decoded copy where it has one
             if (grp >= 0 && decoded[0]) shared_rows(sd.dec[0][grp], k->width, t0, nt, krow);
             else if (!k_scored || same_v) chunk_rows(k, blocks, nt, kbuf, krow);
@@ -671,7 +672,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 if (k2_scored) add_scored(sc + (size_t)h * CT, sc + (size_t)NH * CT, k2, q + ih * DQ + DK, prep2 + ih * k2->prep_doubles, 0, blocks, nt, scale);
             }
             softmax_rows(st, sc, CT, NH, nt);
-            float *acc = st + 2 * NH;   // (NH, DV), zeroed above
+            float *acc = st + 2 * NH;   // (NH, DV), zeroed above (memset)
             for (int ta = 0; ta < nt; ta += TILE_TOKENS) {
                 const int m = tile_len(nt, ta), ahead = tile_len(nt, ta + m);
                 for (int g = 0; g < NKV; g++) {
