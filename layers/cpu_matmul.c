@@ -23,7 +23,7 @@
 // input row in register tiles: 2 weight rows x 8 input rows (16 accumulators: 10 loads per 16
 // multiply-adds), 2 x 4 for 4 to 7 rows, and 4 weight rows x 1 input row for the rest (the
 // batch-1 case: 4 independent add chains). Every tile asks for the weight rows WEIGHT_AHEAD rows
-// on into L2 as it goes: the hardware prefetcher alone left the weight stream at 9-19 GB/s, the
+// on into L2 as it goes: the hardware prefetcher alone left the weight stream at 9-25 GB/s, the
 // core waiting on each new row (bench/ab.sh matmul_rows). Every dot sums in the same order
 // whatever tile computes it (8 lanes over k, then vec_sum and the tail), so a sequence's output
 // does not depend on what else is in the batch or on the thread count. Vectors and fused
