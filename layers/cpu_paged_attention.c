@@ -435,12 +435,14 @@ static const float *chunk_fp32(const SharedDecode *sd, const PagedStream *const 
 // reads each of its rows in head-sized pieces, one head after another, a stride the hardware
 // prefetchers do not follow past a page, and perf put most of a step on the loads' stalls. The
 // scores pass asks for the next tile's keys (unless the chunk's keys were asked for during the
-// last chunk's values pass) and for this tile's values, so that the values pass finds its rows in L2 (L1, prefetcht0, measured slower: a tile's keys are already most of it).
+// last chunk's values pass) and for this tile's values, so that the values pass finds its rows
+// in L2 (L1, prefetcht0, measured slower: a tile's keys are already most of it).
 // The requests are spread over the tile's heads, a share before each head's products: asked all
 // at once (an MHA tile's 512 lines) they filled the core's miss buffers, the prefetch
 // instructions waited for free ones (30% of the kernel's samples sat on them under perf), and no
 // product ran meanwhile (docs/INFERENCE.md). Always inlined: a function of prefetches alone is
-// dropped by GCC at -O2 where it is not inlined (layers/cpu_matmul.c, prefetch_weight).
+// dropped by GCC at -O2 where it is not inlined (layers/cpu_matmul.c, prefetch_weight;
+// tests/test_prefetch_kept.sh counts the instructions).
 static inline __attribute__((always_inline)) void prefetch_rows(const PagedStream *s, const uint8_t *const *row, int n) {
     if (!s || !read_in_place(s)) return;
     for (int j = 0; j < n; j++) {
@@ -607,7 +609,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             // the next item's keys go in equal shares, one before each head step of the values pass
             // and, where the values are the keys' stream (the scores pass asks for no values), of the
             // scores pass too: a burst of the whole tile's lines filled the miss buffers (prefetch_rows)
-            const int tiles = (nt + TILE_TOKENS - 1) / TILE_TOKENS, score_steps = same_v ? (group > 1 ? NKV * ((group + 1) / 2) : NH) : 0;
+            const int tiles = (nt + TILE_TOKENS - 1) / TILE_TOKENS;
+            const int score_steps = same_v ? (group > 1 ? NKV * ((group + 1) / 2) : NH) : 0;   // scores_pair calls a tile
             const int pieces = tiles * (score_steps + NKV * ((group + VALUE_HEADS - 1) / VALUE_HEADS));
             int piece = 0;
             float *st = state + (size_t)it * per_item;
