@@ -2,20 +2,62 @@
 // the "storage copy" of the weights is the fp32 master itself.
 #include "layers/cpu_ops.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/util.h"
 
+// Every allocation carries a header of HEADER bytes just before the pointer handed out, saying
+// how to give it back. One of HUGE_BYTES or more is its own anonymous mapping, aligned to
+// HUGE_BYTES (2 MiB, the x86-64 huge page) and advised MADV_HUGEPAGE, so that the kernel backs it
+// with huge pages where it can ("madvise" or "always" in
+// /sys/kernel/mm/transparent_hugepage/enabled): a decode step reads gigabytes of cache, and
+// through 4 KiB pages it walked the page tables for each of them (docs/INFERENCE.md). The others
+// come from calloc. Either way the memory is zero: fresh mappings are, and calloc zeroes.
+#define HEADER 64
+#define HUGE_BYTES ((size_t)2 << 20)
+
+typedef struct AllocHeader {
+    void *base;     // what calloc or mmap returned
+    size_t mapped;  // the mapping's length; 0: base came from calloc
+} AllocHeader;
+
+static void *alloc_mapped(size_t bytes) {
+    size_t len;
+    if (bytes > SIZE_MAX - 2 * HUGE_BYTES) return NULL;
+    len = bytes + 2 * HUGE_BYTES;   // room to align past the header
+    uint8_t *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return NULL;
+    uint8_t *p = (uint8_t *)(((uintptr_t)base + HEADER + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE);   // advice: where it is refused, 4 KiB pages serve
+#endif
+    *(AllocHeader *)(p - HEADER) = (AllocHeader){base, len};
+    return p;
+}
+
 void *cpu_alloc(size_t bytes) {
-    // calloc: the contract promises zeroed memory (gradient buffers rely on it), and large
-    // requests come straight from mmap, already zero, so this costs nothing extra.
-    void *p = calloc(bytes ? bytes : 1, 1);
+    void *p = NULL;
+    if (bytes >= HUGE_BYTES) p = alloc_mapped(bytes);
+    else if (bytes <= SIZE_MAX - HEADER) {
+        uint8_t *base = calloc(bytes + HEADER, 1);
+        if (base) {
+            p = base + HEADER;
+            *(AllocHeader *)base = (AllocHeader){base, 0};
+        }
+    }
     if (!p) die("out of memory allocating %zu bytes of CPU backend memory: use a smaller model, batch or sequence", bytes);
     return p;
 }
 
-void cpu_release(void *p) { free(p); }
+void cpu_release(void *p) {
+    if (!p) return;
+    const AllocHeader h = *(const AllocHeader *)((uint8_t *)p - HEADER);
+    if (h.mapped) munmap(h.base, h.mapped);
+    else free(h.base);
+}
 
 void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
 

@@ -7,11 +7,12 @@
 // A block id names the same block in every stream, so one block table per sequence serves all
 // layers. Blocks are allocated when a sequence first needs them and kept for reuse when it is
 // released: the bytes held grow with the tokens stored, rounded up to whole blocks. A stream's
-// storage is reserved SLAB_BLOCKS blocks at a time, block id at (id % SLAB_BLOCKS) x its stride in
-// slab id / SLAB_BLOCKS: blocks taken one after another (a prompt's) lie one after another in
+// storage is reserved a slab of blocks at a time (slab_blocks[s]: SLAB_BYTES or more, at least
+// SLAB_MIN_BLOCKS blocks), block id at (id % slab_blocks[s]) x its stride in slab
+// id / slab_blocks[s]: blocks taken one after another (a prompt's) lie one after another in
 // memory, so reading a long context streams through long runs that the CPU's prefetchers follow,
-// where a separate allocation per block left one 2-8 KiB run per block
-// (bench/bench_decode.c; docs/INFERENCE.md has the measurement).
+// where a separate allocation per block left one 2-8 KiB run per block, and on the CPU backend
+// through huge pages (bench/bench_decode.c; docs/INFERENCE.md has the measurements).
 //
 // Block codecs (kivi, qjl; model/cache.h): a block is encoded as one unit, so the block a sequence
 // is filling is kept in fp16 (stage[s][id], the full-precision window) and encoded when the
@@ -31,6 +32,7 @@
 // read straight from the cache, and never up-projects the cached tokens.
 #include "model/decode.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,8 +49,14 @@
 // variable-size codec's records, appended to the block's host buffer as tokens come.
 enum { STREAM_TOKENS = 0, STREAM_WINDOW, STREAM_RECORDS };
 
-// blocks per slab of a stream's storage (see the top): 256 tokens at the usual 16-token blocks
-#define SLAB_BLOCKS 16
+// A stream's slab (see the top): at least SLAB_MIN_BLOCKS blocks and SLAB_BYTES bytes
+// (decoder_new_slabs takes another size). 2 MiB is a
+// huge page: the CPU backend gives an allocation of 2 MiB or more whole huge pages where the
+// kernel has them (layers/cpu_memory.c), and a step that reads its cache through 4 KiB pages
+// walked the page tables for every page of it (docs/INFERENCE.md). The slab is reserved, not
+// written: the CPU backend's pages come as the blocks are written.
+#define SLAB_MIN_BLOCKS 16
+#define SLAB_BYTES ((size_t)2 << 20)
 
 // What a backend's decode callback of stream s needs (PagedStream.ctx).
 typedef struct StreamRead {
@@ -62,10 +70,11 @@ struct Decoder {
     int max_seqs, max_len, max_blocks;   // max_blocks: per sequence
     int bt;                // tokens per block (cache_layout_block_tokens)
     int has_blocks;        // some stream uses a codec with a full-precision window (kivi, qjl)
-    // storage: blocks[s][id], the same ids in every stream, inside slabs[s][id / SLAB_BLOCKS]
+    // storage: blocks[s][id], the same ids in every stream, inside slabs[s][id / slab_blocks[s]]
     uint8_t ***blocks;
     uint8_t ***slabs;
     size_t *stride;        // [n_streams]: bytes from one block of the stream to the next in a slab
+    int *slab_blocks;      // [n_streams]: blocks per slab of the stream
     uint16_t ***stage;     // [s][id]: a window codec's fp16 window while block id is open (else NULL)
     uint8_t ***rec;        // [s][id]: a variable-size codec's records of block id (host)
     size_t **rec_len, **rec_cap;   // [s][id]: their bytes, and the buffer's
@@ -189,11 +198,12 @@ static int block_take(Decoder *d) {
     }
     int id = d->n_ids++;
     for (int s = 0; s < d->cl.n_streams; s++) {
-        if (id % SLAB_BLOCKS == 0) {
-            d->slabs[s] = xrealloc(d->slabs[s], ((size_t)id / SLAB_BLOCKS + 1) * sizeof(uint8_t *));
-            d->slabs[s][id / SLAB_BLOCKS] = d->m->be->alloc(SLAB_BLOCKS * d->stride[s]);   // no overflow: checked in decoder_new
+        const int sb = d->slab_blocks[s];
+        if (id % sb == 0) {
+            d->slabs[s] = xrealloc(d->slabs[s], ((size_t)id / sb + 1) * sizeof(uint8_t *));
+            d->slabs[s][id / sb] = d->m->be->alloc((size_t)sb * d->stride[s]);   // no overflow: checked in decoder_new
         }
-        d->blocks[s][id] = d->slabs[s][id / SLAB_BLOCKS] + (size_t)(id % SLAB_BLOCKS) * d->stride[s];
+        d->blocks[s][id] = d->slabs[s][id / sb] + (size_t)(id % sb) * d->stride[s];
         d->stage[s][id] = NULL;
         d->rec[s][id] = NULL;
         d->rec_len[s][id] = d->rec_cap[s][id] = 0;
@@ -331,6 +341,10 @@ static void write_layer(Decoder *d, int l, int rows, const int *row_seq, const i
 // ---------------------------------------------------------------- setup
 
 Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_len) {
+    return decoder_new_slabs(m, layout, max_seqs, max_len, SLAB_BYTES);
+}
+
+Decoder *decoder_new_slabs(Model *m, const CacheLayout *layout, int max_seqs, int max_len, size_t slab_bytes) {
     const ModelConfig *c = &m->cfg;
     const Backend *be = m->be;
     const char *missing = backend_missing_op(be, BACKEND_OPS_DECODE);
@@ -356,6 +370,7 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
     d->stage = xcalloc(ns, sizeof(uint16_t **));
     d->slabs = xcalloc(ns, sizeof(uint8_t **));
     d->stride = xcalloc(ns, sizeof(size_t));
+    d->slab_blocks = xcalloc(ns, sizeof(int));
     d->rec = xcalloc(ns, sizeof(uint8_t **));
     d->rec_len = xcalloc(ns, sizeof(size_t *));
     d->rec_cap = xcalloc(ns, sizeof(size_t *));
@@ -396,7 +411,10 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
         const size_t span = d->is_block[s] == STREAM_RECORDS ? 1 : codec_span_bytes(codec, part->width, d->bt);
         int64_t slab;
         d->stride[s] = (span + 63) / 64 * 64;
-        if (ck_mul(SLAB_BLOCKS, (int64_t)d->stride[s], &slab) != 0) die("decoder: a slab of cache blocks overflows size_t");
+        const size_t fill = slab_bytes / d->stride[s] + (slab_bytes % d->stride[s] != 0);
+        if (fill > INT_MAX) die("decoder: slabs of %zu bytes hold more blocks than an int counts", slab_bytes);
+        d->slab_blocks[s] = fill > SLAB_MIN_BLOCKS ? (int)fill : SLAB_MIN_BLOCKS;
+        if (ck_mul(d->slab_blocks[s], (int64_t)d->stride[s], &slab) != 0) die("decoder: a slab of cache blocks overflows size_t");
     }
     d->tok = xmalloc(widest);
     d->max_rows = max_seqs > DECODE_CHUNK_ROWS ? max_seqs : DECODE_CHUNK_ROWS;
@@ -457,7 +475,7 @@ void decoder_free(Decoder *d) {
             free(d->stage[s][i]);
             free(d->rec[s][i]);
         }
-        for (int i = 0; i < d->n_ids; i += SLAB_BLOCKS) m->be->release(d->slabs[s][i / SLAB_BLOCKS]);
+        for (int i = 0; i < d->n_ids; i += d->slab_blocks[s]) m->be->release(d->slabs[s][i / d->slab_blocks[s]]);
         free(d->slabs[s]);
         free(d->blocks[s]);
         free(d->stage[s]);
@@ -468,6 +486,7 @@ void decoder_free(Decoder *d) {
     free(d->blocks);
     free(d->slabs);
     free(d->stride);
+    free(d->slab_blocks);
     free(d->stage);
     free(d->rec);
     free(d->rec_len);

@@ -24,6 +24,9 @@ typedef struct Decoder Decoder;
 // the model's served layout, cache_layout()). max_len: the longest sequence (prompt + new
 // tokens), at most max_position_embeddings. Dies with a message on a bad setting.
 Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_len);
+// decoder_new with each stream's storage reserved in slabs of slab_bytes or more (at least 16
+// blocks; 0: 16 blocks) instead of 2 MiB (model/decode.c): the tests cross slabs with small ones
+Decoder *decoder_new_slabs(Model *m, const CacheLayout *layout, int max_seqs, int max_len, size_t slab_bytes);
 void decoder_free(Decoder *d);
 
 // Prefill n empty sequences seq_ids[i] with prompts[i] (lens[i] >= 1 tokens each), in one
