@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "common/rng.h"
-#include "common/vec.h"
 #include "common/util.h"
+#include "common/vec.h"
 #include "model/cache.h"
 
 // The machine's copy bandwidth: memcpy of 512 MiB, (read + written) bytes per second, best of 3,

@@ -13,9 +13,10 @@
 // how to give it back. One of HUGE_BYTES or more is its own anonymous mapping, aligned to
 // HUGE_BYTES (2 MiB, the x86-64 huge page) and advised MADV_HUGEPAGE, so that the kernel backs it
 // with huge pages where it can ("madvise" or "always" in
-// /sys/kernel/mm/transparent_hugepage/enabled): a decode step reads gigabytes of cache, and
-// through 4 KiB pages it walked the page tables for each of them (docs/INFERENCE.md). The others
-// come from calloc. Either way the memory is zero: fresh mappings are, and calloc zeroes.
+// /sys/kernel/mm/transparent_hugepage/enabled): a decode step reads gigabytes of cache, far more
+// 4 KiB pages than the TLB holds, and in huge pages MHA's 16k batch-8 step took 68-79 ms instead
+// of 88-96 (docs/INFERENCE.md). The others come from calloc. Either way the memory is zero:
+// fresh mappings are, and calloc zeroes.
 #define HEADER 64
 #define HUGE_BYTES ((size_t)2 << 20)
 
