@@ -9,49 +9,59 @@
 
 #include "common/util.h"
 
-// Every allocation carries a header of HEADER bytes just before the pointer handed out, saying
-// how to give it back. One of HUGE_BYTES or more is its own anonymous mapping, aligned to
-// HUGE_BYTES (2 MiB, the x86-64 huge page) and advised MADV_HUGEPAGE, so that the kernel backs it
-// with huge pages where it can ("madvise" or "always" in
+// Every allocation carries a header of HEADER bytes just before the pointer handed out: its size
+// (cpu_alloc_size) and how to give it back. One of HUGE_BYTES or more is its own anonymous
+// mapping, aligned to HUGE_BYTES (2 MiB, the x86-64 huge page) and advised MADV_HUGEPAGE, so
+// that the kernel backs it with huge pages where it can ("madvise" or "always" in
 // /sys/kernel/mm/transparent_hugepage/enabled): a decode step reads gigabytes of cache, far more
 // 4 KiB pages than the TLB holds, and in huge pages MHA's 16k batch-8 step took 68-79 ms instead
-// of 88-96 (docs/INFERENCE.md). The others come from calloc. Either way the memory is zero:
-// fresh mappings are, and calloc zeroes.
+// of 88-96 (docs/INFERENCE.md). Its pages are only taken as they are written, as calloc's large
+// blocks were. The others come from calloc, as every one does with CLLA_HUGE_PAGES=0 in the
+// environment (docs/COMMANDS.md). Either way the memory is zero: fresh mappings are, and calloc
+// zeroes.
 #define HEADER 64
 #define HUGE_BYTES ((size_t)2 << 20)
 
 typedef struct AllocHeader {
     void *base;     // what calloc or mmap returned
     size_t mapped;  // the mapping's length; 0: base came from calloc
+    size_t bytes;   // the size asked for
 } AllocHeader;
 
 static void *alloc_mapped(size_t bytes) {
-    size_t len;
-    if (bytes > SIZE_MAX - 2 * HUGE_BYTES) return NULL;
-    len = bytes + 2 * HUGE_BYTES;   // room to align past the header
+    if (bytes > SIZE_MAX - HUGE_BYTES - HEADER) return NULL;
+    const size_t len = bytes + HUGE_BYTES + HEADER;   // room to align past the header
     uint8_t *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) return NULL;
     uint8_t *p = (uint8_t *)(((uintptr_t)base + HEADER + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
 #ifdef MADV_HUGEPAGE
     (void)madvise(p, bytes, MADV_HUGEPAGE);   // advice: where it is refused, 4 KiB pages serve
 #endif
-    *(AllocHeader *)(p - HEADER) = (AllocHeader){base, len};
+    *(AllocHeader *)(p - HEADER) = (AllocHeader){base, len, bytes};
     return p;
+}
+
+// huge pages unless the environment says CLLA_HUGE_PAGES=0
+static int huge_pages_wanted(void) {
+    const char *e = getenv("CLLA_HUGE_PAGES");
+    return !(e && strcmp(e, "0") == 0);
 }
 
 void *cpu_alloc(size_t bytes) {
     void *p = NULL;
-    if (bytes >= HUGE_BYTES) p = alloc_mapped(bytes);
+    if (bytes >= HUGE_BYTES && huge_pages_wanted()) p = alloc_mapped(bytes);
     else if (bytes <= SIZE_MAX - HEADER) {
         uint8_t *base = calloc(bytes + HEADER, 1);
         if (base) {
             p = base + HEADER;
-            *(AllocHeader *)base = (AllocHeader){base, 0};
+            *(AllocHeader *)base = (AllocHeader){base, 0, bytes};
         }
     }
     if (!p) die("out of memory allocating %zu bytes of CPU backend memory: use a smaller model, batch or sequence", bytes);
     return p;
 }
+
+size_t cpu_alloc_size(const void *p) { return ((const AllocHeader *)((const uint8_t *)p - HEADER))->bytes; }
 
 void cpu_release(void *p) {
     if (!p) return;

@@ -4,9 +4,10 @@
 // For T = 256, 1024 and 4096 (B = 1), a small MHA model and a CLLA one are built, run one
 // forward and backward, and the bytes the C allocator holds then (glibc's own accounting,
 // mallinfo2: arena bytes in use plus mmap'd blocks) are taken against the bytes before the
-// build. Linear memory a + bT gives (m(4096) - m(1024)) / (m(1024) - m(256)) = 4; the old
-// contract's probabilities and score gradients (B NH T T fp32 per layer, one more for the
-// backward) made it about 16 at these sizes. The test allows 4.5. The model's activation
+// build, the backend's buffers taken from calloc (CLLA_HUGE_PAGES=0). Linear memory a + bT
+// gives (m(4096) - m(1024)) / (m(1024) - m(256)) = 4; the old contract's probabilities and
+// score gradients (B NH T T fp32 per layer, one more for the backward) made it about 16 at
+// these sizes. The test allows 4.5. The model's activation
 // tables must grow exactly 4x from 1024 to 4096 (every activation is per token).
 #include <malloc.h>
 #include <stdio.h>
@@ -47,6 +48,9 @@ static size_t step_bytes(const char *json, const char *name, int T, size_t *tabl
              "\"max_position_embeddings\":4096,\"num_hidden_layers\":2,"
 
 int main(void) {
+    // malloc's accounting sees the backend's buffers only when they come from calloc: the CPU
+    // backend maps its large ones itself, in huge pages, unless told not to (layers/cpu_memory.c)
+    setenv("CLLA_HUGE_PAGES", "0", 1);
     static const struct { const char *name, *json; } CASES[] = {
         {"mha", "{" BASE "\"attention\":\"mha\"}"},
         {"clla", "{" BASE "\"attention\":\"clla\",\"kv_lora_rank\":16,\"qk_rope_head_dim\":4}"},

@@ -7,14 +7,14 @@
 //    rank * recvcount; all-gather: sendbuff == recvbuff + rank * sendcount; all-reduce:
 //    sendbuff == recvbuff);
 //  - an in-place collective's buffer holds all world * count floats: its start is the start of
-//    an allocation (the trainer's gradient buffer, the test's malloc) whose usable size is
-//    checked, so an unpadded buffer that NCCL would read past is refused, not read;
+//    a CPU backend allocation (the trainer's gradient buffer, the test's buffer; cpu_alloc,
+//    layers/cpu_memory.c) whose size is checked, so an unpadded buffer that NCCL would read past
+//    is refused, not read;
 //  - ncclCommInitRank gets the same unique id on every rank, made by ncclGetUniqueId, and the
 //    rank and size MPI gives the process.
 // A broken contract is an error result with the reason in ncclGetLastError, as NCCL reports
 // invalid usage.
 #include <limits.h>
-#include <malloc.h>
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "layers/cpu_ops.h"
 #include "nccl.h"
 
 static const char ID_MAGIC[] = "clla-nccl-emu";
@@ -145,7 +146,7 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
     if (overlaps(sendbuff, total * 4, recvbuff, recvcount * 4) &&
         (const float *)recvbuff != (const float *)sendbuff + (size_t)c->rank * recvcount)
         return usage(c, "reduce-scatter buffers overlap but recvbuff != sendbuff + rank * recvcount");
-    if (recvbuff == (const float *)sendbuff + (size_t)c->rank * recvcount && malloc_usable_size((void *)sendbuff) < total * 4)
+    if (recvbuff == (const float *)sendbuff + (size_t)c->rank * recvcount && cpu_alloc_size(sendbuff) < total * 4)
         return usage(c, "in-place reduce-scatter on a buffer shorter than world * recvcount floats (pad it)");
     float *tmp = malloc(total * 4 + 4);
     if (!tmp) return ncclSystemError;
@@ -166,7 +167,7 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     if (overlaps(sendbuff, sendcount * 4, recvbuff, total * 4) &&
         (const float *)sendbuff != (const float *)recvbuff + (size_t)c->rank * sendcount)
         return usage(c, "all-gather buffers overlap but sendbuff != recvbuff + rank * sendcount");
-    if (sendbuff == (const float *)recvbuff + (size_t)c->rank * sendcount && malloc_usable_size(recvbuff) < total * 4)
+    if (sendbuff == (const float *)recvbuff + (size_t)c->rank * sendcount && cpu_alloc_size(recvbuff) < total * 4)
         return usage(c, "in-place all-gather on a buffer shorter than world * sendcount floats (pad it)");
     float *tmp = malloc(sendcount * 4 + 4);
     if (!tmp) return ncclSystemError;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "kernels/nccl_comm.h"
+#include "layers/cpu_ops.h"
 
 static int rank, world, passed, failed;
 
@@ -28,7 +29,7 @@ static float sum_over_ranks(size_t i) { return (float)(world * (world + 1) / 2) 
 
 static void check_shape(NcclComm *c, size_t shard) {
     const size_t n = (size_t)world * shard;
-    float *buf = malloc((n ? n : 1) * sizeof(float));
+    float *buf = cpu_alloc((n ? n : 1) * sizeof(float));   // CPU backend memory, as the trainer's (nccl_emu.c checks its size)
     const size_t lo = (size_t)rank * shard, hi = lo + shard;
     for (int avg = 0; avg < 2; avg++) {
         for (size_t i = 0; i < n; i++) buf[i] = input(rank, i);
@@ -50,7 +51,7 @@ static void check_shape(NcclComm *c, size_t shard) {
         for (size_t i = 0; i < n; i++) ok &= buf[i] == (avg ? sum_over_ranks(i) / (float)world : sum_over_ranks(i));
         result(avg ? "all-reduce avg" : "all-reduce sum", n, shard, ok);
     }
-    free(buf);
+    cpu_release(buf);
 }
 
 int main(int argc, char **argv) {
