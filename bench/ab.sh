@@ -33,7 +33,7 @@ case "$op" in
     attention) src=layers/cpu_attention.c extra=(layers/cpu_copy.c) opflags=() ;;   # it packs rows with cpu_copy_cols
     moe) src=layers/cpu_moe.c extra=(layers/cpu_matmul.c) opflags=() ;;   # its router calls the dense matmul
     matmul|matmul_rows) src=layers/cpu_matmul.c extra=() opflags=(-ffp-contract=fast) ;;   # as CMakeLists.txt builds it
-    paged) src=layers/cpu_paged_attention.c extra=() opflags=(-ffp-contract=fast) ;;   # as CMakeLists.txt builds it
+    paged) src=layers/cpu_paged_attention.c extra=(layers/cpu_memory.c) opflags=(-ffp-contract=fast) ;;   # as CMakeLists.txt builds it; caches from cpu_alloc
     *) echo "ab.sh: unknown op '$op': use attention, moe, matmul, matmul_rows or paged" >&2; exit 2 ;;
 esac
 case "$reps" in ''|*[!0-9]*) echo "ab.sh: REPS '$reps' is not a whole number" >&2; exit 2 ;; esac

@@ -10,7 +10,8 @@
 // bench/bench_decode.c's 8-layer model does, so a latent cache that one layer's worth would fit
 // in L3 is read from memory as in the step. Each cache holds SEQS sequences of CONTEXT tokens in
 // 16-token blocks laid out as model/decode.c lays a stream's (a sequence's blocks one after
-// another). DK2 > 0 and DV = DK, NKV = 1: the latent form of MLA and CLLA (one stream read as
+// another), in the CPU backend's memory as the decoder's slabs are (cpu_alloc: huge pages where
+// the kernel gives them, layers/cpu_memory.c). DK2 > 0 and DV = DK, NKV = 1: the latent form of MLA and CLLA (one stream read as
 // keys and values, beside a rope key stream of width DK2); else separate key and value streams
 // of NKV heads. The outputs of the two versions are compared bit for bit and the line says so.
 #include <math.h>
@@ -18,6 +19,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "layers/cpu_ops.h"
 #include "bench/ab/ab_common.h"
 
 #define ENTRY_POINTS(P)                                                                                         \
@@ -33,7 +35,7 @@ ENTRY_POINTS(old_)
 // A bf16 stream of `width` values per token, n_blocks blocks one after another, random values
 static PagedStream bf16_stream(int width, int n_blocks, Rng *r) {
     const size_t token_bytes = (size_t)width * 2, block_bytes = token_bytes * BLOCK_TOKENS;
-    uint8_t *base = xmalloc(block_bytes * (size_t)n_blocks);
+    uint8_t *base = cpu_alloc(block_bytes * (size_t)n_blocks);
     uint16_t *h = (uint16_t *)base;
     for (size_t i = 0; i < block_bytes / 2 * (size_t)n_blocks; i++) {
         const float f = (float)rng_uniform(r) - 0.5f;
