@@ -271,6 +271,15 @@ static void unsplit_values(float *acc, int n) {
     }
 }
 
+// Bytes [p, p + bytes), bytes > 0, asked into L2 (prefetcht1): a request every 64 bytes from p
+// and one for the last byte, whose line the others miss when p is not on a line's start. Every
+// prefetch of this file goes through it. Always inlined: GCC deletes the calls to a function of
+// prefetches alone (layers/cpu_matmul.c, prefetch_weight; tests/test_prefetch_kept.sh).
+static inline __attribute__((always_inline)) void prefetch_bytes(const uint8_t *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+    __builtin_prefetch(p + bytes - 1, 0, 2);
+}
+
 // The nt tokens of a chunk's blocks as an fp32 matrix (nt, width) in scratch: decoded (a codec),
 // widened (bf16) or copied (fp32).
 static const float *chunk_matrix(const PagedStream *s, const int *blocks, int nt, float *scratch) {
@@ -280,9 +289,7 @@ static const float *chunk_matrix(const PagedStream *s, const int *blocks, int nt
         // the next block's bytes asked for while this one is decoded: the decode waited on its
         // loads (perf of CLLA-quant's step put 39% of int_group_decode on the first load of a code word)
         if (s->token_bytes && t0 + BT < nt) {
-            const uint8_t *nb = s->blocks[blocks[b + 1]];
-            const size_t bytes = (size_t)(nt - t0 - BT < BT ? nt - t0 - BT : BT) * s->token_bytes;
-            for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(nb + o, 0, 2);
+            prefetch_bytes(s->blocks[blocks[b + 1]], (size_t)(nt - t0 - BT < BT ? nt - t0 - BT : BT) * s->token_bytes);
         }
         float *dst = scratch + (size_t)t0 * s->width;
         const uint8_t *src = s->blocks[blocks[b]];
@@ -445,10 +452,7 @@ static const float *chunk_fp32(const SharedDecode *sd, const PagedStream *const 
 // tests/test_prefetch_kept.sh counts the instructions).
 static inline __attribute__((always_inline)) void prefetch_rows(const PagedStream *s, const uint8_t *const *row, int n) {
     if (!s || !read_in_place(s)) return;
-    for (int j = 0; j < n; j++) {
-        for (size_t o = 0; o < s->token_bytes; o += 64) __builtin_prefetch(row[j] + o, 0, 2);
-        __builtin_prefetch(row[j] + s->token_bytes - 1, 0, 2);
-    }
+    for (int j = 0; j < n; j++) prefetch_bytes(row[j], s->token_bytes);
 }
 
 // Tokens [t0, t1) of a chunk (its blocks) of a stream read in place, asked into L2 (the next
@@ -458,9 +462,7 @@ static inline __attribute__((always_inline)) void prefetch_tokens(const PagedStr
     const int BT = s->block_tokens;
     for (int b = t0 / BT; b * BT < t1; b++) {
         const int a = t0 > b * BT ? t0 - b * BT : 0, e = t1 < (b + 1) * BT ? t1 - b * BT : BT;
-        const uint8_t *p = s->blocks[blocks[b]];
-        for (size_t o = (size_t)a * s->token_bytes; o < (size_t)e * s->token_bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
-        __builtin_prefetch(p + (size_t)e * s->token_bytes - 1, 0, 2);
+        prefetch_bytes(s->blocks[blocks[b]] + (size_t)a * s->token_bytes, (size_t)(e - a) * s->token_bytes);
     }
 }
 
