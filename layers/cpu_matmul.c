@@ -56,48 +56,42 @@ static inline __attribute__((always_inline)) void prefetch_weight(const float *p
     for (int j = 0; j < rows; j++) __builtin_prefetch(p + (size_t)j * C + k, 0, 2);
 }
 
-// out[(n0 + j) * OC + o + i] for weight rows o, o + 1 and input rows n0 .. n0 + 7
-static void tile_2x8(float *out, const float *inp, const float *weight, int C, int OC, int o, int n0) {
+// out[(n0 + j) * OC + o + i] for weight rows o, o + 1 (i) and input rows n0 .. n0 + R - 1 (j),
+// R = 4 or 8: 2R accumulators, each weight row piece loaded once for the R inputs. Inlined with R
+// a constant (tile_2x8, tile_2x4), so that the loops over j unroll and the accumulators stay in
+// registers.
+static inline __attribute__((always_inline)) void tile_2xr(const int R, float *out, const float *inp, const float *weight, int C,
+                                                           int OC, int o, int n0) {
     const float *w0 = weight + (size_t)o * C, *w1 = w0 + C, *p = ahead_rows(weight, C, OC, o, 2);
     const float *x[8];
-    for (int j = 0; j < 8; j++) x[j] = inp + (size_t)(n0 + j) * C;
-    vecf a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a04 = {0}, a05 = {0}, a06 = {0}, a07 = {0};
-    vecf a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0}, a14 = {0}, a15 = {0}, a16 = {0}, a17 = {0};
-    int end = VEC_END(C);
+    vecf a0[8], a1[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < R; j++) x[j] = inp + (size_t)(n0 + j) * C, a0[j] = a1[j] = (vecf){0};
+    const int end = VEC_END(C);
     for (int k = 0; k < end; k += VEC_LANES) {
         prefetch_weight(p, C, 2, k);
-        vecf u = vec_load(w0 + k), v = vec_load(w1 + k), y;
-#define ROW8(j) y = vec_load(x[j] + k); a0##j += u * y; a1##j += v * y;
-        ROW8(0) ROW8(1) ROW8(2) ROW8(3) ROW8(4) ROW8(5) ROW8(6) ROW8(7)
-#undef ROW8
+        const vecf u = vec_load(w0 + k), v = vec_load(w1 + k);
+#pragma GCC unroll 8
+        for (int j = 0; j < R; j++) {
+            const vecf y = vec_load(x[j] + k);
+            a0[j] += u * y;
+            a1[j] += v * y;
+        }
     }
     float *r = out + (size_t)n0 * OC + o;
-#define OUT8(j)                                                                                                   \
-    r[(size_t)(j) * OC] = dot_finish(a0##j, w0, x[j], end, C);                                                    \
-    r[(size_t)(j) * OC + 1] = dot_finish(a1##j, w1, x[j], end, C);
-    OUT8(0) OUT8(1) OUT8(2) OUT8(3) OUT8(4) OUT8(5) OUT8(6) OUT8(7)
-#undef OUT8
+#pragma GCC unroll 8
+    for (int j = 0; j < R; j++) {
+        r[(size_t)j * OC] = dot_finish(a0[j], w0, x[j], end, C);
+        r[(size_t)j * OC + 1] = dot_finish(a1[j], w1, x[j], end, C);
+    }
 }
 
-// out[(n0 + j) * OC + o + i] for weight rows o, o + 1 and input rows n0 .. n0 + 3
+static void tile_2x8(float *out, const float *inp, const float *weight, int C, int OC, int o, int n0) {
+    tile_2xr(8, out, inp, weight, C, OC, o, n0);
+}
+
 static void tile_2x4(float *out, const float *inp, const float *weight, int C, int OC, int o, int n0) {
-    const float *w0 = weight + (size_t)o * C, *w1 = w0 + C;
-    const float *x0 = inp + (size_t)n0 * C, *x1 = x0 + C, *x2 = x1 + C, *x3 = x2 + C, *p = ahead_rows(weight, C, OC, o, 2);
-    vecf a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
-    int end = VEC_END(C);
-    for (int k = 0; k < end; k += VEC_LANES) {
-        prefetch_weight(p, C, 2, k);
-        vecf u = vec_load(w0 + k), v = vec_load(w1 + k), x;
-        x = vec_load(x0 + k); a00 += u * x; a10 += v * x;
-        x = vec_load(x1 + k); a01 += u * x; a11 += v * x;
-        x = vec_load(x2 + k); a02 += u * x; a12 += v * x;
-        x = vec_load(x3 + k); a03 += u * x; a13 += v * x;
-    }
-    float *r = out + (size_t)n0 * OC + o;
-    r[0] = dot_finish(a00, w0, x0, end, C); r[1] = dot_finish(a10, w1, x0, end, C); r += OC;
-    r[0] = dot_finish(a01, w0, x1, end, C); r[1] = dot_finish(a11, w1, x1, end, C); r += OC;
-    r[0] = dot_finish(a02, w0, x2, end, C); r[1] = dot_finish(a12, w1, x2, end, C); r += OC;
-    r[0] = dot_finish(a03, w0, x3, end, C); r[1] = dot_finish(a13, w1, x3, end, C);
+    tile_2xr(4, out, inp, weight, C, OC, o, n0);
 }
 
 // out[n * OC + o .. o + 3] for weight rows o .. o + 3 and input row n
