@@ -267,6 +267,8 @@ static void test_read_bytes(void) {
 
 int main(void) {
     test_int_group(4, 32, 64, 9);
+    test_int_group(4, 64, 128, 3);   // the group sizes int_group_decode inlines as constants (model/cache.c)
+    test_int_group(4, 128, 256, 2);
     test_int_group(4, 16, 48, 5);
     test_int_group(4, 24, 48, 4);   // a 16-code vector step and an 8-code tail per group
     test_int_group(4, 8, 24, 3);    // the tail only
