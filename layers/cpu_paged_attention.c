@@ -455,10 +455,11 @@ static inline __attribute__((always_inline)) void prefetch_rows(const PagedStrea
     for (int j = 0; j < n; j++) prefetch_bytes(row[j], s->token_bytes);
 }
 
-// Tokens [t0, t1) of a chunk (its blocks) of a stream read in place, asked into L2 (the next
-// item's keys, during this item's values pass; prefetch_rows says why always inlined)
+// Tokens [t0, t1) of a chunk (its blocks) of a stream of fixed-size tokens (read in place, or a
+// codec's bytes that chunk_matrix will decode), asked into L2: the next item's keys, during this
+// item's values pass or its products (prefetch_rows says why always inlined)
 static inline __attribute__((always_inline)) void prefetch_tokens(const PagedStream *s, const int *blocks, int t0, int t1) {
-    if (!s || !read_in_place(s) || t0 >= t1) return;
+    if (!s || !s->token_bytes || t0 >= t1) return;
     const int BT = s->block_tokens;
     for (int b = t0 / BT; b * BT < t1; b++) {
         const int a = t0 > b * BT ? t0 - b * BT : 0, e = t1 < (b + 1) * BT ? t1 - b * BT : BT;
@@ -491,23 +492,37 @@ static int claim_item(int *next) {
 // the operands where they lie, without packing). Against
 // the tiles below, CLLA-quant's 16k batch-8 decode step went from 108-113 to 93-96 ms; over a
 // bf16 cache (MLA, CLLA, MQA), where the chunk must first be widened, it was level or slower, so
-// those keep the tiles (docs/INFERENCE.md has the commands).
+// those keep the tiles (docs/INFERENCE.md has the commands). The next item's key bytes are asked
+// for a share before each product (Ahead), so that its decode finds them in L2: chunk_matrix's
+// one block ahead was shorter than a load's wait for the rope key's small blocks (perf: half of
+// chunk_matrix's own time on one load; with the shares, int_group_decode and chunk_matrix went
+// from 22% to 16% of CLLA-quant's step).
 #define GEMM_GROUP 8
 #define GEMM_TOKENS 128
 
+// The next item's key streams (either NULL) and their blocks, asked for in `pieces` shares, one
+// before each product of this item's (prefetch_share)
+typedef struct Ahead {
+    const PagedStream *k, *k2;
+    const int *blocks;
+    int nt, piece, pieces;
+} Ahead;
+
+static inline __attribute__((always_inline)) void ahead_share(Ahead *a) { prefetch_share(a->k, a->k2, a->blocks, a->nt, a->piece++, a->pieces); }
+
 // S (rows, nt; lds) = alpha A (rows, K; lda) B^T, B (nt, K; ldb), or += when acc
-static void gemm_scores(float *S, int lds, const float *A, int lda, const float *B, int ldb, int rows, int nt, int K, float alpha,
+static void gemm_scores(Ahead *ah, float *S, int lds, const float *A, int lda, const float *B, int ldb, int rows, int nt, int K, float alpha,
                         int acc) {
     for (int t0 = 0; t0 < nt; t0 += GEMM_TOKENS)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, K, alpha, A, lda,
+        ahead_share(ah), cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, K, alpha, A, lda,
                     B + (size_t)t0 * ldb, ldb, acc ? 1.0f : 0.0f, S + t0, lds);
 }
 
 // O (rows, N; ldo) = P (rows, nt; ldp) V, V (nt, N; ldv), the tokens in order (O is written by the
 // first GEMM_TOKENS, then added to: it need not be zeroed)
-static void gemm_values(float *O, int ldo, const float *P, int ldp, const float *V, int ldv, int rows, int nt, int N) {
+static void gemm_values(Ahead *ah, float *O, int ldo, const float *P, int ldp, const float *V, int ldv, int rows, int nt, int N) {
     for (int t0 = 0; t0 < nt; t0 += GEMM_TOKENS)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, N, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, 1.0f,
+        ahead_share(ah), cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, N, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, 1.0f,
                     P + t0, ldp, V + (size_t)t0 * ldv, ldv, t0 ? 1.0f : 0.0f, O, ldo);
 }
 
@@ -622,15 +637,17 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 const float *V = same_v ? K : chunk_fp32(&sd, decoded, 1, grp, v, blocks, t0, nt, vbuf);
                 const float *K2 = k2 ? chunk_fp32(&sd, decoded, 2, grp, k2, blocks, t0, nt, gk2) : NULL;
                 const float *qi = q + (size_t)i * NH * DQ;
+                const int calls = (nt + GEMM_TOKENS - 1) / GEMM_TOKENS;
+                Ahead ah = {k, k2, nblocks, nnt, 0, NKV * calls * (2 + (k2 != NULL))};
                 for (int g = 0; g < NKV; g++) {
                     float *sg = sc + (size_t)g * group * CT;
                     const float *qg = qi + (size_t)g * group * DQ;
-                    gemm_scores(sg, CT, qg, DQ, K + (size_t)g * DK, k->width, group, nt, DK, scale, 0);
-                    if (k2) gemm_scores(sg, CT, qg + DK, DQ, K2, k2->width, group, nt, DK2, scale, 1);
+                    gemm_scores(&ah, sg, CT, qg, DQ, K + (size_t)g * DK, k->width, group, nt, DK, scale, 0);
+                    if (k2) gemm_scores(&ah, sg, CT, qg + DK, DQ, K2, k2->width, group, nt, DK2, scale, 1);
                 }
                 softmax_rows(st, sc, CT, NH, nt);
                 for (int g = 0; g < NKV; g++)   // acc: written by the first tokens' product
-                    gemm_values(st + 2 * NH + (size_t)g * group * DV, DV, sc + (size_t)g * group * CT, CT, V + (size_t)g * DV,
+                    gemm_values(&ah, st + 2 * NH + (size_t)g * group * DV, DV, sc + (size_t)g * group * CT, CT, V + (size_t)g * DV,
                                 same_v ? k->width : v->width, group, nt, DV);
                 continue;
             }
