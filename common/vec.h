@@ -163,6 +163,7 @@ static inline void vec_bf16_to_f32(float *restrict dst, const uint8_t *restrict 
 // interleave per half: 1.8x the rate in a loop over a chunk's codes (a scratch harness; the
 // decode step's figures are in docs/INFERENCE.md), where it is bound by its stores.
 static inline void vec_int4_to_f32(float *restrict dst, const uint8_t *restrict src, int n, float scale) {
+    _Static_assert(VEC_LANES == 8, "the byte masks below are written for 8 lanes of 32 bits");
     typedef uint8_t vecb __attribute__((vector_size(4 * VEC_LANES)));
     typedef uint64_t vecq __attribute__((vector_size(4 * VEC_LANES)));
     typedef uint32_t vecu32 __attribute__((vector_size(VEC_LANES * sizeof(uint32_t))));
