@@ -4,7 +4,7 @@
 # summary.jsonl, one JSON line per step {"step", "status": pass|fail|skipped, "reason", "seconds"}.
 #
 #   scripts/gpu_check.sh [--out DIR] [--bin DIR] [--dry-run] [--quick] [--budget S] [--bench-steps N]
-#                                                                           on the GPU machine
+#                        [--moe LIST]                                       on the GPU machine
 #   scripts/gpu_check.sh --bundle DIR [--build DIR]                          here: a portable bundle
 #
 # Binaries: --bin DIR (a bundle made with --bundle: bin/ and lib/), else ./gpu_bundle when it
@@ -21,7 +21,8 @@
 # production-shape checks (test_gpu_ops --production: matmul 8192 x 2048 x 5632, attention at
 # T = 2048 with head widths 128 and 160 / 96, cross-entropy at V = 32000 and 128256, on a subset
 # of rows); the PyTorch comparison where a CUDA torch exists (bench/bench_gpu_compare.py: the
-# dense model and the CLLA MoE config); compute-sanitizer memcheck and initcheck on the op tests;
+# dense model and the paper MoE configs of --moe LIST, names under configs/paper/, default clla);
+# compute-sanitizer memcheck and initcheck on the op tests;
 # bench_gpu --json (dense and MoE, per-op GPU times); scripts/gpu_profile_attention.sh (ncu on
 # the attention kernels, into OUT/profile_attention/). --budget S: the whole run's seconds
 # (default 3600); each step runs under timeout(1) with what is left (and at most its own cap),
@@ -35,7 +36,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_check_out}
-BIN="" DRY=0 QUICK=0 BUNDLE="" BUILD=$ROOT/build-gpu-portable BUDGET=3600 BENCH_STEPS=10
+BIN="" DRY=0 QUICK=0 BUNDLE="" BUILD=$ROOT/build-gpu-portable BUDGET=3600 BENCH_STEPS=10 MOE=clla
 usage() { sed -n '2,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 positive_int() {   # positive_int OPTION VALUE: the value, or exit 2 naming the option
     [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || { echo "gpu_check: $1 needs a positive integer, got '$2'" >&2; exit 2; }
@@ -48,6 +49,12 @@ while [ $# -gt 0 ]; do
         --build) BUILD=${2:?--build needs a directory}; shift ;;
         --budget) positive_int --budget "${2:-}"; BUDGET=$2; shift ;;
         --bench-steps) positive_int --bench-steps "${2:-}"; BENCH_STEPS=$2; shift ;;
+        --moe) MOE=${2:-}; shift
+            # every name a paper config, checked before any step runs
+            for name in ${MOE//,/ }; do
+                [ -f "$ROOT/configs/paper/$name.json" ] || { echo "gpu_check: --moe: no configs/paper/$name.json (names: $(ls "$ROOT/configs/paper" | sed -n 's/\.json$//p' | paste -sd, -))" >&2; exit 2; }
+            done
+            [ -n "${MOE//,/}" ] || { echo "gpu_check: --moe needs one or more names of configs/paper/*.json, comma-separated" >&2; exit 2; } ;;
         --dry-run) DRY=1 ;;
         --quick) QUICK=1 ;;
         -h|--help) usage; exit 0 ;;
@@ -203,7 +210,7 @@ else
         # PyTorch with the machine's own libraries; bench_gpu with the bundle's
         (cd "$ROOT" && run_step bench_torch 600 env LD_LIBRARY_PATH="$MACHINE_LD_LIBRARY_PATH" \
             BENCH_GPU="env LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} $BG" python3 bench/bench_gpu_compare.py --json \
-            --steps "$BENCH_STEPS" --moe clla) || FAILED=1
+            --steps "$BENCH_STEPS" --moe "$MOE") || FAILED=1
     else record bench_torch skipped "python3 has no torch with CUDA here" 0; fi
 fi
 sanitizer memcheck

@@ -80,6 +80,11 @@ for bad in "--budget 0" "--budget 1e3" "--bench-steps -2" "--budget"; do
     bash "$GC" --dry-run $bad > bad.log 2>&1; rc=$?
     [ $rc -eq 2 ] && grep -q "needs a positive integer" bad.log && ok "$bad refused: $(cat bad.log)" || fail "$bad: rc $rc $(cat bad.log)"
 done
+for bad in "--moe nosuch" "--moe clla,nosuch" "--moe ," "--moe"; do
+    bash "$GC" --dry-run $bad > bad.log 2>&1; rc=$?
+    [ $rc -eq 2 ] && grep -q "^gpu_check: --moe" bad.log && ok "$bad refused: $(cat bad.log)" || fail "$bad: rc $rc $(cat bad.log)"
+done
+bash "$GC" --dry-run --moe mha,clla --out moe_ok > moe_ok.log 2>&1 && ok "--moe mha,clla taken" || fail "--moe mha,clla: $(cat moe_ok.log)"
 
 # ---- the real CUDA build, where this machine has one (no GPU: every step skipped)
 CB=${CLLA_CUDA_BUILD_DIR:-$SRC/build-cuda}
