@@ -158,7 +158,8 @@ static inline void vec_bf16_to_f32(float *restrict dst, const uint8_t *restrict 
 // -8..-1, are two vectors made once per call; lane i of a step's first vector holds byte i / 2
 // (a byte shuffle copies it into all four bytes of the lane) shifted right by 4 for odd i, so
 // its low four bits are element i's code, and a two-table lane permute (vpermi2ps, which reads
-// only those four bits) picks its value. The products are those of the scalar form bit for bit
+// only those four bits) picks its value. Without AVX-512VL (no such permute) the code is
+// sign-extended from those bits and multiplied: the same product. The products are those of the scalar form bit for bit
 // (tests/test_ops.c). It replaced a sign-extending shift, a conversion, a multiply and an
 // interleave per half: 1.8x the rate in a loop over a chunk's codes (a scratch harness; the
 // decode step's figures are in docs/INFERENCE.md), where it is bound by its stores.
@@ -168,27 +169,38 @@ static inline void vec_int4_to_f32(float *restrict dst, const uint8_t *restrict 
     typedef uint64_t vecq __attribute__((vector_size(4 * VEC_LANES)));
     typedef uint32_t vecu32 __attribute__((vector_size(VEC_LANES * sizeof(uint32_t))));
     const vecf s = vec_splat(scale);
+#if defined(__AVX512VL__) && defined(__FMA__)   // immintrin.h is included above
+#define I4_TABLE 1
     const vecf pos = (vecf){0, 1, 2, 3, 4, 5, 6, 7} * s, neg = (vecf){-8, -7, -6, -5, -4, -3, -2, -1} * s;
+#else
+#define I4_TABLE 0
+#endif
     const vecu32 odd_high = {0, 4, 0, 4, 0, 4, 0, 4};
     // byte b of the step's 8 sits at b and at 8 + b of each 16-byte half; lanes 0-3 of the first
     // vector take bytes 0, 0, 1, 1, lanes 4-7 bytes 2, 2, 3, 3; the second vector bytes 4 to 7
-    const vecb first = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 18, 18, 18, 18, 18, 18, 18, 18, 19, 19, 19, 19, 19, 19, 19, 19};
-    const vecb second = {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 22, 22, 22, 22, 22, 22, 22, 22, 23, 23, 23, 23, 23, 23, 23, 23};
+#define I4_FIRST 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 18, 18, 18, 18, 18, 18, 18, 18, 19, 19, 19, 19, 19, 19, 19, 19
+#define I4_SECOND 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 22, 22, 22, 22, 22, 22, 22, 22, 23, 23, 23, 23, 23, 23, 23, 23
     int j = 0;
     for (; j + 2 * VEC_LANES <= n; j += 2 * VEC_LANES) {
         uint64_t w;
         memcpy(&w, src + j / 2, sizeof w);
         const vecb b = (vecb)(vecq){w, w, w, w};
-        const vecu32 c0 = (vecu32)__builtin_shuffle(b, first) >> odd_high, c1 = (vecu32)__builtin_shuffle(b, second) >> odd_high;
-#if defined(__AVX512VL__) && defined(__FMA__)   // immintrin.h is included above
+        const vecu32 c0 = (vecu32)__builtin_shufflevector(b, b, I4_FIRST) >> odd_high;
+        const vecu32 c1 = (vecu32)__builtin_shufflevector(b, b, I4_SECOND) >> odd_high;
+#if I4_TABLE
         // the permute reads bits 0-3 of each lane: the bytes above need no mask
         vec_store(dst + j, (vecf)_mm256_permutex2var_ps((__m256)pos, (__m256i)c0, (__m256)neg));
         vec_store(dst + j + VEC_LANES, (vecf)_mm256_permutex2var_ps((__m256)pos, (__m256i)c1, (__m256)neg));
 #else
-        vec_store(dst + j, __builtin_shuffle(pos, neg, (veci)(c0 & 15)));
-        vec_store(dst + j + VEC_LANES, __builtin_shuffle(pos, neg, (veci)(c1 & 15)));
+        // no two-table permute: the code sign-extended from bits 0-3 and multiplied, the same
+        // product as the table's entry
+        vec_store(dst + j, __builtin_convertvector((veci)(c0 << 28) >> 28, vecf) * s);
+        vec_store(dst + j + VEC_LANES, __builtin_convertvector((veci)(c1 << 28) >> 28, vecf) * s);
 #endif
     }
+#undef I4_FIRST
+#undef I4_SECOND
+#undef I4_TABLE
     for (; j < n; j += 2) {
         const uint8_t b = src[j / 2];
         dst[j] = (float)((int8_t)(uint8_t)(b << 4) >> 4) * scale;
