@@ -159,10 +159,10 @@ static inline void vec_bf16_to_f32(float *restrict dst, const uint8_t *restrict 
 // (a byte shuffle copies it into all four bytes of the lane) shifted right by 4 for odd i, so
 // its low four bits are element i's code, and a two-table lane permute (vpermi2ps, which reads
 // only those four bits) picks its value. Without AVX-512VL (no such permute) the code is
-// sign-extended from those bits and multiplied: the same product. The products are those of the scalar form bit for bit
-// (tests/test_ops.c). It replaced a sign-extending shift, a conversion, a multiply and an
-// interleave per half: 1.8x the rate in a loop over a chunk's codes (a scratch harness; the
-// decode step's figures are in docs/INFERENCE.md), where it is bound by its stores.
+// sign-extended from those bits and multiplied: the same product. The products are those of
+// the scalar form bit for bit (tests/test_ops.c). It replaced a sign-extending shift, a
+// conversion, a multiply and an interleave per half (bench_codec's int4 decode against copy,
+// and the decode step, in docs/INFERENCE.md, "The int4 decode by table").
 static inline void vec_int4_to_f32(float *restrict dst, const uint8_t *restrict src, int n, float scale) {
     _Static_assert(VEC_LANES == 8, "the byte masks below are written for 8 lanes of 32 bits");
     typedef uint8_t vecb __attribute__((vector_size(4 * VEC_LANES)));

@@ -513,17 +513,21 @@ static inline __attribute__((always_inline)) void ahead_share(Ahead *a) { prefet
 // S (rows, nt; lds) = alpha A (rows, K; lda) B^T, B (nt, K; ldb), or += when acc
 static void gemm_scores(Ahead *ah, float *S, int lds, const float *A, int lda, const float *B, int ldb, int rows, int nt, int K, float alpha,
                         int acc) {
-    for (int t0 = 0; t0 < nt; t0 += GEMM_TOKENS)
-        ahead_share(ah), cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, K, alpha, A, lda,
+    for (int t0 = 0; t0 < nt; t0 += GEMM_TOKENS) {
+        ahead_share(ah);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, K, alpha, A, lda,
                     B + (size_t)t0 * ldb, ldb, acc ? 1.0f : 0.0f, S + t0, lds);
+    }
 }
 
 // O (rows, N; ldo) = P (rows, nt; ldp) V, V (nt, N; ldv), the tokens in order (O is written by the
 // first GEMM_TOKENS, then added to: it need not be zeroed)
 static void gemm_values(Ahead *ah, float *O, int ldo, const float *P, int ldp, const float *V, int ldv, int rows, int nt, int N) {
-    for (int t0 = 0; t0 < nt; t0 += GEMM_TOKENS)
-        ahead_share(ah), cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, N, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, 1.0f,
+    for (int t0 = 0; t0 < nt; t0 += GEMM_TOKENS) {
+        ahead_share(ah);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, N, nt - t0 < GEMM_TOKENS ? nt - t0 : GEMM_TOKENS, 1.0f,
                     P + t0, ldp, V + (size_t)t0 * ldv, ldv, t0 ? 1.0f : 0.0f, O, ldo);
+    }
 }
 
 // Tokens of the tile that starts at token t of a chunk of nt: TILE_TOKENS, fewer at the end, 0 past it

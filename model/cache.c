@@ -47,8 +47,9 @@ static void int_group_encode(const Codec *c, uint8_t *dst, const float *src, int
 
 // One token's 4-bit groups (two codes a byte, low nibble first; group even) from its bf16 scales
 // and codes. Inlined with the group size a constant for the common sizes (int_group_decode): the
-// steps of a group unrolled, its tail test gone, the decode took 0.6-0.7 of the time of the same
-// loop with the size a variable (a scratch harness over 256 tokens of width 256, group 32).
+// steps of a group unrolled and its tail test gone. With the size a variable, the loop's setup
+// per group cost about as much as the table form saved (docs/INFERENCE.md, "The int4 decode by
+// table").
 static inline __attribute__((always_inline)) void int4_token(float *y, const uint8_t *o, int G, int group) {
     const uint8_t *codes = o + (size_t)G * 2;
     for (int g = 0; g < G; g++) {

@@ -50,11 +50,12 @@ while [ $# -gt 0 ]; do
         --budget) positive_int --budget "${2:-}"; BUDGET=$2; shift ;;
         --bench-steps) positive_int --bench-steps "${2:-}"; BENCH_STEPS=$2; shift ;;
         --moe) MOE=${2:-}; shift
-            # every name a paper config, checked before any step runs
+            # names of paper configs, comma-separated, each checked before any step runs
+            [[ $MOE =~ ^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$ ]] ||
+                { echo "gpu_check: --moe needs one or more names of configs/paper/*.json, comma-separated, got '$MOE'" >&2; exit 2; }
             for name in ${MOE//,/ }; do
                 [ -f "$ROOT/configs/paper/$name.json" ] || { echo "gpu_check: --moe: no configs/paper/$name.json (names: $(ls "$ROOT/configs/paper" | sed -n 's/\.json$//p' | paste -sd, -))" >&2; exit 2; }
-            done
-            [ -n "${MOE//,/}" ] || { echo "gpu_check: --moe needs one or more names of configs/paper/*.json, comma-separated" >&2; exit 2; } ;;
+            done ;;
         --dry-run) DRY=1 ;;
         --quick) QUICK=1 ;;
         -h|--help) usage; exit 0 ;;

@@ -80,7 +80,7 @@ for bad in "--budget 0" "--budget 1e3" "--bench-steps -2" "--budget"; do
     bash "$GC" --dry-run $bad > bad.log 2>&1; rc=$?
     [ $rc -eq 2 ] && grep -q "needs a positive integer" bad.log && ok "$bad refused: $(cat bad.log)" || fail "$bad: rc $rc $(cat bad.log)"
 done
-for bad in "--moe nosuch" "--moe clla,nosuch" "--moe ," "--moe"; do
+for bad in "--moe nosuch" "--moe clla,nosuch" "--moe ," "--moe" "--moe clla,,mha" "--moe ../clla"; do
     bash "$GC" --dry-run $bad > bad.log 2>&1; rc=$?
     [ $rc -eq 2 ] && grep -q "^gpu_check: --moe" bad.log && ok "$bad refused: $(cat bad.log)" || fail "$bad: rc $rc $(cat bad.log)"
 done
