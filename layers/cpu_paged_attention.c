@@ -467,13 +467,20 @@ static inline __attribute__((always_inline)) void prefetch_tokens(const PagedStr
     }
 }
 
-// Share `piece` of `pieces` of the nt tokens of the next item's keys (k and k2, either NULL)
-static inline __attribute__((always_inline)) void prefetch_share(const PagedStream *k, const PagedStream *k2, const int *blocks,
-                                                                 int nt, int piece, int pieces) {
-    if (!blocks || piece >= pieces) return;
-    const int t0 = (int)((long long)nt * piece / pieces), t1 = (int)((long long)nt * (piece + 1) / pieces);
-    prefetch_tokens(k, blocks, t0, t1);
-    prefetch_tokens(k2, blocks, t0, t1);
+// The next item's key streams (k and k2, either NULL; none when blocks is NULL), asked into L2 in
+// `pieces` equal shares of its nt tokens, one share before each step of this item's work
+typedef struct Ahead {
+    const PagedStream *k, *k2;
+    const int *blocks;
+    int nt, piece, pieces;
+} Ahead;
+
+static inline __attribute__((always_inline)) void ahead_share(Ahead *a) {
+    if (!a->blocks || a->piece >= a->pieces) return;
+    const int t0 = (int)((long long)a->nt * a->piece / a->pieces), t1 = (int)((long long)a->nt * (a->piece + 1) / a->pieces);
+    a->piece++;
+    prefetch_tokens(a->k, a->blocks, t0, t1);
+    prefetch_tokens(a->k2, a->blocks, t0, t1);
 }
 
 // the next work item's index, shared counter *next (items past the last mean none left)
@@ -493,22 +500,12 @@ static int claim_item(int *next) {
 // the tiles below, CLLA-quant's 16k batch-8 decode step went from 108-113 to 93-96 ms; over a
 // bf16 cache (MLA, CLLA, MQA), where the chunk must first be widened, it was level or slower, so
 // those keep the tiles (docs/INFERENCE.md has the commands). The next item's key bytes are asked
-// for a share before each product (Ahead), so that its decode finds them in L2: chunk_matrix's
+// for a share before each product (ahead_share), so that its decode finds them in L2: chunk_matrix's
 // one block ahead was shorter than a load's wait for the rope key's small blocks (perf: half of
 // chunk_matrix's own time on one load; with the shares, int_group_decode and chunk_matrix went
 // from 22% to 16% of CLLA-quant's step).
 #define GEMM_GROUP 8
 #define GEMM_TOKENS 128
-
-// The next item's key streams (either NULL) and their blocks, asked for in `pieces` shares, one
-// before each product of this item's (prefetch_share)
-typedef struct Ahead {
-    const PagedStream *k, *k2;
-    const int *blocks;
-    int nt, piece, pieces;
-} Ahead;
-
-static inline __attribute__((always_inline)) void ahead_share(Ahead *a) { prefetch_share(a->k, a->k2, a->blocks, a->nt, a->piece++, a->pieces); }
 
 // S (rows, nt; lds) = alpha A (rows, K; lda) B^T, B (nt, K; ldb), or += when acc
 static void gemm_scores(Ahead *ah, float *S, int lds, const float *A, int lda, const float *B, int ldb, int rows, int nt, int K, float alpha,
@@ -632,8 +629,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             // scores pass too: a burst of the whole tile's lines filled the miss buffers (prefetch_rows)
             const int tiles = (nt + TILE_TOKENS - 1) / TILE_TOKENS;
             const int score_steps = same_v ? (group > 1 ? NKV * ((group + 1) / 2) : NH) : 0;   // scores_pair calls a tile
-            const int pieces = tiles * (score_steps + NKV * ((group + VALUE_HEADS - 1) / VALUE_HEADS));
-            int piece = 0;
+            Ahead ah = {k_scored ? NULL : k, k2_scored ? NULL : k2, nblocks, nnt, 0,
+                        tiles * (score_steps + NKV * ((group + VALUE_HEADS - 1) / VALUE_HEADS))};
             float *st = state + (size_t)it * per_item;
             const int grp = sd.group_of[i];
             if (gemm) {   // keys and values decoded: the products through sgemm
@@ -641,8 +638,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 const float *V = same_v ? K : chunk_fp32(&sd, decoded, 1, grp, v, blocks, t0, nt, vbuf);
                 const float *K2 = k2 ? chunk_fp32(&sd, decoded, 2, grp, k2, blocks, t0, nt, gk2) : NULL;
                 const float *qi = q + (size_t)i * NH * DQ;
-                const int calls = (nt + GEMM_TOKENS - 1) / GEMM_TOKENS;
-                Ahead ah = {k, k2, nblocks, nnt, 0, NKV * calls * (2 + (k2 != NULL))};
+                // here one share before each product (the streams are neither scored nor read in place)
+                ah.pieces = NKV * ((nt + GEMM_TOKENS - 1) / GEMM_TOKENS) * (2 + (k2 != NULL));
                 for (int g = 0; g < NKV; g++) {
                     float *sg = sc + (size_t)g * group * CT;
                     const float *qg = qi + (size_t)g * group * DQ;
@@ -679,7 +676,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                     if (!k_scored && !primed) prefetch_rows(k, krow + ta + m + a0, a1 - a0);
                     if (k2 && !k2_scored && !primed) prefetch_rows(k2, k2row + ta + m + a0, a1 - a0);
                     if (!same_v) prefetch_rows(v, vrow + ta + v0, v1 - v0);
-                    else prefetch_share(k_scored ? NULL : k, k2_scored ? NULL : k2, nblocks, nnt, piece++, pieces);
+                    else ahead_share(&ah);
                     const Part kp = k_scored ? none : part_of(k, krow + ta, (h / group) * DK, DK);
                     const float *qa = qk + (size_t)h * DQ;
                     if (pair)
@@ -706,7 +703,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                     const Part vp = part_of(v, vrow + ta, g * DV, DV);
                     for (int r = 0; r < group; r += VALUE_HEADS) {
                         const int h = g * group + r;
-                        prefetch_share(k_scored ? NULL : k, k2_scored ? NULL : k2, nblocks, nnt, piece++, pieces);
+                        ahead_share(&ah);
                         weighted_values(acc + (size_t)h * DV, DV, sc + (size_t)h * CT + ta, CT,
                                         group - r < VALUE_HEADS ? group - r : VALUE_HEADS, &vp, m);
                     }
