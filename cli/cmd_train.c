@@ -209,6 +209,7 @@ int cmd_train(int argc, char **argv) {
     model_build(&model, &cfg.model, be);
     GradSync gs;
     grad_sync_init(&gs, &dist, &model, tc->zero_stage, n_micro);
+    if (tc->overlap_grad_reduce) grad_sync_overlap(&gs, &model, (size_t)tc->grad_bucket_elements);   // gs.bucket: taken
     AdamW opt;
     adamw_init_range(&opt, &model, gs.lo, gs.hi);
     TrainState st = {.seed = tc->seed};
@@ -266,11 +267,12 @@ int cmd_train(int argc, char **argv) {
     signals_install(&sig);
     int start_step = st.step, stopped = 0;
 
-    char ranks[96] = "";
+    char ranks[160] = "";
     if (dist.world > 1)
-        snprintf(ranks, sizeof(ranks), " x %d ranks%s", dist.world,
+        snprintf(ranks, sizeof(ranks), " x %d ranks%s%s", dist.world,
                  !tc->zero_stage ? "" : gs.shard_masters ? " (ZeRO-1: AdamW state and fp32 masters sharded)"
-                                                                     : " (ZeRO-1: AdamW state sharded)");
+                                                                     : " (ZeRO-1: AdamW state sharded)",
+                 gs.bucket ? " (gradients summed during the backward)" : "");
     if (rank0)
         fprintf(stderr, "clla train: %s | %lld params | device %s | %d threads | B=%d T=%d x %d micro-steps%s = %lld tokens/step | %d steps\n",
                 cfg.model.attention, model_num_params(&model), be->name, omp_get_max_threads(), B, T, n_micro, ranks,
@@ -307,6 +309,8 @@ int cmd_train(int argc, char **argv) {
             model_backward(&model, 1.0f / (float)n_total);
             grad_sync_end_micro(&gs, &model, k);
         }
+        // first: with the sum overlapped, no other MPI call may come before it (train/dist.h)
+        grad_sync_reduce(&gs, &model);
         // loss = LM loss + the MoE layers' aux (+ z) losses, summed in global micro-batch order
         dist_allgather_f64(&dist, stats, n_micro * N_STATS, all_stats);
         double loss = 0, lm_loss = 0, aux_loss = 0, max_share = 0, min_share = 0;
@@ -321,7 +325,6 @@ int cmd_train(int argc, char **argv) {
             assigned += (long long)row[ST_ASSIGNED];
             dropped += (long long)row[ST_DROPPED];
         }
-        grad_sync_reduce(&gs, &model);
         double norm = grad_sync_norm(&gs, &model);
         float lr = lr_at(tc, step);
         int finite = isfinite(loss) && isfinite(norm);

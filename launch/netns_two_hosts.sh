@@ -6,7 +6,7 @@
 # `ip netns exec` instead of ssh), the OOB and BTL interface selection, and a run directory
 # on a file system both hosts see. Needs root and iproute2. docs/DISTRIBUTED.md shows its output.
 #
-# usage: launch/netns_two_hosts.sh CLLA CONFIG OUT_DIR [clla train options...]
+# usage: [NETNS_RATE=1gbit] launch/netns_two_hosts.sh CLLA CONFIG OUT_DIR [clla train options...]
 set -eu
 CLLA=$(readlink -f "$1"); CONFIG=$2; OUT=$3; shift 3
 [ "$(id -u)" = 0 ] || { echo "netns_two_hosts: needs root (ip netns)" >&2; exit 2; }
@@ -40,7 +40,11 @@ for h in "$H1" "$H2"; do
     ip -n "$h" addr add "$NET.$i/24" dev eth0
     ip -n "$h" link set eth0 up
     ip -n "$h" link set lo up
-    echo "$h: $NET.$i"
+    # NETNS_RATE (e.g. 1gbit): each host sends at most that fast, as on a slower network
+    if [ -n "${NETNS_RATE:-}" ]; then
+        ip netns exec "$h" tc qdisc add dev eth0 root tbf rate "$NETNS_RATE" burst 256kb latency 100ms
+    fi
+    echo "$h: $NET.$i${NETNS_RATE:+ (sends at most $NETNS_RATE)}"
 done
 
 # the launch agent mpirun calls instead of ssh: "agent HOST COMMAND..."

@@ -96,6 +96,8 @@ static const KeyDef TRAIN_KEYS[] = {
     {"max_consecutive_skips", NULL, K_INT, T_(max_consecutive_skips), 0},
     {"zero_stage", NULL, K_INT, T_(zero_stage), 0},
     {"dist_timeout_s", NULL, K_FLOAT, T_(dist_timeout_s), 0},
+    {"overlap_grad_reduce", NULL, K_BOOL, T_(overlap_grad_reduce), 0},
+    {"grad_bucket_elements", NULL, K_LLONG, T_(grad_bucket_elements), 0},
 };
 #define N_MODEL_KEYS (sizeof(MODEL_KEYS) / sizeof(MODEL_KEYS[0]))
 #define N_TRAIN_KEYS (sizeof(TRAIN_KEYS) / sizeof(TRAIN_KEYS[0]))
@@ -225,6 +227,8 @@ static void defaults(Config *cfg) {
     t->val_batches = 8;
     t->max_consecutive_skips = 1;   // a non-finite step stops the run at once (docs/CHECKPOINTS.md)
     t->dist_timeout_s = 600;   // torch.distributed's default collective timeout
+    t->overlap_grad_reduce = 0;   // as Megatron's --overlap-grad-reduce; the same bits either way (docs/DISTRIBUTED.md)
+    t->grad_bucket_elements = 1 << 20;   // 4 MiB messages, DIST_PIECE's
 }
 
 // Preset knobs (docs/DESIGN.md section 1). -1 for n_kv_heads_rule means "as configured".
@@ -565,6 +569,8 @@ void config_validate(const Config *cfg, const char *origin) {
     NEED(t->max_consecutive_skips >= 1, "%s: train.max_consecutive_skips must be >= 1", origin);
     NEED(t->zero_stage == 0 || t->zero_stage == 1, "%s: train.zero_stage must be 0 (replicated AdamW state) or 1 (ZeRO-1, sharded)", origin);
     NEED(t->dist_timeout_s >= 0, "%s: train.dist_timeout_s must be >= 0 (0 = no timeout)", origin);
+    NEED(t->grad_bucket_elements >= 1 && t->grad_bucket_elements <= 2147483647,
+         "%s: train.grad_bucket_elements must be 1 to 2147483647 (MPI's int counts); the default is 1048576", origin);
     config_check_sizes(cfg, origin);
 }
 

@@ -72,6 +72,8 @@ typedef struct TrainConfig {
     int max_consecutive_skips; // stop after this many non-finite steps in a row
     int zero_stage;            // data parallel: 0 = every rank holds all AdamW state, 1 = sharded (ZeRO-1)
     float dist_timeout_s;      // data parallel: a collective waiting longer ends the job (0 = never)
+    int overlap_grad_reduce;   // data parallel: the gradient sum over ranks starts during the backward
+    long long grad_bucket_elements;  // data parallel: gradient elements per message of that overlap
 } TrainConfig;
 
 typedef struct Config {

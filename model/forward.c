@@ -98,6 +98,11 @@ float model_forward_with(Model *m, const int32_t *inputs, const int32_t *targets
 
 void model_zero_grad(Model *m) { m->be->zero(m->grad, m->params.bytes_f32); }
 
+// Every gradient from tensor i's first element on is complete (Model.grad_final).
+static void grads_final_from(Model *m, int i) {
+    if (m->grad_final) m->grad_final(m->grad_final_ctx, m->params.t[i].off_f32 / sizeof(float));
+}
+
 void model_backward(Model *m, float loss_scale) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -114,6 +119,7 @@ void model_backward(Model *m, float loss_scale) {
     be->xent_backward(DA(ga->dlogits), A(m->logits), m->d_targets, N, V, IGNORE_INDEX, cnt ? loss_scale / (float)cnt : 0.0f);
     be->matmul_backward(DA(ga->dh), G(m->lm_head), DA(ga->dlogits), A(m->h_final), P(m->lm_head), N, C, V);
     be->rmsnorm_backward(DA(ga->dres), G(m->final_norm), DA(ga->dh), A(m->res_final), P(m->final_norm), A(m->rstd_final), N, C);
+    grads_final_from(m, m->final_norm);   // and lm_head's after it (a tied one is the embedding)
     for (int l = L - 1; l >= 0; l--) {
         const LayerParams *p = &m->lp[l];
         const LayerActs *x = &m->la[l];
@@ -127,6 +133,8 @@ void model_backward(Model *m, float loss_scale) {
         be->zero(DA(ga->dh), (size_t)N * C * sb);
         attention_block_backward(m, l);   // dh += d(h_attn)
         be->rmsnorm_backward(DA(ga->dres), G(p->input_norm), DA(ga->dh), A(x->res_in), P(p->input_norm), A(x->rstd_attn), N, C);
+        if (m->grad_final_by_layer) grads_final_from(m, p->input_norm);   // the layer's first tensor
     }
     be->embedding_backward(G(m->embed), DA(ga->dres), m->d_inputs, N, C);
+    grads_final_from(m, m->embed);   // the first tensor: all of them
 }

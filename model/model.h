@@ -107,6 +107,15 @@ typedef struct Model {
     int apply_codecs;            // 1: the full forward applies every cache part's codec round trip
     const int *rope_pos;         // non-NULL: one row per sequence, at these positions (backend int32)
     float *h_losses;             // host copy of per-token losses
+    // Gradients reported complete during model_backward, so that their sum over ranks can start
+    // while the earlier layers compute (train/grad_sync.c): when set, called on the host thread
+    // between ops with `from`, the first element of the flat fp32 layout from which every
+    // gradient of this backward is written; from only falls, and the last call has from = 0
+    // unless the backward returned early. On an asynchronous backend "written" is in stream order.
+    void (*grad_final)(void *ctx, size_t from);
+    void *grad_final_ctx;
+    int grad_final_by_layer;     // 1: each layer's gradients are complete after its own backward
+                                 // (no layer writes a later layer's tensors; model/params.c)
 } Model;
 
 #define IGNORE_INDEX (-100)

@@ -65,6 +65,22 @@ static void add_attention_params(Model *m, int l) {
     p->o_proj = add_matrix(tt, l, C, (int64_t)NH * DV, "model.layers.%d.self_attn.o_proj.weight", l);
 }
 
+// 1 when the backward, walking the layers from the last, finishes each layer's gradients with
+// that layer: the layers' tensors lie in layer order (build_table), each layer writes its own and
+// those of the layers it reads from the cache role table (the slot's producer, the kv_b_proj
+// source), so it suffices that those come before it. CLA and CLLA share forward (a producer is
+// the first layer of its group); a layout that broke this would only lose the per-layer reports
+// (model/forward.c), not correctness.
+static int layers_write_backward(const CacheLayout *cl) {
+    for (int l = 0; l < cl->n_layers; l++) {
+        const LayerRole *r = &cl->role[l];
+        if (r->kv_b_layer > l) return 0;
+        for (int p = 0; p < N_PARTS; p++)
+            if (r->stream[p] >= 0 && cl->streams[r->stream[p]].layer > l) return 0;
+    }
+    return 1;
+}
+
 static void build_table(Model *m, const ModelConfig *cfg, size_t store_bytes, int plan_only) {
     check_supported(cfg);
     memset(m, 0, sizeof(*m));
@@ -96,6 +112,7 @@ static void build_table(Model *m, const ModelConfig *cfg, size_t store_bytes, in
     m->final_norm = add_norm(tt, -1, C, "model.norm.weight", 0);
     m->lm_head = c->tie_word_embeddings ? m->embed : add_matrix(tt, -1, c->vocab_size, C, "lm_head.weight", 0);
     table_layout(tt, store_bytes);
+    m->grad_final_by_layer = layers_write_backward(&m->cache);
 }
 
 void model_build_table(Model *m, const ModelConfig *cfg, size_t store_bytes) { build_table(m, cfg, store_bytes, 0); }

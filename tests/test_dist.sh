@@ -34,6 +34,46 @@ grep -q '"aux_loss"' moe_4_z1/metrics.jsonl 2> /dev/null && ok "moe: 4-rank run 
 grep -q '"comm_ms"' dense_2_z0/metrics.jsonl 2> /dev/null && ok "metrics of a 2-rank run carry comm_ms" ||
     fail "no comm_ms in the 2-rank metrics"
 
+# ---------------------------------------------------------------- (a1) overlapped gradient sum
+# train.overlap_grad_reduce: the sum over ranks starts during the last micro-step's backward, in
+# buckets sent as the layers finish. Buckets of 1000 elements, so a step sends dozens of them
+# (these models fit one default bucket), many cut by the ranks' pieces, against the sum formed
+# after the backward (the default, as in (a)) and 1 rank: the same bits.
+for model in dense moe; do
+    for np in 2 4; do
+        for zero in 0 1; do
+            run "$np" "${model}_${np}_z${zero}_b1000" --config "$model.json" --zero "$zero" --set train.overlap_grad_reduce=true \
+                --set train.grad_bucket_elements=1000
+            if same_bits "${model}_${np}_z${zero}_b1000" "${model}_${np}_z${zero}" && same_bits "${model}_1" "${model}_${np}_z${zero}_b1000"; then
+                ok "$model, $np ranks, ZeRO-$zero: the sum overlapped in 1000-element buckets = after the backward = 1 rank, bit for bit"
+            else
+                fail "$model, $np ranks, ZeRO-$zero: overlapped in buckets vs after the backward vs 1 rank differ: $(tail -n 2 "${model}_${np}_z${zero}_b1000.err" | tr '\n' ' ')"
+            fi
+        done
+    done
+done
+# The start-up line says whether the sum is overlapped: on the fp32 CPU path when asked for.
+for v in "on --set train.overlap_grad_reduce=true" "off "; do
+    set -- $v
+    timeout 120 "${MPIRUN[@]}" -np 2 "$CLLA" train --out "banner_$1" --config dense.json --set train.max_steps=1 "${@:2}" > "banner_$1.err" 2>&1
+done
+grep -q 'gradients summed during the backward' banner_on.err && ! grep -q 'gradients summed during the backward' banner_off.err &&
+    ok "the start-up line says the gradient sum overlaps the backward with train.overlap_grad_reduce, not without" ||
+    fail "overlap banner: $(grep -h 'clla train:' banner_on.err banner_off.err | tr '\n' ' ')"
+# The bucketed reduce-scatter alone against the plain one (tests/dist_buckets_check.c).
+BUCKETS_CHECK=${BUILD:-}/tests/dist_buckets_check
+if [ -x "$BUCKETS_CHECK" ]; then
+    for np in 2 3 4; do
+        if out=$(timeout 120 "${MPIRUN[@]}" -np "$np" "$BUCKETS_CHECK" 2>&1); then
+            ok "$(echo "$out" | tail -n 1)"
+        else
+            fail "dist_buckets_check, $np ranks: $(echo "$out" | grep -m 3 FAIL | tr '\n' ' ')"
+        fi
+    done
+else
+    fail "tests/dist_buckets_check was not built in BUILD=${BUILD:-(unset)}"
+fi
+
 # ---------------------------------------------------------------- (a2) sharded fp32 masters
 # The bf16 emulation keeps fp32 masters apart from the storage, as the CUDA backend does, so
 # ZeRO-1 shards them (each rank updates its piece, the pieces are all-gathered through the

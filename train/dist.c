@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "train/dist_internal.h"
 
 #ifdef CLLA_HAVE_MPI
 #include <mpi.h>
@@ -62,7 +63,7 @@ static void *watchdog_main(void *arg) {
 }
 
 #ifdef CLLA_HAVE_MPI   // only the MPI collectives are timed and watched
-static void enter(Dist *d, const char *what, double *t0) {
+void dist_enter(Dist *d, const char *what, double *t0) {
     *t0 = now_seconds();
     if (d->watchdog) {
         d->watchdog->what = what;
@@ -70,7 +71,7 @@ static void enter(Dist *d, const char *what, double *t0) {
     }
 }
 
-static void leave(Dist *d, double t0) {
+void dist_leave(Dist *d, double t0) {
     if (d->watchdog) atomic_store(&d->watchdog->entered_ms, 0);
     d->comm_seconds += now_seconds() - t0;
 }
@@ -96,11 +97,16 @@ void dist_init(Dist *d, double timeout_s) {
     if (launched_by_mpi() || already) {
         if (!already) {
             int provided;
-            // FUNNELED: OpenMP threads compute, only the main thread calls MPI
-            if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            // SERIALIZED: OpenMP threads compute; MPI is called by one thread at a time, the
+            // main thread or, during the last backward of a step, the gradient progress thread
+            // (train/dist_buckets.c), which falls back to the main thread under FUNNELED
+            if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
                 die("MPI_Init_thread failed: check the MPI installation (mpirun --version) and the launcher");
             d->mpi = 1;
         }
+        int level;
+        MPI_Query_thread(&level);
+        d->mpi_serialized = level >= MPI_THREAD_SERIALIZED;
         MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &d->world);
         MPI_Comm local;
@@ -192,7 +198,7 @@ void dist_reduce_scatter_f32(Dist *d, const float *buf, size_t n, size_t shard, 
     }
 #ifdef CLLA_HAVE_MPI
     double t0;
-    enter(d, "reduce-scatter of gradients", &t0);
+    dist_enter(d, "reduce-scatter of gradients", &t0);
     const int W = d->world, me = d->rank;
     MPI_Request *req = xmalloc(2 * (size_t)W * sizeof(MPI_Request));
     for (size_t off = 0; off < shard; off += DIST_PIECE) {
@@ -219,7 +225,7 @@ void dist_reduce_scatter_f32(Dist *d, const float *buf, size_t n, size_t shard, 
         memcpy(out + off, d->scratch, len * sizeof(float));
     }
     free(req);
-    leave(d, t0);
+    dist_leave(d, t0);
 #else
     (void)buf; (void)n; (void)shard; (void)out;
     die("dist: %d ranks without MPI (internal error)", d->world);
@@ -232,7 +238,7 @@ void dist_allgather_f32(Dist *d, float *buf, size_t n, size_t shard) {
     if ((size_t)d->world * shard > (size_t)2147483647)
         die("all-gather of %zu elements: more than MPI's int counts allow (2^31 - 1); this model is too large for the MPI path", (size_t)d->world * shard);
     double t0;
-    enter(d, "all-gather of parameters", &t0);
+    dist_enter(d, "all-gather of parameters", &t0);
     int *cnt = xmalloc((size_t)d->world * sizeof(int)), *dsp = xmalloc((size_t)d->world * sizeof(int));
     for (int r = 0; r < d->world; r++) {
         cnt[r] = (int)piece_count(n, shard, r, 0, shard);
@@ -241,7 +247,7 @@ void dist_allgather_f32(Dist *d, float *buf, size_t n, size_t shard) {
     MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, dsp, MPI_FLOAT, MPI_COMM_WORLD);
     free(cnt);
     free(dsp);
-    leave(d, t0);
+    dist_leave(d, t0);
 #else
     (void)buf; (void)n; (void)shard;
 #endif
@@ -265,9 +271,9 @@ void dist_allgather_f64(Dist *d, const double *mine, int count, double *all) {
     }
 #ifdef CLLA_HAVE_MPI
     double t0;
-    enter(d, "all-gather of step statistics", &t0);
+    dist_enter(d, "all-gather of step statistics", &t0);
     MPI_Allgather(mine, count, MPI_DOUBLE, all, count, MPI_DOUBLE, MPI_COMM_WORLD);
-    leave(d, t0);
+    dist_leave(d, t0);
 #endif
 }
 
@@ -279,9 +285,9 @@ void dist_allgather_bytes(Dist *d, const void *mine, size_t bytes, void *all) {
 #ifdef CLLA_HAVE_MPI
     if (bytes > (size_t)2147483647) die("all-gather of %zu bytes per rank exceeds MPI's int counts", bytes);
     double t0;
-    enter(d, "all-gather", &t0);
+    dist_enter(d, "all-gather", &t0);
     MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
-    leave(d, t0);
+    dist_leave(d, t0);
 #endif
 }
 
@@ -300,9 +306,9 @@ int dist_max_int(Dist *d, int x) {
     int y = x;
 #ifdef CLLA_HAVE_MPI
     double t0;
-    enter(d, "agreement on stopping", &t0);
+    dist_enter(d, "agreement on stopping", &t0);
     MPI_Allreduce(&x, &y, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);   // exact for integers
-    leave(d, t0);
+    dist_leave(d, t0);
 #endif
     return y;
 }
@@ -311,12 +317,12 @@ void dist_bcast(Dist *d, void *buf, size_t bytes, int root) {
     if (d->world == 1) return;
 #ifdef CLLA_HAVE_MPI
     double t0;
-    enter(d, "broadcast", &t0);
+    dist_enter(d, "broadcast", &t0);
     for (size_t off = 0; off < bytes; off += (size_t)1 << 30) {
         size_t len = bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30);
         MPI_Bcast((char *)buf + off, (int)len, MPI_BYTE, root, MPI_COMM_WORLD);
     }
-    leave(d, t0);
+    dist_leave(d, t0);
 #else
     (void)buf; (void)bytes; (void)root;
 #endif
@@ -326,9 +332,9 @@ void dist_barrier(Dist *d) {
     if (d->world == 1) return;
 #ifdef CLLA_HAVE_MPI
     double t0;
-    enter(d, "barrier", &t0);
+    dist_enter(d, "barrier", &t0);
     MPI_Barrier(MPI_COMM_WORLD);
-    leave(d, t0);
+    dist_leave(d, t0);
 #endif
 }
 
@@ -342,9 +348,9 @@ static void open_nccl(Dist *d) {
     if (d->rank == 0) nccl_comm_unique_id(id);
     dist_bcast(d, id, sizeof(id), 0);
     double t0;
-    enter(d, "NCCL communicator set-up (ncclCommInitRank)", &t0);
+    dist_enter(d, "NCCL communicator set-up (ncclCommInitRank)", &t0);
     d->nccl = nccl_comm_init(id, d->rank, d->world);
-    leave(d, t0);
+    dist_leave(d, t0);
 }
 #endif
 
@@ -377,9 +383,9 @@ void dist_reduce_scatter_dev_f32(Dist *d, float *buf, size_t shard) {
 #ifdef DIST_NCCL
     if (d->world == 1) return;
     double t0;
-    enter(d, "NCCL reduce-scatter of gradients", &t0);
+    dist_enter(d, "NCCL reduce-scatter of gradients", &t0);
     nccl_comm_reduce_scatter_f32(d->nccl, buf, shard, 0);
-    leave(d, t0);
+    dist_leave(d, t0);
 #else
     (void)d; (void)buf; (void)shard;
     no_device_collectives("reduce-scatter");
@@ -390,9 +396,9 @@ void dist_allgather_dev_f32(Dist *d, float *buf, size_t shard) {
 #ifdef DIST_NCCL
     if (d->world == 1) return;
     double t0;
-    enter(d, "NCCL all-gather of parameters", &t0);
+    dist_enter(d, "NCCL all-gather of parameters", &t0);
     nccl_comm_allgather_f32(d->nccl, buf, shard);
-    leave(d, t0);
+    dist_leave(d, t0);
 #else
     (void)d; (void)buf; (void)shard;
     no_device_collectives("all-gather");
@@ -403,9 +409,9 @@ void dist_allreduce_sum_dev_f32(Dist *d, float *buf, size_t n) {
 #ifdef DIST_NCCL
     if (d->world == 1) return;
     double t0;
-    enter(d, "NCCL all-reduce of gradients", &t0);
+    dist_enter(d, "NCCL all-reduce of gradients", &t0);
     nccl_comm_allreduce_f32(d->nccl, buf, n, 0);
-    leave(d, t0);
+    dist_leave(d, t0);
 #else
     (void)d; (void)buf; (void)n;
     no_device_collectives("all-reduce");

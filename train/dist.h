@@ -35,6 +35,7 @@ typedef struct Dist {
     int rank, world;               // this process, number of processes
     int local_rank, local_world;   // among the processes of this host (GPU choice)
     int mpi;                       // 1: MPI was initialized by dist_init (finalized by dist_finalize)
+    int mpi_serialized;            // 1: MPI may be called from any thread, one at a time
     double comm_seconds;           // wall time spent in collectives (the trainer reads and resets it)
     float *scratch;                // reduce-scatter receive pieces: world * DIST_PIECE floats
     DistWatchdog *watchdog;        // NULL when off
@@ -62,6 +63,32 @@ const char *dist_describe(const Dist *d, char *buf, size_t len);
 // world * shard; the part past n counts as zeros): out (shard floats) receives the sum over
 // ranks of piece `rank` (in the fixed tree above); entries past n are 0.
 void dist_reduce_scatter_f32(Dist *d, const float *buf, size_t n, size_t shard, float *out);
+// The same sums formed bucket by bucket while buf is still being written (the gradients during
+// the last micro-step's backward, train/grad_sync.c), so that the messages travel while the
+// backward computes (train/dist_buckets.c). buf is cut into a fixed grid of buckets of `bucket`
+// elements, [j bucket, (j + 1) bucket) clipped to n, sent highest first: the grid and the order
+// do not depend on when the caller reports progress, so every rank posts the same messages in
+// the same order. Each element is summed in the same pairwise tree as dist_reduce_scatter_f32,
+// so the results are the same bits as the collectives' formed afterwards. At most
+// DIST_BUCKETS_IN_FLIGHT buckets are in flight; a further one waits for the oldest (receive
+// memory: that many times world x the longest own part of a bucket). buf must stay valid, and
+// unchanged at and above every `from` reported, until finish. Where MPI may be called from any
+// thread (mpi_serialized) a thread of its own moves the messages, and the caller makes no other
+// MPI call between begin and finish.
+#define DIST_BUCKETS_IN_FLIGHT 4
+typedef struct DistBuckets DistBuckets;
+// Reduce-scatter (world > 1, MPI): at finish, out holds what dist_reduce_scatter_f32(d, buf, n,
+// shard, out) writes. A bucket goes to the ranks whose pieces it overlaps.
+DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t shard, size_t bucket, float *out);
+// All-reduce in place: at finish, buf holds what dist_allreduce_sum_f32(d, buf, n) leaves. Each
+// bucket is cut into world equal parts, each summed by one rank and sent back to all, so every
+// bucket uses every rank's links.
+DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket);
+// Every element of buf at index >= from is final: the buckets wholly inside [from, n) not yet
+// sent are sent, and the earlier ones progress. Nothing is sent before the first call.
+void dist_buckets_ready(DistBuckets *b, size_t from);
+// Sends what is left (as dist_buckets_ready(b, 0)), waits for every message and adds. Frees b.
+void dist_buckets_finish(DistBuckets *b);
 // All-gather in place: piece r of buf (elements [r*shard, (r+1)*shard) clipped to n) is
 // taken from rank r and copied to every rank.
 void dist_allgather_f32(Dist *d, float *buf, size_t n, size_t shard);

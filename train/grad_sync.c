@@ -84,11 +84,45 @@ void grad_sync_free(GradSync *g, Model *m) {
     memset(g, 0, sizeof(*g));
 }
 
+int grad_sync_overlap(GradSync *g, Model *m, size_t bucket) {
+    (void)m;
+    if (!g->host_mem || g->dist->world == 1 || bucket == 0) return 0;
+    g->bucket = bucket;   // (ZeRO-1's piece is allocated by grad_sync_init; ZeRO-0 sums in place)
+    return 1;
+}
+
+// Model.grad_final during the last micro-step's backward: [from, frontier) of the gradient is
+// complete. With the micro-step tree it is first folded as grad_sync_end_micro folds the whole
+// buffer at the last micro-step (the stack's nodes added into it from the newest down), then its
+// buckets go to the other ranks.
+static void on_grad_final(void *ctx, size_t from) {
+    GradSync *g = ctx;
+    if (from >= g->frontier) return;
+    for (int i = g->sp - 1; i >= 0; i--) add_into(g->cur + from, g->stack[i] + from, g->frontier - from);
+    dist_buckets_ready(g->flight, from);
+    g->frontier = from;
+}
+
 void grad_sync_begin_micro(GradSync *g, Model *m, int k) {
     if (g->tree || k == 0) model_zero_grad(m);
+    if (g->bucket && k == g->micro - 1) {
+        g->flight = g->zero ? dist_buckets_begin(g->dist, m->grad, g->n, g->shard, g->bucket, g->piece)
+                            : dist_buckets_begin_allreduce(g->dist, m->grad, g->n, g->bucket);
+        g->frontier = g->n;
+        g->cur = m->grad;
+        m->grad_final = on_grad_final;
+        m->grad_final_ctx = g;
+    }
 }
 
 void grad_sync_end_micro(GradSync *g, Model *m, int k) {
+    if (g->flight && k == g->micro - 1) {
+        on_grad_final(g, 0);   // whatever the backward did not report (it may return early)
+        m->grad_final = NULL;
+        m->grad_final_ctx = NULL;
+        while (g->sp > 0) g->pool[g->n_pool++] = g->stack[--g->sp];   // folded into m->grad already
+        return;
+    }
     if (!g->tree) return;
     // Binary-counter merge: equal levels combine at once, so the partial sums are the nodes of
     // the bottom-up pairwise tree; the last micro-step folds the stack from its smallest
@@ -121,6 +155,12 @@ void grad_sync_reduce(GradSync *g, Model *m) {
         // in place on the GPU; ZeRO-1 leaves the sum in [lo, hi) only, as the host path does
         if (g->zero) dist_reduce_scatter_dev_f32(d, m->grad, g->shard);
         else dist_allreduce_sum_dev_f32(d, m->grad, g->n);
+        return;
+    }
+    if (g->flight) {
+        dist_buckets_finish(g->flight);   // ZeRO-0: m->grad holds the sum
+        g->flight = NULL;
+        if (g->zero && g->hi > g->lo) memcpy(m->grad + g->lo, g->piece, (g->hi - g->lo) * sizeof(float));
         return;
     }
     float *buf = m->grad;

@@ -46,11 +46,21 @@ typedef struct GradSync {
     int *level, sp, n_pool, n_bufs;
     float *host;          // staging copy on device backends without NCCL (n floats), else NULL
     float *piece;         // reduce-scatter result (shard floats), host paths only
+    // the sum over ranks overlapped with the last micro-step's backward (grad_sync_overlap)
+    size_t bucket;        // elements per bucket; 0: reduced after the backward
+    DistBuckets *flight;  // during that backward: the buckets sent so far
+    size_t frontier;      // [frontier, n) of the gradient is complete and handed to flight
+    float *cur;           // the buffer that last backward writes (model->grad then)
 } GradSync;
 
 // zero: 0 or 1. micro: micro-steps per rank per optimizer step.
 void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro);
 void grad_sync_free(GradSync *g, Model *m);
+// Overlap (train.overlap_grad_reduce): the last micro-step's gradients go to the other ranks in
+// buckets of `bucket` elements as the backward completes them, layer by layer from the last, and
+// grad_sync_reduce only waits for the rest. The same sums in the same order, so the same bits as
+// without. Host-memory MPI path only (the fp32 CPU backend); elsewhere a no-op (returns 0).
+int grad_sync_overlap(GradSync *g, Model *m, size_t bucket);
 // Before micro-step k's backward: model->grad is ready to receive it.
 void grad_sync_begin_micro(GradSync *g, Model *m, int k);
 // After micro-step k's backward. After the last one model->grad holds this rank's sum of

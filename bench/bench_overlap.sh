@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The gradient sum over ranks overlapped with the backward (train.overlap_grad_reduce,
+# docs/DISTRIBUTED.md) against the sum formed after it, on the same 2-rank runs alternated in one
+# session: ms per step and the ms per step spent waiting in collectives (metrics.jsonl
+# "comm_ms"), medians over the steps after the fifth, per run.
+#   - shm: both ranks on this machine over shared memory (one OpenMP thread each);
+#   - net: two "hosts" in network namespaces joined over TCP (launch/netns_two_hosts.sh), each
+#     sending at most RATE (tc tbf), as a slower network would; needs root and iproute2.
+# The model is bench/bench_dist.sh's (0.92M parameters), the overlapped runs in buckets of 65536
+# elements (15 buckets; at the default 1Mi the model is one bucket and nothing overlaps).
+#   bench/bench_overlap.sh [CLLA] [PAIRS] [RATE]     (defaults build/clla, 3, 1gbit)
+set -eu
+HERE=$(cd "$(dirname "$0")" && pwd)
+CLLA=$(readlink -f "${1:-$HERE/../build/clla}")
+PAIRS=${2:-3}
+RATE=${3:-1gbit}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_bench_overlap.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
+"$CLLA" tokenizer train --vocab-size 512 --pattern gpt2 --out t.tok "$HERE/../tests/fixtures/english.jsonl" > /dev/null 2>&1
+"$CLLA" prep --tokenizer t.tok --out shards --chunk-tokens 4096 --val-fraction 0 "$HERE/../tests/fixtures/english.jsonl" > /dev/null 2>&1
+cat > bench.json <<JSON
+{"attention": "gqa", "vocab_size": 528, "hidden_size": 128, "num_hidden_layers": 4,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 384, "max_position_embeddings": 128,
+ "train": {"data": "shards/train", "seq_len": 128, "micro_batch": 2, "global_batch_tokens": 1024,
+           "max_steps": 20, "warmup_steps": 2, "lr": 1e-3, "log_every": 1000, "threads": 0}}
+JSON
+median() { grep -o "\"$2\":[^,}]*" "$1/metrics.jsonl" | cut -d: -f2 | tail -n +6 | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+ON=(--set train.overlap_grad_reduce=true --set train.grad_bucket_elements=65536)
+OFF=()
+net=1
+if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/null; then
+    echo "net: skipped (needs root, ip and tc)"
+    net=0
+fi
+printf '%-6s %-5s %-24s %10s %10s\n' "link" "pair" "gradient sum" "ms/step" "comm ms"
+for p in $(seq "$PAIRS"); do
+    for mode in on off; do
+        if [ "$mode" = on ]; then args=("${ON[@]}"); label="during the backward"; else args=("${OFF[@]}"); label="after the backward"; fi
+        mpirun --bind-to none -np 2 "$CLLA" train --config bench.json --out "shm_${mode}_$p" --quiet "${args[@]}" > /dev/null 2>&1
+        printf '%-6s %-5s %-24s %10.1f %10.1f\n' shm "$p" "$label" "$(median "shm_${mode}_$p" ms)" "$(median "shm_${mode}_$p" comm_ms)"
+        if [ "$net" = 1 ]; then
+            NETNS_RATE=$RATE bash "$HERE/../launch/netns_two_hosts.sh" "$CLLA" bench.json "net_${mode}_$p" --quiet "${args[@]}" > "net_${mode}_$p.log" 2>&1
+            printf '%-6s %-5s %-24s %10.1f %10.1f\n' "$RATE" "$p" "$label" "$(median "net_${mode}_$p" ms)" "$(median "net_${mode}_$p" comm_ms)"
+        fi
+    done
+done
+same=1
+for f in shm_*/model.safetensors net_*/model.safetensors; do
+    [ -e "$f" ] && { cmp -s "$f" shm_off_1/model.safetensors || same=0; }
+done
+[ "$same" = 1 ] && echo "final weights of every run: bit for bit equal" || echo "final weights differ between runs (unexpected)"

@@ -1,0 +1,286 @@
+// The sums over ranks of train/dist.c formed bucket by bucket while the buffer is still being
+// written (train/dist.h, dist_buckets_*): train/grad_sync.c hands each range of gradients to it
+// as the backward finishes the layers that write them, so the messages travel while the earlier
+// layers compute. Each element is added in dist_reduce_scatter_f32's pairwise tree over ranks,
+// whichever rank adds it, so the results are those of the collectives formed after the backward.
+//
+// A bucket's elements are cut into one part per rank; rank s receives part s from every rank and
+// adds. Reduce-scatter (ZeRO-1): part s is the bucket's share of rank s's piece of the optimizer,
+// so a bucket inside one piece goes to one rank. All-reduce (ZeRO-0): the bucket is cut into
+// world equal parts, so every bucket keeps every link busy both ways, and each rank then sends its
+// added part to all (the all-gather half), written back into the buffer in place.
+#include "train/dist.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/util.h"
+#include "train/dist_internal.h"
+
+#ifdef CLLA_HAVE_MPI
+#include <mpi.h>
+
+enum { TAG_BUCKET = 102, TAG_GATHER = 103 };   // apart from dist.c's tags
+
+// One bucket in flight.
+typedef struct Flight {
+    size_t lo, hi;        // the bucket: elements [lo, hi)
+    size_t oa, len;       // this rank's part: elements [oa, oa + len)
+    int gathering;        // all-reduce: the added parts are being exchanged (second phase)
+    int nreq;
+    MPI_Request *req;     // 2 world: receives, then sends
+    float *recv;          // world x stride: rank s's values of the own part at s stride
+} Flight;
+
+struct DistBuckets {
+    Dist *d;
+    float *buf;           // read only in reduce-scatter mode
+    float *out;           // reduce-scatter: this rank's piece of the sums; NULL: all-reduce in buf
+    size_t n, shard, bucket;
+    size_t stride;        // floats of one rank's values in a Flight's recv (the longest own part)
+    size_t unsent;        // buckets [0, unsent) of the grid are not sent yet (sent top down)
+    Flight fl[DIST_BUCKETS_IN_FLIGHT];
+    int head, count;      // in-flight buckets in the order sent, the oldest at fl[head]
+    float *recv;          // DIST_BUCKETS_IN_FLIGHT x world x stride floats
+    MPI_Request *req;     // DIST_BUCKETS_IN_FLIGHT x 2 world
+    // With MPI callable from any thread (Dist.mpi_serialized) a thread of its own sends, tests
+    // and adds, so that the messages move while the caller computes: MPI moves data only inside
+    // its calls (a TCP rendezvous waits for the receiver's next call), and the caller calls
+    // between layers only. The caller then makes no MPI call until dist_buckets_finish.
+    int threaded;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t ready_from;    // under mu: the lowest `from` reported
+    int finishing;        // under mu: dist_buckets_finish was called
+};
+
+// Rank s's part of the bucket [lo, hi): its start and length.
+static size_t part_of(const DistBuckets *b, size_t lo, size_t hi, int s, size_t *start) {
+    size_t p0, p1;
+    if (b->out) {   // reduce-scatter: the bucket within piece s
+        p0 = (size_t)s * b->shard;
+        p1 = p0 + b->shard;
+    } else {        // all-reduce: world equal parts, the last ones shorter or empty
+        const size_t q = (hi - lo + (size_t)b->d->world - 1) / (size_t)b->d->world;
+        p0 = lo + (size_t)s * q;
+        p1 = p0 + q;
+    }
+    const size_t a = lo > p0 ? lo : p0, e = hi < p1 ? hi : p1;
+    *start = a;
+    return e > a ? e - a : 0;
+}
+
+// Bucket j's messages: the own part received from every rank (the own values copied), the
+// other ranks' parts sent to them.
+static void send_bucket(DistBuckets *b, size_t j, Flight *f) {
+    const int W = b->d->world, me = b->d->rank;
+    f->lo = j * b->bucket;
+    f->hi = f->lo + b->bucket < b->n ? f->lo + b->bucket : b->n;
+    f->len = part_of(b, f->lo, f->hi, me, &f->oa);
+    f->gathering = 0;
+    f->nreq = 0;
+    for (int s = 0; s < W; s++) {
+        if (s == me) {
+            if (f->len) memcpy(f->recv + (size_t)s * b->stride, b->buf + f->oa, f->len * sizeof(float));
+            continue;
+        }
+        if (f->len) MPI_Irecv(f->recv + (size_t)s * b->stride, (int)f->len, MPI_FLOAT, s, TAG_BUCKET, MPI_COMM_WORLD, &f->req[f->nreq++]);
+        size_t sa, sl = part_of(b, f->lo, f->hi, s, &sa);
+        if (sl) MPI_Isend(b->buf + sa, (int)sl, MPI_FLOAT, s, TAG_BUCKET, MPI_COMM_WORLD, &f->req[f->nreq++]);
+    }
+}
+
+// The oldest bucket's messages are complete. First phase: its own part added in the pairwise
+// tree over rank indices (train/dist.h; dist_reduce_scatter_f32's adds, element by element)
+// into out, or (all-reduce) into buf, whose every part has been sent by now, and the added part
+// sent to every rank while theirs are received into buf. Second phase: done. Returns 1 when the
+// bucket is done (and leaves the queue).
+static int advance_oldest(DistBuckets *b) {
+    Flight *f = &b->fl[b->head];
+    const int W = b->d->world, me = b->d->rank;
+    if (!f->gathering) {
+        // (a plain loop: on the progress thread an OpenMP loop would start a second team of threads)
+        for (int s = 1; s < W; s *= 2)
+            for (int j = 0; j + s < W; j += 2 * s) {
+                float *dst = f->recv + (size_t)j * b->stride;
+                const float *src = f->recv + (size_t)(j + s) * b->stride;
+                for (size_t i = 0; i < f->len; i++) dst[i] += src[i];
+            }
+        float *to = b->out ? b->out + (f->oa - (size_t)me * b->shard) : b->buf + f->oa;
+        if (f->len) memcpy(to, f->recv, f->len * sizeof(float));
+        if (!b->out) {
+            f->gathering = 1;
+            f->nreq = 0;
+            for (int s = 0; s < W; s++) {
+                if (s == me) continue;
+                size_t sa, sl = part_of(b, f->lo, f->hi, s, &sa);
+                if (sl) MPI_Irecv(b->buf + sa, (int)sl, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
+                if (f->len) MPI_Isend(b->buf + f->oa, (int)f->len, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
+            }
+            return 0;
+        }
+    }
+    b->head = (b->head + 1) % DIST_BUCKETS_IN_FLIGHT;
+    b->count--;
+    return 1;
+}
+
+static void wait_oldest(DistBuckets *b) {
+    do {
+        Flight *f = &b->fl[b->head];
+        MPI_Waitall(f->nreq, f->req, MPI_STATUSES_IGNORE);
+    } while (!advance_oldest(b));
+}
+
+// 1 when a bucket of the grid not yet sent lies wholly at or above from.
+static int sendable(const DistBuckets *b, size_t from) { return b->unsent > 0 && (b->unsent - 1) * b->bucket >= from; }
+
+// One round: the oldest buckets whose messages have arrived are advanced, then the buckets at
+// or above from are sent; with all DIST_BUCKETS_IN_FLIGHT in flight, a further one waits for
+// the oldest (wait) or for the next round. Returns 1 when anything was done.
+static int pump(DistBuckets *b, size_t from, int wait) {
+    int did = 0;
+    while (b->count > 0) {
+        Flight *f = &b->fl[b->head];
+        int done = 0;
+        MPI_Testall(f->nreq, f->req, &done, MPI_STATUSES_IGNORE);
+        if (!done) break;
+        did = 1;
+        if (!advance_oldest(b)) break;   // its second phase has just been posted
+    }
+    while (sendable(b, from)) {
+        if (b->count == DIST_BUCKETS_IN_FLIGHT) {
+            if (!wait) break;
+            wait_oldest(b);
+        }
+        send_bucket(b, --b->unsent, &b->fl[(b->head + b->count) % DIST_BUCKETS_IN_FLIGHT]);
+        b->count++;
+        did = 1;
+    }
+    return did;
+}
+
+// The progress thread: rounds while there is anything in flight or to send, 50 us asleep after a
+// round that moved nothing, asleep on cv while there is nothing; done when finish was called and
+// everything has arrived. The poll is short because a network transfer's rendezvous waits for
+// it: with sleeps growing from 20 us to 1 ms after idle rounds, the overlapped runs of
+// bench/bench_overlap.sh over an emulated 1 Gbit/s link were slower than the ones summing after
+// the backward; with 50 us they are faster (docs/DISTRIBUTED.md).
+static void *progress_main(void *arg) {
+    DistBuckets *b = arg;
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        while (!b->finishing && b->count == 0 && !sendable(b, b->ready_from)) pthread_cond_wait(&b->cv, &b->mu);
+        const size_t from = b->ready_from;
+        const int finishing = b->finishing;
+        pthread_mutex_unlock(&b->mu);
+        const int did = pump(b, from, 0);
+        if (finishing && b->unsent == 0 && b->count == 0) return NULL;
+        if (!did) {
+            struct timespec ts = {0, 50 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, float *out) {
+    if (bucket == 0 || bucket > (size_t)2147483647)
+        die("dist: a gradient bucket of %zu elements: it must be 1 to 2^31 - 1 (MPI's int counts)", bucket);
+    DistBuckets *b = xcalloc(1, sizeof(*b));
+    b->d = d;
+    b->buf = buf;
+    b->out = out;
+    b->n = n;
+    b->shard = shard;
+    b->bucket = bucket;
+    b->unsent = n / bucket + (n % bucket != 0);
+    b->ready_from = n;
+    // the longest own part: min(bucket, shard) (reduce-scatter), ceil(min(bucket, n) / world)
+    const size_t whole = bucket < n ? bucket : n;
+    b->stride = out ? (bucket < shard ? bucket : shard) : (whole + (size_t)d->world - 1) / (size_t)d->world;
+    size_t per, total;
+    if (__builtin_mul_overflow((size_t)d->world, b->stride, &per) ||
+        __builtin_mul_overflow(per, (size_t)DIST_BUCKETS_IN_FLIGHT * sizeof(float), &total))
+        die("dist: %d ranks x gradient buckets of %zu elements overflow a size: lower train.grad_bucket_elements", d->world, bucket);
+    b->recv = xmalloc(total ? total : 1);
+    b->req = xmalloc((size_t)DIST_BUCKETS_IN_FLIGHT * 2 * (size_t)d->world * sizeof(MPI_Request));
+    for (int i = 0; i < DIST_BUCKETS_IN_FLIGHT; i++) {
+        b->fl[i].recv = b->recv + (size_t)i * per;
+        b->fl[i].req = b->req + (size_t)i * 2 * (size_t)d->world;
+    }
+    if (out) {   // entries of the own piece past n are 0 (no bucket covers them)
+        size_t p0 = (size_t)d->rank * shard, have = p0 < n ? (n - p0 < shard ? n - p0 : shard) : 0;
+        memset(out + have, 0, (shard - have) * sizeof(float));
+    }
+    if (d->mpi_serialized) {
+        pthread_mutex_init(&b->mu, NULL);
+        pthread_cond_init(&b->cv, NULL);
+        if (pthread_create(&b->thread, NULL, progress_main, b) != 0) die("dist: cannot start the gradient progress thread");
+        b->threaded = 1;
+    }
+    return b;
+}
+
+DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t shard, size_t bucket, float *out) {
+    if (!out) die("dist_buckets_begin: no output piece (internal error)");
+    return begin(d, (float *)buf, n, shard, bucket, out);   // (buf is only read in this mode)
+}
+
+DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket) { return begin(d, buf, n, n, bucket, NULL); }
+
+void dist_buckets_ready(DistBuckets *b, size_t from) {
+    if (b->threaded) {
+        pthread_mutex_lock(&b->mu);   // (the unlock publishes the caller's writes below from)
+        if (from < b->ready_from) {
+            b->ready_from = from;
+            pthread_cond_signal(&b->cv);
+        }
+        pthread_mutex_unlock(&b->mu);
+        return;
+    }
+    double t0;
+    dist_enter(b->d, "sum of gradients over ranks (buckets)", &t0);
+    pump(b, from, 1);
+    dist_leave(b->d, t0);
+}
+
+void dist_buckets_finish(DistBuckets *b) {
+    double t0;
+    // only the wait counts as time in collectives: the thread's work overlapped the caller's
+    dist_enter(b->d, "sum of gradients over ranks (buckets)", &t0);
+    if (b->threaded) {
+        pthread_mutex_lock(&b->mu);
+        b->ready_from = 0;
+        b->finishing = 1;
+        pthread_cond_signal(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+        pthread_join(b->thread, NULL);
+        pthread_cond_destroy(&b->cv);
+        pthread_mutex_destroy(&b->mu);
+    } else {
+        pump(b, 0, 1);
+        while (b->count > 0) wait_oldest(b);
+    }
+    dist_leave(b->d, t0);
+    free(b->recv);
+    free(b->req);
+    free(b);
+}
+
+#else   // without MPI there is one rank and nothing to reduce: train/grad_sync.c never starts one
+
+DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t shard, size_t bucket, float *out) {
+    (void)d; (void)buf; (void)n; (void)shard; (void)bucket; (void)out;
+    die("dist: a bucketed reduce-scatter without MPI (internal error)");
+}
+DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket) {
+    (void)d; (void)buf; (void)n; (void)bucket;
+    die("dist: a bucketed all-reduce without MPI (internal error)");
+}
+void dist_buckets_ready(DistBuckets *b, size_t from) { (void)b; (void)from; }
+void dist_buckets_finish(DistBuckets *b) { (void)b; }
+
+#endif
