@@ -16,6 +16,11 @@ _Static_assert(sizeof(ncclUniqueId) == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId has p
 struct NcclComm {
     ncclComm_t comm;
     int rank, world;
+    // started collectives (nccl_comm_start_*): their stream, made on the first start
+    // (non-blocking: a blocking stream would wait for the legacy one and overlap nothing), the
+    // event each start waits for, and the one nccl_comm_wait_started has the legacy stream wait for
+    cudaStream_t side;
+    cudaEvent_t queued, done;
 };
 
 // One line, so that a failure in a many-rank job log is found and understood: the call, NCCL's error string, its last
@@ -86,7 +91,53 @@ NcclComm *nccl_comm_init(const unsigned char id[NCCL_COMM_ID_BYTES], int rank, i
 void nccl_comm_destroy(NcclComm *c) {
     if (!c) return;
     NCCL_CHECK(c, "ncclCommDestroy", ncclCommDestroy(c->comm));
+    if (c->side) {
+        cudaEventDestroy(c->queued);
+        cudaEventDestroy(c->done);
+        cudaStreamDestroy(c->side);
+    }
     free(c);
+}
+
+#define CUDA_CHECK(c, name, call)                                          \
+    do {                                                                   \
+        cudaError_t e_ = (call);                                           \
+        if (e_ != cudaSuccess) cuda_fail(name, e_, (c)->rank, (c)->world); \
+    } while (0)
+
+// The side stream waits for what the legacy stream has queued so far.
+static void after_queued(NcclComm *c) {
+    if (!c->side) {
+        CUDA_CHECK(c, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
+        CUDA_CHECK(c, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&c->queued, cudaEventDisableTiming));
+        CUDA_CHECK(c, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(c, "cudaEventRecord", cudaEventRecord(c->queued, COMM_STREAM));
+    CUDA_CHECK(c, "cudaStreamWaitEvent", cudaStreamWaitEvent(c->side, c->queued, 0));
+}
+
+void nccl_comm_start_allreduce_f32(NcclComm *c, float *buf, size_t n) {
+    after_queued(c);
+    NCCL_CHECK(c, "ncclAllReduce", ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c->comm, c->side));
+}
+
+void nccl_comm_start_reduces_f32(NcclComm *c, float *buf, const size_t *start, const size_t *count) {
+    after_queued(c);
+    NCCL_CHECK(c, "ncclGroupStart", ncclGroupStart());
+    for (int r = 0; r < c->world; r++)
+        if (count[r])
+            NCCL_CHECK(c, "ncclReduce", ncclReduce(buf + start[r], buf + start[r], count[r], ncclFloat, ncclSum, r, c->comm, c->side));
+    NCCL_CHECK(c, "ncclGroupEnd", ncclGroupEnd());
+}
+
+void nccl_comm_wait_started(NcclComm *c) {
+    if (!c->side) return;   // nothing was started
+    CUDA_CHECK(c, "cudaEventRecord", cudaEventRecord(c->done, c->side));
+    CUDA_CHECK(c, "cudaStreamWaitEvent", cudaStreamWaitEvent(COMM_STREAM, c->done, 0));
+    CUDA_CHECK(c, "cudaStreamSynchronize", cudaStreamSynchronize(c->side));
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(c, "ncclCommGetAsyncError", ncclCommGetAsyncError(c->comm, &async));
+    if (async != ncclSuccess) nccl_fail("a started collective", async, c->comm, c->rank, c->world);
 }
 
 // NCCL's in-place forms: reduce-scatter with recvbuff == sendbuff + rank * recvcount,

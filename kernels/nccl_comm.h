@@ -3,10 +3,11 @@
 // (CLLA_HAVE_NCCL). Plain C API: train/dist.c drives it and supplies the MPI broadcast of the
 // unique id, so this file needs neither MPI nor C++.
 //
-// Every call runs on the legacy default stream of the current device, the stream every op of
+// The plain calls run on the legacy default stream of the current device, the stream every op of
 // the CUDA backend uses, so a collective is ordered after the backward pass that wrote the
 // gradients without extra events; each call then waits for its collective to finish (the
-// trainer's communication time and the hang watchdog measure the real transfer).
+// trainer's communication time and the hang watchdog measure the real transfer). The started
+// calls (nccl_comm_start_*) run on a side stream, after an event, and are waited for together.
 //
 // Determinism: NCCL's reduction order is fixed for a given topology, rank count and NCCL
 // version (same ring/tree, same chunking), so a GPU run is reproducible on the same machine
@@ -47,6 +48,18 @@ void nccl_comm_reduce_scatter_f32(NcclComm *c, float *buf, size_t shard, int avg
 void nccl_comm_allgather_f32(NcclComm *c, float *buf, size_t shard);
 // In-place all-reduce of n floats (sum, or the mean when avg).
 void nccl_comm_allreduce_f32(NcclComm *c, float *buf, size_t n, int avg);
+
+// Started collectives, for summing the gradients while the backward still computes
+// (train/dist_buckets.c): each runs on a stream of this communicator's own, after the work the
+// legacy stream had queued when it was started (an event), and returns without waiting; in
+// between the caller makes no other nccl_comm call. nccl_comm_wait_started makes the legacy stream
+// wait for all of them, waits for them on the host, and reports their errors.
+// In-place all-reduce (sum) of n floats.
+void nccl_comm_start_allreduce_f32(NcclComm *c, float *buf, size_t n);
+// In place, for every rank r with count[r] > 0: the sum over ranks of buf[start[r], start[r] +
+// count[r]) at rank r (ncclReduce to root r, in one group); elsewhere buf is unchanged there.
+void nccl_comm_start_reduces_f32(NcclComm *c, float *buf, const size_t *start, const size_t *count);
+void nccl_comm_wait_started(NcclComm *c);
 
 #ifdef __cplusplus
 }

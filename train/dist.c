@@ -19,10 +19,6 @@
 #ifdef CLLA_HAVE_CUDA
 #include "kernels/backend_cuda.h"
 #endif
-#if defined(CLLA_HAVE_NCCL) && defined(CLLA_HAVE_MPI)
-#include "kernels/nccl_comm.h"
-#define DIST_NCCL 1   // NCCL needs MPI here: the unique id travels with dist_bcast
-#endif
 #ifdef CLLA_NCCL_EMULATION
 // Test builds only (tests/nccl_emu/): NCCL emulated over MPI on host memory, attached to the
 // cpu-bf16 backend, so the trainer's device-collective path runs without GPUs.

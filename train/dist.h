@@ -84,6 +84,12 @@ DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t shar
 // bucket is cut into world equal parts, each summed by one rank and sent back to all, so every
 // bucket uses every rank's links.
 DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket);
+// On device buffers through NCCL (dist_has_device_collectives): each bucket one started NCCL
+// collective, ordered after the device work queued when it was reported. scatter 0: all-reduce
+// in place; 1: the bucket's part of each rank's piece (of `shard` floats) reduced to that rank,
+// so that at finish piece `rank` holds the sums, as after dist_reduce_scatter_dev_f32. The sums
+// are NCCL's, per bucket: the same as the whole buffer's to rounding, not bitwise.
+DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter);
 // Every element of buf at index >= from is final: the buckets wholly inside [from, n) not yet
 // sent are sent, and the earlier ones progress. Nothing is sent before the first call.
 void dist_buckets_ready(DistBuckets *b, size_t from);

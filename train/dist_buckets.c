@@ -9,6 +9,10 @@
 // so a bucket inside one piece goes to one rank. All-reduce (ZeRO-0): the bucket is cut into
 // world equal parts, so every bucket keeps every link busy both ways, and each rank then sends its
 // added part to all (the all-gather half), written back into the buffer in place.
+//
+// On device buffers with NCCL (dist_buckets_begin_dev) a bucket is one started NCCL collective
+// (kernels/nccl_comm.h: on a stream of its own, after the backward's kernels queued so far): an
+// all-reduce, or reduces of the pieces to their ranks. The GPU moves the data; no thread here.
 #include "train/dist.h"
 
 #include <pthread.h>
@@ -36,8 +40,10 @@ typedef struct Flight {
 
 struct DistBuckets {
     Dist *d;
-    float *buf;           // read only in reduce-scatter mode
-    float *out;           // reduce-scatter: this rank's piece of the sums; NULL: all-reduce in buf
+    float *buf;           // read only in reduce-scatter mode on the host
+    int scatter;          // 1: a rank's part is the bucket within its piece (reduce-scatter)
+    int dev;              // 1: device buffers, NCCL (no Flights, no thread)
+    float *out;           // host reduce-scatter: this rank's piece of the sums; else NULL
     size_t n, shard, bucket;
     size_t stride;        // floats of one rank's values in a Flight's recv (the longest own part)
     size_t unsent;        // buckets [0, unsent) of the grid are not sent yet (sent top down)
@@ -45,6 +51,7 @@ struct DistBuckets {
     int head, count;      // in-flight buckets in the order sent, the oldest at fl[head]
     float *recv;          // DIST_BUCKETS_IN_FLIGHT x world x stride floats
     MPI_Request *req;     // DIST_BUCKETS_IN_FLIGHT x 2 world
+    size_t *parts;        // device reduce-scatter: each rank's part of a bucket, starts then counts
     // With MPI callable from any thread (Dist.mpi_serialized) a thread of its own sends, tests
     // and adds, so that the messages move while the caller computes: MPI moves data only inside
     // its calls (a TCP rendezvous waits for the receiver's next call), and the caller calls
@@ -60,7 +67,7 @@ struct DistBuckets {
 // Rank s's part of the bucket [lo, hi): its start and length.
 static size_t part_of(const DistBuckets *b, size_t lo, size_t hi, int s, size_t *start) {
     size_t p0, p1;
-    if (b->out) {   // reduce-scatter: the bucket within piece s
+    if (b->scatter) {   // reduce-scatter: the bucket within piece s
         p0 = (size_t)s * b->shard;
         p1 = p0 + b->shard;
     } else {        // all-reduce: world equal parts, the last ones shorter or empty
@@ -186,18 +193,24 @@ static void *progress_main(void *arg) {
     }
 }
 
-static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, float *out) {
+static DistBuckets *fresh(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter) {
     if (bucket == 0 || bucket > (size_t)2147483647)
         die("dist: a gradient bucket of %zu elements: it must be 1 to 2^31 - 1 (MPI's int counts)", bucket);
     DistBuckets *b = xcalloc(1, sizeof(*b));
     b->d = d;
     b->buf = buf;
-    b->out = out;
+    b->scatter = scatter;
     b->n = n;
     b->shard = shard;
     b->bucket = bucket;
     b->unsent = n / bucket + (n % bucket != 0);
     b->ready_from = n;
+    return b;
+}
+
+static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, float *out) {
+    DistBuckets *b = fresh(d, buf, n, shard, bucket, out != NULL);
+    b->out = out;
     // the longest own part: min(bucket, shard) (reduce-scatter), ceil(min(bucket, n) / world)
     const size_t whole = bucket < n ? bucket : n;
     b->stride = out ? (bucket < shard ? bucket : shard) : (whole + (size_t)d->world - 1) / (size_t)d->world;
@@ -231,7 +244,41 @@ DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t shar
 
 DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket) { return begin(d, buf, n, n, bucket, NULL); }
 
+#ifdef DIST_NCCL
+DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter) {
+    if (!d->nccl) die("dist_buckets_begin_dev without an NCCL communicator (internal error)");
+    DistBuckets *b = fresh(d, buf, n, shard, bucket, scatter);
+    b->dev = 1;
+    b->parts = xmalloc(2 * (size_t)d->world * sizeof(size_t));
+    return b;
+}
+
+// Every bucket at or above from not yet started, started.
+static void start_dev(DistBuckets *b, size_t from) {
+    size_t *start = b->parts, *count = start + b->d->world;
+    while (sendable(b, from)) {
+        const size_t j = --b->unsent, lo = j * b->bucket, hi = lo + b->bucket < b->n ? lo + b->bucket : b->n;
+        if (!b->scatter) {
+            nccl_comm_start_allreduce_f32(b->d->nccl, b->buf + lo, hi - lo);
+            continue;
+        }
+        for (int s = 0; s < b->d->world; s++) count[s] = part_of(b, lo, hi, s, &start[s]);
+        nccl_comm_start_reduces_f32(b->d->nccl, b->buf, start, count);
+    }
+}
+#else
+DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter) {
+    (void)d; (void)buf; (void)n; (void)shard; (void)bucket; (void)scatter;
+    die("dist: a bucketed sum on device buffers needs NCCL, which this build lacks (internal error)");
+}
+static void start_dev(DistBuckets *b, size_t from) { (void)b; (void)from; }
+#endif
+
 void dist_buckets_ready(DistBuckets *b, size_t from) {
+    if (b->dev) {
+        start_dev(b, from);
+        return;
+    }
     if (b->threaded) {
         pthread_mutex_lock(&b->mu);   // (the unlock publishes the caller's writes below from)
         if (from < b->ready_from) {
@@ -251,7 +298,12 @@ void dist_buckets_finish(DistBuckets *b) {
     double t0;
     // only the wait counts as time in collectives: the thread's work overlapped the caller's
     dist_enter(b->d, "sum of gradients over ranks (buckets)", &t0);
-    if (b->threaded) {
+    if (b->dev) {
+        start_dev(b, 0);
+#ifdef DIST_NCCL
+        nccl_comm_wait_started(b->d->nccl);
+#endif
+    } else if (b->threaded) {
         pthread_mutex_lock(&b->mu);
         b->ready_from = 0;
         b->finishing = 1;
@@ -267,6 +319,7 @@ void dist_buckets_finish(DistBuckets *b) {
     dist_leave(b->d, t0);
     free(b->recv);
     free(b->req);
+    free(b->parts);
     free(b);
 }
 
@@ -279,6 +332,10 @@ DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t shar
 DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket) {
     (void)d; (void)buf; (void)n; (void)bucket;
     die("dist: a bucketed all-reduce without MPI (internal error)");
+}
+DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter) {
+    (void)d; (void)buf; (void)n; (void)shard; (void)bucket; (void)scatter;
+    die("dist: a bucketed sum on device buffers without MPI (internal error)");
 }
 void dist_buckets_ready(DistBuckets *b, size_t from) { (void)b; (void)from; }
 void dist_buckets_finish(DistBuckets *b) { (void)b; }

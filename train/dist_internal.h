@@ -7,6 +7,11 @@
 
 #include "train/dist.h"
 
+#if defined(CLLA_HAVE_NCCL) && defined(CLLA_HAVE_MPI)
+#include "kernels/nccl_comm.h"
+#define DIST_NCCL 1   // NCCL needs MPI here: the unique id travels with dist_bcast
+#endif
+
 #ifdef CLLA_HAVE_MPI
 // Around a wait for the other ranks: the time goes to d->comm_seconds, and the watchdog
 // (train.dist_timeout_s) sees `what` (a string literal) while it lasts.

@@ -86,7 +86,7 @@ void grad_sync_free(GradSync *g, Model *m) {
 
 int grad_sync_overlap(GradSync *g, Model *m, size_t bucket) {
     (void)m;
-    if (!g->host_mem || g->dist->world == 1 || bucket == 0) return 0;
+    if (!(g->host_mem || g->dev_coll) || g->dist->world == 1 || bucket == 0) return 0;
     g->bucket = bucket;   // (ZeRO-1's piece is allocated by grad_sync_init; ZeRO-0 sums in place)
     return 1;
 }
@@ -106,8 +106,9 @@ static void on_grad_final(void *ctx, size_t from) {
 void grad_sync_begin_micro(GradSync *g, Model *m, int k) {
     if (g->tree || k == 0) model_zero_grad(m);
     if (g->bucket && k == g->micro - 1) {
-        g->flight = g->zero ? dist_buckets_begin(g->dist, m->grad, g->n, g->shard, g->bucket, g->piece)
-                            : dist_buckets_begin_allreduce(g->dist, m->grad, g->n, g->bucket);
+        g->flight = g->dev_coll ? dist_buckets_begin_dev(g->dist, m->grad, g->n, g->shard, g->bucket, g->zero)
+                    : g->zero   ? dist_buckets_begin(g->dist, m->grad, g->n, g->shard, g->bucket, g->piece)
+                                : dist_buckets_begin_allreduce(g->dist, m->grad, g->n, g->bucket);
         g->frontier = g->n;
         g->cur = m->grad;
         m->grad_final = on_grad_final;
@@ -151,16 +152,16 @@ void grad_sync_end_micro(GradSync *g, Model *m, int k) {
 void grad_sync_reduce(GradSync *g, Model *m) {
     Dist *d = g->dist;
     if (d->world == 1) return;
+    if (g->flight) {   // summed during the backward: what is left, and the wait
+        dist_buckets_finish(g->flight);   // ZeRO-0: m->grad holds the sum; ZeRO-1 on NCCL: its [lo, hi)
+        g->flight = NULL;
+        if (g->zero && !g->dev_coll && g->hi > g->lo) memcpy(m->grad + g->lo, g->piece, (g->hi - g->lo) * sizeof(float));
+        return;
+    }
     if (g->dev_coll) {
         // in place on the GPU; ZeRO-1 leaves the sum in [lo, hi) only, as the host path does
         if (g->zero) dist_reduce_scatter_dev_f32(d, m->grad, g->shard);
         else dist_allreduce_sum_dev_f32(d, m->grad, g->n);
-        return;
-    }
-    if (g->flight) {
-        dist_buckets_finish(g->flight);   // ZeRO-0: m->grad holds the sum
-        g->flight = NULL;
-        if (g->zero && g->hi > g->lo) memcpy(m->grad + g->lo, g->piece, (g->hi - g->lo) * sizeof(float));
         return;
     }
     float *buf = m->grad;

@@ -58,8 +58,9 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro);
 void grad_sync_free(GradSync *g, Model *m);
 // Overlap (train.overlap_grad_reduce): the last micro-step's gradients go to the other ranks in
 // buckets of `bucket` elements as the backward completes them, layer by layer from the last, and
-// grad_sync_reduce only waits for the rest. The same sums in the same order, so the same bits as
-// without. Host-memory MPI path only (the fp32 CPU backend); elsewhere a no-op (returns 0).
+// grad_sync_reduce only waits for the rest. On the host MPI path (the fp32 CPU backend) the same
+// sums in the same order, so the same bits as without; on the NCCL path started NCCL collectives
+// per bucket (the same to rounding). The staged device path without NCCL: a no-op (returns 0).
 int grad_sync_overlap(GradSync *g, Model *m, size_t bucket);
 // Before micro-step k's backward: model->grad is ready to receive it.
 void grad_sync_begin_micro(GradSync *g, Model *m, int k);

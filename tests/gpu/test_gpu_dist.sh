@@ -9,7 +9,8 @@
 #  (a) loss curves: per step |loss_2 - loss_1| <= TOL_LOSS * loss_1, TOL_LOSS = 2e-3 (20 steps);
 #  (b) the 2-rank run repeated gives the same metrics and weights bit for bit (NCCL's reduction
 #      order is fixed for a given topology and rank count);
-#  (c) with NCCL: NCCL_DEBUG=VERSION shows that NCCL, not MPI, carried the gradients.
+#  (c) with NCCL: NCCL_DEBUG=VERSION shows that NCCL, not MPI, carried the gradients;
+#  (d) with NCCL: the sum overlapped with the backward in buckets, within the same tolerance.
 # Why 2e-3 and not the CPU's 1e-6: on the GPU micro-steps accumulate inside backward and NCCL
 # sums over ranks in its own order, so the fp32 gradients differ by rounding (~1e-7 relative)
 # from the 1-rank run's; the bf16 weights use the same stochastic-rounding hash, so they differ
@@ -97,6 +98,22 @@ for zero in 0 1; do
             fail "ZeRO-$zero: a build with NCCL, but NCCL_DEBUG=VERSION printed nothing (staged through MPI?)"
     fi
 done
+# (d) with NCCL: the sum overlapped with the backward (train.overlap_grad_reduce), each bucket of
+# 4096 elements a collective started on a side stream after the layer's kernels: the same
+# tolerance against 1 rank (NCCL sums per bucket, to rounding the whole buffer's sums)
+if [ "$NCCL" = 1 ]; then
+    for zero in 0 1; do
+        if run 2 "r2_z${zero}_overlap" --config dense.json --zero "$zero" --set train.overlap_grad_reduce=true \
+            --set train.grad_bucket_elements=4096; then
+            rel=$(loss_rel r1 "r2_z${zero}_overlap")
+            awk -v r="$rel" -v t="$TOL_LOSS" 'BEGIN { exit !(r <= t) }' &&
+                ok "2 ranks, ZeRO-$zero, summed during the backward in 4096-element buckets vs 1 rank: loss rel diff $rel (tolerance $TOL_LOSS)" ||
+                fail "2 ranks, ZeRO-$zero, summed during the backward vs 1 rank: loss rel diff $rel > $TOL_LOSS"
+        else
+            fail "2 ranks, ZeRO-$zero, summed during the backward: $(tail -n 3 "r2_z${zero}_overlap.err" | tr '\n' ' ')"
+        fi
+    done
+fi
 if run 2 r2_again --config dense.json --zero 0 &&
    cmp -s <(records r2_z0) <(records r2_again) && cmp -s r2_z0/model.safetensors r2_again/model.safetensors; then
     ok "2 ranks run twice: metrics and weights bit for bit equal"

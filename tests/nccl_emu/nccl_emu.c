@@ -1,7 +1,8 @@
 // NCCL and the CUDA runtime calls of kernels/nccl_comm.c, emulated over MPI on host memory,
 // for testing the trainer's device-collective path (train/grad_sync.c with NCCL) on a machine
-// without GPUs (tests/nccl_emu/README.md). Not a general NCCL: float only, sum and avg, the
-// legacy stream only, and every contract NCCL states but does not check is checked here:
+// without GPUs (tests/nccl_emu/README.md). Not a general NCCL: float only, sum and avg,
+// synchronous (a collective is complete when its call returns, on any stream), and every
+// contract NCCL states but does not check is checked here:
 //  - every rank passes the same count to a collective;
 //  - buffers overlap only in NCCL's in-place forms (reduce-scatter: recvbuff == sendbuff +
 //    rank * recvcount; all-gather: sendbuff == recvbuff + rank * sendcount; all-reduce:
@@ -30,19 +31,68 @@ static const char ID_MAGIC[] = "clla-nccl-emu";
 
 struct ncclComm_emu {
     int rank, world;
-    long n_allreduce, n_reduce_scatter, n_allgather;
+    long n_allreduce, n_reduce_scatter, n_reduce, n_allgather;
     double bytes;   // payload bytes this rank sent into collectives
     char last[256];
 };
 
 // ---------------------------------------------------------------- CUDA runtime on the host
 
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return s ? cudaErrorInvalidValue : cudaSuccess; }
+// A stream or event made here carries its magic until destroyed, so a stale or foreign handle
+// is refused.
+enum { STREAM_MAGIC = 0x5743, EVENT_MAGIC = 0x4576 };
+struct CUstream_emu { int magic; };
+struct CUevent_emu { int magic, recorded; };
+
+static int stream_ok(cudaStream_t s) { return !s || s->magic == STREAM_MAGIC; }
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return stream_ok(s) ? cudaSuccess : cudaErrorInvalidValue; }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    if (!s || flags != cudaStreamNonBlocking) return cudaErrorInvalidValue;   // a blocking one would overlap nothing
+    *s = calloc(1, sizeof(**s));
+    if (!*s) return cudaErrorInvalidValue;
+    (*s)->magic = STREAM_MAGIC;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s || s->magic != STREAM_MAGIC) return cudaErrorInvalidValue;
+    s->magic = 0;
+    free(s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    if (!e || flags != cudaEventDisableTiming) return cudaErrorInvalidValue;
+    *e = calloc(1, sizeof(**e));
+    if (!*e) return cudaErrorInvalidValue;
+    (*e)->magic = EVENT_MAGIC;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (!e || e->magic != EVENT_MAGIC) return cudaErrorInvalidValue;
+    e->magic = 0;
+    free(e);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!e || e->magic != EVENT_MAGIC || !stream_ok(s)) return cudaErrorInvalidValue;
+    e->recorded = 1;
+    return cudaSuccess;
+}
+
+// Waiting for an event never recorded is allowed by CUDA but here means the wrong event.
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    return e && e->magic == EVENT_MAGIC && e->recorded && stream_ok(s) && !flags ? cudaSuccess : cudaErrorInvalidValue;
+}
 
 const char *cudaGetErrorString(cudaError_t e) {
     switch (e) {
     case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument (nccl-emu: only stream 0)";
+    case cudaErrorInvalidValue: return "invalid argument (nccl-emu: an unknown stream or event, or flags it does not emulate)";
     }
     return "unknown error";
 }
@@ -109,8 +159,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm) return ncclInvalidArgument;
     // the test reads this line to know that the emulated NCCL carried the collectives
-    fprintf(stderr, "nccl-emu: rank %d of %d: %ld all-reduce, %ld reduce-scatter, %ld all-gather, %.0f bytes\n",
-            comm->rank, comm->world, comm->n_allreduce, comm->n_reduce_scatter, comm->n_allgather, comm->bytes);
+    fprintf(stderr, "nccl-emu: rank %d of %d: %ld all-reduce, %ld reduce-scatter, %ld reduce, %ld all-gather, %.0f bytes\n",
+            comm->rank, comm->world, comm->n_allreduce, comm->n_reduce_scatter, comm->n_reduce, comm->n_allgather, comm->bytes);
     free(comm);
     return ncclSuccess;
 }
@@ -118,7 +168,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 // Common checks: stream, type, a count MPI can carry and that every rank passed.
 static ncclResult_t check_call(ncclComm_t c, size_t count, ncclDataType_t type, cudaStream_t s) {
     if (!c) return ncclInvalidArgument;
-    if (s) return usage(c, "a stream other than the legacy default stream 0");
+    if (!stream_ok(s)) return usage(c, "a stream that cudaStreamCreateWithFlags did not make");
     if (type != ncclFloat) return usage(c, "a data type other than ncclFloat");
     if (count > (size_t)INT_MAX / (size_t)c->world) return usage(c, "count too large for the MPI emulation");
     long long mine[2] = {(long long)count, -(long long)count}, all[2];
@@ -190,6 +240,44 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
     MPI_Allreduce(MPI_IN_PLACE, recvbuff, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     average(recvbuff, count, op, c->world);
     c->n_allreduce++;
+    c->bytes += (double)count * 4;
+    return ncclSuccess;
+}
+
+static int group_depth;   // ncclGroupStart minus ncclGroupEnd calls (collectives inside run at once)
+
+ncclResult_t ncclGroupStart(void) {
+    group_depth++;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    if (group_depth == 0) {
+        fprintf(stderr, "nccl-emu: ncclGroupEnd without ncclGroupStart\n");
+        return ncclInvalidUsage;
+    }
+    group_depth--;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t c, cudaStream_t s) {
+    ncclResult_t r = check_call(c, count, type, s);
+    if (r != ncclSuccess) return r;
+    if (op != ncclSum && op != ncclAvg) return usage(c, "a reduction other than sum or avg");
+    int roots[2] = {root, -root}, all[2];
+    MPI_Allreduce(roots, all, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (root < 0 || root >= c->world || all[0] != root || -all[1] != root) return usage(c, "the ranks passed different roots");
+    if (c->rank == root && sendbuff != recvbuff && overlaps(sendbuff, count * 4, recvbuff, count * 4))
+        return usage(c, "reduce buffers overlap but are not the same");
+    if (c->rank == root) {
+        if (sendbuff != recvbuff) memcpy(recvbuff, sendbuff, count * 4);
+        MPI_Reduce(MPI_IN_PLACE, recvbuff, (int)count, MPI_FLOAT, MPI_SUM, root, MPI_COMM_WORLD);
+        average(recvbuff, count, op, c->world);
+    } else {
+        MPI_Reduce(sendbuff, NULL, (int)count, MPI_FLOAT, MPI_SUM, root, MPI_COMM_WORLD);
+    }
+    c->n_reduce++;
     c->bytes += (double)count * 4;
     return ncclSuccess;
 }

@@ -4,7 +4,8 @@
 //  - reduce-scatter (sum and avg): this rank's piece [rank * shard, (rank + 1) * shard) holds
 //    the sum (mean) over ranks;
 //  - all-gather: piece r comes from rank r, every element of buf is set;
-//  - all-reduce (sum and avg): every element.
+//  - all-reduce (sum and avg): every element;
+//  - the started collectives: all-reduces of parts and reduces to each rank, then the wait.
 // Rank r's input element i is (r + 1) * (i + 1) / 64: exact in fp32, so the sums are exact
 // and compared with ==. Prints "N passed, M failed" on rank 0; exit 1 on any failure.
 #include <mpi.h>
@@ -51,6 +52,31 @@ static void check_shape(NcclComm *c, size_t shard) {
         for (size_t i = 0; i < n; i++) ok &= buf[i] == (avg ? sum_over_ranks(i) / (float)world : sum_over_ranks(i));
         result(avg ? "all-reduce avg" : "all-reduce sum", n, shard, ok);
     }
+    // started collectives: two all-reduces of the halves, then reduces of uneven parts to
+    // each rank (rank r's part: the first r + 1 elements of piece r), waited for once
+    for (size_t i = 0; i < n; i++) buf[i] = input(rank, i);
+    nccl_comm_start_allreduce_f32(c, buf + n / 2, n - n / 2);
+    nccl_comm_start_allreduce_f32(c, buf, n / 2);
+    nccl_comm_wait_started(c);
+    ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= buf[i] == sum_over_ranks(i);
+    result("started all-reduces of both halves, waited for: every element the sum", n, shard, ok);
+    size_t *start = calloc((size_t)world, sizeof(size_t)), *count = calloc((size_t)world, sizeof(size_t));
+    for (int r = 0; r < world; r++) {
+        start[r] = (size_t)r * shard;
+        count[r] = (size_t)r + 1 < shard ? (size_t)r + 1 : shard;
+    }
+    for (size_t i = 0; i < n; i++) buf[i] = input(rank, i);
+    nccl_comm_start_reduces_f32(c, buf, start, count);
+    nccl_comm_wait_started(c);
+    ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        const size_t r = i / shard;
+        ok &= buf[i] == ((int)r == rank && i - start[r] < count[r] ? sum_over_ranks(i) : input(rank, i));
+    }
+    result("started reduces to every rank: its own part the sum, the rest unchanged", n, shard, ok);
+    free(start);
+    free(count);
     cpu_release(buf);
 }
 

@@ -8,6 +8,8 @@
 #      sharded masters, all-gather), against the MPI path of the same backend: loss within a
 #      relative 1e-3 per step (the NCCL path sums ranks and forms the ZeRO-1 norm in another
 #      order, then bf16 rounding); every run says NCCL carried its collectives;
+#  (b2) the same with the sum overlapped with the backward in 1000-element buckets, each a started
+#      NCCL collective (all-reduce, or reduces to the pieces' ranks);
 #  (c) a rerun repeats bit for bit; saved with 2 ranks at step 4 and resumed with 2 it ends
 #      bit for bit where the uninterrupted run does, and resumed with 4 within 1e-3.
 # Prints "N passed, M failed"; skips (77) without mpirun or MPI.
@@ -44,6 +46,25 @@ for np in 2 4; do
             ok "$np ranks, ZeRO-$zero over the emulated NCCL ($kind on every rank): loss rel diff $LR to the MPI path (limit 1e-3)"
         else
             fail "$np ranks, ZeRO-$zero over the emulated NCCL: loss rel diff $LR; $(grep -m1 -E 'nccl-emu|error' "$name.err")"
+        fi
+    done
+done
+# train.overlap_grad_reduce over NCCL: every bucket of 1000 elements one started collective on
+# the side stream (kernels/nccl_comm.c), an all-reduce (ZeRO-0) or reduces to the pieces' ranks
+# (ZeRO-1); the same sums to rounding (NCCL's per bucket), so within the same limit
+for np in 2 4; do
+    for zero in 0 1; do
+        name=emu_${np}_z${zero}_overlap
+        run_with "$CLLA_NCCL_EMU" "$np" "$name" "${BF16[@]}" --zero "$zero" --set train.overlap_grad_reduce=true \
+            --set train.grad_bucket_elements=1000
+        kind=all-reduce
+        [ "$zero" = 1 ] && kind=reduce,
+        # dozens of buckets a step: more collectives of that kind than the 8 steps alone
+        many=$(grep -o "[0-9]* $kind" "$name.err" | awk '{ if ($1 > 40) n++ } END { print n + 0 }')
+        if close mpi_2 "$name" 1e-3 && carried "$name" "$np" "$kind" && [ "$many" = "$np" ]; then
+            ok "$np ranks, ZeRO-$zero over the emulated NCCL, summed during the backward in buckets (${kind%,} per bucket): loss rel diff $LR to the MPI path (limit 1e-3)"
+        else
+            fail "$np ranks, ZeRO-$zero, overlapped over the emulated NCCL: loss rel diff $LR, ranks with > 40 ${kind%,}: $many; $(grep -m2 -E 'nccl-emu|error' "$name.err" | tr '\n' ' ')"
         fi
     done
 done

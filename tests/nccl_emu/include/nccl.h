@@ -1,6 +1,6 @@
 // Test-only stand-in for NCCL (tests/nccl_emu/README.md): the API subset kernels/nccl_comm.c
 // uses, carried out over MPI on host memory, with NCCL's contracts checked (equal counts on
-// every rank, NCCL's in-place forms, one unique id shared by all ranks, stream 0).
+// every rank, NCCL's in-place forms, one unique id shared by all ranks, streams that exist).
 #ifndef CLLA_NCCL_EMU_NCCL_H
 #define CLLA_NCCL_EMU_NCCL_H
 
@@ -31,5 +31,9 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
                            ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
 
 #endif
