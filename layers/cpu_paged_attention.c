@@ -197,6 +197,107 @@ static void scores_pair(float *sc, float *scb, const float *q, const float *qb, 
     scores_heads(1, sc, scb, q, qb, k, q2, qb2, k2, nt, scale);
 }
 
+// The sums of scores_heads for four query heads of one kv head, 4 tokens at a time: each row
+// piece is loaded and widened once for four heads, half the loads and widening per multiply-add
+// of the pair's, in 16 accumulators (AVX-512VL's 32 vector registers hold them with the 8 query
+// pieces). Each accumulator sees the multiply-adds of scores_heads in the same order, and
+// vec_sum8 gives lane j the sum vec_sum gives (common/vec.h), so every score has the same bits as
+// when its head is scored alone or in a pair. sc[i], q[i], q2[i]: head i's scores and its query
+// pieces for k and k2 (laid out by query_for). The parts' widths are whole vector steps
+// (whole_steps): the scalar tails of scores_heads, which GCC contracts into multiply-adds in one
+// form and not in another, would not give the same bits here.
+#define QUAD(X) X(0) X(1) X(2) X(3)
+// Four heads at once hold 26 vectors in registers (16 accumulators, 8 query pieces, a widened
+// row): AVX-512VL has 32, AVX2 16, so only builds with AVX-512VL score four heads together
+// (score_heads); the others use the pair's kernel.
+#ifdef __AVX512VL__
+#define QUAD_HEADS 1
+// Four vectors held in registers from here on: GCC otherwise folds each query load into every
+// multiply-add that reads it (a memory operand costs it nothing), 40 loads for 32 multiply-adds,
+// which made this kernel slower than the pair's (bench/ab.sh paged).
+#define IN_REGISTERS(a, b, c, d) __asm__("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))
+#else
+#define QUAD_HEADS 0
+#define IN_REGISTERS(a, b, c, d) ((void)0)
+#endif
+#define QUAD_BF16(j)                                                                             \
+    {                                                                                            \
+        vecu u = load_pairs(r##j + 2 * (size_t)d);                                               \
+        vecf ev = even_of(u), od = odd_of(u);                                                    \
+        a0##j += qe0 * ev; a0##j += qo0 * od; a1##j += qe1 * ev; a1##j += qo1 * od;              \
+        a2##j += qe2 * ev; a2##j += qo2 * od; a3##j += qe3 * ev; a3##j += qo3 * od;              \
+    }
+#define QUAD_F32(j)                                                                              \
+    {                                                                                            \
+        vecf kv = vec_load((const float *)r##j + d);                                             \
+        a0##j += x0 * kv; a1##j += x1 * kv; a2##j += x2 * kv; a3##j += x3 * kv;                  \
+    }
+static void scores_quad(float *const sc[4], const float *const q[4], const float *const q2[4], const Part *k, const Part *k2,
+                        int nt, float scale) {
+    // tokens in groups of 8 as scores_heads takes them, 4 at a time; the rest, fewer than 8, by its
+    // one-token steps (whose sums round differently from the tiles' in the last bit)
+    const int nt8 = nt / 8 * 8;
+    int t = 0;
+    for (; t < nt8; t += 4) {
+#define ACC(j) vecf a0##j = {0}, a1##j = {0}, a2##j = {0}, a3##j = {0};
+        QUAD(ACC)
+#undef ACC
+        for (int part = 0; part < 2; part++) {
+            const Part *p = part ? k2 : k;
+            const float *const *qh = part ? q2 : q;
+            if (p->n) {
+#define ROW(j) const uint8_t *r##j = at(p, t + j);
+                QUAD(ROW)
+#undef ROW
+                if (p->bf16) {
+                    for (int d = 0; d < p->n; d += 16) {
+                        vecf qe0 = vec_load(qh[0] + d), qo0 = vec_load(qh[0] + d + 8), qe1 = vec_load(qh[1] + d), qo1 = vec_load(qh[1] + d + 8);
+                        vecf qe2 = vec_load(qh[2] + d), qo2 = vec_load(qh[2] + d + 8), qe3 = vec_load(qh[3] + d), qo3 = vec_load(qh[3] + d + 8);
+                        IN_REGISTERS(qe0, qo0, qe1, qo1);
+                        IN_REGISTERS(qe2, qo2, qe3, qo3);
+                        QUAD(QUAD_BF16)
+                    }
+                } else {
+                    for (int d = 0; d < p->n; d += VEC_LANES) {
+                        vecf x0 = vec_load(qh[0] + d), x1 = vec_load(qh[1] + d), x2 = vec_load(qh[2] + d), x3 = vec_load(qh[3] + d);
+                        IN_REGISTERS(x0, x1, x2, x3);
+                        QUAD(QUAD_F32)
+                    }
+                }
+            }
+        }
+        // lanes 0-3: the first head's 4 tokens, 4-7: the second's (vec_sum8's lane j = vec_sum(a_j))
+        vecf s01 = vec_sum8(a00, a01, a02, a03, a10, a11, a12, a13), s23 = vec_sum8(a20, a21, a22, a23, a30, a31, a32, a33);
+        typedef float vec4 __attribute__((vector_size(16), aligned(4), may_alias));
+        s01 *= vec_splat(scale);
+        s23 *= vec_splat(scale);
+        *(vec4 *)(sc[0] + t) = __builtin_shufflevector(s01, s01, 0, 1, 2, 3);
+        *(vec4 *)(sc[1] + t) = __builtin_shufflevector(s01, s01, 4, 5, 6, 7);
+        *(vec4 *)(sc[2] + t) = __builtin_shufflevector(s23, s23, 0, 1, 2, 3);
+        *(vec4 *)(sc[3] + t) = __builtin_shufflevector(s23, s23, 4, 5, 6, 7);
+    }
+    if (t < nt) {   // the last tokens: each head alone, as scores_pair takes them
+        const Part ks = {k->row + t, k->off, k->n, k->bf16}, k2s = {k2->row ? k2->row + t : NULL, k2->off, k2->n, k2->bf16};
+        for (int i = 0; i < 4; i++) scores(sc[i] + t, q[i], &ks, q2[i], &k2s, nt - t, scale);
+    }
+}
+#undef QUAD_BF16
+#undef QUAD_F32
+
+// How many heads of a group to score together from head r of it on: 4 while four are left (with
+// AVX-512VL), then 2, then 1; and how many kernel calls that makes for a group.
+// quad: the parts suit scores_quad (whole_steps).
+static int score_heads(int group, int r, int quad) { return QUAD_HEADS && quad && group - r >= 4 ? 4 : group - r >= 2 ? 2 : 1; }
+static int score_steps_of(int group, int quad) {
+    int n = 0;
+    for (int r = 0; r < group; r += score_heads(group, r, quad)) n++;
+    return n;
+}
+
+// 1 when n elements of a stream read in place are whole vector steps of the score kernels (16
+// for bf16, VEC_LANES for fp32), or there is no stream.
+static int whole_steps(const PagedStream *s, int n) { return !s || n % (s->kind == PAGED_BF16 ? 16 : VEC_LANES) == 0; }
+
 // acc[r][0..n) += sum_t p[r][t] V[t][0..n) for rows r < R (1 to 4) of p (leading dim ldp), t in
 // order. For a bf16 part, acc holds each 32 values split as the registers hold them (the even
 // elements of the first 16, their odd ones, then the same of the second 16): the caller zeroes
@@ -548,6 +649,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                          int n, int NH, int NKV, int DK, int DK2, int DV, float scale) {
     const int BT = k->block_tokens, group = NH / NKV, DQ = DK + DK2, same_v = v == k, k_scored = k->score != NULL;
     const int k2_scored = k2 && k2->score != NULL;
+    // four heads of a group scored together (scores_quad) where the key parts have no scalar tails
+    const int quad = whole_steps(k_scored ? NULL : k, DK) && whole_steps(k2_scored ? NULL : k2, DK2);
     // GEMM_GROUP query heads or more per kv head, keys and values decoded into fp32 scratch
     // anyway (a codec, as CLLA-quant's int4 latent), no scored stream: the products through sgemm
     const int gemm = group >= GEMM_GROUP && !read_in_place(k) && (same_v || !read_in_place(v)) && !k_scored && !k2_scored;
@@ -628,7 +731,7 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
             // and, where the values are the keys' stream (the scores pass asks for no values), of the
             // scores pass too: a burst of the whole tile's lines filled the miss buffers (prefetch_rows)
             const int tiles = (nt + TILE_TOKENS - 1) / TILE_TOKENS;
-            const int score_steps = same_v ? (group > 1 ? NKV * ((group + 1) / 2) : NH) : 0;   // scores_pair calls a tile
+            const int score_steps = same_v ? NKV * score_steps_of(group, quad) : 0;   // score kernel calls a tile
             Ahead ah = {k_scored ? NULL : k, k2_scored ? NULL : k2, nblocks, nnt, 0,
                         tiles * (score_steps + NKV * ((group + VALUE_HEADS - 1) / VALUE_HEADS))};
             float *st = state + (size_t)it * per_item;
@@ -669,8 +772,8 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                 const Part kp2 = k2 && !k2_scored ? part_of(k2, k2row + ta, 0, DK2) : none;
                 const int ahead = tile_len(nt, ta + m);   // the next tile's rows
                 for (int h = 0; h < NH;) {
-                    // two heads of one kv head scored together (scores_pair) where there are two
-                    const int pair = group > 1 && h % group + 1 < group, h1 = h + 1 + pair;
+                    // heads of one kv head scored together: four (scores_quad), two (scores_pair)
+                    const int heads = score_heads(group, h % group, quad), h1 = h + heads;
                     // the prefetches spread over the heads, a share before each
                     const int a0 = ahead * h / NH, a1 = ahead * h1 / NH, v0 = m * h / NH, v1 = m * h1 / NH;
                     if (!k_scored && !primed) prefetch_rows(k, krow + ta + m + a0, a1 - a0);
@@ -679,7 +782,13 @@ void cpu_paged_attention(float *out, const float *q, const PagedStream *k, const
                     else ahead_share(&ah);
                     const Part kp = k_scored ? none : part_of(k, krow + ta, (h / group) * DK, DK);
                     const float *qa = qk + (size_t)h * DQ;
-                    if (pair)
+                    if (heads == 4) {
+                        float *const sq[4] = {sc + (size_t)h * CT + ta, sc + (size_t)(h + 1) * CT + ta, sc + (size_t)(h + 2) * CT + ta,
+                                              sc + (size_t)(h + 3) * CT + ta};
+                        const float *const qq[4] = {qa, qa + DQ, qa + 2 * DQ, qa + 3 * DQ};
+                        const float *const qq2[4] = {qa + DK, qa + DQ + DK, qa + 2 * DQ + DK, qa + 3 * DQ + DK};
+                        scores_quad(sq, qq, qq2, &kp, &kp2, m, scale);
+                    } else if (heads == 2)
                         scores_pair(sc + (size_t)h * CT + ta, sc + (size_t)(h + 1) * CT + ta, qa, qa + DQ, &kp, qa + DK, qa + DQ + DK,
                                     &kp2, m, scale);
                     else
