@@ -2,12 +2,12 @@
 # The gradient sum over ranks overlapped with the backward (train.overlap_grad_reduce,
 # docs/DISTRIBUTED.md) against the sum formed after it, on the same 2-rank runs alternated in one
 # session: ms per step and the ms per step spent waiting in collectives (metrics.jsonl
-# "comm_ms"), medians over the steps after the fifth, per run.
+# "comm_ms"), medians over the steps after the fifth (of 15), per run.
 #   - shm: both ranks on this machine over shared memory (one OpenMP thread each);
 #   - net: two "hosts" in network namespaces joined over TCP (launch/netns_two_hosts.sh), each
 #     sending at most RATE (tc tbf), as a slower network would; needs root and iproute2.
-# The model is bench/bench_dist.sh's (0.92M parameters), the overlapped runs in buckets of 65536
-# elements (15 buckets; at the default 1Mi the model is one bucket and nothing overlaps).
+# The model: a GQA d256 x 6 layers on bench/bench_dist.sh's data (4.7M parameters, 18.8 MB of
+# gradients), the overlapped runs in buckets of 262144 elements (18 buckets).
 #   bench/bench_overlap.sh [CLLA] [PAIRS] [RATE]     (defaults build/clla, 3, 1gbit)
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -21,14 +21,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yi
 "$CLLA" tokenizer train --vocab-size 512 --pattern gpt2 --out t.tok "$HERE/../tests/fixtures/english.jsonl" > /dev/null 2>&1
 "$CLLA" prep --tokenizer t.tok --out shards --chunk-tokens 4096 --val-fraction 0 "$HERE/../tests/fixtures/english.jsonl" > /dev/null 2>&1
 cat > bench.json <<JSON
-{"attention": "gqa", "vocab_size": 528, "hidden_size": 128, "num_hidden_layers": 4,
- "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 384, "max_position_embeddings": 128,
+{"attention": "gqa", "vocab_size": 528, "hidden_size": 256, "num_hidden_layers": 6,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 704, "max_position_embeddings": 128,
  "train": {"data": "shards/train", "seq_len": 128, "micro_batch": 2, "global_batch_tokens": 1024,
-           "max_steps": 20, "warmup_steps": 2, "lr": 1e-3, "log_every": 1000, "threads": 0}}
+           "max_steps": 15, "warmup_steps": 2, "lr": 1e-3, "log_every": 1000, "threads": 0}}
 JSON
 median() { grep -o "\"$2\":[^,}]*" "$1/metrics.jsonl" | cut -d: -f2 | tail -n +6 | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-ON=(--set train.overlap_grad_reduce=true --set train.grad_bucket_elements=65536)
-OFF=()
+ON=(--set train.overlap_grad_reduce=true --set train.grad_bucket_elements=262144)
+OFF=(--set train.overlap_grad_reduce=false)
 net=1
 if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/null; then
     echo "net: skipped (needs root, ip and tc)"

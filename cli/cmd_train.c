@@ -209,7 +209,12 @@ int cmd_train(int argc, char **argv) {
     model_build(&model, &cfg.model, be);
     GradSync gs;
     grad_sync_init(&gs, &dist, &model, tc->zero_stage, n_micro);
-    if (tc->overlap_grad_reduce) grad_sync_overlap(&gs, &model, (size_t)tc->grad_bucket_elements);   // gs.bucket: taken
+    // "auto": overlapped where the ranks span hosts (a network: docs/DISTRIBUTED.md measured it
+    // faster there, and level to slower over one host's shared memory), on the CPU path: the NCCL
+    // path's has not run on GPUs yet, so it waits for an explicit true
+    const int overlap = tc->overlap_grad_reduce > 0 ||
+                        (tc->overlap_grad_reduce < 0 && dist.local_world < dist.world && gs.host_mem);
+    if (overlap) grad_sync_overlap(&gs, &model, (size_t)tc->grad_bucket_elements);   // gs.bucket: taken
     AdamW opt;
     adamw_init_range(&opt, &model, gs.lo, gs.hi);
     TrainState st = {.seed = tc->seed};

@@ -18,7 +18,8 @@
 // then streams through both passes instead of the scores pass alone (MHA's 16k batch-8
 // attention 0.80-0.86 of the time, bench/ab.sh paged). Scores go 8 tokens
 // at a time (8 accumulators, summed across lanes together by vec_sum8), for two query heads of
-// one kv head together where a group has two (scores_pair), weighted values up to 4 heads
+// one kv head together where a group has two (scores_pair), four where it has four and the build
+// has AVX-512VL's 32 vector registers (scores_quad, 4 tokens at a time), weighted values up to 4 heads
 // (VALUE_HEADS) x 32 values at a time, the softmax's exponentials 8 at a time (vec_exp). OpenBLAS's sgemm packs
 // its operands and ran several times slower at these few rows (bench/bench_decode.c), except
 // under its small-matrix bound, where it does not pack: a group of 8 or more query heads whose

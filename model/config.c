@@ -19,7 +19,8 @@
 #include "model/config_hf.h"
 #include "model/hf_config.h"
 
-typedef enum { K_INT, K_LLONG, K_ULLONG, K_FLOAT, K_BOOL, K_STR, K_SHARE } KeyType;
+// K_AUTO: true, false or "auto", stored as 1, 0 or -1
+typedef enum { K_INT, K_LLONG, K_ULLONG, K_FLOAT, K_BOOL, K_AUTO, K_STR, K_SHARE } KeyType;
 
 typedef struct KeyDef {
     const char *name;
@@ -96,7 +97,7 @@ static const KeyDef TRAIN_KEYS[] = {
     {"max_consecutive_skips", NULL, K_INT, T_(max_consecutive_skips), 0},
     {"zero_stage", NULL, K_INT, T_(zero_stage), 0},
     {"dist_timeout_s", NULL, K_FLOAT, T_(dist_timeout_s), 0},
-    {"overlap_grad_reduce", NULL, K_BOOL, T_(overlap_grad_reduce), 0},
+    {"overlap_grad_reduce", NULL, K_AUTO, T_(overlap_grad_reduce), 0},
     {"grad_bucket_elements", NULL, K_LLONG, T_(grad_bucket_elements), 0},
 };
 #define N_MODEL_KEYS (sizeof(MODEL_KEYS) / sizeof(MODEL_KEYS[0]))
@@ -157,6 +158,11 @@ static void set_value(void *base, const KeyDef *k, const cJSON *v, const char *o
         else if (cJSON_IsNumber(v) && (v->valuedouble == 0 || v->valuedouble == 1)) *(int *)dst = (int)v->valuedouble;
         else die("%s: key '%s%s' must be true or false, got %s", origin, prefix, name, json_snippet(v, val, sizeof(val)));
         break;
+    case K_AUTO:
+        if (cJSON_IsBool(v)) *(int *)dst = cJSON_IsTrue(v);
+        else if (cJSON_IsString(v) && !strcmp(v->valuestring, "auto")) *(int *)dst = -1;
+        else die("%s: key '%s%s' must be true, false or \"auto\", got %s", origin, prefix, name, json_snippet(v, val, sizeof(val)));
+        break;
     case K_STR:
         if (!cJSON_IsString(v)) die("%s: key '%s%s' must be a string, got %s", origin, prefix, name, json_snippet(v, val, sizeof(val)));
         if (strlen(v->valuestring) >= k->size) die("%s: key '%s%s' is longer than %zu characters", origin, prefix, name, k->size - 1);
@@ -190,6 +196,7 @@ static cJSON *value_to_json(const void *base, const KeyDef *k) {
         return cJSON_CreateNumber(strtod(buf, NULL));
     }
     case K_BOOL: return cJSON_CreateBool(*(const int *)src);
+    case K_AUTO: return *(const int *)src < 0 ? cJSON_CreateString("auto") : cJSON_CreateBool(*(const int *)src);
     case K_STR: return cJSON_CreateString(src);
     case K_SHARE: return cJSON_CreateString(SHARE_NAMES[*(const int *)src]);
     }
@@ -227,7 +234,7 @@ static void defaults(Config *cfg) {
     t->val_batches = 8;
     t->max_consecutive_skips = 1;   // a non-finite step stops the run at once (docs/CHECKPOINTS.md)
     t->dist_timeout_s = 600;   // torch.distributed's default collective timeout
-    t->overlap_grad_reduce = 0;   // as Megatron's --overlap-grad-reduce; the same bits either way (docs/DISTRIBUTED.md)
+    t->overlap_grad_reduce = -1;   // auto: when the ranks span hosts; the same bits either way (docs/DISTRIBUTED.md)
     t->grad_bucket_elements = 1 << 20;   // 4 MiB messages, DIST_PIECE's
 }
 

@@ -73,6 +73,7 @@ typedef struct TrainConfig {
     int zero_stage;            // data parallel: 0 = every rank holds all AdamW state, 1 = sharded (ZeRO-1)
     float dist_timeout_s;      // data parallel: a collective waiting longer ends the job (0 = never)
     int overlap_grad_reduce;   // data parallel: the gradient sum over ranks starts during the backward
+                               // (1), after it (0), or during it when the ranks span hosts (-1, "auto")
     long long grad_bucket_elements;  // data parallel: gradient elements per message of that overlap
 } TrainConfig;
 

@@ -63,6 +63,8 @@ expect_error "--set hidden_size=64k" "'hidden_size'.*\"64k\"" "" -- "$CLLA" info
 expect_error "--set hidden_size=0x40" "'hidden_size'.*\"0x40\"" "" -- "$CLLA" info --config m.json --set hidden_size=0x40
 expect_error "--set train.lr=3e-3," "'train.lr'.*\"3e-3,\"" "" -- "$CLLA" info --config m.json --set train.lr=3e-3,
 expect_error "--set tie_word_embeddings=trueish" "'tie_word_embeddings'.*trueish" "" -- "$CLLA" info --config m.json --set tie_word_embeddings=trueish
+expect_error "--set train.overlap_grad_reduce=sometimes" "'train.overlap_grad_reduce' must be true, false or \"auto\".*sometimes" "" -- "$CLLA" info --config m.json --set train.overlap_grad_reduce=sometimes
+expect_error "--set train.grad_bucket_elements=0" "train.grad_bucket_elements must be 1 to 2147483647" "" -- "$CLLA" info --config m.json --set train.grad_bucket_elements=0
 expect_error "--set train.lr=1e999" "'train.lr'.*inf.*finite" "" -- "$CLLA" info --config m.json --set train.lr=1e999
 expect_error "--set rms_norm_eps=1e999" "'rms_norm_eps'.*finite" "" -- "$CLLA" info --config m.json --set rms_norm_eps=1e999
 expect_error "--set train.lr=nan" "'train.lr'.*nan" "" -- "$CLLA" info --config m.json --set train.lr=nan

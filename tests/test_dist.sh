@@ -52,7 +52,8 @@ for model in dense moe; do
         done
     done
 done
-# The start-up line says whether the sum is overlapped: on the fp32 CPU path when asked for.
+# The start-up line says whether the sum is overlapped: on the fp32 CPU path when asked for, not
+# by default on one host ("auto": only where the ranks span hosts; the two-host case below).
 for v in "on --set train.overlap_grad_reduce=true" "off "; do
     set -- $v
     timeout 120 "${MPIRUN[@]}" -np 2 "$CLLA" train --out "banner_$1" --config dense.json --set train.max_steps=1 "${@:2}" > "banner_$1.err" 2>&1
@@ -252,6 +253,10 @@ grep -q 'not a multiple of micro_batch \* seq_len \* ranks' odd.err && ok "globa
 if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then
     if timeout 120 bash "$SRC/launch/netns_two_hosts.sh" "$CLLA" dense.json netns_run > netns.log 2>&1; then
         same_curve "2 hosts (network namespaces, TCP, hostfile) vs 1 rank" dense_1 netns_run
+        # train.overlap_grad_reduce "auto" (the default) overlaps where the ranks span hosts
+        grep -q 'gradients summed during the backward' netns.log &&
+            ok "2 hosts: the gradient sum overlaps the backward by default (train.overlap_grad_reduce auto)" ||
+            fail "2 hosts: no overlap by default: $(grep -m1 'clla train:' netns.log)"
     else
         fail "two network-namespace hosts: $(tail -n 5 netns.log | tr '\n' ' ')"
     fi
