@@ -1,8 +1,9 @@
 // The sums over ranks of train/dist.c formed bucket by bucket while the buffer is still being
 // written (train/dist.h, dist_buckets_*): train/grad_sync.c hands each range of gradients to it
 // as the backward finishes the layers that write them, so the messages travel while the earlier
-// layers compute. Each element is added in dist_reduce_scatter_f32's pairwise tree over ranks,
-// whichever rank adds it, so the results are those of the collectives formed after the backward.
+// layers compute. On the host each element is added in dist_reduce_scatter_f32's pairwise tree
+// over ranks, whichever rank adds it, so the results are the bits of the collectives formed after
+// the backward.
 //
 // A bucket's elements are cut into one part per rank; rank s receives part s from every rank and
 // adds. Reduce-scatter (ZeRO-1): part s is the bucket's share of rank s's piece of the optimizer,
