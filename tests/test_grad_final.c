@@ -11,6 +11,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "model/model.h"
+#include "tests/tiny_batch.h"
 
 typedef struct Case {
     const char *name;
@@ -62,18 +63,11 @@ int main(void) {
     int passed = 0, failed = 0;
     for (size_t ci = 0; ci < sizeof(CASES) / sizeof(CASES[0]); ci++) {
         Config cfg;
-        config_from_json(&cfg, CASES[ci].json, CASES[ci].name, 0, NULL);
         Model m;
-        model_build(&m, &cfg.model, backend_cpu());
-        model_init_weights(&m, 7 + ci);
-        model_set_batch(&m, B, T);
         int32_t in[14], tg[14];
         Rng rng;
         rng_seed(&rng, 99 + ci);
-        for (int i = 0; i < B * T; i++) {
-            in[i] = (int32_t)(rng_next(&rng) % 29);
-            tg[i] = (int32_t)(rng_next(&rng) % 29);
-        }
+        tiny_batch(&m, &cfg, CASES[ci].json, CASES[ci].name, 7 + ci, B, T, 29, &rng, in, tg);
         // a nonzero gradient to start from, as a micro-step after the first adds to it
         Reports r = {.m = &m};
         model_zero_grad(&m);
