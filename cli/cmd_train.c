@@ -36,6 +36,7 @@ static const ArgSpec SPECS[] = {
     {"resume", 1, "auto (newest complete checkpoint of the run directory, if any) or a checkpoint directory", "auto|DIR"},
     {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps", "STEP"},
     {"zero", 1, "data parallel: 0 = replicated AdamW state, 1 = ZeRO-1 sharded (overrides train.zero_stage)", "0|1"},
+    {"overlap-grad-reduce", 1, "data parallel: sum the gradients over ranks during the backward; auto = on the CPU when the ranks span hosts (overrides train.overlap_grad_reduce)", "true|false|auto"},
     {"shard-size", 1, "write the final model as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json", "SIZE"},
     {"overwrite", 0, "the run directory may hold another run: clear what it wrote (model, config, metrics, checkpoints/) first", NULL},
 };
@@ -129,6 +130,13 @@ int cmd_train(int argc, char **argv) {
     int stop_at = int_option(&a, "stop-at", 0);
     tc->zero_stage = int_option(&a, "zero", tc->zero_stage);
     if (tc->zero_stage > 1) die("--zero %d: use 0 (replicated AdamW state) or 1 (ZeRO-1)", tc->zero_stage);
+    const char *ogr = args_get(&a, SPECS, N_SPECS, "overlap-grad-reduce");
+    if (ogr) {
+        if (!strcmp(ogr, "true")) tc->overlap_grad_reduce = 1;
+        else if (!strcmp(ogr, "false")) tc->overlap_grad_reduce = 0;
+        else if (!strcmp(ogr, "auto")) tc->overlap_grad_reduce = -1;
+        else die("--overlap-grad-reduce '%s': use true, false or auto", ogr);
+    }
     // The process group (one process unless launched by mpirun/srun; docs/DISTRIBUTED.md).
     // Every rank runs the same loop; rank 0 alone writes the run files and prints.
     Dist dist;

@@ -54,13 +54,17 @@ for model in dense moe; do
 done
 # The start-up line says whether the sum is overlapped: on the fp32 CPU path when asked for, not
 # by default on one host ("auto": only where the ranks span hosts; the two-host case below).
-for v in "on --set train.overlap_grad_reduce=true" "off "; do
+for v in "on --overlap-grad-reduce true" "off "; do
     set -- $v
     timeout 120 "${MPIRUN[@]}" -np 2 "$CLLA" train --out "banner_$1" --config dense.json --set train.max_steps=1 "${@:2}" > "banner_$1.err" 2>&1
 done
 grep -q 'gradients summed during the backward' banner_on.err && ! grep -q 'gradients summed during the backward' banner_off.err &&
     ok "the start-up line says the gradient sum overlaps the backward with train.overlap_grad_reduce, not without" ||
     fail "overlap banner: $(grep -h 'clla train:' banner_on.err banner_off.err | tr '\n' ' ')"
+"$CLLA" train --config dense.json --out bad_ogr --overlap-grad-reduce sometimes > bad_ogr.out 2>&1
+[ $? -ne 0 ] && [ "$(grep -c . bad_ogr.out)" = 1 ] && grep -q "overlap-grad-reduce 'sometimes': use true, false or auto" bad_ogr.out &&
+    [ ! -e bad_ogr ] && ok "--overlap-grad-reduce sometimes: one line, non-zero exit, nothing written" ||
+    fail "--overlap-grad-reduce sometimes: $(head -c 300 bad_ogr.out)"
 # The bucketed reduce-scatter alone against the plain one (tests/dist_buckets_check.c).
 BUCKETS_CHECK=${BUILD:-}/tests/dist_buckets_check
 if [ -x "$BUCKETS_CHECK" ]; then
