@@ -48,7 +48,7 @@ int main(void) {
         dist_finalize(&d);
         return 2;
     }
-    static const size_t N[] = {1, 7, 1000, 4096 * 3 + 5, 50000};
+    static const size_t N[] = {1, 7, 1000, 4096 * 3 + 5, 50000, 300007};   // the last past a reduce-scatter bucket's cap
     static const size_t BUCKET[] = {1, 3, 64, 1000, 1 << 20, 2147483647};
     int passed = 0, failed = 0;
     const int serialized = d.mpi_serialized;

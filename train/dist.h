@@ -71,14 +71,17 @@ void dist_reduce_scatter_f32(Dist *d, const float *buf, size_t n, size_t shard, 
 // the same order. Each element is summed in the same pairwise tree as dist_reduce_scatter_f32,
 // so the results are the same bits as the collectives' formed afterwards. At most
 // DIST_BUCKETS_IN_FLIGHT buckets are in flight; a further one waits for the oldest (receive
-// memory: that many times world x the longest own part of a bucket). buf must stay valid, and
+// memory: that many times world x the longest own part of a bucket: a world-th of a bucket for
+// the all-reduce, see below for the reduce-scatter). buf must stay valid, and
 // unchanged at and above every `from` reported, until finish. Where MPI may be called from any
 // thread (mpi_serialized) a thread of its own moves the messages, and the caller makes no other
 // MPI call between begin and finish.
 #define DIST_BUCKETS_IN_FLIGHT 4
 typedef struct DistBuckets DistBuckets;
 // Reduce-scatter (world > 1, MPI): at finish, out holds what dist_reduce_scatter_f32(d, buf, n,
-// shard, out) writes. A bucket goes to the ranks whose pieces it overlaps.
+// shard, out) writes. A bucket goes to the ranks whose pieces it overlaps; buckets are cut to at
+// most DIST_PIECE / DIST_BUCKETS_IN_FLIGHT elements, so the receive memory is at most world x
+// DIST_PIECE floats, as dist_reduce_scatter_f32's.
 DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t shard, size_t bucket, float *out);
 // All-reduce in place: at finish, buf holds what dist_allreduce_sum_f32(d, buf, n) leaves. Each
 // bucket is cut into world equal parts, each summed by one rank and sent back to all, so every

@@ -209,7 +209,14 @@ static DistBuckets *fresh(Dist *d, float *buf, size_t n, size_t shard, size_t bu
     return b;
 }
 
+// Reduce-scatter buckets of at most this many elements: a bucket inside one rank's piece brings
+// that rank world copies of it at once, so DIST_BUCKETS_IN_FLIGHT of them in flight take at most
+// world x DIST_PIECE floats, as dist_reduce_scatter_f32's scratch does (1 GiB at 64 ranks with
+// 1Mi-element buckets otherwise). The all-reduce's parts are a world-th of a bucket: no cap.
+#define SCATTER_BUCKET_MAX (DIST_PIECE / DIST_BUCKETS_IN_FLIGHT)
+
 static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, float *out) {
+    if (out && bucket > SCATTER_BUCKET_MAX) bucket = SCATTER_BUCKET_MAX;   // (the same on every rank)
     DistBuckets *b = fresh(d, buf, n, shard, bucket, out != NULL);
     b->out = out;
     // the longest own part: min(bucket, shard) (reduce-scatter), ceil(min(bucket, n) / world)
