@@ -13,8 +13,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_bench_dist.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-"$CLLA" tokenizer train --vocab-size 512 --pattern gpt2 --out t.tok "$HERE/../tests/fixtures/english.jsonl" > /dev/null 2>&1
-"$CLLA" prep --tokenizer t.tok --out shards --chunk-tokens 4096 --val-fraction 0 "$HERE/../tests/fixtures/english.jsonl" > /dev/null 2>&1
+source "$HERE/dist_runs.sh"
+dist_shards "$CLLA"
 # ~1.6M parameters; a global batch of 4 sequences of 128 tokens (2 micro-steps per rank on 1 rank)
 cat > bench.json <<JSON
 {"attention": "gqa", "vocab_size": 528, "hidden_size": 128, "num_hidden_layers": 4,
@@ -22,8 +22,6 @@ cat > bench.json <<JSON
  "train": {"data": "shards/train", "seq_len": 128, "micro_batch": 2, "global_batch_tokens": 1024,
            "max_steps": $STEPS, "warmup_steps": 2, "lr": 1e-3, "log_every": 1000, "threads": 0}}
 JSON
-# median over the steps after the first five (warm-up) of a metrics field
-median() { grep -o "\"$2\":[^,}]*" "$1/metrics.jsonl" | cut -d: -f2 | tail -n +6 | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 OMP_NUM_THREADS=1 "$CLLA" train --config bench.json --out r1 --quiet 2> /dev/null
 OMP_NUM_THREADS=2 "$CLLA" train --config bench.json --out r1t2 --quiet 2> /dev/null
 OMP_NUM_THREADS=1 mpirun --bind-to none -np 2 "$CLLA" train --config bench.json --out r2 --quiet > r2.log 2>&1

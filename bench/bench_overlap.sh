@@ -18,15 +18,14 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_bench_overlap.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
-"$CLLA" tokenizer train --vocab-size 512 --pattern gpt2 --out t.tok "$HERE/../tests/fixtures/english.jsonl" > /dev/null 2>&1
-"$CLLA" prep --tokenizer t.tok --out shards --chunk-tokens 4096 --val-fraction 0 "$HERE/../tests/fixtures/english.jsonl" > /dev/null 2>&1
+source "$HERE/dist_runs.sh"
+dist_shards "$CLLA"
 cat > bench.json <<JSON
 {"attention": "gqa", "vocab_size": 528, "hidden_size": 256, "num_hidden_layers": 6,
  "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 704, "max_position_embeddings": 128,
  "train": {"data": "shards/train", "seq_len": 128, "micro_batch": 2, "global_batch_tokens": 1024,
            "max_steps": 15, "warmup_steps": 2, "lr": 1e-3, "log_every": 1000, "threads": 0}}
 JSON
-median() { grep -o "\"$2\":[^,}]*" "$1/metrics.jsonl" | cut -d: -f2 | tail -n +6 | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 ON=(--set train.overlap_grad_reduce=true --set train.grad_bucket_elements=262144)
 OFF=(--set train.overlap_grad_reduce=false)
 net=1

@@ -222,7 +222,7 @@ int cmd_train(int argc, char **argv) {
     // path's has not run on GPUs yet, so it waits for an explicit true
     const int overlap = tc->overlap_grad_reduce > 0 ||
                         (tc->overlap_grad_reduce < 0 && dist.local_world < dist.world && gs.host_mem);
-    if (overlap) grad_sync_overlap(&gs, &model, (size_t)tc->grad_bucket_elements);   // gs.bucket: taken
+    if (overlap) grad_sync_overlap(&gs, (size_t)tc->grad_bucket_elements);   // gs.bucket: taken
     AdamW opt;
     adamw_init_range(&opt, &model, gs.lo, gs.hi);
     TrainState st = {.seed = tc->seed};

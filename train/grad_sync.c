@@ -84,8 +84,7 @@ void grad_sync_free(GradSync *g, Model *m) {
     memset(g, 0, sizeof(*g));
 }
 
-int grad_sync_overlap(GradSync *g, Model *m, size_t bucket) {
-    (void)m;
+int grad_sync_overlap(GradSync *g, size_t bucket) {
     if (!(g->host_mem || g->dev_coll) || g->dist->world == 1 || bucket == 0) return 0;
     g->bucket = bucket;   // (ZeRO-1's piece is allocated by grad_sync_init; ZeRO-0 sums in place)
     return 1;

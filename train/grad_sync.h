@@ -61,7 +61,7 @@ void grad_sync_free(GradSync *g, Model *m);
 // grad_sync_reduce only waits for the rest. On the host MPI path (the fp32 CPU backend) the same
 // sums in the same order, so the same bits as without; on the NCCL path started NCCL collectives
 // per bucket (the same to rounding). The staged device path without NCCL: a no-op (returns 0).
-int grad_sync_overlap(GradSync *g, Model *m, size_t bucket);
+int grad_sync_overlap(GradSync *g, size_t bucket);
 // Before micro-step k's backward: model->grad is ready to receive it.
 void grad_sync_begin_micro(GradSync *g, Model *m, int k);
 // After micro-step k's backward. After the last one model->grad holds this rank's sum of
