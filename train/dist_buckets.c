@@ -6,10 +6,18 @@
 // the backward.
 //
 // A bucket's elements are cut into one part per rank; rank s receives part s from every rank and
-// adds. Reduce-scatter (ZeRO-1): part s is the bucket's share of rank s's piece of the optimizer,
-// so a bucket inside one piece goes to one rank. All-reduce (ZeRO-0): the bucket is cut into
-// world equal parts, so every bucket keeps every link busy both ways, and each rank then sends its
-// added part to all (the all-gather half), written back into the buffer in place.
+// adds. All-reduce (ZeRO-0): the bucket is cut into world equal parts, so every bucket keeps every
+// link busy both ways, and each rank then sends its added part to all (the all-gather half),
+// written back into the buffer in place. Reduce-scatter (ZeRO-1) over two ranks: part s is the
+// bucket's share of rank s's piece of the optimizer (direct), so a bucket inside one piece goes to
+// one rank. Over three or more the direct form would bring the owner world - 1 copies of each
+// bucket while the other links idle, and the backward completes the pieces one after another
+// (the last rank's first, rank 0's, with the embedding, at the very end, exposed): so the bucket is
+// cut into world equal parts as for the all-reduce, each added by its rank, and the added parts
+// then go to the owners of their elements (Rabenseifner's reduce). The owner takes in
+// 2 (world - 1) / world of a bucket instead of world - 1; at two ranks both are one bucket, and
+// the direct form needs one round trip instead of two. Every element is added in the same tree
+// either way: the same bits.
 //
 // On device buffers with NCCL (dist_buckets_begin_dev) a bucket is one started NCCL collective
 // (kernels/nccl_comm.h: on a stream of its own, after the backward's kernels queued so far): an
@@ -33,7 +41,8 @@ enum { TAG_BUCKET = 102, TAG_GATHER = 103 };   // apart from dist.c's tags
 typedef struct Flight {
     size_t lo, hi;        // the bucket: elements [lo, hi)
     size_t oa, len;       // this rank's part: elements [oa, oa + len)
-    int gathering;        // all-reduce: the added parts are being exchanged (second phase)
+    int gathering;        // second phase: the added parts on their way to every rank (all-reduce)
+                          // or to their owners (reduce-scatter in equal parts)
     int nreq;
     MPI_Request *req;     // 2 world: receives, then sends
     float *recv;          // world x stride: rank s's values of the own part at s stride
@@ -42,7 +51,9 @@ typedef struct Flight {
 struct DistBuckets {
     Dist *d;
     float *buf;           // read only in reduce-scatter mode on the host
-    int scatter;          // 1: a rank's part is the bucket within its piece (reduce-scatter)
+    int scatter;          // 1: reduce-scatter (each rank ends with the sums of its piece)
+    int direct;           // reduce-scatter, 1: a rank's part is the bucket within its piece; 0: equal
+                          // parts first, then the sums to the owners (two phases)
     int dev;              // 1: device buffers, NCCL (no Flights, no thread)
     float *out;           // host reduce-scatter: this rank's piece of the sums; else NULL
     size_t n, shard, bucket;
@@ -65,20 +76,24 @@ struct DistBuckets {
     int finishing;        // under mu: dist_buckets_finish was called
 };
 
-// Rank s's part of the bucket [lo, hi): its start and length.
-static size_t part_of(const DistBuckets *b, size_t lo, size_t hi, int s, size_t *start) {
-    size_t p0, p1;
-    if (b->scatter) {   // reduce-scatter: the bucket within piece s
-        p0 = (size_t)s * b->shard;
-        p1 = p0 + b->shard;
-    } else {        // all-reduce: world equal parts, the last ones shorter or empty
-        const size_t q = (hi - lo + (size_t)b->d->world - 1) / (size_t)b->d->world;
-        p0 = lo + (size_t)s * q;
-        p1 = p0 + q;
-    }
+// [lo, hi) within [p0, p1): its start and length
+static size_t overlap(size_t lo, size_t hi, size_t p0, size_t p1, size_t *start) {
     const size_t a = lo > p0 ? lo : p0, e = hi < p1 ? hi : p1;
     *start = a;
     return e > a ? e - a : 0;
+}
+
+// Rank s's piece of the optimizer within [lo, hi) (reduce-scatter): its start and length.
+static size_t piece_part(const DistBuckets *b, size_t lo, size_t hi, int s, size_t *start) {
+    return overlap(lo, hi, (size_t)s * b->shard, (size_t)(s + 1) * b->shard, start);
+}
+
+// Rank s's part of the bucket [lo, hi) in the first phase: its start and length.
+static size_t part_of(const DistBuckets *b, size_t lo, size_t hi, int s, size_t *start) {
+    if (b->direct) return piece_part(b, lo, hi, s, start);   // the bucket within piece s
+    // world equal parts, the last ones shorter or empty
+    const size_t q = (hi - lo + (size_t)b->d->world - 1) / (size_t)b->d->world;
+    return overlap(lo, hi, lo + (size_t)s * q, lo + (size_t)(s + 1) * q, start);
 }
 
 // Bucket j's messages: the own part received from every rank (the own values copied), the
@@ -117,6 +132,24 @@ static int advance_oldest(DistBuckets *b) {
                 const float *src = f->recv + (size_t)(j + s) * b->stride;
                 for (size_t i = 0; i < f->len; i++) dst[i] += src[i];
             }
+        if (b->out && !b->direct) {
+            // the added part (row 0 of recv) to the owners of its elements, the own piece's
+            // elements from the ranks that added them, straight into out
+            f->gathering = 1;
+            f->nreq = 0;
+            float *piece = b->out - (size_t)me * b->shard;   // piece[i]: element i of the buffer
+            for (int s = 0; s < W; s++) {
+                size_t sa, sl = piece_part(b, f->oa, f->oa + f->len, s, &sa);
+                if (s == me) {
+                    if (sl) memcpy(piece + sa, f->recv + (sa - f->oa), sl * sizeof(float));
+                    continue;
+                }
+                if (sl) MPI_Isend(f->recv + (sa - f->oa), (int)sl, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
+                size_t ja, jn = part_of(b, f->lo, f->hi, s, &ja), ra, rl = piece_part(b, ja, ja + jn, me, &ra);
+                if (rl) MPI_Irecv(piece + ra, (int)rl, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
+            }
+            return 0;
+        }
         float *to = b->out ? b->out + (f->oa - (size_t)me * b->shard) : b->buf + f->oa;
         if (f->len) memcpy(to, f->recv, f->len * sizeof(float));
         if (!b->out) {
@@ -209,19 +242,21 @@ static DistBuckets *fresh(Dist *d, float *buf, size_t n, size_t shard, size_t bu
     return b;
 }
 
-// Reduce-scatter buckets of at most this many elements: a bucket inside one rank's piece brings
-// that rank world copies of it at once, so DIST_BUCKETS_IN_FLIGHT of them in flight take at most
-// world x DIST_PIECE floats, as dist_reduce_scatter_f32's scratch does (1 GiB at 64 ranks with
-// 1Mi-element buckets otherwise). The all-reduce's parts are a world-th of a bucket: no cap.
+// Direct reduce-scatter buckets of at most this many elements: a bucket inside one rank's piece
+// brings that rank world copies of it at once, so DIST_BUCKETS_IN_FLIGHT of them in flight take at
+// most world x DIST_PIECE floats, as dist_reduce_scatter_f32's scratch does. The equal parts are a
+// world-th of a bucket (world of them take one bucket): no cap.
 #define SCATTER_BUCKET_MAX (DIST_PIECE / DIST_BUCKETS_IN_FLIGHT)
 
 static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, float *out) {
-    if (out && bucket > SCATTER_BUCKET_MAX) bucket = SCATTER_BUCKET_MAX;   // (the same on every rank)
+    const int direct = out && d->world <= 2;
+    if (direct && bucket > SCATTER_BUCKET_MAX) bucket = SCATTER_BUCKET_MAX;   // (the same on every rank)
     DistBuckets *b = fresh(d, buf, n, shard, bucket, out != NULL);
     b->out = out;
-    // the longest own part: min(bucket, shard) (reduce-scatter), ceil(min(bucket, n) / world)
+    b->direct = direct;
+    // the longest own part: min(bucket, shard) (direct), else ceil(min(bucket, n) / world)
     const size_t whole = bucket < n ? bucket : n;
-    b->stride = out ? (bucket < shard ? bucket : shard) : (whole + (size_t)d->world - 1) / (size_t)d->world;
+    b->stride = direct ? (bucket < shard ? bucket : shard) : (whole + (size_t)d->world - 1) / (size_t)d->world;
     size_t per, total;
     if (__builtin_mul_overflow((size_t)d->world, b->stride, &per) ||
         __builtin_mul_overflow(per, (size_t)DIST_BUCKETS_IN_FLIGHT * sizeof(float), &total))
@@ -270,7 +305,8 @@ static void start_dev(DistBuckets *b, size_t from) {
             nccl_comm_start_allreduce_f32(b->d->nccl, b->buf + lo, hi - lo);
             continue;
         }
-        for (int s = 0; s < b->d->world; s++) count[s] = part_of(b, lo, hi, s, &start[s]);
+        // (NCCL's reduce is a ring: every link carries about one bucket, whichever rank is the root)
+        for (int s = 0; s < b->d->world; s++) count[s] = piece_part(b, lo, hi, s, &start[s]);
         nccl_comm_start_reduces_f32(b->d->nccl, b->buf, start, count);
     }
 }
