@@ -9,6 +9,10 @@
 # The model: a GQA d256 x 6 layers on bench/bench_dist.sh's data (4.7M parameters, 18.8 MB of
 # gradients), the overlapped runs in buckets of 262144 elements (18 buckets).
 #   bench/bench_overlap.sh [CLLA] [PAIRS] [RATE]     (defaults build/clla, 3, 1gbit)
+# Environment: RANKS (default 2; the net runs then have one host a rank), ZERO (train.zero_stage,
+# default 0), DUPLEX=1 (the net links cap what a host receives too, launch/netns_two_hosts.sh).
+# With RANKS > 2 the runs share this machine's cores: the ms per step are comparable between the
+# modes of one call only.
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
 CLLA=$(readlink -f "${1:-$HERE/../build/clla}")
@@ -26,21 +30,24 @@ cat > bench.json <<JSON
  "train": {"data": "shards/train", "seq_len": 128, "micro_batch": 2, "global_batch_tokens": 1024,
            "max_steps": 15, "warmup_steps": 2, "lr": 1e-3, "log_every": 1000, "threads": 0}}
 JSON
-ON=(--set train.overlap_grad_reduce=true --set train.grad_bucket_elements=262144)
-OFF=(--set train.overlap_grad_reduce=false)
+RANKS=${RANKS:-2}
+ZERO=${ZERO:-0}
+ON=(--set train.overlap_grad_reduce=true --set train.grad_bucket_elements=262144 --set train.zero_stage="$ZERO")
+OFF=(--set train.overlap_grad_reduce=false --set train.zero_stage="$ZERO")
 net=1
 if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/null; then
     echo "net: skipped (needs root, ip and tc)"
     net=0
 fi
+echo "$RANKS ranks, ZeRO-$ZERO${DUPLEX:+, DUPLEX=$DUPLEX}"
 printf '%-6s %-5s %-24s %10s %10s\n' "link" "pair" "gradient sum" "ms/step" "comm ms"
 for p in $(seq "$PAIRS"); do
     for mode in on off; do
         if [ "$mode" = on ]; then args=("${ON[@]}"); label="during the backward"; else args=("${OFF[@]}"); label="after the backward"; fi
-        mpirun --bind-to none -np 2 "$CLLA" train --config bench.json --out "shm_${mode}_$p" --quiet "${args[@]}" > /dev/null 2>&1
+        mpirun --bind-to none --oversubscribe -np "$RANKS" "$CLLA" train --config bench.json --out "shm_${mode}_$p" --quiet "${args[@]}" > /dev/null 2>&1
         printf '%-6s %-5s %-24s %10.1f %10.1f\n' shm "$p" "$label" "$(median "shm_${mode}_$p" ms)" "$(median "shm_${mode}_$p" comm_ms)"
         if [ "$net" = 1 ]; then
-            NETNS_RATE=$RATE bash "$HERE/../launch/netns_two_hosts.sh" "$CLLA" bench.json "net_${mode}_$p" --quiet "${args[@]}" > "net_${mode}_$p.log" 2>&1
+            NETNS_HOSTS=$RANKS NETNS_RATE=$RATE NETNS_DUPLEX=${DUPLEX:-0} bash "$HERE/../launch/netns_two_hosts.sh" "$CLLA" bench.json "net_${mode}_$p" --quiet "${args[@]}" > "net_${mode}_$p.log" 2>&1
             printf '%-6s %-5s %-24s %10.1f %10.1f\n' "$RATE" "$p" "$label" "$(median "net_${mode}_$p" ms)" "$(median "net_${mode}_$p" comm_ms)"
         fi
     done

@@ -264,6 +264,17 @@ if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then
     else
         fail "two network-namespace hosts: $(tail -n 5 netns.log | tr '\n' ' ')"
     fi
+    # four hosts under ZeRO-1: "auto" sums after the backward there (the bucketed reduce-scatter
+    # measured slower over a network, docs/DISTRIBUTED.md); NETNS_HOSTS of the launcher
+    if NETNS_HOSTS=4 timeout 180 bash "$SRC/launch/netns_two_hosts.sh" "$CLLA" dense.json netns4_z1 --zero 1 > netns4.log 2>&1; then
+        same_curve "4 hosts, ZeRO-1 (network namespaces, TCP) vs 1 rank" dense_1 netns4_z1
+        [ "$(grep -c '^rank [0-3] on clla-[abcd]' netns4.log)" = 4 ] && grep -q 'clla train:' netns4.log &&
+            ! grep -q 'gradients summed during the backward' netns4.log &&
+            ok "4 hosts, ZeRO-1: one rank a host, the gradient sum after the backward by default (auto)" ||
+            fail "4 hosts, ZeRO-1: $(grep -m1 'clla train:' netns4.log) $(grep -c '^rank' netns4.log) ranks"
+    else
+        fail "four network-namespace hosts: $(tail -n 5 netns4.log | tr '\n' ' ')"
+    fi
 else
     echo "     (two-host case skipped: needs root and ip netns)"
 fi
