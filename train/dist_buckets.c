@@ -137,16 +137,16 @@ static int advance_oldest(DistBuckets *b) {
             // elements from the ranks that added them, straight into out
             f->gathering = 1;
             f->nreq = 0;
-            float *piece = b->out - (size_t)me * b->shard;   // piece[i]: element i of the buffer
+            const size_t p0 = (size_t)me * b->shard;   // out[i - p0]: element i of the buffer
             for (int s = 0; s < W; s++) {
                 size_t sa, sl = piece_part(b, f->oa, f->oa + f->len, s, &sa);
                 if (s == me) {
-                    if (sl) memcpy(piece + sa, f->recv + (sa - f->oa), sl * sizeof(float));
+                    if (sl) memcpy(b->out + (sa - p0), f->recv + (sa - f->oa), sl * sizeof(float));
                     continue;
                 }
                 if (sl) MPI_Isend(f->recv + (sa - f->oa), (int)sl, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
                 size_t ja, jn = part_of(b, f->lo, f->hi, s, &ja), ra, rl = piece_part(b, ja, ja + jn, me, &ra);
-                if (rl) MPI_Irecv(piece + ra, (int)rl, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
+                if (rl) MPI_Irecv(b->out + (ra - p0), (int)rl, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
             }
             return 0;
         }
