@@ -30,6 +30,14 @@ void warn(const char *fmt, ...) {
     va_end(ap);
 }
 
+int fail_with(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
 void *xmalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) die("out of memory allocating %zu bytes: use a smaller model, batch or sequence", bytes);

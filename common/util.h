@@ -12,6 +12,9 @@
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 // Prints "clla: warning: <message>" to stderr.
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// The message into err (errlen bytes, truncated), for the functions that return -1 with one line
+// in err instead of dying; returns -1.
+int fail_with(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t count, size_t size);

@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -24,13 +23,6 @@ static const size_t DTYPE_SIZES[] = {4, 2, 2, 8, 4, 8, 1, 1, 2, 4};
 size_t st_dtype_size(int dtype) { return (dtype >= 0 && dtype < N_DTYPES) ? DTYPE_SIZES[dtype] : 0; }
 const char *st_dtype_name(int dtype) { return (dtype >= 0 && dtype < N_DTYPES) ? DTYPE_NAMES[dtype] : "?"; }
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static int cmp_begin(const void *a, const void *b) {
     const StEntry *x = *(const StEntry *const *)a, *y = *(const StEntry *const *)b;
@@ -50,62 +42,62 @@ int st_parse_header(StFile *sf, const char *hdr, uint64_t hdr_len, uint64_t file
     sf->e = NULL;
     sf->n = 0;
     sf->metadata_json = NULL;
-    if (file_size < 8 || hdr_len > file_size - 8) return fail(err, errlen, "header length %llu runs past the end of the file (%llu bytes)", (unsigned long long)hdr_len, (unsigned long long)file_size);
+    if (file_size < 8 || hdr_len > file_size - 8) return fail_with(err, errlen, "header length %llu runs past the end of the file (%llu bytes)", (unsigned long long)hdr_len, (unsigned long long)file_size);
     sf->data_start = 8 + hdr_len;
     sf->data_size = file_size - sf->data_start;
     cJSON *root = cJSON_ParseWithLength(hdr, (size_t)hdr_len);
-    if (!root || !cJSON_IsObject(root)) { cJSON_Delete(root); return fail(err, errlen, "header is not a JSON object"); }
+    if (!root || !cJSON_IsObject(root)) { cJSON_Delete(root); return fail_with(err, errlen, "header is not a JSON object"); }
     int count = cJSON_GetArraySize(root);
     sf->e = xcalloc((size_t)count + 1, sizeof(StEntry));
     int rc = 0;
     for (cJSON *it = root->child; it; it = it->next) {
-        if (!it->string) { rc = fail(err, errlen, "header entry without a name"); break; }
+        if (!it->string) { rc = fail_with(err, errlen, "header entry without a name"); break; }
         if (!strcmp(it->string, "__metadata__")) {
-            if (!cJSON_IsObject(it)) { rc = fail(err, errlen, "__metadata__ is not an object"); break; }
-            if (sf->metadata_json) { rc = fail(err, errlen, "duplicate __metadata__"); break; }
+            if (!cJSON_IsObject(it)) { rc = fail_with(err, errlen, "__metadata__ is not an object"); break; }
+            if (sf->metadata_json) { rc = fail_with(err, errlen, "duplicate __metadata__"); break; }
             sf->metadata_json = cJSON_PrintUnformatted(it);
             continue;
         }
-        if (!cJSON_IsObject(it)) { rc = fail(err, errlen, "tensor '%s': entry is not an object", it->string); break; }
+        if (!cJSON_IsObject(it)) { rc = fail_with(err, errlen, "tensor '%s': entry is not an object", it->string); break; }
         for (int i = 0; i < sf->n; i++)
-            if (!strcmp(sf->e[i].name, it->string)) { rc = fail(err, errlen, "tensor '%s' appears twice", it->string); break; }
+            if (!strcmp(sf->e[i].name, it->string)) { rc = fail_with(err, errlen, "tensor '%s' appears twice", it->string); break; }
         if (rc) break;
         StEntry *e = &sf->e[sf->n];
         const cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
         const cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
         const cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
-        if (!cJSON_IsString(dt)) { rc = fail(err, errlen, "tensor '%s': missing dtype", it->string); break; }
+        if (!cJSON_IsString(dt)) { rc = fail_with(err, errlen, "tensor '%s': missing dtype", it->string); break; }
         e->dtype = -1;
         for (int d = 0; d < N_DTYPES; d++) if (!strcmp(dt->valuestring, DTYPE_NAMES[d])) e->dtype = d;
-        if (e->dtype < 0) { rc = fail(err, errlen, "tensor '%s': unsupported dtype '%s'", it->string, dt->valuestring); break; }
-        if (!cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > ST_MAX_DIMS) { rc = fail(err, errlen, "tensor '%s': shape must be an array of at most %d dims", it->string, ST_MAX_DIMS); break; }
+        if (e->dtype < 0) { rc = fail_with(err, errlen, "tensor '%s': unsupported dtype '%s'", it->string, dt->valuestring); break; }
+        if (!cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > ST_MAX_DIMS) { rc = fail_with(err, errlen, "tensor '%s': shape must be an array of at most %d dims", it->string, ST_MAX_DIMS); break; }
         e->ndim = cJSON_GetArraySize(sh);
         // numel with overflow check: every dim a whole number in [0, 2^40]
         unsigned long long numel = 1;
         int d = 0;
         for (const cJSON *x = sh->child; x; x = x->next, d++) {
             if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 1099511627776.0 || x->valuedouble != floor(x->valuedouble)) {
-                rc = fail(err, errlen, "tensor '%s': dim %d is not a valid size", it->string, d);
+                rc = fail_with(err, errlen, "tensor '%s': dim %d is not a valid size", it->string, d);
                 break;
             }
             e->shape[d] = (int64_t)x->valuedouble;
-            if (e->shape[d] && numel > (1ull << 50) / (unsigned long long)e->shape[d]) { rc = fail(err, errlen, "tensor '%s': shape too large", it->string); break; }
+            if (e->shape[d] && numel > (1ull << 50) / (unsigned long long)e->shape[d]) { rc = fail_with(err, errlen, "tensor '%s': shape too large", it->string); break; }
             numel *= (unsigned long long)e->shape[d];
         }
         if (rc) break;
         if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 || !cJSON_IsNumber(off->child) || !cJSON_IsNumber(off->child->next)) {
-            rc = fail(err, errlen, "tensor '%s': data_offsets must be [begin, end]", it->string);
+            rc = fail_with(err, errlen, "tensor '%s': data_offsets must be [begin, end]", it->string);
             break;
         }
         double b = off->child->valuedouble, en = off->child->next->valuedouble;
         if (b < 0 || en < b || b != floor(b) || en != floor(en) || en > (double)sf->data_size) {
-            rc = fail(err, errlen, "tensor '%s': data_offsets [%.0f, %.0f] outside the data area of %llu bytes (truncated file?)", it->string, b, en, (unsigned long long)sf->data_size);
+            rc = fail_with(err, errlen, "tensor '%s': data_offsets [%.0f, %.0f] outside the data area of %llu bytes (truncated file?)", it->string, b, en, (unsigned long long)sf->data_size);
             break;
         }
         e->begin = (uint64_t)b;
         e->end = (uint64_t)en;
         if (e->end - e->begin != numel * DTYPE_SIZES[e->dtype]) {
-            rc = fail(err, errlen, "tensor '%s': %llu bytes of data for a shape needing %llu", it->string, (unsigned long long)(e->end - e->begin), numel * (unsigned long long)DTYPE_SIZES[e->dtype]);
+            rc = fail_with(err, errlen, "tensor '%s': %llu bytes of data for a shape needing %llu", it->string, (unsigned long long)(e->end - e->begin), numel * (unsigned long long)DTYPE_SIZES[e->dtype]);
             break;
         }
         e->name = xstrdup(it->string);
@@ -118,7 +110,7 @@ int st_parse_header(StFile *sf, const char *hdr, uint64_t hdr_len, uint64_t file
         qsort(order, (size_t)sf->n, sizeof(StEntry *), cmp_begin);
         for (int i = 1; i < sf->n && !rc; i++)
             if (order[i]->begin < order[i - 1]->end)
-                rc = fail(err, errlen, "tensors '%s' and '%s' overlap in the data area", order[i - 1]->name, order[i]->name);
+                rc = fail_with(err, errlen, "tensors '%s' and '%s' overlap in the data area", order[i - 1]->name, order[i]->name);
         free(order);
     }
     if (rc) free_entries(sf);
@@ -128,17 +120,17 @@ int st_parse_header(StFile *sf, const char *hdr, uint64_t hdr_len, uint64_t file
 int st_open(StFile *sf, const char *path, char *err, size_t errlen) {
     memset(sf, 0, sizeof(*sf));
     FILE *f = fopen_read(path);
-    if (!f) return fail(err, errlen, "cannot open: %s", strerror(errno));
+    if (!f) return fail_with(err, errlen, "cannot open: %s", strerror(errno));
     unsigned char lenbuf[8];
-    if (fseeko(f, 0, SEEK_END) != 0) { fclose(f); return fail(err, errlen, "cannot seek"); }
+    if (fseeko(f, 0, SEEK_END) != 0) { fclose(f); return fail_with(err, errlen, "cannot seek"); }
     off_t size = ftello(f);
     rewind(f);
-    if (size < 8 || fread(lenbuf, 1, 8, f) != 8) { fclose(f); return fail(err, errlen, "file shorter than the 8-byte header length"); }
+    if (size < 8 || fread(lenbuf, 1, 8, f) != 8) { fclose(f); return fail_with(err, errlen, "file shorter than the 8-byte header length"); }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | lenbuf[i];
-    if (hlen > ST_MAX_HEADER || hlen > (uint64_t)size - 8) { fclose(f); return fail(err, errlen, "header length %llu is larger than the file allows (%lld bytes)", (unsigned long long)hlen, (long long)size); }
+    if (hlen > ST_MAX_HEADER || hlen > (uint64_t)size - 8) { fclose(f); return fail_with(err, errlen, "header length %llu is larger than the file allows (%lld bytes)", (unsigned long long)hlen, (long long)size); }
     char *hdr = xmalloc((size_t)hlen + 1);
-    if (fread(hdr, 1, (size_t)hlen, f) != hlen) { free(hdr); fclose(f); return fail(err, errlen, "truncated header"); }
+    if (fread(hdr, 1, (size_t)hlen, f) != hlen) { free(hdr); fclose(f); return fail_with(err, errlen, "truncated header"); }
     hdr[hlen] = 0;
     int rc = st_parse_header(sf, hdr, hlen, (uint64_t)size, err, errlen);
     free(hdr);
@@ -173,13 +165,13 @@ int st_read_f32(StFile *sf, int i, float *out, char *err, size_t errlen) {
     const StEntry *e = &sf->e[i];
     size_t bytes = (size_t)(e->end - e->begin), es = DTYPE_SIZES[e->dtype], n = bytes / es;
     if (e->dtype != ST_F32 && e->dtype != ST_BF16 && e->dtype != ST_F16 && e->dtype != ST_F64)
-        return fail(err, errlen, "tensor '%s' has dtype %s, not a float type", e->name, DTYPE_NAMES[e->dtype]);
-    if (fseeko(sf->f, (off_t)(sf->data_start + e->begin), SEEK_SET) != 0) return fail(err, errlen, "seek failed for '%s'", e->name);
+        return fail_with(err, errlen, "tensor '%s' has dtype %s, not a float type", e->name, DTYPE_NAMES[e->dtype]);
+    if (fseeko(sf->f, (off_t)(sf->data_start + e->begin), SEEK_SET) != 0) return fail_with(err, errlen, "seek failed for '%s'", e->name);
     unsigned char *raw = e->dtype == ST_F32 ? (unsigned char *)out : xmalloc(bytes);
     size_t got = fread(raw, 1, bytes, sf->f);
     if (got != bytes) {
         if (raw != (unsigned char *)out) free(raw);
-        return fail(err, errlen, "tensor '%s': file ended early (truncated?)", e->name);
+        return fail_with(err, errlen, "tensor '%s': file ended early (truncated?)", e->name);
     }
     // data is little-endian; this code assumes a little-endian host (x86_64, aarch64)
     for (size_t k = 0; k < n && e->dtype != ST_F32; k++) {
@@ -192,12 +184,12 @@ int st_read_f32(StFile *sf, int i, float *out, char *err, size_t errlen) {
 }
 
 int st_save(const char *path, const StTensor *t, int n, int out_dtype, const char *metadata_json, char *err, size_t errlen) {
-    if (out_dtype != ST_F32 && out_dtype != ST_BF16) return fail(err, errlen, "st_save writes F32 or BF16 only");
+    if (out_dtype != ST_F32 && out_dtype != ST_BF16) return fail_with(err, errlen, "st_save writes F32 or BF16 only");
     size_t es = DTYPE_SIZES[out_dtype];
     cJSON *root = cJSON_CreateObject();
     if (metadata_json) {
         cJSON *meta = cJSON_Parse(metadata_json);
-        if (!meta) { cJSON_Delete(root); return fail(err, errlen, "metadata is not JSON"); }
+        if (!meta) { cJSON_Delete(root); return fail_with(err, errlen, "metadata is not JSON"); }
         cJSON_AddItemToObject(root, "__metadata__", meta);
     }
     uint64_t off = 0;
@@ -219,7 +211,7 @@ int st_save(const char *path, const StTensor *t, int n, int out_dtype, const cha
     size_t hlen = strlen(hdr);
     size_t padded = (hlen + 7) & ~(size_t)7;   // data area 8-byte aligned, padded with spaces
     AtomicFile af;
-    if (atomic_open(&af, path) != 0) { free(hdr); return fail(err, errlen, "cannot create '%s': %s", path, strerror(errno)); }
+    if (atomic_open(&af, path) != 0) { free(hdr); return fail_with(err, errlen, "cannot create '%s': %s", path, strerror(errno)); }
     unsigned char lenbuf[8];
     for (int i = 0; i < 8; i++) lenbuf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
     int ok = fwrite(lenbuf, 1, 8, af.f) == 8 && fwrite(hdr, 1, hlen, af.f) == hlen;
@@ -242,9 +234,9 @@ int st_save(const char *path, const StTensor *t, int n, int out_dtype, const cha
     if (!ok) {
         int e = errno;
         atomic_abort(&af);
-        return fail(err, errlen, "writing '%s' failed: %s", path, strerror(e));
+        return fail_with(err, errlen, "writing '%s' failed: %s", path, strerror(e));
     }
-    if (atomic_commit(&af) != 0) return fail(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
+    if (atomic_commit(&af) != 0) return fail_with(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
     return 0;
 }
 
@@ -282,17 +274,17 @@ static int index_read(const char *path, cJSON **out, char ***files, int *n_files
     *n_files = 0;
     size_t len = 0;
     char *text = read_file(path, &len);
-    if (!text) return fail(err, errlen, "cannot read index '%s': %s", path, strerror(errno));
+    if (!text) return fail_with(err, errlen, "cannot read index '%s': %s", path, strerror(errno));
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
-    if (!cJSON_IsObject(root)) { cJSON_Delete(root); return fail(err, errlen, "index '%s' is not a JSON object", path); }
+    if (!cJSON_IsObject(root)) { cJSON_Delete(root); return fail_with(err, errlen, "index '%s' is not a JSON object", path); }
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     const char *why = NULL;
     if (meta && !cJSON_IsObject(meta)) why = "\"metadata\" is not an object";
     else if (!cJSON_IsObject(map)) why = "it has no \"weight_map\" object";
     else if (!map->child) why = "its \"weight_map\" is empty";
-    if (why) { cJSON_Delete(root); return fail(err, errlen, "index '%s': %s", path, why); }
+    if (why) { cJSON_Delete(root); return fail_with(err, errlen, "index '%s': %s", path, why); }
     int cap = 0;
     for (const cJSON *it = map->child; it; it = it->next) {
         if (!cJSON_IsString(it) || !plain_file_name(it->valuestring)) {
@@ -301,7 +293,7 @@ static int index_read(const char *path, cJSON **out, char ***files, int *n_files
             free(*files);
             *files = NULL;
             *n_files = 0;
-            return fail(err, errlen, "index '%s': tensor '%s' must map to a file name beside the index", path, it->string);
+            return fail_with(err, errlen, "index '%s': tensor '%s' must map to a file name beside the index", path, it->string);
         }
         int seen = 0;
         for (int i = *n_files - 1; i >= 0 && !seen; i--) seen = !strcmp((*files)[i], it->valuestring);
@@ -354,13 +346,13 @@ static int set_open_index(StSet *s, const char *path, char *err, size_t errlen) 
         char *sp = path_join(dir, names[i]);
         char why[512];
         if (st_open(&s->files[i], sp, why, sizeof(why)) != 0) {
-            rc = fail(err, errlen, "shard '%s' of index '%s': %s", sp, path, why);
+            rc = fail_with(err, errlen, "shard '%s' of index '%s': %s", sp, path, why);
         } else {
             s->n_files++;
             char shard_id[64];
             meta_string(s->files[i].metadata_json, SAVE_ID_KEY, shard_id, sizeof(shard_id));
             if (index_id[0] && shard_id[0] && strcmp(index_id, shard_id))
-                rc = fail(err, errlen, "shard '%s' was written by another save than index '%s' (an interrupted save?): save the model again", sp, path);
+                rc = fail_with(err, errlen, "shard '%s' was written by another save than index '%s' (an interrupted save?): save the model again", sp, path);
         }
         free(sp);
     }
@@ -373,20 +365,20 @@ static int set_open_index(StSet *s, const char *path, char *err, size_t errlen) 
     if (!rc) qsort(s->refs, (size_t)s->n, sizeof(StRef), cmp_ref);
     for (int r = 1; r < s->n && !rc; r++)
         if (!strcmp(s->refs[r].name, s->refs[r - 1].name))
-            rc = fail(err, errlen, "tensor '%s' is in two shards, '%s' and '%s'", s->refs[r].name,
+            rc = fail_with(err, errlen, "tensor '%s' is in two shards, '%s' and '%s'", s->refs[r].name,
                       s->files[s->refs[r - 1].file].path, s->files[s->refs[r].file].path);
     // every weight_map entry once, in the shard it names; then no shard tensor left unmapped
     char *seen = xcalloc((size_t)s->n + 1, 1);
     for (const cJSON *it = map->child; it && !rc; it = it->next) {
         int r = st_set_find(s, it->string);
-        if (r < 0) rc = fail(err, errlen, "index '%s' maps tensor '%s' to '%s', which does not hold it", path, it->string, it->valuestring);
-        else if (seen[r]) rc = fail(err, errlen, "index '%s' lists tensor '%s' twice", path, it->string);
+        if (r < 0) rc = fail_with(err, errlen, "index '%s' maps tensor '%s' to '%s', which does not hold it", path, it->string, it->valuestring);
+        else if (seen[r]) rc = fail_with(err, errlen, "index '%s' lists tensor '%s' twice", path, it->string);
         else if (strcmp(names[s->refs[r].file], it->valuestring))
-            rc = fail(err, errlen, "index '%s' maps tensor '%s' to '%s', but it is in '%s'", path, it->string, it->valuestring, s->files[s->refs[r].file].path);
+            rc = fail_with(err, errlen, "index '%s' maps tensor '%s' to '%s', but it is in '%s'", path, it->string, it->valuestring, s->files[s->refs[r].file].path);
         else seen[r] = 1;
     }
     for (int r = 0; r < s->n && !rc; r++)
-        if (!seen[r]) rc = fail(err, errlen, "tensor '%s' of shard '%s' is not in index '%s'", s->refs[r].name, s->files[s->refs[r].file].path, path);
+        if (!seen[r]) rc = fail_with(err, errlen, "tensor '%s' of shard '%s' is not in index '%s'", s->refs[r].name, s->files[s->refs[r].file].path, path);
     free(seen);
     free_names(names, n_names);
     cJSON_Delete(root);
@@ -396,15 +388,15 @@ static int set_open_index(StSet *s, const char *path, char *err, size_t errlen) 
 int st_set_open(StSet *s, const char *path, char *err, size_t errlen) {
     memset(s, 0, sizeof(*s));
     struct stat stt;
-    if (stat(path, &stt) != 0) return fail(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    if (stat(path, &stt) != 0) return fail_with(err, errlen, "cannot open '%s': %s", path, strerror(errno));
     int rc;
     if (S_ISDIR(stt.st_mode)) {
         char *single = path_join(path, ST_SINGLE_FILE), *index = path_join(path, ST_INDEX_FILE);
         int has_single = is_regular(single), has_index = is_regular(index);
         if (has_single && has_index)
-            rc = fail(err, errlen, "'%s' holds both %s and %s: remove the stale one", path, ST_SINGLE_FILE, ST_INDEX_FILE);
+            rc = fail_with(err, errlen, "'%s' holds both %s and %s: remove the stale one", path, ST_SINGLE_FILE, ST_INDEX_FILE);
         else if (!has_single && !has_index)
-            rc = fail(err, errlen, "'%s' is a directory without %s or %s", path, ST_SINGLE_FILE, ST_INDEX_FILE);
+            rc = fail_with(err, errlen, "'%s' is a directory without %s or %s", path, ST_SINGLE_FILE, ST_INDEX_FILE);
         else
             rc = st_set_open(s, has_index ? index : single, err, errlen);
         free(single);
@@ -418,7 +410,7 @@ int st_set_open(StSet *s, const char *path, char *err, size_t errlen) {
         char why[512];
         rc = st_open(&s->files[0], path, why, sizeof(why));
         if (rc) {
-            fail(err, errlen, "'%s': %s", path, why);
+            fail_with(err, errlen, "'%s': %s", path, why);
         } else {
             s->n_files = 1;
             s->refs = xcalloc((size_t)s->files[0].n + 1, sizeof(StRef));
@@ -540,7 +532,7 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
         }
         for (int k = 0; k < written && !rc; k++) {
             char *final = path_join(dir, names[k]);
-            if (rename(partial[k], final) != 0) rc = fail(err, errlen, "cannot rename '%s' to '%s': %s", partial[k], final, strerror(errno));
+            if (rename(partial[k], final) != 0) rc = fail_with(err, errlen, "cannot rename '%s' to '%s': %s", partial[k], final, strerror(errno));
             else { free(partial[k]); partial[k] = NULL; }
             free(final);
         }
@@ -556,13 +548,13 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
             cJSON_Delete(root);
             AtomicFile af;
             if (atomic_open(&af, index_path) != 0) {
-                rc = fail(err, errlen, "cannot create '%s': %s", index_path, strerror(errno));
+                rc = fail_with(err, errlen, "cannot create '%s': %s", index_path, strerror(errno));
             } else if (fputs(text, af.f) < 0 || fputc('\n', af.f) == EOF) {
                 int e = errno;
                 atomic_abort(&af);
-                rc = fail(err, errlen, "writing '%s' failed: %s", index_path, strerror(e));
+                rc = fail_with(err, errlen, "writing '%s' failed: %s", index_path, strerror(e));
             } else if (atomic_commit(&af) != 0) {
-                rc = fail(err, errlen, "writing '%s' failed: %s", index_path, strerror(errno));
+                rc = fail_with(err, errlen, "writing '%s' failed: %s", index_path, strerror(errno));
             }
             free(text);
         }

@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -27,14 +26,6 @@
 // state.json is a few hundred bytes; anything far larger is not ours.
 #define STATE_MAX_BYTES (1u << 20)
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static void optimizer_file_name(char *buf, size_t len, int rank) {
     snprintf(buf, len, "optimizer.rank%d.safetensors", rank);
@@ -99,7 +90,7 @@ static void test_pause(void) {
 // Size and FNV-1a 64 of a file (streamed).
 static int hash_file(const char *path, uint64_t *hash, uint64_t *bytes, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+    if (!f) return fail_with(err, errlen, "cannot read '%s': %s", path, strerror(errno));
     unsigned char *buf = xmalloc(1 << 16);
     uint64_t h = FNV64_OFFSET, n = 0;
     size_t got;
@@ -110,7 +101,7 @@ static int hash_file(const char *path, uint64_t *hash, uint64_t *bytes, char *er
     int bad = ferror(f);
     free(buf);
     fclose(f);
-    if (bad) return fail(err, errlen, "reading '%s' failed", path);
+    if (bad) return fail_with(err, errlen, "reading '%s' failed", path);
     *hash = h;
     *bytes = n;
     return 0;
@@ -118,13 +109,13 @@ static int hash_file(const char *path, uint64_t *hash, uint64_t *bytes, char *er
 
 static int write_text(const char *path, const char *text, char *err, size_t errlen) {
     AtomicFile af;
-    if (atomic_open(&af, path) != 0) return fail(err, errlen, "cannot create '%s': %s", path, strerror(errno));
+    if (atomic_open(&af, path) != 0) return fail_with(err, errlen, "cannot create '%s': %s", path, strerror(errno));
     if (fputs(text, af.f) < 0 || fputc('\n', af.f) == EOF) {
         int e = errno;
         atomic_abort(&af);
-        return fail(err, errlen, "writing '%s' failed: %s", path, strerror(e));
+        return fail_with(err, errlen, "writing '%s' failed: %s", path, strerror(e));
     }
-    if (atomic_commit(&af) != 0) return fail(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
+    if (atomic_commit(&af) != 0) return fail_with(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
     return 0;
 }
 
@@ -232,7 +223,7 @@ static cJSON *build_state(const Config *cfg, const AdamW *opt, const TrainState 
 
 static const cJSON *need(const cJSON *obj, const char *key, const char *path, char *err, size_t errlen) {
     const cJSON *v = cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
-    if (!v) fail(err, errlen, "'%s': field '%s' is missing", path, key);
+    if (!v) fail_with(err, errlen, "'%s': field '%s' is missing", path, key);
     return v;
 }
 
@@ -242,7 +233,7 @@ static int get_int(const cJSON *obj, const char *key, long long lo, long long hi
     if (!v) return -1;
     if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble || v->valuedouble < (double)lo ||
         v->valuedouble > (double)hi)
-        return fail(err, errlen, "'%s': field '%s' must be a whole number in [%lld, %lld]", path, key, lo, hi);
+        return fail_with(err, errlen, "'%s': field '%s' must be a whole number in [%lld, %lld]", path, key, lo, hi);
     *out = (long long)v->valuedouble;
     return 0;
 }
@@ -254,7 +245,7 @@ static int get_u64(const cJSON *obj, const char *key, uint64_t *out, const char 
     const char *s = cJSON_IsString(v) ? v->valuestring : NULL;
     uint64_t x = 0;
     if (!s || num_parse_u64(s, UINT64_MAX, &x) != NUM_OK)
-        return fail(err, errlen, "'%s': field '%s' must be a decimal string of a 64-bit unsigned number", path, key);
+        return fail_with(err, errlen, "'%s': field '%s' must be a decimal string of a 64-bit unsigned number", path, key);
     *out = x;
     return 0;
 }
@@ -269,14 +260,14 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
     struct stat sb;
     char *text = NULL;
     if (stat(path, &sb) != 0) {
-        fail(err, errlen, "'%s': %s (not a checkpoint directory?)", path, strerror(errno));
+        fail_with(err, errlen, "'%s': %s (not a checkpoint directory?)", path, strerror(errno));
     } else if (!S_ISREG(sb.st_mode) || sb.st_size > STATE_MAX_BYTES) {
-        fail(err, errlen, "'%s' is not a state file of at most %u bytes", path, STATE_MAX_BYTES);
+        fail_with(err, errlen, "'%s' is not a state file of at most %u bytes", path, STATE_MAX_BYTES);
     } else if (!(text = read_file(path, &len))) {
-        fail(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+        fail_with(err, errlen, "cannot read '%s': %s", path, strerror(errno));
     }
     cJSON *root = text ? cJSON_ParseWithLength(text, len) : NULL;
-    if (text && !cJSON_IsObject(root)) fail(err, errlen, "'%s' is not a JSON object (damaged state file)", path);
+    if (text && !cJSON_IsObject(root)) fail_with(err, errlen, "'%s' is not a JSON object (damaged state file)", path);
     free(text);
     if (!cJSON_IsObject(root)) { cJSON_Delete(root); free(path); return NULL; }
     long long step, version, tokens, topt, world, cons, total, zero = 0;
@@ -286,11 +277,11 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
     int rc = -1;
     memset(st, 0, sizeof(*st));
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "clla-checkpoint") != 0) {
-        fail(err, errlen, "'%s': format is not \"clla-checkpoint\"", path);
+        fail_with(err, errlen, "'%s': format is not \"clla-checkpoint\"", path);
     } else if (get_int(root, "version", 0, 1000000, &version, path, err, errlen) != 0) {
         // err names the field
     } else if (version != CKPT_STATE_VERSION) {
-        fail(err, errlen, "'%s': state version %lld, this build reads version %d: resume with the clla that wrote it", path, version, CKPT_STATE_VERSION);
+        fail_with(err, errlen, "'%s': state version %lld, this build reads version %d: resume with the clla that wrote it", path, version, CKPT_STATE_VERSION);
     } else if (get_int(root, "step", 0, 2147483647LL, &step, path, err, errlen) != 0 ||
                get_int(root, "tokens", 0, 1LL << 53, &tokens, path, err, errlen) != 0 ||
                !(op = need(root, "optimizer", path, err, errlen)) ||
@@ -310,9 +301,9 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
                !(files = need(root, "files", path, err, errlen))) {
         // err names the field
     } else if (topt + total != step || cons > total) {
-        fail(err, errlen, "'%s': optimizer.t = %lld and %lld skipped steps (%lld in a row) do not make step %lld (damaged state file)", path, topt, total, cons, step);
+        fail_with(err, errlen, "'%s': optimizer.t = %lld and %lld skipped steps (%lld in a row) do not make step %lld (damaged state file)", path, topt, total, cons, step);
     } else if (!cJSON_IsObject(files)) {
-        fail(err, errlen, "'%s': field 'files' must be an object", path);
+        fail_with(err, errlen, "'%s': field 'files' must be an object", path);
     } else {
         st->step = (int)step;
         st->tokens = tokens;
@@ -401,10 +392,10 @@ int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const float 
     // ---- rank 0: the temporary directory, config and model
     if (rank == 0) {
         status.ok = 0;
-        if (make_dirs(base) != 0) { fail(status.msg, sizeof(status.msg), "cannot create '%s': %s", base, strerror(errno)); goto phase1; }
+        if (make_dirs(base) != 0) { fail_with(status.msg, sizeof(status.msg), "cannot create '%s': %s", base, strerror(errno)); goto phase1; }
         fsync_dir(run_dir);   // the first save creates checkpoints/ itself: make that name durable too
         remove_tree(tmp);   // a stale one of an earlier process that had our pid
-        if (mkdir(tmp, 0755) != 0) { fail(status.msg, sizeof(status.msg), "cannot create '%s': %s", tmp, strerror(errno)); goto phase1; }
+        if (mkdir(tmp, 0755) != 0) { fail_with(status.msg, sizeof(status.msg), "cannot create '%s': %s", tmp, strerror(errno)); goto phase1; }
 
         cJSON *cj = config_to_json(cfg);
         text = cJSON_Print(cj);
@@ -428,7 +419,7 @@ phase1:
     free(p); p = NULL;
     free(text); text = NULL;
     share_status(dist, &status);
-    if (!status.ok) { fail(err, errlen, "%s", status.msg); goto done; }
+    if (!status.ok) { fail_with(err, errlen, "%s", status.msg); goto done; }
 
     // ---- the optimizer: one file of the whole model (rank 0), or one shard per rank
     mine.ok = 1;
@@ -486,7 +477,7 @@ phase1:
         p = path_join(tmp, STATE_FILE);
         if (write_text(p, text, status.msg, sizeof(status.msg)) != 0) goto phase2;
         free(p); p = NULL;
-        if (fsync_dir(tmp) != 0) { fail(status.msg, sizeof(status.msg), "cannot flush '%s': %s", tmp, strerror(errno)); goto phase2; }
+        if (fsync_dir(tmp) != 0) { fail_with(status.msg, sizeof(status.msg), "cannot flush '%s': %s", tmp, strerror(errno)); goto phase2; }
         test_pause();
 
         // A checkpoint of the same step from an earlier attempt (resumed from an older one) is
@@ -499,25 +490,25 @@ phase1:
             old = path_join(base, oldname);
             remove_tree(old);
             if (rename(final, old) != 0) {
-                fail(status.msg, sizeof(status.msg), "cannot move the existing '%s' aside: %s", final, strerror(errno));
+                fail_with(status.msg, sizeof(status.msg), "cannot move the existing '%s' aside: %s", final, strerror(errno));
                 free(old);
                 goto phase2;
             }
         }
         if (rename(tmp, final) != 0) {
-            fail(status.msg, sizeof(status.msg), "cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
+            fail_with(status.msg, sizeof(status.msg), "cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
             if (old) rename(old, final);
             free(old);
             goto phase2;
         }
         if (old) { remove_tree(old); free(old); }
-        if (fsync_dir(base) != 0) { fail(status.msg, sizeof(status.msg), "cannot flush '%s': %s", base, strerror(errno)); goto phase2; }
+        if (fsync_dir(base) != 0) { fail_with(status.msg, sizeof(status.msg), "cannot flush '%s': %s", base, strerror(errno)); goto phase2; }
         snprintf(status.msg, sizeof(status.msg), "%s", final);
         status.ok = 1;
     }
 phase2:
     share_status(dist, &status);
-    if (!status.ok) { fail(err, errlen, "%s", status.msg); goto done; }
+    if (!status.ok) { fail_with(err, errlen, "%s", status.msg); goto done; }
     snprintf(out, outlen, "%s", rank == 0 ? final : status.msg);
     rc = 0;
 done:
@@ -584,22 +575,22 @@ int ckpt_validate(const char *dir, char *err, size_t errlen) {
     long named = parse_step_name(slash ? slash + 1 : dir);
     int rc = 0;
     if (named >= 0 && named != st.step)
-        rc = fail(err, errlen, "'%s/%s' says step %d but the directory is named for step %ld (damaged or renamed checkpoint)", dir, STATE_FILE, st.step, named);
+        rc = fail_with(err, errlen, "'%s/%s' says step %d but the directory is named for step %ld (damaged or renamed checkpoint)", dir, STATE_FILE, st.step, named);
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
     for (size_t i = 0; !rc && i < sizeof(REQUIRED_FILES) / sizeof(REQUIRED_FILES[0]); i++)
         if (!cJSON_GetObjectItemCaseSensitive(files, REQUIRED_FILES[i]))
-            rc = fail(err, errlen, "'%s/%s' lists no '%s' (damaged state file)", dir, STATE_FILE, REQUIRED_FILES[i]);
+            rc = fail_with(err, errlen, "'%s/%s' lists no '%s' (damaged state file)", dir, STATE_FILE, REQUIRED_FILES[i]);
     // one optimizer file, or one per rank when the ranks saved ZeRO-1 shards
     for (int r = 0; !rc && r < (st.saved_zero ? st.saved_world : 1); r++) {
         char opt_name[64];
         optimizer_file_name(opt_name, sizeof(opt_name), r);
         if (!cJSON_GetObjectItemCaseSensitive(files, opt_name))
-            rc = fail(err, errlen, "'%s/%s' lists no '%s' (damaged state file)", dir, STATE_FILE, opt_name);
+            rc = fail_with(err, errlen, "'%s/%s' lists no '%s' (damaged state file)", dir, STATE_FILE, opt_name);
     }
     for (const cJSON *f = files->child; !rc && f; f = f->next) {
         // only plain names: a forged state file must not make us read outside the directory
         if (!f->string || !f->string[0] || strchr(f->string, '/') || !strcmp(f->string, "..") || !strcmp(f->string, ".")) {
-            rc = fail(err, errlen, "'%s/%s': file name '%s' is not a plain name", dir, STATE_FILE, f->string ? f->string : "");
+            rc = fail_with(err, errlen, "'%s/%s': file name '%s' is not a plain name", dir, STATE_FILE, f->string ? f->string : "");
             break;
         }
         char sub[80];
@@ -609,7 +600,7 @@ int ckpt_validate(const char *dir, char *err, size_t errlen) {
         const cJSON *hx = cJSON_GetObjectItemCaseSensitive(f, "fnv1a64");
         if (get_int(f, "bytes", 0, 1LL << 53, &bytes, sub, err, errlen) != 0) { rc = -1; break; }
         if (!cJSON_IsString(hx) || strlen(hx->valuestring) != 16) {
-            rc = fail(err, errlen, "'%s/%s': %s.fnv1a64 must be 16 hex digits", dir, STATE_FILE, sub);
+            rc = fail_with(err, errlen, "'%s/%s': %s.fnv1a64 must be 16 hex digits", dir, STATE_FILE, sub);
             break;
         }
         char *p = path_join(dir, f->string);
@@ -617,9 +608,9 @@ int ckpt_validate(const char *dir, char *err, size_t errlen) {
         char hex[24];
         snprintf(hex, sizeof(hex), "%016" PRIx64, h);
         if ((long long)n != bytes)
-            rc = fail(err, errlen, "'%s' has %" PRIu64 " bytes, the checkpoint recorded %lld (truncated or damaged)", p, n, bytes);
+            rc = fail_with(err, errlen, "'%s' has %" PRIu64 " bytes, the checkpoint recorded %lld (truncated or damaged)", p, n, bytes);
         else if (strcmp(hex, hx->valuestring) != 0)
-            rc = fail(err, errlen, "'%s' does not match its checksum in %s (damaged)", p, STATE_FILE);
+            rc = fail_with(err, errlen, "'%s' does not match its checksum in %s (damaged)", p, STATE_FILE);
         free(p);
     }
     cJSON_Delete(root);
@@ -641,7 +632,7 @@ int ckpt_find_newest(const char *run_dir, char *path, size_t pathlen, char *err,
         }
     }
     if (rc == -2)
-        fail(err, errlen, "every checkpoint in %s/%s is damaged (%d: the newest, %s)", run_dir, CKPT_SUBDIR, n, newest);
+        fail_with(err, errlen, "every checkpoint in %s/%s is damaged (%d: the newest, %s)", run_dir, CKPT_SUBDIR, n, newest);
     free_steps(v, n);
     return rc;
 }
@@ -663,19 +654,19 @@ int ckpt_abandon_after(const char *run_dir, int step, const char *const *extra, 
         gmtime_r(&now, &tm);
         strftime(name, sizeof(name), "abandoned-%Y%m%dT%H%M%SZ", &tm);
         char *dst = path_join(base, name);
-        if (make_dirs(dst) != 0) rc = fail(err, errlen, "cannot create '%s': %s", dst, strerror(errno));
+        if (make_dirs(dst) != 0) rc = fail_with(err, errlen, "cannot create '%s': %s", dst, strerror(errno));
         for (int i = 0; !rc && i < n; i++) {
             if (v[i].step <= step) continue;
             const char *leaf = strrchr(v[i].name, '/');
             char *to = path_join(dst, leaf ? leaf + 1 : v[i].name);
-            if (rename(v[i].name, to) != 0) rc = fail(err, errlen, "cannot move '%s' to '%s': %s", v[i].name, to, strerror(errno));
+            if (rename(v[i].name, to) != 0) rc = fail_with(err, errlen, "cannot move '%s' to '%s': %s", v[i].name, to, strerror(errno));
             free(to);
         }
         for (int i = 0; !rc && extra && extra[i]; i++) {
             if (stat(extra[i], &sb) != 0) continue;
             const char *leaf = strrchr(extra[i], '/');
             char *to = path_join(dst, leaf ? leaf + 1 : extra[i]);
-            if (rename(extra[i], to) != 0) rc = fail(err, errlen, "cannot move '%s' to '%s': %s", extra[i], to, strerror(errno));
+            if (rename(extra[i], to) != 0) rc = fail_with(err, errlen, "cannot move '%s' to '%s': %s", extra[i], to, strerror(errno));
             free(to);
         }
         if (!rc) {
@@ -723,7 +714,7 @@ int ckpt_prune(const char *run_dir, int keep, char *err, size_t errlen) {
     StepDir *v = list_steps(run_dir, &n);
     int rc = 0;
     for (int i = 0; i < n - keep; i++) {
-        if (remove_tree(v[i].name) != 0) { rc = fail(err, errlen, "cannot remove old checkpoint '%s': %s", v[i].name, strerror(errno)); break; }
+        if (remove_tree(v[i].name) != 0) { rc = fail_with(err, errlen, "cannot remove old checkpoint '%s': %s", v[i].name, strerror(errno)); break; }
         removed++;
     }
     free_steps(v, n);
