@@ -36,7 +36,7 @@ static const ArgSpec SPECS[] = {
     {"resume", 1, "auto (newest complete checkpoint of the run directory, if any) or a checkpoint directory", "auto|DIR"},
     {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps", "STEP"},
     {"zero", 1, "data parallel: 0 = replicated AdamW state, 1 = ZeRO-1 sharded (overrides train.zero_stage)", "0|1"},
-    {"overlap-grad-reduce", 1, "data parallel: sum the gradients over ranks during the backward; auto = on the CPU under ZeRO-0 when the ranks span hosts (overrides train.overlap_grad_reduce)", "true|false|auto"},
+    {"overlap-grad-reduce", 1, "data parallel: sum the gradients over ranks during the backward; auto = on the CPU when the ranks span hosts (overrides train.overlap_grad_reduce)", "true|false|auto"},
     {"shard-size", 1, "write the final model as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json", "SIZE"},
     {"overwrite", 0, "the run directory may hold another run: clear what it wrote (model, config, metrics, checkpoints/) first", NULL},
 };
@@ -218,15 +218,13 @@ int cmd_train(int argc, char **argv) {
     GradSync gs;
     grad_sync_init(&gs, &dist, &model, tc->zero_stage, n_micro);
     // "auto": overlapped where the ranks span hosts (a network: docs/DISTRIBUTED.md measured it
-    // faster there, and level to slower over one host's shared memory), under ZeRO-0 (ZeRO-1's
-    // bucketed reduce-scatter measured slower than the plain one over a network: the contiguous
-    // pieces leave links idle), on the CPU path: the NCCL path's has not run on GPUs yet, so it
-    // waits for an explicit true
-    const int overlap = tc->overlap_grad_reduce > 0 || (tc->overlap_grad_reduce < 0 && dist.local_world < dist.world &&
-                                                         tc->zero_stage == 0 && gs.host_mem);
+    // faster there, or level, and level to slower over one host's shared memory), on the CPU path:
+    // the NCCL path's has not run on GPUs yet, so it waits for an explicit true
+    const int overlap = tc->overlap_grad_reduce > 0 ||
+                        (tc->overlap_grad_reduce < 0 && dist.local_world < dist.world && gs.host_mem);
     if (overlap) grad_sync_overlap(&gs, (size_t)tc->grad_bucket_elements);   // gs.bucket: taken
     AdamW opt;
-    adamw_init_range(&opt, &model, gs.lo, gs.hi);
+    adamw_init_shard(&opt, &model, &gs.own);
     TrainState st = {.seed = tc->seed};
     if (ckpt[0]) {
         ckpt_load(ckpt, &model, &opt, &st);

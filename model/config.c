@@ -234,7 +234,7 @@ static void defaults(Config *cfg) {
     t->val_batches = 8;
     t->max_consecutive_skips = 1;   // a non-finite step stops the run at once (docs/CHECKPOINTS.md)
     t->dist_timeout_s = 600;   // torch.distributed's default collective timeout
-    t->overlap_grad_reduce = -1;   // auto: under ZeRO-0 when the ranks span hosts; the same bits either way (docs/DISTRIBUTED.md)
+    t->overlap_grad_reduce = -1;   // auto: when the ranks span hosts; the same bits either way (docs/DISTRIBUTED.md)
     t->grad_bucket_elements = 1 << 20;   // 4 MiB messages, DIST_PIECE's
 }
 

@@ -1,10 +1,10 @@
 // Run by tests/test_dist.sh under mpirun (2, 3 and 4 ranks): the bucketed sums over ranks
-// (train/dist_buckets.c) against dist_reduce_scatter_f32 and dist_allreduce_sum_f32 on the same
-// buffers, bit for bit, for sizes that do and do not divide into ranks and buckets, buckets
-// larger than a rank's piece and smaller, pieces past the end of the buffer, with and without
-// the progress thread, and the progress reported in random falling steps (as the backward
-// reports its layers), all at once, or not at all before finish. Each rank prints its failures;
-// rank 0 prints the count. Exit 0 when every rank passed.
+// (train/dist_buckets.c) against dist_reduce_scatter_f32 (round by round over the stripes of the
+// reduce-scatter) and dist_allreduce_sum_f32 on the same buffers, bit for bit, for sizes that do
+// and do not divide into ranks and buckets, stripes and buckets larger than the buffer and smaller,
+// with and without the progress thread, and the progress reported in random falling steps (as the
+// backward reports its layers), all at once, or not at all before finish. Each rank prints its
+// failures; rank 0 prints the count. Exit 0 when every rank passed.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +48,9 @@ int main(void) {
         dist_finalize(&d);
         return 2;
     }
-    static const size_t N[] = {1, 7, 1000, 4096 * 3 + 5, 50000, 300007};   // the last past a reduce-scatter bucket's cap
+    static const size_t N[] = {1, 7, 1000, 4096 * 3 + 5, 50000, 300007};
     static const size_t BUCKET[] = {1, 3, 64, 1000, 1 << 20, 2147483647};
+    static const size_t STRIPE[] = {1, 3, 64, 1000, 4096, 1 << 20};   // reduce-scatter: bucket = world x stripe
     int passed = 0, failed = 0;
     const int serialized = d.mpi_serialized;
     for (int threaded = 0; threaded <= serialized; threaded++) {
@@ -65,15 +66,16 @@ int main(void) {
                     rng_seed(&r, 1000 + (unsigned long long)d.rank * 31 + a * 7 + b);
                     for (size_t i = 0; i < n; i++) buf[i] = (float)(rng_uniform(&r) * 2.0 - 1.0) * 1e3f;
                     const unsigned long long seed = 77 + (unsigned long long)d.rank + a + b;   // reports differ by rank
-                    for (int align = 1; align <= 4096; align *= 4096) {   // reduce-scatter: ZeRO-1's pieces
-                        const size_t shard = dist_shard_size(n, d.world, (size_t)align);
-                        float *pw = xmalloc(shard * sizeof(float)), *pg = xmalloc(shard * sizeof(float));
-                        dist_reduce_scatter_f32(&d, buf, n, shard, pw);
-                        memset(pg, 0xff, shard * sizeof(float));   // NaNs where nothing was written
-                        report(dist_buckets_begin(&d, buf, n, shard, bucket, pg), n, mode, seed);
-                        snprintf(what, sizeof(what), "reduce-scatter, %s, n %zu, shard %zu, bucket %zu, reports %d",
-                                 threaded ? "thread" : "no thread", n, shard, bucket, mode);
-                        if (same(&d, pg, pw, shard, what)) passed++;
+                    const size_t S = STRIPE[b], P = S * (size_t)d.world, rounds = n ? (n + P - 1) / P : 1;   // reduce-scatter
+                    if (rounds <= 400) {
+                        float *pw = xmalloc(rounds * S * sizeof(float)), *pg = xmalloc(rounds * S * sizeof(float));
+                        for (size_t k = 0; k < rounds; k++)   // a round of world stripes is a contiguous layout
+                            dist_reduce_scatter_f32(&d, buf + k * P, n - k * P < P ? n - k * P : P, S, pw + k * S);
+                        memset(pg, 0xff, rounds * S * sizeof(float));   // NaNs where nothing was written
+                        report(dist_buckets_begin(&d, buf, n, S, pg), n, mode, seed);
+                        snprintf(what, sizeof(what), "reduce-scatter, %s, n %zu, stripe %zu, reports %d", threaded ? "thread" : "no thread",
+                                 n, S, mode);
+                        if (same(&d, pg, pw, rounds * S, what)) passed++;
                         else failed++;
                         free(pw);
                         free(pg);

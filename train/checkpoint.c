@@ -325,11 +325,17 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
 
 // ---------------------------------------------------------------- save
 
-// A ZeRO-1 shard: elements [lo, hi) of the flat fp32 layout of m and v as two 1-D tensors.
+// A ZeRO-1 shard: m and v of the rank's elements of the flat fp32 layout as two 1-D tensors. A
+// contiguous piece: elements [lo, hi). Stripes (train/shard.h): `stripe` elements from lo into
+// every round of `period`, packed round after round (the rounds' stripes past numel as zeros).
 // The flat layout (table offsets, padding included) is a function of the model config, which
-// resume requires to be unchanged, so lo/hi locate the slice exactly.
+// resume requires to be unchanged, so these locate the elements exactly.
 static int save_shard(Model *model, const AdamW *opt, const char *path, int rank, int world, char *err, size_t errlen) {
-    size_t len = opt->hi - opt->lo;
+    const size_t n = model->params.bytes_f32 / 4;
+    const int striped = !shard_is_contiguous(&opt->sh);
+    size_t lo, hi, off;
+    shard_range(&opt->sh, 0, &lo, &hi, &off);
+    const size_t len = striped ? shard_count(&opt->sh) : hi - lo;
     float *hm = xmalloc((len ? len : 1) * sizeof(float)), *hv = xmalloc((len ? len : 1) * sizeof(float));
     if (len) {
         model->be->download(hm, opt->m, len * sizeof(float));
@@ -337,10 +343,11 @@ static int save_shard(Model *model, const AdamW *opt, const char *path, int rank
     }
     StTensor t[2] = {{.name = "exp_avg", .ndim = 1, .shape = {(int64_t)len}, .data = hm},
                      {.name = "exp_avg_sq", .ndim = 1, .shape = {(int64_t)len}, .data = hv}};
-    char meta[320];
+    char meta[400], stripes[128] = "";
+    if (striped) snprintf(stripes, sizeof(stripes), ",\"stripe\":\"%zu\",\"period\":\"%zu\"", opt->sh.stripe, opt->sh.period);
     snprintf(meta, sizeof(meta),
-             "{\"format\":\"clla-adamw-zero1\",\"layout\":\"joined\",\"t\":\"%d\",\"rank\":\"%d\",\"world\":\"%d\",\"lo\":\"%zu\",\"hi\":\"%zu\",\"numel\":\"%zu\"}",
-             opt->t, rank, world, opt->lo, opt->hi, model->params.bytes_f32 / 4);
+             "{\"format\":\"clla-adamw-zero1\",\"layout\":\"joined\",\"t\":\"%d\",\"rank\":\"%d\",\"world\":\"%d\",\"lo\":\"%zu\",\"hi\":\"%zu\",\"numel\":\"%zu\"%s}",
+             opt->t, rank, world, striped ? opt->sh.lo : lo, striped ? opt->sh.lo : hi, n, stripes);
     int rc = st_save(path, t, len ? 2 : 0, ST_F32, meta, err, errlen);   // an empty shard: metadata only
     free(hm);
     free(hv);
@@ -368,7 +375,7 @@ int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const float 
               const TrainState *st, Dist *dist, char *out, size_t outlen, char *err, size_t errlen) {
     const int rank = dist ? dist->rank : 0, world = dist ? dist->world : 1;
     // a sharded optimizer (ZeRO-1 over several ranks) is written by every rank
-    const int sharded = !(opt->lo == 0 && opt->hi == model->params.bytes_f32 / 4);
+    const int sharded = !shard_is_all(&opt->sh);
     char *base = path_join(run_dir, CKPT_SUBDIR);
     char name[64], tmpname[96];
     snprintf(name, sizeof(name), "step_%08d", st->step);
@@ -826,25 +833,47 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
                     "--set train.init_from=%s/model.safetensors",
                     op, dir);
             unsigned long long lo = meta_u64(meta, "lo", op), hi = meta_u64(meta, "hi", op), numel = meta_u64(meta, "numel", op);
-            if (numel != n || lo > hi || hi > n)
+            // stripes (train/shard.h), or the contiguous [lo, hi) as one round
+            const int striped = cJSON_GetObjectItemCaseSensitive(meta, "period") != NULL;
+            if (numel != n || (!striped && (lo > hi || hi > n)))
                 die("cannot resume: '%s' holds elements [%llu, %llu) of %llu, this model has %zu: the file belongs to another model",
                     op, lo, hi, numel, n);
-            float *dst[2] = {hm + lo, hv + lo};
-            const char *names[2] = {"exp_avg", "exp_avg_sq"};
-            for (int b = 0; b < 2 && hi > lo; b++) {
-                int j = st_find(&sf, names[b]);
-                if (j < 0 || sf.e[j].dtype != ST_F32 || sf.e[j].ndim != 1 || sf.e[j].shape[0] != (int64_t)(hi - lo))
-                    die("cannot resume: '%s': tensor '%s' is missing or not F32 [%llu] (damaged optimizer file)", op, names[b], hi - lo);
-                if (st_read_f32(&sf, j, dst[b], err, sizeof(err)) != 0) die("cannot resume: '%s': %s", op, err);
+            Shard sh = {lo, hi - lo, n ? n : 1, n};
+            if (striped) {
+                sh.stripe = meta_u64(meta, "stripe", op);
+                sh.period = meta_u64(meta, "period", op);
+                if (sh.stripe == 0 || sh.period < sh.stripe || lo > sh.period - sh.stripe || shard_rounds(&sh) > SIZE_MAX / sizeof(float) / sh.stripe)
+                    die("cannot resume: '%s': stripes of %zu elements from %llu every %zu do not fit (damaged optimizer file)", op,
+                        sh.stripe, lo, sh.period);
             }
+            const size_t len = striped ? shard_count(&sh) : hi - lo;
+            float *packed[2] = {xmalloc((len ? len : 1) * sizeof(float)), xmalloc((len ? len : 1) * sizeof(float))};
+            float *whole[2] = {hm, hv};
+            const char *names[2] = {"exp_avg", "exp_avg_sq"};
+            for (int b = 0; b < 2 && len; b++) {
+                int j = st_find(&sf, names[b]);
+                if (j < 0 || sf.e[j].dtype != ST_F32 || sf.e[j].ndim != 1 || sf.e[j].shape[0] != (int64_t)len)
+                    die("cannot resume: '%s': tensor '%s' is missing or not F32 [%zu] (damaged optimizer file)", op, names[b], len);
+                if (st_read_f32(&sf, j, packed[b], err, sizeof(err)) != 0) die("cannot resume: '%s': %s", op, err);
+                for (size_t k = 0; k < shard_rounds(&sh); k++) {
+                    size_t a, e, off;
+                    shard_range(&sh, k, &a, &e, &off);
+                    if (e > a) memcpy(whole[b] + a, packed[b] + off, (e - a) * sizeof(float));
+                }
+            }
+            free(packed[0]);
+            free(packed[1]);
         }
         cJSON_Delete(meta);
         st_close(&sf);
         free(op);
     }
-    if (opt->hi > opt->lo) {
-        model->be->upload(opt->m, hm + opt->lo, (opt->hi - opt->lo) * sizeof(float));
-        model->be->upload(opt->v, hv + opt->lo, (opt->hi - opt->lo) * sizeof(float));
+    for (size_t k = 0; k < shard_rounds(&opt->sh); k++) {   // this optimizer's elements of the whole
+        size_t a, e, off;
+        shard_range(&opt->sh, k, &a, &e, &off);
+        if (e <= a) continue;
+        model->be->upload(opt->m + off, hm + a, (e - a) * sizeof(float));
+        model->be->upload(opt->v + off, hv + a, (e - a) * sizeof(float));
     }
     free(hm);
     free(hv);

@@ -78,11 +78,13 @@ void dist_reduce_scatter_f32(Dist *d, const float *buf, size_t n, size_t shard, 
 // MPI call between begin and finish.
 #define DIST_BUCKETS_IN_FLIGHT 4
 typedef struct DistBuckets DistBuckets;
-// Reduce-scatter (world > 1, MPI): at finish, out holds what dist_reduce_scatter_f32(d, buf, n,
-// shard, out) writes. A bucket goes to the ranks whose pieces it overlaps; buckets are cut to at
-// most DIST_PIECE / DIST_BUCKETS_IN_FLIGHT elements, so the receive memory is at most world x
-// DIST_PIECE floats, as dist_reduce_scatter_f32's.
-DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t shard, size_t bucket, float *out);
+// Reduce-scatter over stripes (world > 1, MPI): the buckets are rounds of world stripes of
+// `stripe` elements (bucket = world x stripe), rank r owning stripe r of each (train/shard.h,
+// Megatron's layout), so every bucket uses every rank's links. At finish, out (ceil(n / bucket) x
+// stripe floats) holds rank `rank`'s stripes of the sums, round after round; entries past n are 0.
+// Round by round these are the sums dist_reduce_scatter_f32(d, buf + k bucket, ..., stripe, ...)
+// gives. Receive memory: DIST_BUCKETS_IN_FLIGHT x world x stripe floats.
+DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t stripe, float *out);
 // All-reduce in place: at finish, buf holds what dist_allreduce_sum_f32(d, buf, n) leaves. Each
 // bucket is cut into world equal parts, each summed by one rank and sent back to all, so every
 // bucket uses every rank's links.

@@ -8,16 +8,12 @@
 // A bucket's elements are cut into one part per rank; rank s receives part s from every rank and
 // adds. All-reduce (ZeRO-0): the bucket is cut into world equal parts, so every bucket keeps every
 // link busy both ways, and each rank then sends its added part to all (the all-gather half),
-// written back into the buffer in place. Reduce-scatter (ZeRO-1) over two ranks: part s is the
-// bucket's share of rank s's piece of the optimizer (direct), so a bucket inside one piece goes to
-// one rank. Over three or more the direct form would bring the owner world - 1 copies of each
-// bucket while the other links idle, and the backward completes the pieces one after another
-// (the last rank's first, rank 0's, with the embedding, at the very end, exposed): so the bucket is
-// cut into world equal parts as for the all-reduce, each added by its rank, and the added parts
-// then go to the owners of their elements (Rabenseifner's reduce). The owner takes in
-// 2 (world - 1) / world of a bucket instead of world - 1; at two ranks both are one bucket, and
-// the direct form needs one round trip instead of two. Every element is added in the same tree
-// either way: the same bits.
+// written back into the buffer in place. Reduce-scatter (ZeRO-1): the bucket is a round of world
+// stripes and part s is stripe s, which rank s's optimizer owns (train/shard.h): the same balance
+// as the all-reduce's first half. (With the optimizer's pieces contiguous instead, a bucket had
+// one owner, whose receive link took world - 1 copies of it while the others idled, and the
+// backward completes the pieces one after another: docs/DISTRIBUTED.md measured that slower than
+// the sum after the backward.)
 //
 // On device buffers with NCCL (dist_buckets_begin_dev) a bucket is one started NCCL collective
 // (kernels/nccl_comm.h: on a stream of its own, after the backward's kernels queued so far): an
@@ -41,8 +37,7 @@ enum { TAG_BUCKET = 102, TAG_GATHER = 103 };   // apart from dist.c's tags
 typedef struct Flight {
     size_t lo, hi;        // the bucket: elements [lo, hi)
     size_t oa, len;       // this rank's part: elements [oa, oa + len)
-    int gathering;        // second phase: the added parts on their way to every rank (all-reduce)
-                          // or to their owners (reduce-scatter in equal parts)
+    int gathering;        // all-reduce: the added parts are being exchanged (second phase)
     int nreq;
     MPI_Request *req;     // 2 world: receives, then sends
     float *recv;          // world x stride: rank s's values of the own part at s stride
@@ -51,12 +46,10 @@ typedef struct Flight {
 struct DistBuckets {
     Dist *d;
     float *buf;           // read only in reduce-scatter mode on the host
-    int scatter;          // 1: reduce-scatter (each rank ends with the sums of its piece)
-    int direct;           // reduce-scatter, 1: a rank's part is the bucket within its piece; 0: equal
-                          // parts first, then the sums to the owners (two phases)
+    int scatter;          // 1: reduce-scatter (each rank ends with the sums of its piece or stripes)
     int dev;              // 1: device buffers, NCCL (no Flights, no thread)
     float *out;           // host reduce-scatter: this rank's piece of the sums; else NULL
-    size_t n, shard, bucket;
+    size_t n, shard, bucket;   // shard: device reduce-scatter's piece; host: the stripe
     size_t stride;        // floats of one rank's values in a Flight's recv (the longest own part)
     size_t unsent;        // buckets [0, unsent) of the grid are not sent yet (sent top down)
     Flight fl[DIST_BUCKETS_IN_FLIGHT];
@@ -83,16 +76,10 @@ static size_t overlap(size_t lo, size_t hi, size_t p0, size_t p1, size_t *start)
     return e > a ? e - a : 0;
 }
 
-// Rank s's piece of the optimizer within [lo, hi) (reduce-scatter): its start and length.
-static size_t piece_part(const DistBuckets *b, size_t lo, size_t hi, int s, size_t *start) {
-    return overlap(lo, hi, (size_t)s * b->shard, (size_t)(s + 1) * b->shard, start);
-}
-
-// Rank s's part of the bucket [lo, hi) in the first phase: its start and length.
+// Rank s's part of the bucket [lo, hi): its start and length. Reduce-scatter: stripe s of the
+// round that starts at lo; all-reduce: world equal parts, the last ones shorter or empty.
 static size_t part_of(const DistBuckets *b, size_t lo, size_t hi, int s, size_t *start) {
-    if (b->direct) return piece_part(b, lo, hi, s, start);   // the bucket within piece s
-    // world equal parts, the last ones shorter or empty
-    const size_t q = (hi - lo + (size_t)b->d->world - 1) / (size_t)b->d->world;
+    const size_t q = b->scatter ? b->shard : (hi - lo + (size_t)b->d->world - 1) / (size_t)b->d->world;
     return overlap(lo, hi, lo + (size_t)s * q, lo + (size_t)(s + 1) * q, start);
 }
 
@@ -132,25 +119,8 @@ static int advance_oldest(DistBuckets *b) {
                 const float *src = f->recv + (size_t)(j + s) * b->stride;
                 for (size_t i = 0; i < f->len; i++) dst[i] += src[i];
             }
-        if (b->out && !b->direct) {
-            // the added part (row 0 of recv) to the owners of its elements, the own piece's
-            // elements from the ranks that added them, straight into out
-            f->gathering = 1;
-            f->nreq = 0;
-            const size_t p0 = (size_t)me * b->shard;   // out[i - p0]: element i of the buffer
-            for (int s = 0; s < W; s++) {
-                size_t sa, sl = piece_part(b, f->oa, f->oa + f->len, s, &sa);
-                if (s == me) {
-                    if (sl) memcpy(b->out + (sa - p0), f->recv + (sa - f->oa), sl * sizeof(float));
-                    continue;
-                }
-                if (sl) MPI_Isend(f->recv + (sa - f->oa), (int)sl, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
-                size_t ja, jn = part_of(b, f->lo, f->hi, s, &ja), ra, rl = piece_part(b, ja, ja + jn, me, &ra);
-                if (rl) MPI_Irecv(b->out + (ra - p0), (int)rl, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
-            }
-            return 0;
-        }
-        float *to = b->out ? b->out + (f->oa - (size_t)me * b->shard) : b->buf + f->oa;
+        // reduce-scatter: round lo / bucket of the stripes, packed (train/shard.h)
+        float *to = b->out ? b->out + f->lo / b->bucket * b->shard + (f->oa - f->lo - (size_t)me * b->shard) : b->buf + f->oa;
         if (f->len) memcpy(to, f->recv, f->len * sizeof(float));
         if (!b->out) {
             f->gathering = 1;
@@ -242,21 +212,13 @@ static DistBuckets *fresh(Dist *d, float *buf, size_t n, size_t shard, size_t bu
     return b;
 }
 
-// Direct reduce-scatter buckets of at most this many elements: a bucket inside one rank's piece
-// brings that rank world copies of it at once, so DIST_BUCKETS_IN_FLIGHT of them in flight take at
-// most world x DIST_PIECE floats, as dist_reduce_scatter_f32's scratch does. The equal parts are a
-// world-th of a bucket (world of them take one bucket): no cap.
-#define SCATTER_BUCKET_MAX (DIST_PIECE / DIST_BUCKETS_IN_FLIGHT)
-
+// shard: the reduce-scatter's stripe (bucket = world x stripe), else unused
 static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, float *out) {
-    const int direct = out && d->world <= 2;
-    if (direct && bucket > SCATTER_BUCKET_MAX) bucket = SCATTER_BUCKET_MAX;   // (the same on every rank)
     DistBuckets *b = fresh(d, buf, n, shard, bucket, out != NULL);
     b->out = out;
-    b->direct = direct;
-    // the longest own part: min(bucket, shard) (direct), else ceil(min(bucket, n) / world)
+    // the longest own part: the stripe, or ceil(min(bucket, n) / world)
     const size_t whole = bucket < n ? bucket : n;
-    b->stride = direct ? (bucket < shard ? bucket : shard) : (whole + (size_t)d->world - 1) / (size_t)d->world;
+    b->stride = out ? shard : (whole + (size_t)d->world - 1) / (size_t)d->world;
     size_t per, total;
     if (__builtin_mul_overflow((size_t)d->world, b->stride, &per) ||
         __builtin_mul_overflow(per, (size_t)DIST_BUCKETS_IN_FLIGHT * sizeof(float), &total))
@@ -267,10 +229,7 @@ static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bu
         b->fl[i].recv = b->recv + (size_t)i * per;
         b->fl[i].req = b->req + (size_t)i * 2 * (size_t)d->world;
     }
-    if (out) {   // entries of the own piece past n are 0 (no bucket covers them)
-        size_t p0 = (size_t)d->rank * shard, have = p0 < n ? (n - p0 < shard ? n - p0 : shard) : 0;
-        memset(out + have, 0, (shard - have) * sizeof(float));
-    }
+    if (out) memset(out, 0, (b->unsent ? b->unsent : 1) * shard * sizeof(float));   // the stripes past n stay 0
     if (d->mpi_serialized) {
         pthread_mutex_init(&b->mu, NULL);
         pthread_cond_init(&b->cv, NULL);
@@ -280,9 +239,11 @@ static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bu
     return b;
 }
 
-DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t shard, size_t bucket, float *out) {
-    if (!out) die("dist_buckets_begin: no output piece (internal error)");
-    return begin(d, (float *)buf, n, shard, bucket, out);   // (buf is only read in this mode)
+DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t stripe, float *out) {
+    size_t bucket;
+    if (!out || stripe == 0 || __builtin_mul_overflow(stripe, (size_t)d->world, &bucket))
+        die("dist_buckets_begin: no output, or stripes of %zu elements over %d ranks (internal error)", stripe, d->world);
+    return begin(d, (float *)buf, n, stripe, bucket, out);   // (buf is only read in this mode)
 }
 
 DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket) { return begin(d, buf, n, n, bucket, NULL); }
@@ -305,8 +266,10 @@ static void start_dev(DistBuckets *b, size_t from) {
             nccl_comm_start_allreduce_f32(b->d->nccl, b->buf + lo, hi - lo);
             continue;
         }
-        // (NCCL's reduce is a ring: every link carries about one bucket, whichever rank is the root)
-        for (int s = 0; s < b->d->world; s++) count[s] = piece_part(b, lo, hi, s, &start[s]);
+        // each rank's contiguous piece of the bucket (NCCL's reduce is a ring: every link carries
+        // about one bucket, whichever rank is the root)
+        for (int s = 0; s < b->d->world; s++)
+            count[s] = overlap(lo, hi, (size_t)s * b->shard, (size_t)(s + 1) * b->shard, &start[s]);
         nccl_comm_start_reduces_f32(b->d->nccl, b->buf, start, count);
     }
 }
@@ -369,8 +332,8 @@ void dist_buckets_finish(DistBuckets *b) {
 
 #else   // without MPI there is one rank and nothing to reduce: train/grad_sync.c never starts one
 
-DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t shard, size_t bucket, float *out) {
-    (void)d; (void)buf; (void)n; (void)shard; (void)bucket; (void)out;
+DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t stripe, float *out) {
+    (void)d; (void)buf; (void)n; (void)stripe; (void)out;
     die("dist: a bucketed reduce-scatter without MPI (internal error)");
 }
 DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket) {

@@ -35,6 +35,7 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
         size_t a = (size_t)d->rank * g->shard, b = a + g->shard;
         g->lo = a < g->n ? a : g->n;
         g->hi = b < g->n ? b : g->n;
+        g->own = (Shard){a, g->shard, g->shard * (size_t)d->world, g->n};   // one round: world * shard >= n
         if (!g->dev_coll) g->piece = xmalloc(g->shard * sizeof(float));
         g->shard_masters = d->world > 1 && (void *)m->master != m->w;
         if (g->shard_masters) model_shard_masters(m, g->lo, g->hi);
@@ -55,6 +56,7 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
         g->shard = g->n;
         g->lo = 0;
         g->hi = g->n;
+        g->own = (Shard){0, g->n, g->n, g->n};
     }
     if (!g->host_mem && !g->dev_coll && d->world > 1) g->host = xmalloc(g->n * sizeof(float));
     // The tree needs an fp32 add of gradient buffers, which only host memory has here; a
@@ -86,8 +88,34 @@ void grad_sync_free(GradSync *g, Model *m) {
 
 int grad_sync_overlap(GradSync *g, size_t bucket) {
     if (!(g->host_mem || g->dev_coll) || g->dist->world == 1 || bucket == 0) return 0;
-    g->bucket = bucket;   // (ZeRO-1's piece is allocated by grad_sync_init; ZeRO-0 sums in place)
+    g->bucket = bucket;   // (ZeRO-0 sums in place)
+    if (g->zero && g->host_mem) {
+        // stripes of ceil(bucket / world) elements rounded up to the norm's block (so that the
+        // norm's blocks lie within one rank's stripe), a bucket = a round of world stripes
+        const size_t W = (size_t)g->dist->world, per = (bucket + W - 1) / W;
+        size_t stripe = (per + GRAD_NORM_BLOCK - 1) / GRAD_NORM_BLOCK * GRAD_NORM_BLOCK, period;
+        if (__builtin_mul_overflow(stripe, W, &period) || period > (size_t)2147483647)
+            die("grad_sync: buckets of %zu elements over %zu ranks: a round of %zu-element stripes passes MPI's int counts: lower "
+                "train.grad_bucket_elements",
+                bucket, W, stripe);
+        g->own = (Shard){(size_t)g->dist->rank * stripe, stripe, period, g->n};
+        g->bucket = period;
+        g->shard = shard_count(&g->own);
+        g->lo = g->hi = 0;   // (no contiguous range)
+        free(g->piece);
+        g->piece = xmalloc(g->shard * sizeof(float));
+    }
     return 1;
+}
+
+// The packed piece (g->piece, own's elements) into its places in buf (n floats, host memory).
+static void unpack_piece(const GradSync *g, float *buf) {
+    const size_t rounds = shard_rounds(&g->own);
+    for (size_t k = 0; k < rounds; k++) {
+        size_t a, b, off;
+        shard_range(&g->own, k, &a, &b, &off);
+        if (b > a) memcpy(buf + a, g->piece + off, (b - a) * sizeof(float));
+    }
 }
 
 // Model.grad_final during the last micro-step's backward: [from, frontier) of the gradient is
@@ -106,7 +134,7 @@ void grad_sync_begin_micro(GradSync *g, Model *m, int k) {
     if (g->tree || k == 0) model_zero_grad(m);
     if (g->bucket && k == g->micro - 1) {
         g->flight = g->dev_coll ? dist_buckets_begin_dev(g->dist, m->grad, g->n, g->shard, g->bucket, g->zero)
-                    : g->zero   ? dist_buckets_begin(g->dist, m->grad, g->n, g->shard, g->bucket, g->piece)
+                    : g->zero   ? dist_buckets_begin(g->dist, m->grad, g->n, g->own.stripe, g->piece)
                                 : dist_buckets_begin_allreduce(g->dist, m->grad, g->n, g->bucket);
         g->frontier = g->n;
         g->cur = m->grad;
@@ -154,7 +182,7 @@ void grad_sync_reduce(GradSync *g, Model *m) {
     if (g->flight) {   // summed during the backward: what is left, and the wait
         dist_buckets_finish(g->flight);   // ZeRO-0: m->grad holds the sum; ZeRO-1 on NCCL: its [lo, hi)
         g->flight = NULL;
-        if (g->zero && !g->dev_coll && g->hi > g->lo) memcpy(m->grad + g->lo, g->piece, (g->hi - g->lo) * sizeof(float));
+        if (g->zero && !g->dev_coll) unpack_piece(g, m->grad);
         return;
     }
     if (g->dev_coll) {
@@ -173,6 +201,7 @@ void grad_sync_reduce(GradSync *g, Model *m) {
         if (!g->host_mem) g->be->upload(m->grad, g->host, g->n * sizeof(float));
         return;
     }
+    if (!shard_is_contiguous(&g->own)) die("grad_sync: a striped shard summed without its buckets (internal error)");
     dist_reduce_scatter_f32(d, buf, g->n, g->shard, g->piece);
     if (g->hi > g->lo) {
         if (g->host_mem) memcpy(m->grad + g->lo, g->piece, (g->hi - g->lo) * sizeof(float));
@@ -191,25 +220,37 @@ double grad_sync_norm(GradSync *g, Model *m) {
         return sqrt(dist_sum_f64(d, mine));
     }
     // Block sums of the own shard, gathered, then added in block order: the arithmetic of the
-    // CPU backend's sumsq over the whole buffer.
-    size_t per = g->shard / GRAD_NORM_BLOCK, total = (g->n + GRAD_NORM_BLOCK - 1) / GRAD_NORM_BLOCK;
-    double *mine = xcalloc(per, sizeof(double)), *all = xmalloc(per * (size_t)d->world * sizeof(double));
-    for (size_t b = 0; b < per; b++) {
-        size_t a = g->lo + b * GRAD_NORM_BLOCK;
-        if (a >= g->hi) break;
-        size_t len = g->hi - a < GRAD_NORM_BLOCK ? g->hi - a : GRAD_NORM_BLOCK;
+    // CPU backend's sumsq over the whole buffer. Packed block p of rank r is block
+    // (p / sb) * W * sb + r * sb + p % sb of the buffer (sb blocks a stripe; a contiguous piece is
+    // one stripe, so rank-major order is block order there).
+    const size_t W = (size_t)d->world, per = g->shard / GRAD_NORM_BLOCK, sb = g->own.stripe / GRAD_NORM_BLOCK;
+    const size_t total = (g->n + GRAD_NORM_BLOCK - 1) / GRAD_NORM_BLOCK;
+    double *mine = xcalloc(per ? per : 1, sizeof(double)), *all = xmalloc((per ? per : 1) * W * sizeof(double));
+    double *ordered = xcalloc(total ? total : 1, sizeof(double));
+    for (size_t p = 0; p < per; p++) {
+        size_t a0, b0, off;
+        shard_range(&g->own, p / sb, &a0, &b0, &off);
+        const size_t a = a0 + (p % sb) * GRAD_NORM_BLOCK;
+        if (a >= b0) continue;
+        const size_t len = b0 - a < GRAD_NORM_BLOCK ? b0 - a : GRAD_NORM_BLOCK;
         if (g->host_mem) {
-            mine[b] = m->be->sumsq(m->grad + a, len);
+            mine[p] = m->be->sumsq(m->grad + a, len);
         } else {
-            mine[b] = sumsq_block(g->piece + (a - g->lo), len);   // the host piece, summed as sumsq does
+            mine[p] = sumsq_block(g->piece + (a - g->lo), len);   // the host piece (contiguous), summed as sumsq does
         }
     }
     if (per > (size_t)2147483647) die("gradient norm: %zu blocks per rank exceed MPI's int counts", per);
     dist_allgather_f64(d, mine, (int)per, all);
+    for (size_t r = 0; r < W; r++)
+        for (size_t p = 0; p < per; p++) {
+            const size_t b = (p / sb) * W * sb + r * sb + p % sb;
+            if (b < total) ordered[b] = all[r * per + p];
+        }
     double s = 0.0;
-    for (size_t b = 0; b < total; b++) s += all[b];   // rank-major = block order
+    for (size_t b = 0; b < total; b++) s += ordered[b];   // block order
     free(mine);
     free(all);
+    free(ordered);
     return sqrt(s);
 }
 
@@ -218,7 +259,12 @@ double grad_sync_norm(GradSync *g, Model *m) {
 static void allgather_full(GradSync *g, float *full) {
     Dist *d = g->dist;
     if (g->host_mem) {
-        dist_allgather_f32(d, full, g->n, g->shard);
+        // round by round: a round is the world's stripes in rank order, as a contiguous layout is
+        const size_t rounds = shard_rounds(&g->own), P = g->own.period;
+        for (size_t k = 0; k < rounds; k++) {
+            const size_t a = k * P, len = g->n - a < P ? g->n - a : P;
+            dist_allgather_f32(d, full + a, len, g->own.stripe);
+        }
     } else if (g->dev_coll) {
         dist_allgather_dev_f32(d, full, g->shard);   // full: m->grad, padded at init
     } else {

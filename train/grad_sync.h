@@ -10,9 +10,12 @@
 // updates its masters, copies them into its range of the (spent) gradient buffer, all-gathers
 // that buffer and rounds the storage copy from it. The fp32 CPU backend's masters are its
 // storage, which every rank needs whole: they are all-gathered in place and not sharded.
+// There, with the sum overlapped (grad_sync_overlap), the shard is stripes instead of [lo, hi):
+// one stripe of every gradient bucket per rank (own, train/shard.h), so that each bucket is
+// reduce-scattered over every rank's links while the backward runs.
 //
 // One step:  for k < micro: begin_micro, forward, backward(1 / (world * micro)), end_micro
-//            reduce -> norm -> adamw_update_range (own range) -> gather_params
+//            reduce -> norm -> adamw_update_range (own elements) -> gather_params
 #ifndef CLLA_TRAIN_GRAD_SYNC_H
 #define CLLA_TRAIN_GRAD_SYNC_H
 
@@ -21,6 +24,7 @@
 #include "common/sumsq.h"
 #include "model/model.h"
 #include "train/dist.h"
+#include "train/shard.h"
 
 // Block of the gradient norm's sum of squares, the CPU backends' (common/sumsq.h): block sums
 // added in index order, so ZeRO-1's norm, formed from the blocks of each shard, is bitwise the
@@ -39,8 +43,10 @@ typedef struct GradSync {
                           // [lo, hi) of them (the same on all ranks, unlike model_masters_sharded,
                           // which is 0 on a rank whose piece happens to be everything)
     size_t n;             // fp32 elements of the flat layout
-    size_t shard;         // ZeRO-1 piece per rank (n when not sharded)
-    size_t lo, hi;        // this rank's range of the optimizer
+    size_t shard;         // ZeRO-1: floats of a rank's piece (shard_count of own); n when not sharded
+    size_t lo, hi;        // a contiguous piece (own in one range): this rank's range of the optimizer
+    Shard own;            // the elements this rank's optimizer holds (train/shard.h): all of them,
+                          // the contiguous [lo, hi), or stripes of every bucket (grad_sync_overlap)
     // pairwise tree of micro-gradients: a stack of partial sums with their levels
     float **stack, **pool;
     int *level, sp, n_pool, n_bufs;
@@ -61,6 +67,9 @@ void grad_sync_free(GradSync *g, Model *m);
 // grad_sync_reduce only waits for the rest. On the host MPI path (the fp32 CPU backend) the same
 // sums in the same order, so the same bits as without; on the NCCL path started NCCL collectives
 // per bucket (the same to rounding). The staged device path without NCCL: a no-op (returns 0).
+// ZeRO-1 on the host path: the optimizer's shard becomes stripes (own), one of every bucket for
+// every rank, so that each bucket is reduce-scattered over all the ranks' links (Megatron's
+// layout); call it before the optimizer is made from own.
 int grad_sync_overlap(GradSync *g, size_t bucket);
 // Before micro-step k's backward: model->grad is ready to receive it.
 void grad_sync_begin_micro(GradSync *g, Model *m, int k);
@@ -68,7 +77,7 @@ void grad_sync_begin_micro(GradSync *g, Model *m, int k);
 // its micro-gradients (CPU: the pairwise tree over k, see train/dist.h).
 void grad_sync_end_micro(GradSync *g, Model *m, int k);
 // Sum over ranks. ZeRO 0: all of model->grad holds the global gradient on every rank;
-// ZeRO 1: only [lo, hi) does (the rest is this rank's local sum, unused).
+// ZeRO 1: only own's elements do (the rest is this rank's local sum, unused).
 void grad_sync_reduce(GradSync *g, Model *m);
 // Global L2 norm of the gradient, the same bits on every rank and, except on the NCCL path
 // (ZeRO-1 there adds one sumsq per rank's range, in rank order), for every ZeRO stage.

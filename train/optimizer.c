@@ -4,16 +4,20 @@
 
 #include "common/util.h"
 
-void adamw_init_range(AdamW *opt, const Model *model, size_t lo, size_t hi) {
-    size_t bytes = (hi > lo ? hi - lo : 1) * sizeof(float);   // never a zero-byte allocation
+void adamw_init_shard(AdamW *opt, const Model *model, const Shard *sh) {
+    const size_t count = shard_count(sh);
+    size_t bytes = (count ? count : 1) * sizeof(float);   // never a zero-byte allocation
     opt->m = model->be->alloc(bytes);
     opt->v = model->be->alloc(bytes);
     opt->t = 0;
-    opt->lo = lo;
-    opt->hi = hi;
+    opt->sh = *sh;
 }
 
-void adamw_init(AdamW *opt, const Model *model) { adamw_init_range(opt, model, 0, model->params.bytes_f32 / 4); }
+void adamw_init(AdamW *opt, const Model *model) {
+    const size_t n = model->params.bytes_f32 / 4;
+    const Shard all = {0, n, n, n};
+    adamw_init_shard(opt, model, &all);
+}
 
 void adamw_free(AdamW *opt, const Model *model) {
     model->be->release(opt->m);
@@ -35,27 +39,32 @@ float clip_scale(double norm, float clip) {
 void adamw_update_range(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale) {
     const TensorTable *tt = &model->params;
     opt->t++;
-    // The update is elementwise, so updating a tensor in pieces (a ZeRO shard boundary may cut
-    // it) gives the same bits as updating it whole.
-    for (int i = 0; i < tt->n; i++) {
-        const TensorInfo *ti = &tt->t[i];
-        size_t a = ti->off_f32 / 4, b = a + ti->numel;
-        if (a < opt->lo) a = opt->lo;
-        if (b > opt->hi) b = opt->hi;
-        if (a >= b) continue;
-        float wd = ti->decay ? tc->weight_decay : 0.0f;
-        if (a < model->master_lo || b > model->master_hi)
-            die("adamw: elements [%zu, %zu) are outside this rank's masters [%zu, %zu) (internal error)", a, b,
-                model->master_lo, model->master_hi);
-        model->be->adamw_update(model->master + (a - model->master_lo), opt->m + (a - opt->lo), opt->v + (a - opt->lo), model->grad + a,
-                                b - a, lr, tc->beta1, tc->beta2, tc->eps, wd, grad_scale, opt->t);
+    // The update is elementwise, so updating a tensor in pieces (a ZeRO shard boundary or a
+    // stripe may cut it) gives the same bits as updating it whole.
+    const size_t rounds = shard_rounds(&opt->sh);
+    for (size_t k = 0; k < rounds; k++) {
+        size_t lo, hi, off;
+        shard_range(&opt->sh, k, &lo, &hi, &off);
+        for (int i = 0; lo < hi && i < tt->n; i++) {
+            const TensorInfo *ti = &tt->t[i];
+            size_t a = ti->off_f32 / 4, b = a + ti->numel;
+            if (a < lo) a = lo;
+            if (b > hi) b = hi;
+            if (a >= b) continue;
+            float wd = ti->decay ? tc->weight_decay : 0.0f;
+            if (a < model->master_lo || b > model->master_hi)
+                die("adamw: elements [%zu, %zu) are outside this rank's masters [%zu, %zu) (internal error)", a, b,
+                    model->master_lo, model->master_hi);
+            model->be->adamw_update(model->master + (a - model->master_lo), opt->m + off + (a - lo), opt->v + off + (a - lo),
+                                    model->grad + a, b - a, lr, tc->beta1, tc->beta2, tc->eps, wd, grad_scale, opt->t);
+        }
     }
 }
 
 int adamw_step_fused(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale) {
     const TensorTable *tt = &model->params;
     if (!model->be->adamw_update_store || (void *)model->master == model->w || model_masters_sharded(model) ||
-        opt->lo != 0 || opt->hi != tt->bytes_f32 / 4)
+        !shard_is_all(&opt->sh))
         return 0;
     opt->t++;
     const unsigned long long seed = adamw_store_seed(tc->seed, opt->t);

@@ -5,25 +5,26 @@
 
 #include "model/config.h"
 #include "model/model.h"
+#include "train/shard.h"
 
 typedef struct AdamW {
-    float *m, *v;      // fp32 moments of elements [lo, hi) of the flat fp32 layout (backend memory)
+    float *m, *v;      // fp32 moments of the elements of sh, packed as train/shard.h says (backend memory)
     int t;             // completed updates
-    size_t lo, hi;     // the part of the flat fp32 buffer (params.bytes_f32 / 4 elements) this
+    Shard sh;          // the part of the flat fp32 buffer (params.bytes_f32 / 4 elements) this
                        // process updates: all of it, or its ZeRO-1 shard (train/grad_sync.h)
 } AdamW;
 
-// Moments for the whole model (lo = 0, hi = all elements).
+// Moments for the whole model.
 void adamw_init(AdamW *opt, const Model *model);
-// Moments for elements [lo, hi) only (ZeRO-1: a rank's shard; hi may equal lo).
-void adamw_init_range(AdamW *opt, const Model *model, size_t lo, size_t hi);
+// Moments for the elements of sh only (ZeRO-1: a rank's shard, which may be empty).
+void adamw_init_shard(AdamW *opt, const Model *model, const Shard *sh);
 void adamw_free(AdamW *opt, const Model *model);
 // Global L2 norm of the accumulated gradients (deterministic).
 double grad_global_norm(const Model *model);
 // One update with learning rate lr; gradients are multiplied by grad_scale first
 // (clipping). Weight decay only on tensors whose table entry says decay.
 void adamw_step(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale);
-// The update of adamw_step on the masters in [opt->lo, opt->hi) only, without refreshing the
+// The update of adamw_step on the masters of opt->sh only, without refreshing the
 // storage copy: ZeRO-1 all-gathers the masters first, then calls model_sync_weights.
 void adamw_update_range(AdamW *opt, Model *model, const TrainConfig *tc, float lr, float grad_scale);
 // adamw_step in one pass over the masters, where it can be: the backend fuses the update with the
