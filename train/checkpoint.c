@@ -327,7 +327,10 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
 
 // A ZeRO-1 shard: m and v of the rank's elements of the flat fp32 layout as two 1-D tensors. A
 // contiguous piece: elements [lo, hi). Stripes (train/shard.h): `stripe` elements from lo into
-// every round of `period`, packed round after round (the rounds' stripes past numel as zeros).
+// every round of `period`, packed round after round (the rounds' stripes past numel as zeros);
+// lo and hi are then the first round's elements, so that a clla from before the stripes, which
+// reads [lo, hi) only, finds a tensor of another length and refuses the file, or, with one round,
+// reads it right.
 // The flat layout (table offsets, padding included) is a function of the model config, which
 // resume requires to be unchanged, so these locate the elements exactly.
 static int save_shard(Model *model, const AdamW *opt, const char *path, int rank, int world, char *err, size_t errlen) {
@@ -347,7 +350,7 @@ static int save_shard(Model *model, const AdamW *opt, const char *path, int rank
     if (striped) snprintf(stripes, sizeof(stripes), ",\"stripe\":\"%zu\",\"period\":\"%zu\"", opt->sh.stripe, opt->sh.period);
     snprintf(meta, sizeof(meta),
              "{\"format\":\"clla-adamw-zero1\",\"layout\":\"joined\",\"t\":\"%d\",\"rank\":\"%d\",\"world\":\"%d\",\"lo\":\"%zu\",\"hi\":\"%zu\",\"numel\":\"%zu\"%s}",
-             opt->t, rank, world, striped ? opt->sh.lo : lo, striped ? opt->sh.lo : hi, n, stripes);
+             opt->t, rank, world, lo, hi, n, stripes);
     int rc = st_save(path, t, len ? 2 : 0, ST_F32, meta, err, errlen);   // an empty shard: metadata only
     free(hm);
     free(hv);
