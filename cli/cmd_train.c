@@ -389,7 +389,9 @@ int cmd_train(int argc, char **argv) {
         if (!finite) cJSON_AddBoolToObject(rec, "skipped", 1);
         int last = step + 1 == tc->max_steps, val_bad = 0;
         char val_err[512] = "";
-        if (val_dl && ((tc->val_every && (step + 1) % tc->val_every == 0) || last)) {
+        const int validate = tc->val_data[0] && ((tc->val_every && (step + 1) % tc->val_every == 0) || last);
+        if (validate) grad_sync_params_ready(&gs, &model);   // on every rank: a gather may be pending (collective)
+        if (val_dl && validate) {
             EvalResult vr = evaluate(&model, val_dl, B, T, (long long)tc->val_batches * B, NULL, NULL);
             if (vr.failed) {
                 val_bad = 1;

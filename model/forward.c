@@ -58,6 +58,11 @@ float model_forward(Model *m, const int32_t *inputs, const int32_t *targets) {
     return model_forward_with(m, inputs, targets, NULL, NULL);
 }
 
+// The weights below tensor i's first element (i < 0: all of them) are in place (Model.param_wait).
+static void weights_until(Model *m, int i) {
+    if (m->param_wait) m->param_wait(m->param_wait_ctx, i < 0 ? m->params.bytes_f32 / 4 : m->params.t[i].off_f32 / sizeof(float));
+}
+
 float model_forward_with(Model *m, const int32_t *inputs, const int32_t *targets, AttendFn attend, void *ctx) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -66,10 +71,12 @@ float model_forward_with(Model *m, const int32_t *inputs, const int32_t *targets
     int V = c->vocab_size;
 
     be->upload(m->d_inputs, inputs, (size_t)N * sizeof(int));
+    weights_until(m, m->lp[0].input_norm);   // the embedding: the first tensor
     be->embedding_forward(A(m->la[0].res_in), m->d_inputs, P(m->embed), N, C);
     for (int l = 0; l < L; l++) {
         const LayerParams *p = &m->lp[l];
         const LayerActs *x = &m->la[l];
+        weights_until(m, l + 1 < L ? m->lp[l + 1].input_norm : m->final_norm);   // layer l's tensors
         // attention block
         be->rmsnorm_forward(A(x->h_attn), A(x->rstd_attn), A(x->res_in), P(p->input_norm), N, C, c->rms_norm_eps);
         if (attend) attend(m, l, ctx);
@@ -82,6 +89,7 @@ float model_forward_with(Model *m, const int32_t *inputs, const int32_t *targets
         float *res_out = l + 1 < L ? A(m->la[l + 1].res_in) : A(m->res_final);
         be->add_forward(res_out, A(x->res_mid), A(m->tmp_c), (size_t)N * C);
     }
+    weights_until(m, -1);   // the final norm and the head
     be->rmsnorm_forward(A(m->h_final), A(m->rstd_final), A(m->res_final), P(m->final_norm), N, C, c->rms_norm_eps);
     be->matmul_forward(A(m->logits), A(m->h_final), P(m->lm_head), N, C, V);
     if (!targets) return 0.0f;

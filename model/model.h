@@ -114,6 +114,12 @@ typedef struct Model {
     // unless the backward returned early. On an asynchronous backend "written" is in stream order.
     void (*grad_final)(void *ctx, size_t from);
     void *grad_final_ctx;
+    // Weights still arriving (train/grad_sync.c: ZeRO-1's all-gather of the updated weights
+    // overlapping the next forward): when set, the forward calls it on the host thread before it
+    // reads the weights of [0, upto) of the flat fp32 layout: the embedding's, each layer's in turn
+    // (the layers lie in the layout in order), then all of them; upto only rises.
+    void (*param_wait)(void *ctx, size_t upto);
+    void *param_wait_ctx;
     int grad_final_by_layer;     // 1: each layer's gradients are complete after its own backward
                                  // (no layer writes a later layer's tensors; model/params.c)
 } Model;

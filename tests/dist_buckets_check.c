@@ -1,10 +1,12 @@
 // Run by tests/test_dist.sh under mpirun (2, 3 and 4 ranks): the bucketed sums over ranks
 // (train/dist_buckets.c) against dist_reduce_scatter_f32 (round by round over the stripes of the
-// reduce-scatter) and dist_allreduce_sum_f32 on the same buffers, bit for bit, for sizes that do
+// reduce-scatter), dist_allgather_f32 (the same for the all-gather, whose waits must not return
+// before their elements are there) and dist_allreduce_sum_f32 on the same buffers, bit for bit, for sizes that do
 // and do not divide into ranks and buckets, stripes and buckets larger than the buffer and smaller,
 // with and without the progress thread, and the progress reported in random falling steps (as the
 // backward reports its layers), all at once, or not at all before finish. Each rank prints its
 // failures; rank 0 prints the count. Exit 0 when every rank passed.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +82,30 @@ int main(void) {
                         free(pw);
                         free(pg);
                     }
+                    if (rounds <= 400) {   // all-gather over the same stripes, waited for in rising steps
+                        memcpy(want, buf, n * sizeof(float));
+                        for (size_t k = 0; k < rounds; k++) dist_allgather_f32(&d, want + k * P, n - k * P < P ? n - k * P : P, S);
+                        for (size_t i = 0; i < n; i++)   // NaN where another rank's stripe goes
+                            got[i] = (i % P) / S == (size_t)d.rank ? buf[i] : NAN;
+                        DistBuckets *g = dist_buckets_begin_gather(&d, got, n, S);
+                        Rng steps;
+                        rng_seed(&steps, seed);
+                        int early = 0;
+                        for (size_t upto = 0; mode < 2 && upto < n;) {   // mode 2: finish only
+                            upto += 1 + (size_t)(rng_next(&steps) % (n / 4 + 1));
+                            if (upto > n) upto = n;
+                            dist_buckets_wait(g, upto);
+                            for (size_t i = 0; i < upto; i++) early |= isnan(got[i]);
+                        }
+                        dist_buckets_finish(g);
+                        snprintf(what, sizeof(what), "all-gather, %s, n %zu, stripe %zu, waits %d%s", threaded ? "thread" : "no thread", n, S,
+                                 mode, early ? " (a wait returned before its elements arrived)" : "");
+                        if (!early && same(&d, got, want, n, what)) passed++;
+                        else {
+                            if (early) printf("FAIL rank %d: %s\n", d.rank, what);
+                            failed++;
+                        }
+                    }
                     memcpy(want, buf, n * sizeof(float));   // all-reduce in place
                     memcpy(got, buf, n * sizeof(float));
                     dist_allreduce_sum_f32(&d, want, n);
@@ -95,7 +121,7 @@ int main(void) {
     }
     int worst = dist_max_int(&d, failed);
     if (d.rank == 0)
-        printf("%d ranks: %d cases on rank 0 bit for bit as dist_reduce_scatter_f32 and dist_allreduce_sum_f32 (%s), %d failed (most on one rank: %d)\n",
+        printf("%d ranks: %d cases on rank 0 bit for bit as dist_reduce_scatter_f32, dist_allgather_f32 and dist_allreduce_sum_f32 (%s), %d failed (most on one rank: %d)\n",
                d.world, passed, serialized ? "with and without the progress thread" : "MPI without MPI_THREAD_SERIALIZED: no progress thread", failed,
                worst);
     dist_finalize(&d);

@@ -52,6 +52,20 @@ for model in dense moe; do
         done
     done
 done
+# ZeRO-1 in stripes gathers the updated weights during the next forward (train/grad_sync.c):
+# validation (rank 0) and checkpoints between steps must first complete it on every rank.
+"$CLLA" prep --tokenizer small.tok --out vshards --chunk-tokens 512 --val-fraction 0.1 "$SRC/tests/fixtures/english.jsonl" > vprep.log 2>&1 ||
+    fail "validation shards: $(tail -n 1 vprep.log)"
+for ov in true false; do
+    run 2 "val_$ov" --config dense.json --zero 1 --set train.data=vshards/train --set train.val_data=vshards/val \
+        --set train.val_every=2 --set train.save_every=3 --set train.overlap_grad_reduce=$ov --set train.grad_bucket_elements=1000
+done
+vl() { grep -o '"val_loss":[^,}]*' "$1/metrics.jsonl" | tr '\n' ' '; }
+[ -n "$(vl val_true)" ] && [ "$(vl val_true)" = "$(vl val_false)" ] && same_bits val_false val_true &&
+    [ -d val_true/checkpoints/step_00000006 ] &&
+    ok "2 ranks, ZeRO-1 in stripes, the weights gathered during the next forward: validation every 2 steps and checkpoints every 3 as after the backward, bit for bit" ||
+    fail "ZeRO-1 gather during the forward with validation: val losses '$(vl val_true)' vs '$(vl val_false)' $(tail -n 2 val_true.err | tr '\n' ' ')"
+
 # The start-up line says whether the sum is overlapped: on the fp32 CPU path when asked for, not
 # by default on one host ("auto": only where the ranks span hosts; the two-host case below).
 for v in "on --overlap-grad-reduce true" "off "; do

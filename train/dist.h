@@ -95,6 +95,11 @@ DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t 
 // so that at finish piece `rank` holds the sums, as after dist_reduce_scatter_dev_f32. The sums
 // are NCCL's, per bucket: the same as the whole buffer's to rounding, not bitwise.
 DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter);
+// All-gather over the same stripes, rounds sent from the lowest (the forward's order) as soon as
+// it begins: rank r's stripe of every round is in buf; at finish every stripe of every rank is.
+// dist_buckets_wait(b, upto) returns when [0, upto) of buf is complete (a gather only).
+DistBuckets *dist_buckets_begin_gather(Dist *d, float *buf, size_t n, size_t stripe);
+void dist_buckets_wait(DistBuckets *b, size_t upto);
 // Every element of buf at index >= from is final: the buckets wholly inside [from, n) not yet
 // sent are sent, and the earlier ones progress. Nothing is sent before the first call.
 void dist_buckets_ready(DistBuckets *b, size_t from);

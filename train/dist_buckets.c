@@ -52,6 +52,9 @@ struct DistBuckets {
     size_t n, shard, bucket;   // shard: device reduce-scatter's piece; host: the stripe
     size_t stride;        // floats of one rank's values in a Flight's recv (the longest own part)
     size_t unsent;        // buckets [0, unsent) of the grid are not sent yet (sent top down)
+    int gather;           // all-gather of stripes (dist_buckets_begin_gather): rounds sent bottom up
+    size_t next_up;       // gather: rounds [0, next_up) sent
+    size_t done;          // gather: rounds [0, done) arrived (under mu when threaded)
     Flight fl[DIST_BUCKETS_IN_FLIGHT];
     int head, count;      // in-flight buckets in the order sent, the oldest at fl[head]
     float *recv;          // DIST_BUCKETS_IN_FLIGHT x world x stride floats
@@ -65,6 +68,7 @@ struct DistBuckets {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    pthread_cond_t arrived;   // gather: signalled when a round has arrived
     size_t ready_from;    // under mu: the lowest `from` reported
     int finishing;        // under mu: dist_buckets_finish was called
 };
@@ -92,6 +96,15 @@ static void send_bucket(DistBuckets *b, size_t j, Flight *f) {
     f->len = part_of(b, f->lo, f->hi, me, &f->oa);
     f->gathering = 0;
     f->nreq = 0;
+    if (b->gather) {   // the own stripe to every rank, theirs into their places
+        for (int s = 0; s < W; s++) {
+            if (s == me) continue;
+            size_t sa, sl = part_of(b, f->lo, f->hi, s, &sa);
+            if (sl) MPI_Irecv(b->buf + sa, (int)sl, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
+            if (f->len) MPI_Isend(b->buf + f->oa, (int)f->len, MPI_FLOAT, s, TAG_GATHER, MPI_COMM_WORLD, &f->req[f->nreq++]);
+        }
+        return;
+    }
     for (int s = 0; s < W; s++) {
         if (s == me) {
             if (f->len) memcpy(f->recv + (size_t)s * b->stride, b->buf + f->oa, f->len * sizeof(float));
@@ -111,7 +124,14 @@ static void send_bucket(DistBuckets *b, size_t j, Flight *f) {
 static int advance_oldest(DistBuckets *b) {
     Flight *f = &b->fl[b->head];
     const int W = b->d->world, me = b->d->rank;
-    if (!f->gathering) {
+    if (b->gather) {   // arrived: rounds arrive in order (the oldest first)
+        if (b->threaded) pthread_mutex_lock(&b->mu);
+        b->done++;
+        if (b->threaded) {
+            pthread_cond_broadcast(&b->arrived);
+            pthread_mutex_unlock(&b->mu);
+        }
+    } else if (!f->gathering) {
         // (a plain loop: on the progress thread an OpenMP loop would start a second team of threads)
         for (int s = 1; s < W; s *= 2)
             for (int j = 0; j + s < W; j += 2 * s) {
@@ -147,7 +167,10 @@ static void wait_oldest(DistBuckets *b) {
 }
 
 // 1 when a bucket of the grid not yet sent lies wholly at or above from.
-static int sendable(const DistBuckets *b, size_t from) { return b->unsent > 0 && (b->unsent - 1) * b->bucket >= from; }
+static int sendable(const DistBuckets *b, size_t from) {
+    if (b->gather) return b->unsent > 0;   // every round is ready at once
+    return b->unsent > 0 && (b->unsent - 1) * b->bucket >= from;
+}
 
 // One round: the oldest buckets whose messages have arrived are advanced, then the buckets at
 // or above from are sent; with all DIST_BUCKETS_IN_FLIGHT in flight, a further one waits for
@@ -167,7 +190,8 @@ static int pump(DistBuckets *b, size_t from, int wait) {
             if (!wait) break;
             wait_oldest(b);
         }
-        send_bucket(b, --b->unsent, &b->fl[(b->head + b->count) % DIST_BUCKETS_IN_FLIGHT]);
+        b->unsent--;
+        send_bucket(b, b->gather ? b->next_up++ : b->unsent, &b->fl[(b->head + b->count) % DIST_BUCKETS_IN_FLIGHT]);
         b->count++;
         did = 1;
     }
@@ -212,10 +236,11 @@ static DistBuckets *fresh(Dist *d, float *buf, size_t n, size_t shard, size_t bu
     return b;
 }
 
-// shard: the reduce-scatter's stripe (bucket = world x stripe), else unused
-static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, float *out) {
-    DistBuckets *b = fresh(d, buf, n, shard, bucket, out != NULL);
+// shard: the reduce-scatter's or the gather's stripe (bucket = world x stripe), else unused
+static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, float *out, int gather) {
+    DistBuckets *b = fresh(d, buf, n, shard, bucket, out != NULL || gather);
     b->out = out;
+    b->gather = gather;
     // the longest own part: the stripe, or ceil(min(bucket, n) / world)
     const size_t whole = bucket < n ? bucket : n;
     b->stride = out ? shard : (whole + (size_t)d->world - 1) / (size_t)d->world;
@@ -233,6 +258,7 @@ static DistBuckets *begin(Dist *d, float *buf, size_t n, size_t shard, size_t bu
     if (d->mpi_serialized) {
         pthread_mutex_init(&b->mu, NULL);
         pthread_cond_init(&b->cv, NULL);
+        pthread_cond_init(&b->arrived, NULL);
         if (pthread_create(&b->thread, NULL, progress_main, b) != 0) die("dist: cannot start the gradient progress thread");
         b->threaded = 1;
     }
@@ -243,10 +269,36 @@ DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t stri
     size_t bucket;
     if (!out || stripe == 0 || __builtin_mul_overflow(stripe, (size_t)d->world, &bucket))
         die("dist_buckets_begin: no output, or stripes of %zu elements over %d ranks (internal error)", stripe, d->world);
-    return begin(d, (float *)buf, n, stripe, bucket, out);   // (buf is only read in this mode)
+    return begin(d, (float *)buf, n, stripe, bucket, out, 0);   // (buf is only read in this mode)
 }
 
-DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket) { return begin(d, buf, n, n, bucket, NULL); }
+DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket) { return begin(d, buf, n, n, bucket, NULL, 0); }
+
+DistBuckets *dist_buckets_begin_gather(Dist *d, float *buf, size_t n, size_t stripe) {
+    size_t bucket;
+    if (stripe == 0 || __builtin_mul_overflow(stripe, (size_t)d->world, &bucket))
+        die("dist_buckets_begin_gather: stripes of %zu elements over %d ranks (internal error)", stripe, d->world);
+    return begin(d, buf, n, stripe, bucket, NULL, 1);
+}
+
+void dist_buckets_wait(DistBuckets *b, size_t upto) {
+    if (!b->gather) die("dist_buckets_wait on a sum (internal error)");
+    if (upto > b->n) upto = b->n;
+    const size_t rounds = upto ? (upto - 1) / b->bucket + 1 : 0;   // the rounds that hold [0, upto)
+    double t0;
+    dist_enter(b->d, "all-gather of the weights (stripes)", &t0);
+    if (b->threaded) {
+        pthread_mutex_lock(&b->mu);
+        while (b->done < rounds) pthread_cond_wait(&b->arrived, &b->mu);
+        pthread_mutex_unlock(&b->mu);
+    } else {
+        while (b->done < rounds) {
+            pump(b, 0, 1);
+            if (b->done < rounds) wait_oldest(b);
+        }
+    }
+    dist_leave(b->d, t0);
+}
 
 #ifdef DIST_NCCL
 DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter) {
@@ -317,6 +369,7 @@ void dist_buckets_finish(DistBuckets *b) {
         pthread_cond_signal(&b->cv);
         pthread_mutex_unlock(&b->mu);
         pthread_join(b->thread, NULL);
+        pthread_cond_destroy(&b->arrived);
         pthread_cond_destroy(&b->cv);
         pthread_mutex_destroy(&b->mu);
     } else {
@@ -345,6 +398,11 @@ DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard,
     die("dist: a bucketed sum on device buffers without MPI (internal error)");
 }
 void dist_buckets_ready(DistBuckets *b, size_t from) { (void)b; (void)from; }
+DistBuckets *dist_buckets_begin_gather(Dist *d, float *buf, size_t n, size_t stripe) {
+    (void)d; (void)buf; (void)n; (void)stripe;
+    die("dist: a bucketed all-gather without MPI (internal error)");
+}
+void dist_buckets_wait(DistBuckets *b, size_t upto) { (void)b; (void)upto; }
 void dist_buckets_finish(DistBuckets *b) { (void)b; }
 
 #endif

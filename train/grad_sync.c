@@ -75,7 +75,7 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
 }
 
 void grad_sync_free(GradSync *g, Model *m) {
-    (void)m;
+    grad_sync_params_ready(g, m);
     for (int i = 0; i < g->sp; i++) g->pool[g->n_pool++] = g->stack[i];
     for (int i = 0; i < g->n_pool; i++) g->be->release(g->pool[i]);
     free(g->stack);
@@ -124,14 +124,36 @@ static void unpack_piece(const GradSync *g, float *buf) {
 // buckets go to the other ranks.
 static void on_grad_final(void *ctx, size_t from) {
     GradSync *g = ctx;
+    if (g->gathering) die("grad_sync: the backward began before the forward's weights all arrived (internal error)");
     if (from >= g->frontier) return;
     for (int i = g->sp - 1; i >= 0; i--) add_into(g->cur + from, g->stack[i] + from, g->frontier - from);
     dist_buckets_ready(g->flight, from);
     g->frontier = from;
 }
 
+// Model.param_wait during the forward after a striped update: [0, upto) must be in place.
+static void on_param_wait(void *ctx, size_t upto) {
+    GradSync *g = ctx;
+    dist_buckets_wait(g->gathering, upto);
+    if (upto >= g->n) {   // the forward's last wait: done before its backward reports anything
+        dist_buckets_finish(g->gathering);
+        g->gathering = NULL;
+        g->gather_model->param_wait = NULL;
+        g->gather_model->param_wait_ctx = NULL;
+    }
+}
+
 void grad_sync_begin_micro(GradSync *g, Model *m, int k) {
     if (g->tree || k == 0) model_zero_grad(m);
+    if (g->gather_pending && k == 0) {
+        // the rounds in the forward's order; its progress thread, like the sum's below, calls MPI
+        // only while it has work, and the forward's last wait ends it before the backward's reports
+        g->gathering = dist_buckets_begin_gather(g->dist, m->master, g->n, g->own.stripe);
+        g->gather_pending = 0;
+        g->gather_model = m;
+        m->param_wait = on_param_wait;
+        m->param_wait_ctx = g;
+    }
     if (g->bucket && k == g->micro - 1) {
         g->flight = g->dev_coll ? dist_buckets_begin_dev(g->dist, m->grad, g->n, g->shard, g->bucket, g->zero)
                     : g->zero   ? dist_buckets_begin(g->dist, m->grad, g->n, g->own.stripe, g->piece)
@@ -285,6 +307,10 @@ static float *assemble_masters(GradSync *g, Model *m) {
 // Every branch below is taken by all ranks alike (g->shard_masters, g->zero, world): each
 // rank enters the same collectives.
 void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed) {
+    if (g->zero && g->host_mem && g->dist->world > 1 && !shard_is_contiguous(&g->own)) {
+        g->gather_pending = 1;   // the masters are the weights here: no refresh (started by begin_micro)
+        return;
+    }
     if (g->shard_masters) {
         model_sync_weights_from(m, assemble_masters(g, m), seed);
         return;
@@ -295,7 +321,21 @@ void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed) {
 
 int grad_sync_gather_is_refresh(const GradSync *g) { return !g->shard_masters && !(g->zero && g->dist->world > 1); }
 
+void grad_sync_params_ready(GradSync *g, Model *m) {
+    if (g->gathering) {
+        dist_buckets_finish(g->gathering);
+        g->gathering = NULL;
+        m->param_wait = NULL;
+        m->param_wait_ctx = NULL;
+    }
+    if (g->gather_pending) {
+        allgather_full(g, m->master);
+        g->gather_pending = 0;
+    }
+}
+
 const float *grad_sync_full_masters(GradSync *g, Model *m) {
+    grad_sync_params_ready(g, m);
     return g->shard_masters ? assemble_masters(g, m) : m->master;
 }
 

@@ -55,6 +55,10 @@ typedef struct GradSync {
     // the sum over ranks overlapped with the last micro-step's backward (grad_sync_overlap)
     size_t bucket;        // elements per bucket; 0: reduced after the backward
     DistBuckets *flight;  // during that backward: the buckets sent so far
+    // ZeRO-1 in stripes: the all-gather of the updated weights, started with the next forward
+    int gather_pending;   // the update is done, the gather not started
+    DistBuckets *gathering;   // during that forward: the rounds sent so far
+    Model *gather_model;
     size_t frontier;      // [frontier, n) of the gradient is complete and handed to flight
     float *cur;           // the buffer that last backward writes (model->grad then)
 } GradSync;
@@ -85,7 +89,14 @@ double grad_sync_norm(GradSync *g, Model *m);
 // ZeRO 1: every rank receives every rank's updated masters, then the storage copy is
 // refreshed with seed (as adamw_step does). ZeRO 0: only the refresh. With sharded masters the
 // gradient buffer is overwritten (the next step's first micro-step zeroes it anyway).
+// With the shard in stripes (grad_sync_overlap on the fp32 CPU path) the gather is only marked:
+// grad_sync_begin_micro starts it before the next forward, which waits for each layer's weights
+// as it reaches them (Model.param_wait); anything else that reads the weights first calls
+// grad_sync_params_ready.
 void grad_sync_gather_params(GradSync *g, Model *m, unsigned long long seed);
+// Every weight in place: a marked or running gather completed. Collective: every rank calls it
+// at the same point (before validation, before saving; grad_sync_full_masters calls it).
+void grad_sync_params_ready(GradSync *g, Model *m);
 // 1 when grad_sync_gather_params would only refresh the storage from this process's masters
 // (no masters sharded or gathered), so that the update and the refresh may run as one pass.
 int grad_sync_gather_is_refresh(const GradSync *g);
