@@ -36,7 +36,7 @@ static const ArgSpec SPECS[] = {
     {"resume", 1, "auto (newest complete checkpoint of the run directory, if any) or a checkpoint directory", "auto|DIR"},
     {"stop-at", 1, "stop after this step with a checkpoint; the schedule still runs to train.max_steps", "STEP"},
     {"zero", 1, "data parallel: 0 = replicated AdamW state, 1 = ZeRO-1 sharded (overrides train.zero_stage)", "0|1"},
-    {"overlap-grad-reduce", 1, "data parallel: sum the gradients over ranks during the backward; auto = on the CPU when the ranks span hosts (overrides train.overlap_grad_reduce)", "true|false|auto"},
+    {"overlap-grad-reduce", 1, "data parallel: sum the gradients over ranks during the backward (ZeRO-1: and gather the weights during the next forward); auto = on the CPU when the ranks span hosts (overrides train.overlap_grad_reduce)", "true|false|auto"},
     {"shard-size", 1, "write the final model as HF shards of at most this size (2GB, 500MB, 64MiB) with model.safetensors.index.json", "SIZE"},
     {"overwrite", 0, "the run directory may hold another run: clear what it wrote (model, config, metrics, checkpoints/) first", NULL},
 };
