@@ -15,6 +15,10 @@
 // backward completes the pieces one after another: docs/DISTRIBUTED.md measured that slower than
 // the sum after the backward.)
 //
+// The all-gather (dist_buckets_begin_gather) takes the same stripes the other way: each rank's
+// stripe of a round to every rank, rounds from the lowest, all ready at once, so that the
+// forward, which reads the layout from its start, waits only for the rounds it has reached.
+//
 // On device buffers with NCCL (dist_buckets_begin_dev) a bucket is one started NCCL collective
 // (kernels/nccl_comm.h: on a stream of its own, after the backward's kernels queued so far): an
 // all-reduce, or reduces of the pieces to their ranks. The GPU moves the data; no thread here.
@@ -45,13 +49,13 @@ typedef struct Flight {
 
 struct DistBuckets {
     Dist *d;
-    float *buf;           // read only in reduce-scatter mode on the host
-    int scatter;          // 1: reduce-scatter (each rank ends with the sums of its piece or stripes)
+    float *buf;           // read only in reduce-scatter mode on the host; written by the gather
+    int scatter;          // 1: parts are stripes (reduce-scatter, gather) or device pieces
     int dev;              // 1: device buffers, NCCL (no Flights, no thread)
     float *out;           // host reduce-scatter: this rank's piece of the sums; else NULL
     size_t n, shard, bucket;   // shard: device reduce-scatter's piece; host: the stripe
     size_t stride;        // floats of one rank's values in a Flight's recv (the longest own part)
-    size_t unsent;        // buckets [0, unsent) of the grid are not sent yet (sent top down)
+    size_t unsent;        // buckets of the grid not sent yet ([0, unsent): sums, sent top down)
     int gather;           // all-gather of stripes (dist_buckets_begin_gather): rounds sent bottom up
     size_t next_up;       // gather: rounds [0, next_up) sent
     size_t done;          // gather: rounds [0, done) arrived (under mu when threaded)
