@@ -52,6 +52,12 @@ for model in dense moe; do
         done
     done
 done
+# The largest bucket allowed (2^31 - 1 elements): under ZeRO-1 the stripe is capped at the
+# contiguous piece (one round covers the model) instead of taking world x 4 GiB of receive memory.
+run 2 bigbucket --config dense.json --zero 1 --set train.overlap_grad_reduce=true --set train.grad_bucket_elements=2147483647
+same_bits dense_1 bigbucket && ok "2 ranks, ZeRO-1, buckets of 2^31 - 1 elements: runs, bit for bit as 1 rank" ||
+    fail "ZeRO-1 with the largest bucket: $(tail -n 2 bigbucket.err | tr '\n' ' ')"
+
 # ZeRO-1 in stripes gathers the updated weights during the next forward (train/grad_sync.c):
 # validation (rank 0) and checkpoints between steps must first complete it on every rank.
 "$CLLA" prep --tokenizer small.tok --out vshards --chunk-tokens 512 --val-fraction 0.1 "$SRC/tests/fixtures/english.jsonl" > vprep.log 2>&1 ||

@@ -91,13 +91,16 @@ int grad_sync_overlap(GradSync *g, size_t bucket) {
     g->bucket = bucket;   // (ZeRO-0 sums in place)
     if (g->zero && g->host_mem) {
         // stripes of ceil(bucket / world) elements rounded up to the norm's block (so that the
-        // norm's blocks lie within one rank's stripe), a bucket = a round of world stripes
-        const size_t W = (size_t)g->dist->world, per = (bucket + W - 1) / W;
-        size_t stripe = (per + GRAD_NORM_BLOCK - 1) / GRAD_NORM_BLOCK * GRAD_NORM_BLOCK, period;
-        if (__builtin_mul_overflow(stripe, W, &period) || period > (size_t)2147483647)
-            die("grad_sync: buckets of %zu elements over %zu ranks: a round of %zu-element stripes passes MPI's int counts: lower "
-                "train.grad_bucket_elements",
-                bucket, W, stripe);
+        // norm's blocks lie within one rank's stripe), a bucket = a round of world stripes; at most
+        // the contiguous piece (one round then covers the model: a bucket past the model's size
+        // would only take receive memory) and as many blocks as keep a round within MPI's int
+        // counts (a bucket near 2^31 elements)
+        const size_t W = (size_t)g->dist->world, per = (bucket + W - 1) / W, most = (size_t)2147483647 / W / GRAD_NORM_BLOCK;
+        if (most == 0) die("grad_sync: %zu ranks leave no stripe of %zu elements within MPI's int counts", W, (size_t)GRAD_NORM_BLOCK);
+        size_t stripe = (per + GRAD_NORM_BLOCK - 1) / GRAD_NORM_BLOCK;
+        if (stripe > g->shard / GRAD_NORM_BLOCK) stripe = g->shard / GRAD_NORM_BLOCK;   // (g->shard: the contiguous piece here)
+        stripe = (stripe < most ? stripe : most) * GRAD_NORM_BLOCK;
+        const size_t period = stripe * W;
         g->own = (Shard){(size_t)g->dist->rank * stripe, stripe, period, g->n};
         g->bucket = period;
         g->shard = shard_count(&g->own);
