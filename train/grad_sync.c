@@ -92,10 +92,12 @@ int grad_sync_overlap(GradSync *g, size_t bucket) {
     if (g->zero && g->host_mem) {
         // stripes of ceil(bucket / world) elements rounded up to the norm's block (so that the
         // norm's blocks lie within one rank's stripe), a bucket = a round of world stripes; at most
-        // the contiguous piece (one round then covers the model: a bucket past the model's size
-        // would only take receive memory) and as many blocks as keep a round within MPI's int
-        // counts (a bucket near 2^31 elements)
-        const size_t W = (size_t)g->dist->world, per = (bucket + W - 1) / W, most = (size_t)2147483647 / W / GRAD_NORM_BLOCK;
+        // the contiguous piece (one round then covers the model), DIST_PIECE / DIST_BUCKETS_IN_FLIGHT
+        // elements (the buckets in flight then receive at most world x DIST_PIECE floats, as the
+        // plain reduce-scatter's scratch holds) and what keeps a round within MPI's int counts
+        const size_t W = (size_t)g->dist->world, per = (bucket + W - 1) / W;
+        size_t most = (size_t)2147483647 / W / GRAD_NORM_BLOCK;
+        if (most > DIST_PIECE / DIST_BUCKETS_IN_FLIGHT / GRAD_NORM_BLOCK) most = DIST_PIECE / DIST_BUCKETS_IN_FLIGHT / GRAD_NORM_BLOCK;
         if (most == 0) die("grad_sync: %zu ranks leave no stripe of %zu elements within MPI's int counts", W, (size_t)GRAD_NORM_BLOCK);
         size_t stripe = (per + GRAD_NORM_BLOCK - 1) / GRAD_NORM_BLOCK;
         if (stripe > g->shard / GRAD_NORM_BLOCK) stripe = g->shard / GRAD_NORM_BLOCK;   // (g->shard: the contiguous piece here)
