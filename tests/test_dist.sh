@@ -81,6 +81,13 @@ done
 grep -q 'gradients summed during the backward' banner_on.err && ! grep -q 'gradients summed during the backward' banner_off.err &&
     ok "the start-up line says the gradient sum overlaps the backward with train.overlap_grad_reduce, not without" ||
     fail "overlap banner: $(grep -h 'clla train:' banner_on.err banner_off.err | tr '\n' ' ')"
+# ZeRO-1 overlapped in stripes (buckets of 1000 elements: stripes of 4096) says so, and that the
+# weights arrive during the forward
+timeout 120 "${MPIRUN[@]}" -np 2 "$CLLA" train --out banner_z1 --config dense.json --set train.max_steps=1 --zero 1 \
+    --overlap-grad-reduce true --set train.grad_bucket_elements=1000 > banner_z1.err 2>&1
+grep -q 'ZeRO-1: AdamW state sharded in stripes of every bucket) (gradients summed during the backward, weights gathered during the forward)' banner_z1.err &&
+    ok "ZeRO-1 overlapped: the start-up line says the shards are stripes and the weights arrive during the forward" ||
+    fail "ZeRO-1 overlap banner: $(grep -h 'clla train:' banner_z1.err)"
 "$CLLA" train --config dense.json --out bad_ogr --overlap-grad-reduce sometimes > bad_ogr.out 2>&1
 [ $? -ne 0 ] && [ "$(grep -c . bad_ogr.out)" = 1 ] && grep -q "overlap-grad-reduce 'sometimes': use true, false or auto" bad_ogr.out &&
     [ ! -e bad_ogr ] && ok "--overlap-grad-reduce sometimes: one line, non-zero exit, nothing written" ||
