@@ -32,13 +32,14 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
     g->n = m->params.bytes_f32 / 4;
     if (zero) {
         g->shard = dist_shard_size(g->n, d->world, GRAD_NORM_BLOCK);
-        size_t a = (size_t)d->rank * g->shard, b = a + g->shard;
-        g->lo = a < g->n ? a : g->n;
-        g->hi = b < g->n ? b : g->n;
-        g->own = (Shard){a, g->shard, g->shard * (size_t)d->world, g->n};   // one round: world * shard >= n
+        g->own = (Shard){(size_t)d->rank * g->shard, g->shard, g->shard * (size_t)d->world, g->n};   // one round: world * shard >= n
         if (!g->dev_coll) g->piece = xmalloc(g->shard * sizeof(float));
         g->shard_masters = d->world > 1 && (void *)m->master != m->w;
-        if (g->shard_masters) model_shard_masters(m, g->lo, g->hi);
+        if (g->shard_masters) {
+            size_t lo, hi, off;
+            shard_range(&g->own, 0, &lo, &hi, &off);
+            model_shard_masters(m, lo, hi);
+        }
         if (g->dev_coll) {
             // NCCL works in place on world equal pieces: the gradient buffer (which also carries
             // the all-gather of the sharded masters) is allocated padded to world * shard, instead
@@ -54,8 +55,6 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
         }
     } else {
         g->shard = g->n;
-        g->lo = 0;
-        g->hi = g->n;
         g->own = (Shard){0, g->n, g->n, g->n};
     }
     if (!g->host_mem && !g->dev_coll && d->world > 1) g->host = xmalloc(g->n * sizeof(float));
@@ -106,7 +105,6 @@ int grad_sync_overlap(GradSync *g, size_t bucket) {
         g->own = (Shard){(size_t)g->dist->rank * stripe, stripe, period, g->n};
         g->bucket = period;
         g->shard = shard_count(&g->own);
-        g->lo = g->hi = 0;   // (no contiguous range)
         free(g->piece);
         g->piece = xmalloc(g->shard * sizeof(float));
     }
@@ -230,10 +228,13 @@ void grad_sync_reduce(GradSync *g, Model *m) {
     }
     if (!shard_is_contiguous(&g->own)) die("grad_sync: a striped shard summed without its buckets (internal error)");
     dist_reduce_scatter_f32(d, buf, g->n, g->shard, g->piece);
-    if (g->hi > g->lo) {
-        if (g->host_mem) memcpy(m->grad + g->lo, g->piece, (g->hi - g->lo) * sizeof(float));
-        else g->be->upload(m->grad + g->lo, g->piece, (g->hi - g->lo) * sizeof(float));
+    if (g->host_mem) {
+        unpack_piece(g, m->grad);
+        return;
     }
+    size_t lo, hi, off;
+    shard_range(&g->own, 0, &lo, &hi, &off);
+    if (hi > lo) g->be->upload(m->grad + lo, g->piece, (hi - lo) * sizeof(float));
 }
 
 double grad_sync_norm(GradSync *g, Model *m) {
@@ -243,7 +244,9 @@ double grad_sync_norm(GradSync *g, Model *m) {
         // The shard is on the GPU (no host piece): one device sumsq of the own range, the ranks'
         // values added in rank order. Deterministic, the same on every rank, but not the bits of
         // the ZeRO-0 norm (different blocking): GPU runs agree across settings to rounding.
-        double mine = g->hi > g->lo ? m->be->sumsq(m->grad + g->lo, g->hi - g->lo) : 0.0;
+        size_t lo, hi, off;
+        shard_range(&g->own, 0, &lo, &hi, &off);   // (contiguous on this path)
+        double mine = hi > lo ? m->be->sumsq(m->grad + lo, hi - lo) : 0.0;
         return sqrt(dist_sum_f64(d, mine));
     }
     // Block sums of the own shard, gathered, then added in block order: the arithmetic of the
@@ -263,7 +266,7 @@ double grad_sync_norm(GradSync *g, Model *m) {
         if (g->host_mem) {
             mine[p] = m->be->sumsq(m->grad + a, len);
         } else {
-            mine[p] = sumsq_block(g->piece + (a - g->lo), len);   // the host piece (contiguous), summed as sumsq does
+            mine[p] = sumsq_block(g->piece + off + (a - a0), len);   // the host piece, summed as sumsq does
         }
     }
     if (per > (size_t)2147483647) die("gradient norm: %zu blocks per rank exceed MPI's int counts", per);

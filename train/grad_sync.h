@@ -4,13 +4,13 @@
 // The flat fp32 layout of the parameter table (params.bytes_f32 / 4 = n elements, padding
 // between tensors included and always 0) is the unit of sharding. ZeRO-1 cuts it into
 // world pieces of `shard` elements (ceil(n / world) rounded up to GRAD_NORM_BLOCK; the last
-// pieces may reach past n or be empty: padding, never a refusal). Rank r owns [lo, hi) =
+// pieces may reach past n or be empty: padding, never a refusal). Rank r owns
 // [r * shard, (r + 1) * shard) clipped to n: AdamW m and v exist only for it, and so do the
 // fp32 masters where the backend keeps them apart from the storage (cuda, cpu-bf16): each rank
 // updates its masters, copies them into its range of the (spent) gradient buffer, all-gathers
 // that buffer and rounds the storage copy from it. The fp32 CPU backend's masters are its
 // storage, which every rank needs whole: they are all-gathered in place and not sharded.
-// There, with the sum overlapped (grad_sync_overlap), the shard is stripes instead of [lo, hi):
+// There, with the sum overlapped (grad_sync_overlap), the shard is stripes instead of a piece:
 // one stripe of every gradient bucket per rank (own, train/shard.h), so that each bucket is
 // reduce-scattered over every rank's links while the backward runs.
 //
@@ -40,13 +40,13 @@ typedef struct GradSync {
     int tree;             // micro-steps summed in the pairwise tree (CPU); else in backward
     int micro;            // micro-steps per rank and optimizer step
     int shard_masters;    // ZeRO-1 over several ranks with separate masters: every rank holds only
-                          // [lo, hi) of them (the same on all ranks, unlike model_masters_sharded,
+                          // its piece of them (the same on all ranks, unlike model_masters_sharded,
                           // which is 0 on a rank whose piece happens to be everything)
     size_t n;             // fp32 elements of the flat layout
     size_t shard;         // ZeRO-1: floats of a rank's piece (shard_count of own); n when not sharded
-    size_t lo, hi;        // a contiguous piece (own in one range): this rank's range of the optimizer
     Shard own;            // the elements this rank's optimizer holds (train/shard.h): all of them,
-                          // the contiguous [lo, hi), or stripes of every bucket (grad_sync_overlap)
+                          // a contiguous piece [rank shard, (rank + 1) shard) clipped to n, or
+                          // stripes of every bucket (grad_sync_overlap)
     // pairwise tree of micro-gradients: a stack of partial sums with their levels
     float **stack, **pool;
     int *level, sp, n_pool, n_bufs;
