@@ -281,14 +281,13 @@ int cmd_train(int argc, char **argv) {
     int start_step = st.step, stopped = 0;
 
     char ranks[160] = "";
+    const int striped = !shard_is_contiguous(&gs.own);   // ZeRO-1 overlapped on the CPU (train/grad_sync.h)
     if (dist.world > 1)
         snprintf(ranks, sizeof(ranks), " x %d ranks%s%s", dist.world,
                  !tc->zero_stage ? "" : gs.shard_masters ? " (ZeRO-1: AdamW state and fp32 masters sharded)"
-                 : shard_is_contiguous(&gs.own)          ? " (ZeRO-1: AdamW state sharded)"
-                                                          : " (ZeRO-1: AdamW state sharded in stripes of every bucket)",
-                 !gs.bucket ? ""
-                 : tc->zero_stage && !shard_is_contiguous(&gs.own) ? " (gradients summed during the backward, weights gathered during the forward)"
-                                                                   : " (gradients summed during the backward)");
+                 : striped ? " (ZeRO-1: AdamW state sharded in stripes of every bucket)" : " (ZeRO-1: AdamW state sharded)",
+                 !gs.bucket ? "" : striped ? " (gradients summed during the backward, weights gathered during the forward)"
+                                           : " (gradients summed during the backward)");
     if (rank0)
         fprintf(stderr, "clla train: %s | %lld params | device %s | %d threads | B=%d T=%d x %d micro-steps%s = %lld tokens/step | %d steps\n",
                 cfg.model.attention, model_num_params(&model), be->name, omp_get_max_threads(), B, T, n_micro, ranks,
