@@ -225,7 +225,8 @@ typedef struct Backend {
                                         const float *lse, const int *topk_idx, const float *topk_w,
                                         const int *counts, int N, int E, int K, int norm_topk,
                                         float aux_scale, float z_scale);
-    // Gather token rows into expert order: out (R, C) row r = inp (N, C) row row_token[r].
+    // Gather token rows into expert order: out (R, C) row r = inp (N, C) row row_token[r], zeros
+    // where row_token[r] is -1 (past the kept rows: moe_dispatch).
     void (*moe_gather_forward)(float *out, const float *inp, const int *row_token, int R, int C);
     // dinp (N, C) row t += sum over k (in k order, skipping -1) of dout row assign_row[t, k].
     void (*moe_gather_backward)(float *dinp, const float *dout, const int *assign_row, int N, int K, int C);
@@ -239,14 +240,20 @@ typedef struct Backend {
                                  const float *topk_w, const int *assign_row, int N, int K, int C);
     // Grouped expert matmul (one call per layer, not per expert, so a backend can spread the
     // experts over its cores or SMs and the cost follows the rows routed, not E). expert_off
-    // (E+1) and the pointer arrays are HOST arrays; rows [expert_off[e], expert_off[e+1]) of
-    // out/inp belong to expert e, whose weight (OC, C) is weights[e]:
-    //   out rows (n_e, OC) = inp rows (n_e, C) @ weights[e]^T
+    // (E+1, int32) is in BACKEND memory, as moe_dispatch wrote it, so that a device backend sizes
+    // the work on the device and the layer needs no host round trip (model/moe.c); R is the rows
+    // of the row buffers (N*K, a bound of expert_off[E]). The pointer arrays are HOST arrays of
+    // backend pointers. Rows [expert_off[e], expert_off[e+1]) of out/inp belong to expert e, whose
+    // weight (OC, C) is weights[e]:
+    //   out rows (n_e, OC) = inp rows (n_e, C) @ weights[e]^T ; out rows [expert_off[E], R) = 0
+    // (the rows of dropped assignments stay zero through the layer: moe_gather_forward, SwiGLU).
     void (*moe_expert_matmul_forward)(float *out, const float *inp, const float *const *weights,
-                                      const int *expert_off, int E, int C, int OC);
+                                      const int *expert_off, int E, int R, int C, int OC);
     // dinp rows (n_e, C) += dout rows @ weights[e] ; dweights[e] (OC, C) f32 += dout rows^T @ inp rows.
+    // Rows of dinp past expert_off[E] are not written.
     void (*moe_expert_matmul_backward)(float *dinp, float *const *dweights, const float *dout, const float *inp,
-                                       const float *const *weights, const int *expert_off, int E, int C, int OC);
+                                       const float *const *weights, const int *expert_off, int E, int R, int C,
+                                       int OC);
 } Backend;
 
 // Feature groups of ops: what every model needs, MoE layers, incremental decoding.

@@ -48,6 +48,12 @@ flags=("${cflags[@]}" -I "$root")
 # and the like change too)
 mkdir "$work/old_tree"
 git archive "$old" common layers backend | tar -x -C "$work/old_tree"
+# the grouped expert matmuls took their row offsets from the host before backend/moe_tiles.h came
+# (and no row count R): an older file would be called with the wrong arguments
+if [ "$op" = moe ] && [ ! -f "$work/old_tree/backend/moe_tiles.h" ]; then
+    echo "ab.sh: moe: $old predates the grouped matmuls' row-count argument (backend/moe_tiles.h): compare against a later commit" >&2
+    exit 2
+fi
 sed "s/^void cpu_/void old_cpu_/" "$work/old_tree/$src" > "$work/old_tree/${src%.c}_old.c"
 gcc "${cflags[@]}" -I "$work/old_tree" -c "$work/old_tree/${src%.c}_old.c" -o "$work/old.o"
 gcc "${flags[@]}" -c "$src" -o "$work/new.o"

@@ -95,18 +95,19 @@ static void timed_matmul_backward(float *dinp, float *dweight, const float *dout
                 C, OC);
 }
 
-// MoE's grouped expert products count as weight matmuls too (their rows: the host offsets)
+// MoE's grouped expert products count as weight matmuls too (their rows: the offsets, host
+// memory on the CPU backends this bench runs)
 static void timed_expert_forward(float *out, const float *inp, const float *const *weights, const int *expert_off, int E,
-                                 int C, int OC) {
+                                 int R, int C, int OC) {
     double t0 = now_seconds();
-    inner_backend->moe_expert_matmul_forward(out, inp, weights, expert_off, E, C, OC);
+    inner_backend->moe_expert_matmul_forward(out, inp, weights, expert_off, E, R, C, OC);
     matmul_done(t0, 2.0 * (expert_off[E] - expert_off[0]) * C * OC, "experts forward", -1, C, OC);
 }
 
 static void timed_expert_backward(float *dinp, float *const *dweights, const float *dout, const float *inp,
-                                  const float *const *weights, const int *expert_off, int E, int C, int OC) {
+                                  const float *const *weights, const int *expert_off, int E, int R, int C, int OC) {
     double t0 = now_seconds();
-    inner_backend->moe_expert_matmul_backward(dinp, dweights, dout, inp, weights, expert_off, E, C, OC);
+    inner_backend->moe_expert_matmul_backward(dinp, dweights, dout, inp, weights, expert_off, E, R, C, OC);
     matmul_done(t0, 2.0 * (expert_off[E] - expert_off[0]) * C * OC * ((dinp != NULL) + (dweights != NULL)),
                 dinp ? "experts backward" : "experts backward dW only", -1, C, OC);
 }

@@ -312,6 +312,10 @@ int cmd_train(int argc, char **argv) {
             grad_sync_begin_micro(&gs, &model, k);
             double *row = stats + (size_t)k * N_STATS;
             row[ST_LM] = model_forward(&model, in + (size_t)k * bt, tg + (size_t)k * bt);
+            // the mean over all ranks' micro-batches is what the gradient sum differentiates
+            model_backward(&model, 1.0f / (float)n_total);
+            // the forward's MoE statistics, read back once the backward is queued behind it (a
+            // device waits for nothing in between: model/moe.c)
             MoeStats ms;
             moe_last_stats(&model, &ms);
             row[ST_AUX] = ms.aux_loss;
@@ -320,8 +324,6 @@ int cmd_train(int argc, char **argv) {
             row[ST_MIN_SHARE] = ms.min_share;
             row[ST_ASSIGNED] = (double)ms.assignments;
             row[ST_DROPPED] = (double)ms.dropped;
-            // the mean over all ranks' micro-batches is what the gradient sum differentiates
-            model_backward(&model, 1.0f / (float)n_total);
             grad_sync_end_micro(&gs, &model, k);
         }
         // first: with the sum overlapped, no other MPI call may come before it (train/dist.h)

@@ -4,18 +4,20 @@
 //    products run as fp32 SGEMMs (no TF32: cuBLAS's default math mode).
 //  - Softmax/top-k, dispatch, aux losses and the router softmax backward are kernels over the
 //    per-token and per-assignment steps of backend/moe_route_rows.h, which the CPU routing runs
-//    too: the same decisions from the same probabilities, no host round trip (the layer reads
-//    back only the E + 1 row offsets, the counts and the two losses: model/moe.c). Dispatch is
+//    too: the same decisions from the same probabilities, no host round trip (model/moe.c reads
+//    nothing back during the layer; the per-expert matmuls below fetch the offsets). Dispatch is
 //    deterministic without atomics: positions and rows by block scans per expert, capacity
 //    drops by counting the assignments that go before each one.
-//  - Row gather and weighted scatter are kernels: one thread per (token, channel), the K
+//  - Row gather (zeros for the rows past the kept ones) and weighted scatter are kernels: one thread per (token, channel), the K
 //    assignments of a token summed in k order in fp32, then added once (deterministic).
 #include "kernels/cuda_common.cuh"
 
 #include <cub/block/block_scan.cuh>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/moe_route_rows.h"
+#include "kernels/cuda_moe_grouped.cuh"
 
 // ---- router matmuls ----
 
@@ -207,7 +209,8 @@ __global__ void moe_gather_forward_kernel(bf16 *out, const bf16 *inp, const int 
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const size_t r = i / C;
         const int c = (int)(i % C);
-        out[i] = inp[(size_t)row_token[r] * C + c];
+        const int t = row_token[r];
+        out[i] = t >= 0 ? inp[(size_t)t * C + c] : to_bf16(0.0f);
     }
 }
 
@@ -294,33 +297,80 @@ extern "C" void cuda_moe_combine_backward(float *dexpert_out, float *dtopk_w, co
 }
 
 // ---- grouped expert matmuls ----
-// First version: one cuBLASLt call per non-empty expert (expert_off and the pointer arrays
-// are host arrays, as the contract says). A grouped GEMM (cublasGemmGroupedBatchedEx or a
-// CUTLASS grouped kernel) would cut the launches; the results would not change.
+// Two ways, one contract (backend/backend.h: the row offsets in device memory):
+//  - the tensor-core grouped kernels (kernels/cuda_moe_grouped.cu): one launch per product for
+//    all experts, sized on the device, no host round trip. Chosen by CLLA_MOE_GROUPED=1 or
+//    cuda_moe_use_grouped(1), where the shape qualifies (cuda_moe_grouped_fits). Not yet the
+//    default: they have not run on a GPU (docs/GPU.md, "MoE"), and scripts/gpu_check.sh's op
+//    tests compare both ways with the CPU.
+//  - one cuBLASLt product per non-empty expert (the default, measured): the offsets come to the
+//    host first, a synchronizing copy per call.
+
+static int g_grouped_mode = -1;   // -1: CLLA_MOE_GROUPED not read yet
+
+extern "C" void cuda_moe_use_grouped(int on) { g_grouped_mode = on ? 1 : 0; }
+
+static int grouped_wanted(void) {
+    if (g_grouped_mode < 0) {
+        const char *e = getenv("CLLA_MOE_GROUPED");
+        if (e && *e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0)
+            die("CLLA_MOE_GROUPED='%s': use 1 (the tensor-core grouped kernels, offsets read on the device) or 0 "
+                "(one cuBLASLt product per expert, the default)", e);
+        g_grouped_mode = e && strcmp(e, "1") == 0;
+    }
+    return g_grouped_mode;
+}
 
 static float *rows_at(const float *base, int row, int width) {
     return (float *)((bf16 *)base + (size_t)row * width);
 }
 
+// The E + 1 row offsets on the host (the per-expert way): a synchronizing copy.
+static int *host_offsets(const int *off, int E) {
+    int *h = (int *)malloc(((size_t)E + 1) * sizeof(int));
+    if (!h) die("moe expert matmul: out of host memory for %d row offsets", E + 1);
+    CUDA_CHECK(cudaMemcpy(h, off, ((size_t)E + 1) * sizeof(int), cudaMemcpyDeviceToHost));
+    return h;
+}
+
 extern "C" void cuda_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights,
-                                               const int *expert_off, int E, int C, int OC) {
+                                               const int *expert_off, int E, int R, int C, int OC) {
+    if (R <= 0 || OC <= 0) return;
     cuda_timing_label(__func__);
-    for (int e = 0; e < E; e++) {
-        const int r0 = expert_off[e], n = expert_off[e + 1] - r0;
-        if (n > 0) cuda_matmul_forward(rows_at(out, r0, OC), rows_at(inp, r0, C), weights[e], n, C, OC);
+    const void *bufs[2] = {out, inp};
+    if (grouped_wanted() && cuda_moe_grouped_fits(E, C, OC, bufs, 2, (const void *const *)weights)) {
+        cuda_moe_grouped_forward((bf16 *)out, (const bf16 *)inp, (const bf16 *const *)weights, expert_off, E, R, C, OC);
+    } else {
+        int *off = host_offsets(expert_off, E);
+        for (int e = 0; e < E; e++) {
+            const int r0 = off[e], n = off[e + 1] - r0;
+            if (n > 0) cuda_matmul_forward(rows_at(out, r0, OC), rows_at(inp, r0, C), weights[e], n, C, OC);
+        }
+        if (R > off[E])
+            CUDA_CHECK(cudaMemsetAsync(rows_at(out, off[E], OC), 0, (size_t)(R - off[E]) * OC * sizeof(bf16), 0));
+        free(off);
     }
     cuda_timing_label(NULL);
 }
 
 extern "C" void cuda_moe_expert_matmul_backward(float *dinp, float *const *dweights, const float *dout,
                                                 const float *inp, const float *const *weights,
-                                                const int *expert_off, int E, int C, int OC) {
+                                                const int *expert_off, int E, int R, int C, int OC) {
+    if (R <= 0 || C <= 0 || OC <= 0) return;
     cuda_timing_label(__func__);
-    for (int e = 0; e < E; e++) {
-        const int r0 = expert_off[e], n = expert_off[e + 1] - r0;
-        if (n > 0)
-            cuda_matmul_backward(dinp ? rows_at(dinp, r0, C) : NULL, dweights ? dweights[e] : NULL,
-                                 rows_at(dout, r0, OC), rows_at(inp, r0, C), weights[e], n, C, OC);
+    const void *bufs[3] = {dinp, dout, inp};
+    if (grouped_wanted() && cuda_moe_grouped_fits(E, C, OC, bufs, 3, (const void *const *)weights)) {
+        cuda_moe_grouped_backward((bf16 *)dinp, dweights, (const bf16 *)dout, (const bf16 *)inp,
+                                  (const bf16 *const *)weights, expert_off, E, R, C, OC);
+    } else {
+        int *off = host_offsets(expert_off, E);
+        for (int e = 0; e < E; e++) {
+            const int r0 = off[e], n = off[e + 1] - r0;
+            if (n > 0)
+                cuda_matmul_backward(dinp ? rows_at(dinp, r0, C) : NULL, dweights ? dweights[e] : NULL,
+                                     rows_at(dout, r0, OC), rows_at(inp, r0, C), weights[e], n, C, OC);
+        }
+        free(off);
     }
     cuda_timing_label(NULL);
 }

@@ -104,9 +104,9 @@ void cuda_moe_combine_forward(float *out, const float *expert_out, const float *
 void cuda_moe_combine_backward(float *dexpert_out, float *dtopk_w, const float *dout, const float *expert_out,
                                const float *topk_w, const int *assign_row, int N, int K, int C);
 void cuda_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights,
-                                    const int *expert_off, int E, int C, int OC);
+                                    const int *expert_off, int E, int R, int C, int OC);
 void cuda_moe_expert_matmul_backward(float *dinp, float *const *dweights, const float *dout, const float *inp,
-                                     const float *const *weights, const int *expert_off, int E, int C, int OC);
+                                     const float *const *weights, const int *expert_off, int E, int R, int C, int OC);
 
 #ifdef __cplusplus
 }

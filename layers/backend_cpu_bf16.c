@@ -225,17 +225,18 @@ static void emu_moe_combine_backward(float *dexpert_out, float *dtopk_w, const f
         if (assign_row[a] >= 0) round_n(dexpert_out + (size_t)assign_row[a] * C, (size_t)C);
 }
 
+// rows past expert_off[E]: zeros (forward) or untouched (dinp), bf16 already
 static void emu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights,
-                                          const int *expert_off, int E, int C, int OC) {
-    cpu_moe_expert_matmul_forward(out, inp, weights, expert_off, E, C, OC);
+                                          const int *expert_off, int E, int R, int C, int OC) {
+    cpu_moe_expert_matmul_forward(out, inp, weights, expert_off, E, R, C, OC);
     const int r0 = expert_off[0], r1 = expert_off[E];
     if (r1 > r0) round_n(out + (size_t)r0 * OC, (size_t)(r1 - r0) * OC);
 }
 
 static void emu_moe_expert_matmul_backward(float *dinp, float *const *dweights, const float *dout, const float *inp,
-                                           const float *const *weights, const int *expert_off, int E, int C,
+                                           const float *const *weights, const int *expert_off, int E, int R, int C,
                                            int OC) {
-    cpu_moe_expert_matmul_backward(dinp, dweights, dout, inp, weights, expert_off, E, C, OC);
+    cpu_moe_expert_matmul_backward(dinp, dweights, dout, inp, weights, expert_off, E, R, C, OC);
     const int r0 = expert_off[0], r1 = expert_off[E];
     if (dinp && r1 > r0) round_n(dinp + (size_t)r0 * C, (size_t)(r1 - r0) * C);
 }

@@ -9,6 +9,8 @@
 // probability first and, among equal probabilities, the later token.
 #include "layers/cpu_ops.h"
 
+#include "backend/moe_tiles.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -31,8 +33,10 @@ void cpu_moe_router_backward(float *dinp, float *dweight, const float *dlogits, 
 
 void cpu_moe_gather_forward(float *out, const float *inp, const int *row_token, int R, int C) {
     #pragma omp parallel for schedule(static) if ((size_t)R * C >= MOE_PAR_MIN)
-    for (int r = 0; r < R; r++)
-        memcpy(out + (size_t)r * C, inp + (size_t)row_token[r] * C, (size_t)C * sizeof(float));
+    for (int r = 0; r < R; r++) {
+        if (row_token[r] >= 0) memcpy(out + (size_t)r * C, inp + (size_t)row_token[r] * C, (size_t)C * sizeof(float));
+        else memset(out + (size_t)r * C, 0, (size_t)C * sizeof(float));   // past the kept rows
+    }
 }
 
 void cpu_moe_gather_backward(float *dinp, const float *dout, const int *assign_row, int N, int K, int C) {
@@ -97,7 +101,7 @@ void cpu_moe_combine_backward(float *dexpert_out, float *dtopk_w, const float *d
 // rows in one sgemm, so the reduction order is fixed and no two threads write the same element).
 // The tiling depends only on the sizes and the thread count: bitwise reproducible.
 
-typedef struct Tile { int e, a0, a1; } Tile;   // expert e, range [a0, a1) of rows or channels
+typedef struct Tile { int e, a0, a1; } Tile;   // expert e, range [a0, a1) of channels
 
 // Row-block size: about 4 tiles per thread over all rows, at least 64 rows (the weight is packed
 // once per tile, so smaller tiles would spend their time packing), at most 1024.
@@ -107,45 +111,41 @@ static int row_block(int R) {
     return rb < 64 ? 64 : rb > 1024 ? 1024 : rb;
 }
 
-static Tile *row_tiles(const int *off, int E, int *n_tiles) {
-    int R = off[E], rb = row_block(R), n = 0;
-    for (int e = 0; e < E; e++) n += (off[e + 1] - off[e] + rb - 1) / rb;
-    Tile *t = malloc((size_t)(n > 0 ? n : 1) * sizeof(Tile));
-    if (!t) { fprintf(stderr, "moe_expert_matmul: out of memory\n"); abort(); }
-    n = 0;
-    for (int e = 0; e < E; e++)
-        for (int r = off[e]; r < off[e + 1]; r += rb) t[n++] = (Tile){e, r, r + rb < off[e + 1] ? r + rb : off[e + 1]};
-    *n_tiles = n;
-    return t;
+// Rows [off[E], R) of a row buffer: the rows no kept assignment uses, zero (backend/backend.h).
+static void zero_tail_rows(float *out, const int *off, int E, int R, int width) {
+    if (R > off[E]) memset(out + (size_t)off[E] * width, 0, (size_t)(R - off[E]) * width * sizeof(float));
 }
 
+// The row tiles of the experts (backend/moe_tiles.h, the CUDA kernel's tiles too) are the loop.
 void cpu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights, const int *expert_off,
-                                   int E, int C, int OC) {
-    int n;
-    Tile *t = row_tiles(expert_off, E, &n);
+                                   int E, int R, int C, int OC) {
+    const int rb = row_block(expert_off[E]);
+    const long long n = moe_row_tiles_bound(expert_off[E], E, rb);
     #pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < n; i++) {
-        int rows = t[i].a1 - t[i].a0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, C, 1.0f, inp + (size_t)t[i].a0 * C, C,
-                    weights[t[i].e], C, 0.0f, out + (size_t)t[i].a0 * OC, OC);
+    for (long long t = 0; t < n; t++) {
+        int e, r0, rows;
+        if (!moe_row_tile(expert_off, E, rb, t, &e, &r0, &rows)) continue;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, C, 1.0f, inp + (size_t)r0 * C, C,
+                    weights[e], C, 0.0f, out + (size_t)r0 * OC, OC);
     }
-    free(t);
+    zero_tail_rows(out, expert_off, E, R, OC);
 }
 
 void cpu_moe_expert_matmul_backward(float *dinp, float *const *dweights, const float *dout, const float *inp,
-                                    const float *const *weights, const int *expert_off, int E, int C, int OC) {
+                                    const float *const *weights, const int *expert_off, int E, int R, int C, int OC) {
+    (void)R;   // dinp's rows past expert_off[E] are not written
     if (C <= 0 || OC <= 0) return;
-    int n;
-    Tile *t = row_tiles(expert_off, E, &n);
     if (dinp) {
+        const int rb = row_block(expert_off[E]);
+        const long long n = moe_row_tiles_bound(expert_off[E], E, rb);
         #pragma omp parallel for schedule(dynamic, 1)
-        for (int i = 0; i < n; i++) {
-            int rows = t[i].a1 - t[i].a0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, OC, 1.0f, dout + (size_t)t[i].a0 * OC, OC,
-                        weights[t[i].e], C, 1.0f, dinp + (size_t)t[i].a0 * C, C);
+        for (long long t = 0; t < n; t++) {
+            int e, r0, rows;
+            if (!moe_row_tile(expert_off, E, rb, t, &e, &r0, &rows)) continue;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, OC, 1.0f, dout + (size_t)r0 * OC, OC,
+                        weights[e], C, 1.0f, dinp + (size_t)r0 * C, C);
         }
     }
-    free(t);
     if (!dweights) return;
     // channel blocks of dweight[e]: (ob, C) += dout[:, o0:o1]^T (ob, n_e) @ inp rows (n_e, C).
     // Every block packs all of the expert's input rows again, so the blocks are as wide as

@@ -106,8 +106,8 @@ void cpu_moe_combine_forward(float *out, const float *expert_out, const float *t
 void cpu_moe_combine_backward(float *dexpert_out, float *dtopk_w, const float *dout, const float *expert_out,
                               const float *topk_w, const int *assign_row, int N, int K, int C);
 void cpu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights, const int *expert_off,
-                                   int E, int C, int OC);
+                                   int E, int R, int C, int OC);
 void cpu_moe_expert_matmul_backward(float *dinp, float *const *dweights, const float *dout, const float *inp,
-                                    const float *const *weights, const int *expert_off, int E, int C, int OC);
+                                    const float *const *weights, const int *expert_off, int E, int R, int C, int OC);
 
 #endif

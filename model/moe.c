@@ -8,8 +8,11 @@
 //   per expert e, on its rows only:  gate, up = xs_e Wg_e^T, xs_e Wu_e^T ; act = silu(gate) up ;
 //                                     expert_out_e = act_e Wd_e^T
 //   out (N, C) = shared(h) + sum_k topk_w[t, k] expert_out[assign_row[t, k]]    weighted scatter
-// The host needs only the E+1 row offsets (to size the per-expert matmuls), the counts and the
-// two loss values; everything else stays in backend memory.
+// Nothing comes back to the host during the layer: the row ops run over all N*K rows (the rows
+// past the kept ones, expert_off[E], are zeros: moe_gather_forward, moe_expert_matmul_forward),
+// and the grouped expert matmuls read the row offsets where moe_dispatch wrote them, so a device
+// backend queues the whole layer without waiting for it. The counts, offsets and the two loss
+// values stay per layer in backend memory until moe_last_stats asks for them.
 #include "model/moe.h"
 
 #include <math.h>
@@ -53,9 +56,6 @@ static MoeModel *moe_state(Model *m) {
         s->lp = xcalloc((size_t)L, sizeof(MoeLayerParams));
         for (int l = 0; l < L; l++) memset(&s->lp[l], 0xff, sizeof(MoeLayerParams));
         for (int l = 0; l < L; l++) s->lp[l].gate_proj = s->lp[l].up_proj = s->lp[l].down_proj = NULL;
-        s->h_off = xcalloc((size_t)L * (E + 1), sizeof(int));
-        s->h_counts = xcalloc((size_t)L * E, sizeof(int));
-        s->h_aux = xcalloc((size_t)L * 2, sizeof(float));
         s->h_w = xcalloc((size_t)E, sizeof(*s->h_w));
         s->h_dw = xcalloc((size_t)E, sizeof(*s->h_dw));
         m->moe = s;
@@ -119,6 +119,7 @@ void moe_layout_acts(Model *m, TensorTable *a, TensorTable *g) {
         x->expert_off = act(a, DT_F32, E + 1, 1, "layers.%d.moe.expert_off", l);
         x->row_token = act(a, DT_F32, R, 1, "layers.%d.moe.row_token", l);
         x->assign_row = act(a, DT_F32, N, K, "layers.%d.moe.assign_row", l);
+        x->aux = act(a, DT_F32, 2, 1, "layers.%d.moe.aux", l);
         x->gate_up = act(a, DT_STORE, R, 2 * (int64_t)Ie, "layers.%d.moe.gate_up", l);
         x->act = act(a, DT_STORE, R, Ie, "layers.%d.moe.act", l);
         x->expert_out = act(a, DT_STORE, R, C, "layers.%d.moe.expert_out", l);
@@ -129,7 +130,6 @@ void moe_layout_acts(Model *m, TensorTable *a, TensorTable *g) {
     }
     s->logits = act(a, DT_F32, N, E, "moe.logits", 0);
     s->xs = act(a, DT_STORE, R, C, "moe.xs", 0);
-    s->aux = act(a, DT_F32, 2, 1, "moe.aux", 0);
 
     s->dxs = act(g, DT_STORE, R, C, "moe.dxs", 0);
     s->dexpert_out = act(g, DT_STORE, R, C, "moe.dexpert_out", 0);
@@ -154,9 +154,6 @@ void moe_free(Model *m) {
     }
     free(s->lp);
     free(s->la);
-    free(s->h_off);
-    free(s->h_counts);
-    free(s->h_aux);
     free(s->h_w);
     free(s->h_dw);
     free(s);
@@ -198,10 +195,10 @@ void moe_forward(Model *m, int l) {
     MoeModel *s = m->moe;
     const MoeLayerParams *p = &s->lp[l];
     const MoeLayerActs *x = &s->la[l];
-    int N = m->B * m->T, C = c->hidden_size, E = s->E, K = s->K, Ie = s->Ie;
+    int N = m->B * m->T, C = c->hidden_size, E = s->E, K = s->K, Ie = s->Ie, R = N * K;
     const float *h = A(m->la[l].h_mlp);
     float *out = A(m->tmp_c);
-    int *off = s->h_off + (size_t)l * (E + 1);
+    const int *off = AI(x->expert_off);
     if (!be->moe_dispatch || !be->moe_expert_matmul_forward || !be->moe_expert_matmul_backward)
         die("the %s backend does not implement the mixture-of-experts ops yet: train MoE configs with --device cpu", be->name);
 
@@ -214,19 +211,15 @@ void moe_forward(Model *m, int l) {
     be->moe_topk_forward(A(x->probs), A(x->lse), AI(x->topk_idx), A(x->topk_w), A(s->logits), N, E, K, c->norm_topk_prob);
     be->moe_dispatch(AI(x->counts), AI(x->expert_off), AI(x->row_token), AI(x->assign_row), A(x->probs),
                      AI(x->topk_idx), N, E, K, m->inference ? 0 : moe_capacity(c, N));
-    be->moe_aux_forward(A(s->aux), A(x->probs), A(x->lse), AI(x->counts), N, E, K, c->moe_aux_loss_coef, c->moe_z_loss_coef);
-    be->download(off, AI(x->expert_off), (size_t)(E + 1) * sizeof(int));
-    be->download(s->h_counts + (size_t)l * E, AI(x->counts), (size_t)E * sizeof(int));
-    be->download(s->h_aux + (size_t)l * 2, A(s->aux), 2 * sizeof(float));
-    int R = off[E];
-    if (R == 0) return;   // everything dropped: the layer is the shared expert alone
+    be->moe_aux_forward(A(x->aux), A(x->probs), A(x->lse), AI(x->counts), N, E, K, c->moe_aux_loss_coef, c->moe_z_loss_coef);
 
-    // routed experts, each on its own rows (grouped matmuls: one op call for all experts)
+    // routed experts, each on its own rows (grouped matmuls: one op call for all experts); the
+    // rows past the kept ones are zeros from the gather on, and the combine never reads them
     be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
     // each expert's gate and up as one product (up_proj joined to gate_proj): (R, 2 Ie) rows
-    be->moe_expert_matmul_forward(A(x->gate_up), A(s->xs), weights(m, p->gate_proj), off, E, C, 2 * Ie);
+    be->moe_expert_matmul_forward(A(x->gate_up), A(s->xs), weights(m, p->gate_proj), off, E, R, C, 2 * Ie);
     swiglu_halves_forward(be, A(x->act), A(x->gate_up), R, Ie);
-    be->moe_expert_matmul_forward(A(x->expert_out), A(x->act), weights(m, p->down_proj), off, E, Ie, C);
+    be->moe_expert_matmul_forward(A(x->expert_out), A(x->act), weights(m, p->down_proj), off, E, R, Ie, C);
     be->moe_combine_forward(out, A(x->expert_out), A(x->topk_w), AI(x->assign_row), N, K, C);
 }
 
@@ -242,8 +235,8 @@ void moe_backward(Model *m, int l, float loss_scale) {
     const float *h = A(m->la[l].h_mlp);
     const float *dout = DA(ga->dres);
     float *dh = DA(ga->dh);
-    const int *off = s->h_off + (size_t)l * (E + 1);
-    int R = off[E];
+    const int *off = AI(x->expert_off);
+    int R = N * K;   // the row buffers' rows: those past expert_off[E] are zeros (moe_forward)
 
     // shared expert
     if (Is > 0) {
@@ -255,22 +248,20 @@ void moe_backward(Model *m, int l, float loss_scale) {
 
     // weighted scatter: gradients of the expert outputs and of the combine weights
     be->zero(DA(s->dtopk_w), (size_t)N * K * sizeof(float));
-    if (R > 0) {
-        be->zero(DA(s->dexpert_out), (size_t)R * C * sb);
-        be->moe_combine_backward(DA(s->dexpert_out), DA(s->dtopk_w), dout, A(x->expert_out), A(x->topk_w),
-                                 AI(x->assign_row), N, K, C);
-        // experts, each on its own rows
-        be->zero(DA(s->dact), (size_t)R * Ie * sb);
-        be->moe_expert_matmul_backward(DA(s->dact), grads(m, p->down_proj), DA(s->dexpert_out), A(x->act),
-                                       weights(m, p->down_proj), off, E, Ie, C);
-        swiglu_halves_backward(be, DA(s->dgate_up), DA(s->dact), A(x->gate_up), R, Ie);
-        // the gathered input is not kept per layer: gather it again (cheap next to the matmuls)
-        be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
-        be->zero(DA(s->dxs), (size_t)R * C * sb);
-        be->moe_expert_matmul_backward(DA(s->dxs), grads(m, p->gate_proj), DA(s->dgate_up), A(s->xs),
-                                       weights(m, p->gate_proj), off, E, C, 2 * Ie);
-        be->moe_gather_backward(dh, DA(s->dxs), AI(x->assign_row), N, K, C);
-    }
+    be->zero(DA(s->dexpert_out), (size_t)R * C * sb);
+    be->moe_combine_backward(DA(s->dexpert_out), DA(s->dtopk_w), dout, A(x->expert_out), A(x->topk_w),
+                             AI(x->assign_row), N, K, C);
+    // experts, each on its own rows
+    be->zero(DA(s->dact), (size_t)R * Ie * sb);
+    be->moe_expert_matmul_backward(DA(s->dact), grads(m, p->down_proj), DA(s->dexpert_out), A(x->act),
+                                   weights(m, p->down_proj), off, E, R, Ie, C);
+    swiglu_halves_backward(be, DA(s->dgate_up), DA(s->dact), A(x->gate_up), R, Ie);
+    // the gathered input is not kept per layer: gather it again (cheap next to the matmuls)
+    be->moe_gather_forward(A(s->xs), h, AI(x->row_token), R, C);
+    be->zero(DA(s->dxs), (size_t)R * C * sb);
+    be->moe_expert_matmul_backward(DA(s->dxs), grads(m, p->gate_proj), DA(s->dgate_up), A(s->xs),
+                                   weights(m, p->gate_proj), off, E, R, C, 2 * Ie);
+    be->moe_gather_backward(dh, DA(s->dxs), AI(x->assign_row), N, K, C);
 
     // router: combine weights, load-balancing and z losses, all through the softmax
     be->zero(DA(s->dlogits), (size_t)N * E * sizeof(float));
@@ -286,29 +277,39 @@ double moe_aux_total(const Model *m) {
     return st.aux_loss + st.z_loss;
 }
 
+// The layers' counts, row offsets and losses come back from backend memory here, once per call
+// (a logging step), not during the layer.
 void moe_last_stats(const Model *m, MoeStats *st) {
     memset(st, 0, sizeof(*st));
     const MoeModel *s = m->moe;
     if (!s || !m->B) return;
     const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
     int N = m->B * m->T, E = s->E;
     long long NK = (long long)N * s->K;
+    int *cnt = xcalloc((size_t)E, sizeof(int));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (!config_is_moe_layer(c, l)) continue;
-        const int *cnt = s->h_counts + (size_t)l * E;
+        const MoeLayerActs *x = &s->la[l];
+        float aux[2];
+        int kept;
+        be->download(cnt, AI(x->counts), (size_t)E * sizeof(int));
+        be->download(&kept, AI(x->expert_off) + E, sizeof(int));
+        be->download(aux, A(x->aux), sizeof aux);
         int mx = cnt[0], mn = cnt[0];
         for (int e = 1; e < E; e++) {
             mx = cnt[e] > mx ? cnt[e] : mx;
             mn = cnt[e] < mn ? cnt[e] : mn;
         }
         st->layers++;
-        st->aux_loss += s->h_aux[2 * l];
-        st->z_loss += s->h_aux[2 * l + 1];
+        st->aux_loss += aux[0];
+        st->z_loss += aux[1];
         st->max_share += (double)mx / (double)NK;
         st->min_share += (double)mn / (double)NK;
         st->assignments += NK;
-        st->dropped += NK - s->h_off[(size_t)l * (E + 1) + E];
+        st->dropped += NK - kept;
     }
+    free(cnt);
     if (st->layers) {
         st->max_share /= st->layers;
         st->min_share /= st->layers;

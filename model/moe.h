@@ -35,6 +35,7 @@ typedef struct MoeLayerActs {
     int expert_off;       // (E+1) int32 row ranges of the experts
     int row_token;        // (R) int32
     int assign_row;       // (N, K) int32, -1 = dropped
+    int aux;              // (2) f32 the layer's aux and z loss
     int gate_up, act;     // (R, 2Ie) gate | up of one product per expert, (R, Ie) SwiGLU; rows in expert order
     int expert_out;       // (R, C) expert outputs before weighting
     int s_gate_up, s_act;      // (N, 2Is), (N, Is) shared expert
@@ -47,17 +48,12 @@ typedef struct MoeModel {
     // shared by all layers
     int logits;           // (N, E) f32 router logits
     int xs;               // (R, C) tokens gathered in expert order
-    int aux;              // (2) f32 aux and z loss of the layer being run
     // activation gradients (Model.gacts), reused by every layer
     int dxs, dexpert_out;          // (R, C)
     int dgate_up, dact;            // (R, 2Ie), (R, Ie)
     int ds_gate_up, ds_act;        // (N, 2Is), (N, Is)
     int dtopk_w;                   // (N, K) f32
     int dlogits;                   // (N, E) f32
-    // host copies from the last forward, per layer
-    int *h_off;           // [L][E+1]
-    int *h_counts;        // [L][E]
-    float *h_aux;         // [L][2]
     const float **h_w;    // [E] host pointer arrays for the grouped expert matmuls
     float **h_dw;         // [E]
 } MoeModel;
@@ -91,6 +87,7 @@ void moe_backward(Model *m, int l, float loss_scale);
 
 // aux + z summed over the MoE layers of the last forward (0 for a dense model).
 double moe_aux_total(const Model *m);
+// The statistics of the last forward (downloaded from backend memory: a sync on a device).
 void moe_last_stats(const Model *m, MoeStats *s);
 
 #endif

@@ -26,8 +26,8 @@ print(len(rows))' "$1"
 }
 
 # ---- dry run
-if bash "$GC" --dry-run --out dry > dry.log 2>&1 && n=$(summary_ok dry/summary.jsonl) && [ "$n" -eq 9 ] &&
-   [ "$(grep -c '"status":"skipped","reason":"dry run' dry/summary.jsonl)" -eq 9 ]; then ok "--dry-run: $n steps, each skipped with the reason"
+if bash "$GC" --dry-run --out dry > dry.log 2>&1 && n=$(summary_ok dry/summary.jsonl) && [ "$n" -eq 10 ] &&
+   [ "$(grep -c '"status":"skipped","reason":"dry run' dry/summary.jsonl)" -eq 10 ]; then ok "--dry-run: $n steps, each skipped with the reason"
 else fail "dry run: $(cat dry.log)"; fi
 
 # ---- fake binaries
@@ -60,6 +60,8 @@ s=$(status test_gpu_decode); [[ $s == "skipped skipped: no CUDA device (fake"* ]
 s=$(status sanitizer.initcheck); [[ $s == pass* ]] && grep -q "sanitizer memcheck" sanitizer.calls && grep -q "sanitizer initcheck" sanitizer.calls &&
     ok "memcheck and initcheck through COMPUTE_SANITIZER" || fail "sanitizer: $s $(cat sanitizer.calls 2>&1)"
 s=$(status bench_gpu); [[ $s == pass*tokens_per_s* ]] && [ -s run/bench_gpu.log ] && ok "bench_gpu --json logged: $s" || fail "bench_gpu: $s"
+s=$(status bench_gpu_moe_grouped); [[ $s == pass*tokens_per_s* ]] && [ -s run/bench_gpu_moe_grouped.log ] &&
+    ok "bench_gpu's MoE half on the grouped expert kernels logged: $s" || fail "bench_gpu_moe_grouped: $s"
 s=$(status profile_attention); [[ $s == "skipped gpu_profile_attention: skipped: "* ]] && ok "the profile step, without ncu or a device: $s" ||
     fail "profile_attention: $s"
 
@@ -91,8 +93,8 @@ CB=${CLLA_CUDA_BUILD_DIR:-$SRC/build-cuda}
 if [ -x "$CB/tests/gpu/test_gpu_ops" ]; then
     bash "$GC" --bin "$CB" --out real > real.log 2>&1
     rc=$?
-    if [ $rc -eq 0 ] && [ "$(grep -c '"status":"skipped","reason":"skipped: no CUDA device' real/summary.jsonl)" -eq 9 ]; then
-        ok "the CUDA build without a GPU: 9 steps skipped ($(grep -m1 -o 'no CUDA device[^"]*' real/summary.jsonl))"
+    if [ $rc -eq 0 ] && [ "$(grep -c '"status":"skipped","reason":"skipped: no CUDA device' real/summary.jsonl)" -eq 10 ]; then
+        ok "the CUDA build without a GPU: 10 steps skipped ($(grep -m1 -o 'no CUDA device[^"]*' real/summary.jsonl))"
     elif "$CB/tests/gpu/test_gpu_ops" --probe > /dev/null 2>&1; then echo "     (this machine has a GPU: the real run is scripts/gpu_check.sh itself)"
     else fail "real binaries without a GPU: rc $rc $(cat real.log)"; fi
     # the GPU tests check their cases' configs before they look for a device: a config rule added

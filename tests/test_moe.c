@@ -295,12 +295,13 @@ static void test_gather_combine(int N, int E, int K, int C, int cap) {
     be->moe_topk_forward(p, lse, idx, w, x, N, E, K, 0);
     be->moe_dispatch(counts, off, row_token, arow, p, idx, N, E, K, cap);
     int R = off[E];
-    float *inp = frand((size_t)N * C, -1, 1), *xs = xalloc((size_t)N * K * C * 4);
-    be->moe_gather_forward(xs, inp, row_token, R, C);
+    // all N*K rows, as model/moe.c gathers: the rows past R (row_token -1) come out zero
+    float *inp = frand((size_t)N * C, -1, 1), *xs = frand((size_t)N * K * C, -1, 1);
+    be->moe_gather_forward(xs, inp, row_token, N * K, C);
     double *ref = xalloc((size_t)N * K * C * 8);
     for (int r = 0; r < R; r++) for (int c = 0; c < C; c++) ref[(size_t)r * C + c] = inp[(size_t)row_token[r] * C + c];
-    snprintf(name, sizeof(name), "gather_forward N=%d K=%d C=%d R=%d", N, K, C, R);
-    check(name, rel(xs, ref, (size_t)R * C), 0.0);
+    snprintf(name, sizeof(name), "gather_forward N=%d K=%d C=%d R=%d (zeros past R)", N, K, C, R);
+    check(name, rel(xs, ref, (size_t)N * K * C), 0.0);
     // gather backward: d/dinp of sum(gw * xs) = sum over rows of the token
     float *gw = frand((size_t)N * K * C, -1, 1), *dinp = xalloc((size_t)N * C * 4);
     be->moe_gather_backward(dinp, gw, arow, N, K, C);
@@ -384,16 +385,21 @@ static void test_router_matmul(int N, int C, int E) {
 }
 
 // grouped expert matmul against per-expert double loops; expert row counts include 0 and one
-// expert far above the row block (several tiles), C and OC not multiples of the channel block
+// expert far above the row block (several tiles), C and OC not multiples of the channel block;
+// the row buffers TAIL rows longer than the kept rows (dropped assignments): the forward zeroes
+// them, the backward leaves dinp's alone
 static void test_expert_matmul(void) {
-    enum { E = 5, C = 23, OC = 131 };
+    enum { E = 5, C = 23, OC = 131, TAIL = 7 };
     const int n_e[E] = {3, 0, 300, 1, 70};
     int off[E + 1] = {0};
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + n_e[e];
-    int R = off[E];
-    float *inp = frand((size_t)R * C, -1, 1), *out = xalloc((size_t)R * OC * 4), *w[E], *dw[E];
+    int R = off[E], RB = R + TAIL;
+    float *inp = frand((size_t)RB * C, -1, 1), *out = frand((size_t)RB * OC, -1, 1), *w[E], *dw[E];
     for (int e = 0; e < E; e++) { w[e] = frand((size_t)OC * C, -1, 1); dw[e] = xalloc((size_t)OC * C * 4); }
-    be->moe_expert_matmul_forward(out, inp, (const float *const *)w, off, E, C, OC);
+    be->moe_expert_matmul_forward(out, inp, (const float *const *)w, off, E, RB, C, OC);
+    int tail_zero = 1;
+    for (size_t i = (size_t)R * OC; i < (size_t)RB * OC; i++) tail_zero &= out[i] == 0.0f;
+    check("expert_matmul_forward zeroes the rows past the kept ones", tail_zero ? 0.0 : 1.0, 0.0);
     double *ref = xalloc((size_t)R * OC * 8);
     for (int e = 0; e < E; e++)
         for (int r = off[e]; r < off[e + 1]; r++)
@@ -403,8 +409,12 @@ static void test_expert_matmul(void) {
                 ref[(size_t)r * OC + o] = s;
             }
     check("expert_matmul_forward (empty expert, multi-tile expert)", rel(out, ref, (size_t)R * OC), TOL_FWD);
-    float *dout = frand((size_t)R * OC, -1, 1), *dinp = xalloc((size_t)R * C * 4);
-    be->moe_expert_matmul_backward(dinp, dw, dout, inp, (const float *const *)w, off, E, C, OC);
+    float *dout = frand((size_t)RB * OC, -1, 1), *dinp = xalloc((size_t)RB * C * 4);
+    for (size_t i = (size_t)R * C; i < (size_t)RB * C; i++) dinp[i] = 5.0f;
+    be->moe_expert_matmul_backward(dinp, dw, dout, inp, (const float *const *)w, off, E, RB, C, OC);
+    int tail_kept = 1;
+    for (size_t i = (size_t)R * C; i < (size_t)RB * C; i++) tail_kept &= dinp[i] == 5.0f;
+    check("expert_matmul_backward leaves dinp's rows past the kept ones", tail_kept ? 0.0 : 1.0, 0.0);
     double *rdi = xalloc((size_t)R * C * 8);
     for (int e = 0; e < E; e++)
         for (int r = off[e]; r < off[e + 1]; r++)
@@ -425,7 +435,7 @@ static void test_expert_matmul(void) {
         free(rdw);
     }
     check("expert_matmul_backward dweight (0 for the empty expert)", worst, TOL_FWD);
-    be->moe_expert_matmul_backward(dinp, dw, dout, inp, (const float *const *)w, off, E, C, OC);
+    be->moe_expert_matmul_backward(dinp, dw, dout, inp, (const float *const *)w, off, E, RB, C, OC);
     for (size_t i = 0; i < (size_t)R * C; i++) rdi[i] *= 2;
     check("expert_matmul_backward accumulates", rel(dinp, rdi, (size_t)R * C), TOL_ACC);
     for (int e = 0; e < E; e++) { free(w[e]); free(dw[e]); }

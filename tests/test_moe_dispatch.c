@@ -11,6 +11,10 @@
 // dropping", K from 1 to 6, one expert taking every token, and zero tokens. The aux losses of
 // the device (per-expert column sums, then moe_aux_combine) are replayed the same way.
 //
+// The grouped expert matmuls' row tiles (backend/moe_tiles.h: the CUDA kernels' blocks, the CPU
+// op's loop) are checked on every dispatch's offsets: the blocks of a launch sized by the
+// bound cover each kept row exactly once, in tiles inside one expert, and the rest find none.
+//
 // Prints the failures and "N cases, M failed"; exit 1 on any failure.
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +23,7 @@
 
 #include "backend/moe_route_rows.h"
 #include "backend/moe_routing.h"
+#include "backend/moe_tiles.h"
 #include "tests/lib/check.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -88,6 +93,27 @@ static void device_aux_replay(float *out, const float *probs, const float *lse, 
 
 static int cases, failed_cases;
 
+// Every block t < moe_row_tiles_bound of a launch over off's rows in tiles of `rows`: its tile
+// is inside one expert, 1..rows rows, the tiles in order cover [0, off[E]) once, and the blocks
+// past the last tile get none (1 when all of that holds).
+static int row_tiles_cover(const int *off, int E, int rows) {
+    const long long bound = moe_row_tiles_bound(off[E], E, rows);
+    int next = 0, done = 0, prev_e = 0;
+    for (long long t = 0; t < bound; t++) {
+        int e = -1, r0 = -1, n = -1;
+        if (!moe_row_tile(off, E, rows, t, &e, &r0, &n)) {
+            done = 1;
+            continue;
+        }
+        if (done || e < prev_e || e >= E || n < 1 || n > rows || r0 != next || r0 < off[e] || r0 + n > off[e + 1])
+            return 0;
+        next = r0 + n;
+        prev_e = e;
+    }
+    int e, r0, n;
+    return next == off[E] && !moe_row_tile(off, E, rows, bound, &e, &r0, &n) && !moe_row_tile(off, E, rows, -1, &e, &r0, &n);
+}
+
 // One routing: logits drawn from `levels` values (few levels: many exact ties in top-k and in
 // the capacity ranking) or all on one expert (skew), then both dispatches at each capacity.
 static void run_case(int N, int E, int K, int levels, int skew) {
@@ -116,6 +142,9 @@ static void run_case(int N, int E, int K, int levels, int skew) {
               N, E, K, cap);
         CHECK(memcmp(ref.assign_row, dev.assign_row, (size_t)NK * sizeof(int)) == 0,
               "N %d E %d K %d cap %d: assign_row differs", N, E, K, cap);
+        for (int rows = 1; rows <= 128; rows *= 4)
+            CHECK(row_tiles_cover(ref.expert_off, E, rows), "N %d E %d K %d cap %d: row tiles of %d rows do not cover the rows",
+                  N, E, K, cap, rows);
         float aux_ref[2], aux_dev[2];
         moe_route_aux_forward(aux_ref, probs, lse, ref.counts, N, E, K, 0.01f, 0.001f);
         device_aux_replay(aux_dev, probs, lse, dev.counts, N, E, K, 0.01f, 0.001f);

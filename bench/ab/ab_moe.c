@@ -1,7 +1,8 @@
 // ab_moe: the grouped expert matmuls of this tree (layers/cpu_moe.c) against those of an older
 // commit, alternated in one process, the best of each kept (bench/ab/ab_attention.c says why).
 // Built and run by bench/ab.sh moe, which compiles the older file with its entry points renamed
-// old_*.
+// old_*. The older commit must have the entry points' row-count argument R (since the MoE
+// layer stopped downloading its row offsets: docs/MOE.md).
 //
 //   ab_moe TOKENS EXPERTS TOPK D_MODEL WIDTH REPS
 //
@@ -16,16 +17,16 @@
 
 #define ENTRY_POINTS(P)                                                                                          \
     void P##cpu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights,            \
-                                          const int *expert_off, int E, int C, int OC);                         \
+                                          const int *expert_off, int E, int R, int C, int OC);                  \
     void P##cpu_moe_expert_matmul_backward(float *dinp, float *const *dweights, const float *dout,              \
                                            const float *inp, const float *const *weights, const int *expert_off, \
-                                           int E, int C, int OC);
+                                           int E, int R, int C, int OC);
 ENTRY_POINTS()
 ENTRY_POINTS(old_)
 
-typedef void (*ForwardFn)(float *, const float *, const float *const *, const int *, int, int, int);
+typedef void (*ForwardFn)(float *, const float *, const float *const *, const int *, int, int, int, int);
 typedef void (*BackwardFn)(float *, float *const *, const float *, const float *, const float *const *, const int *,
-                           int, int, int);
+                           int, int, int, int);
 
 int main(int argc, char **argv) {
     static const char *const NAMES[6] = {"TOKENS", "EXPERTS", "TOPK", "D_MODEL", "WIDTH", "REPS"};
@@ -70,14 +71,14 @@ int main(int argc, char **argv) {
         for (int slot = 0; slot < 2; slot++) {
             const int w = ab_version(r, slot);
             const double t0 = omp_get_wtime();
-            fwd[w](gate, xs, (const float *const *)wg, off, E, C, I);
-            fwd[w](out, gate, (const float *const *)wd, off, E, I, C);
+            fwd[w](gate, xs, (const float *const *)wg, off, E, (int)R, C, I);
+            fwd[w](out, gate, (const float *const *)wd, off, E, (int)R, I, C);
             const double t1 = omp_get_wtime();
-            bwd[w](dact, NULL, dout, gate, (const float *const *)wd, off, E, I, C);
-            bwd[w](dxs, NULL, dgate, xs, (const float *const *)wg, off, E, C, I);
+            bwd[w](dact, NULL, dout, gate, (const float *const *)wd, off, E, (int)R, I, C);
+            bwd[w](dxs, NULL, dgate, xs, (const float *const *)wg, off, E, (int)R, C, I);
             const double t2 = omp_get_wtime();
-            bwd[w](NULL, dwd, dout, gate, (const float *const *)wd, off, E, I, C);
-            bwd[w](NULL, dwg, dgate, xs, (const float *const *)wg, off, E, C, I);
+            bwd[w](NULL, dwd, dout, gate, (const float *const *)wd, off, E, (int)R, I, C);
+            bwd[w](NULL, dwg, dgate, xs, (const float *const *)wg, off, E, (int)R, C, I);
             const double t3 = omp_get_wtime();
             const double t[3] = {t1 - t0, t2 - t1, t3 - t2};
             ab_keep_best(best, 3, r, w, t);

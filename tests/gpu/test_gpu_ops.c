@@ -719,14 +719,18 @@ static void test_moe(int N, int C, int E, int K, int capacity, int norm_topk) {
     free(hx); free(hw); free(hz); free(hl); free(hrows); free(hdx); free(hdo); free(hdtw); free(hdl); free(hdwr);
 }
 
-// Grouped expert matmuls: expert e owns rows [off[e], off[e+1]) (some experts empty).
-static void test_expert_matmul(int E, int C, int OC, const int *rows_per_expert) {
+// Grouped expert matmuls: expert e owns rows [off[e], off[e+1]) (some experts empty), the row
+// buffers `tail` rows longer (dropped assignments: the forward zeroes them, dinp keeps them).
+// The offsets live in backend memory (moe_dispatch writes them there). grouped: the CUDA side's
+// tensor-core grouped kernels (kernels/cuda_moe_grouped.cu) or one cuBLASLt product per expert.
+static void test_expert_matmul(int E, int C, int OC, const int *rows_per_expert, int tail, int grouped) {
     int *off = xalloc(((size_t)E + 1) * sizeof(int));
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows_per_expert[e];
-    const int R = off[E];
+    const int R = off[E] + tail;
     const size_t ni = (size_t)R * C, no = (size_t)R * OC, nw = (size_t)OC * C;
     float *hi = rnd(ni, -1, 1), *ho = rnd(no, -1, 1), *hdi = rnd(ni, -0.5, 0.5);
     Buf in = buf_act(hi, ni), out = buf_act(ho, no), dout = buf_act(ho, no), din = buf_act(hdi, ni);
+    Buf doff = buf_raw(off, (size_t)E + 1);
     Buf *w = xalloc((size_t)E * sizeof(Buf)), *dw = xalloc((size_t)E * sizeof(Buf));
     const float **wc = xalloc((size_t)E * sizeof(float *)), **wg = xalloc((size_t)E * sizeof(float *));
     float **dwc = xalloc((size_t)E * sizeof(float *)), **dwg = xalloc((size_t)E * sizeof(float *));
@@ -739,24 +743,34 @@ static void test_expert_matmul(int E, int C, int OC, const int *rows_per_expert)
         wc[e] = w[e].c; wg[e] = w[e].g; dwc[e] = dw[e].c; dwg[e] = dw[e].g;
         free(hw);
     }
-    char name[160], shape[64];
-    snprintf(shape, sizeof shape, "E=%d C=%d OC=%d R=%d", E, C, OC, R);
-    cpu->moe_expert_matmul_forward(out.c, in.c, wc, off, E, C, OC);
-    gpu->moe_expert_matmul_forward(out.g, in.g, wg, off, E, C, OC);
+    cuda_moe_use_grouped(grouped);
+    char name[200], shape[96];
+    snprintf(shape, sizeof shape, "E=%d C=%d OC=%d R=%d tail=%d (%s)", E, C, OC, off[E], tail,
+             grouped ? "grouped kernels" : "per expert");
+    cpu->moe_expert_matmul_forward(out.c, in.c, wc, (const int *)doff.c, E, R, C, OC);
+    gpu->moe_expert_matmul_forward(out.g, in.g, wg, (const int *)doff.g, E, R, C, OC);
     snprintf(name, sizeof name, "moe_expert_matmul_forward %s", shape);
     compare(name, &out, TOL_SUM);
-    cpu->moe_expert_matmul_backward(din.c, dwc, dout.c, in.c, wc, off, E, C, OC);
-    gpu->moe_expert_matmul_backward(din.g, dwg, dout.g, in.g, wg, off, E, C, OC);
+    cpu->moe_expert_matmul_backward(din.c, dwc, dout.c, in.c, wc, (const int *)doff.c, E, R, C, OC);
+    gpu->moe_expert_matmul_backward(din.g, dwg, dout.g, in.g, wg, (const int *)doff.g, E, R, C, OC);
     snprintf(name, sizeof name, "moe_expert_matmul_backward dinp %s", shape);
     compare(name, &din, TOL_SUM);
     for (int e = 0; e < E; e++) {
-        snprintf(name, sizeof name, "moe_expert_matmul_backward dweight[%d] (%d rows)", e, rows_per_expert[e]);
+        snprintf(name, sizeof name, "moe_expert_matmul_backward dweight[%d] (%d rows, %s)", e, rows_per_expert[e],
+                 grouped ? "grouped kernels" : "per expert");
         compare(name, &dw[e], TOL_F32);
         buf_free(&w[e]);
         buf_free(&dw[e]);
     }
-    buf_free(&in); buf_free(&out); buf_free(&dout); buf_free(&din);
+    cuda_moe_use_grouped(0);
+    buf_free(&in); buf_free(&out); buf_free(&dout); buf_free(&din); buf_free(&doff);
     free(off); free(hi); free(ho); free(hdi); free(hdw); free(w); free(dw); free(wc); free(wg); free(dwc); free(dwg);
+}
+
+// Both ways of the grouped expert matmuls on one set of shapes.
+static void test_expert_matmul_both(int E, int C, int OC, const int *rows_per_expert, int tail) {
+    test_expert_matmul(E, C, OC, rows_per_expert, tail, 0);
+    test_expert_matmul(E, C, OC, rows_per_expert, tail, 1);
 }
 
 // The production shapes of scripts/gpu_check.sh: the sizes the models train at, against the
@@ -768,6 +782,8 @@ static void test_production(void) {
     test_attention_both(1, 2048, 2, 2, 160, 96, 0);    // MLA / CLLA: head 128 + rope 32, value 96
     test_xent(64, 32000);                      // Llama-2's vocabulary, 64 rows
     test_xent(32, 128256);                     // Llama-3's
+    // MoE experts at a paper-like width (gate | up of 1408 each from d_model 1024), uneven rows
+    test_expert_matmul_both(8, 1024, 2816, (const int[]){600, 0, 1500, 37, 900, 128, 255, 700}, 40);
 }
 
 int main(int argc, char **argv) {
@@ -865,8 +881,13 @@ int main(int argc, char **argv) {
     test_moe(37, 40, 8, 2, 0, 1);
     test_moe(64, 33, 6, 2, 12, 1);    // capacity drops
     test_moe(50, 96, 16, 4, 9, 0);
-    test_expert_matmul(4, 40, 56, (const int[]){7, 0, 33, 1});
-    test_expert_matmul(3, 64, 96, (const int[]){0, 65, 0});
+    test_expert_matmul_both(4, 40, 56, (const int[]){7, 0, 33, 1}, 0);
+    test_expert_matmul_both(3, 64, 96, (const int[]){0, 65, 0}, 5);
+    // several 128-row tiles per expert, the last one short; C and OC past one 128 tile and
+    // not multiples of it; K (the expert's rows, for dW) not a multiple of the 32-row slab
+    test_expert_matmul_both(5, 200, 264, (const int[]){300, 0, 129, 1, 77}, 9);
+    // the per-expert way only: C not a multiple of 8 (the grouped kernels decline it)
+    test_expert_matmul_both(2, 36, 20, (const int[]){10, 3}, 2);
 
     if (production) test_production();
     printf("%d passed, %d failed\n", n_passed, n_failed);
