@@ -93,6 +93,13 @@ typedef struct Backend {
     // dinp (N, C) += dout @ weight ; dweight (OC, C) += dout^T @ inp. Either may be NULL (skipped).
     void (*matmul_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
                             const float *weight, int N, int C, int OC);
+    // out (N, OC) = residual (N, OC) + inp (N, C) @ weight^T: a projection added to the residual
+    // stream in one op, so that a device backend takes the residual as the GEMM's accumulate input
+    // instead of writing the product and reading it back. The product is rounded to the storage
+    // type, then the sum (what cuBLASLt does with a bf16 C input: docs/GPU.md, "Tolerances"): the
+    // roundings of matmul_forward followed by add_forward. out aliases neither residual nor inp.
+    void (*matmul_residual_forward)(float *out, const float *residual, const float *inp, const float *weight,
+                                    int N, int C, int OC);
 
     // ---- RMSNorm: out = inp / sqrt(mean(inp^2) + eps) * weight, rows of C ----
     // rstd (N) is fp32 on every backend, saved for backward.

@@ -27,6 +27,7 @@ static const OpEntry OPS[] = {
     {"embedding_backward", offsetof(Backend, embedding_backward), BACKEND_OPS_CORE},
     {"matmul_forward", offsetof(Backend, matmul_forward), BACKEND_OPS_CORE},
     {"matmul_backward", offsetof(Backend, matmul_backward), BACKEND_OPS_CORE},
+    {"matmul_residual_forward", offsetof(Backend, matmul_residual_forward), BACKEND_OPS_CORE},
     {"rmsnorm_forward", offsetof(Backend, rmsnorm_forward), BACKEND_OPS_CORE},
     {"rmsnorm_backward", offsetof(Backend, rmsnorm_backward), BACKEND_OPS_CORE},
     {"rope_forward", offsetof(Backend, rope_forward), BACKEND_OPS_CORE},

@@ -87,6 +87,14 @@ static void timed_matmul_forward(float *out, const float *inp, const float *weig
     matmul_done(t0, 2.0 * N * C * OC, "forward", N, C, OC);
 }
 
+// a projection added to the residual stream: a weight matmul (its add counted in its time)
+static void timed_matmul_residual_forward(float *out, const float *residual, const float *inp, const float *weight, int N,
+                                          int C, int OC) {
+    double t0 = now_seconds();
+    inner_backend->matmul_residual_forward(out, residual, inp, weight, N, C, OC);
+    matmul_done(t0, 2.0 * N * C * OC, "forward + residual", N, C, OC);
+}
+
 static void timed_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                                   int N, int C, int OC) {
     double t0 = now_seconds();
@@ -212,6 +220,7 @@ int main(int argc, char **argv) {
     timed.attention_forward = timed_attention_forward;
     timed.attention_backward = timed_attention_backward;
     timed.matmul_forward = timed_matmul_forward;
+    timed.matmul_residual_forward = timed_matmul_residual_forward;
     timed.matmul_backward = timed_matmul_backward;
     if (inner_backend->moe_expert_matmul_forward) timed.moe_expert_matmul_forward = timed_expert_forward;
     if (inner_backend->moe_expert_matmul_backward) timed.moe_expert_matmul_backward = timed_expert_backward;

@@ -22,6 +22,7 @@ static Backend make_backend_cuda(void) {
     b.embedding_forward = cuda_embedding_forward;
     b.embedding_backward = cuda_embedding_backward;
     b.matmul_forward = cuda_matmul_forward;
+    b.matmul_residual_forward = cuda_matmul_residual_forward;
     b.matmul_backward = cuda_matmul_backward;
     b.rmsnorm_forward = cuda_rmsnorm_forward;
     b.rmsnorm_backward = cuda_rmsnorm_backward;

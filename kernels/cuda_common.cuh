@@ -112,6 +112,9 @@ void *cuda_lt_workspace(size_t *bytes);
 // fp32 compute, through cuBLASLt (cuda_matmul.cu).
 void cuda_lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, const void *B, int ldb,
                     bool transB, void *D, int ldd, cudaDataType_t dtype, float beta);
+// The same with a separate accumulate input: D = op(A) @ op(B) + beta C, C laid out as D.
+void cuda_lt_matmul_c(int m, int n, int k, const void *A, int lda, bool transA, const void *B, int ldb,
+                      bool transB, const void *C, void *D, int ldd, cudaDataType_t dtype, float beta);
 
 // dst (bf16) += src (fp32), n elements (cuda_elementwise.cu).
 void cuda_add_f32_to_bf16(bf16 *dst, const float *src, size_t n);

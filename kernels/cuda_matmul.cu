@@ -37,7 +37,7 @@ typedef struct LtKey {
     int m, n, k, lda, ldb, ldd;
     int trans_a, trans_b;
     cudaDataType_t dtype;
-    uint32_t al_a, al_b, al_d;   // operand alignments: the heuristic's choice depends on them
+    uint32_t al_a, al_b, al_c, al_d;   // operand alignments: the heuristic's choice depends on them
 } LtKey;
 
 typedef struct LtPlan {
@@ -60,7 +60,7 @@ static LtPlanCache g_lt_plans;
 static int same_key(const LtKey *a, const LtKey *b) {
     return a->m == b->m && a->n == b->n && a->k == b->k && a->lda == b->lda && a->ldb == b->ldb &&
            a->ldd == b->ldd && a->trans_a == b->trans_a && a->trans_b == b->trans_b && a->dtype == b->dtype &&
-           a->al_a == b->al_a && a->al_b == b->al_b && a->al_d == b->al_d;
+           a->al_a == b->al_a && a->al_b == b->al_b && a->al_c == b->al_c && a->al_d == b->al_d;
 }
 
 static void lt_plan_make(LtPlan *p, const LtKey *key) {
@@ -84,7 +84,7 @@ static void lt_plan_make(LtPlan *p, const LtKey *key) {
                                                       &ws_bytes, sizeof ws_bytes));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al_a, sizeof key->al_a));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al_b, sizeof key->al_b));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al_d, sizeof key->al_d));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al_c, sizeof key->al_c));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al_d, sizeof key->al_d));
     // Split-K partial sums reduced in the output type would round a bf16 output more than once
     // (the cpu-bf16 emulation and the GPU tests' tolerances assume one rounding, docs/GPU.md):
@@ -109,11 +109,12 @@ static void lt_plan_destroy(LtPlan *p) {
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->op));
 }
 
-// D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * C, column-major, C == D.
-// A and B are bf16; D is bf16 or fp32 (dtype). lda/ldb/ldd are the stored leading dims.
-void cuda_lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, const void *B,
-                      int ldb, bool transB, void *D, int ldd, cudaDataType_t dtype, float beta) {
-    const LtKey key = {m, n, k, lda, ldb, ldd, transA, transB, dtype, alignment_of(A), alignment_of(B), alignment_of(D)};
+// D (m, n) = alpha * op(A) (m, k) @ op(B) (k, n) + beta * C, column-major, C laid out as D.
+// A and B are bf16; C and D are bf16 or fp32 (dtype). lda/ldb/ldd are the stored leading dims.
+void cuda_lt_matmul_c(int m, int n, int k, const void *A, int lda, bool transA, const void *B, int ldb, bool transB,
+                      const void *C, void *D, int ldd, cudaDataType_t dtype, float beta) {
+    const LtKey key = {m, n, k, lda, ldb, ldd, transA, transB, dtype, alignment_of(A), alignment_of(B), alignment_of(C),
+                       alignment_of(D)};
     LtPlanCache *c = &g_lt_plans;
     LtPlan *p = NULL, once;
     if (c->n > 0 && same_key(&c->plan[c->last].key, &key)) p = &c->plan[c->last];
@@ -135,9 +136,14 @@ void cuda_lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, co
     size_t ws_bytes = 0;
     void *ws = cuda_lt_workspace(&ws_bytes);
     const float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(cuda_cublaslt(), p->op, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld,
+    CUBLAS_CHECK(cublasLtMatmul(cuda_cublaslt(), p->op, &alpha, A, p->la, B, p->lb, &beta, C, p->ld, D, p->ld,
                                 &p->algo, ws, ws_bytes, 0));
     if (!cached) lt_plan_destroy(p);   // after the enqueue: cuBLASLt copies what it needs at the call
+}
+
+void cuda_lt_matmul(int m, int n, int k, const void *A, int lda, bool transA, const void *B, int ldb, bool transB,
+                    void *D, int ldd, cudaDataType_t dtype, float beta) {
+    cuda_lt_matmul_c(m, n, k, A, lda, transA, B, ldb, transB, D, D, ldd, dtype, beta);
 }
 
 extern "C" void cuda_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC) {
@@ -146,6 +152,18 @@ extern "C" void cuda_matmul_forward(float *out, const float *inp, const float *w
     // out^T (OC, N) = W (OC, C) @ inp^T: A = W stored col-major as (C, OC) ld C, transposed;
     // B = inp stored col-major (C, N) ld C.
     cuda_lt_matmul(OC, N, C, weight, C, true, inp, C, false, out, OC, CUDA_R_16BF, 0.0f);
+    CUDA_OP_DONE();
+}
+
+// out = residual + inp @ W^T with the residual as cuBLASLt's accumulate input (beta = 1, bf16 C):
+// the pass that wrote the product and the add that read it back are gone. cuBLASLt rounds the
+// product to bf16 before it adds C (docs/GPU.md, "Tolerances": seen on the H200), which is what
+// matmul_forward then add_forward did, and what the cpu-bf16 emulation models.
+extern "C" void cuda_matmul_residual_forward(float *out, const float *residual, const float *inp, const float *weight,
+                                             int N, int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    if (C <= 0) { CUDA_CHECK(cudaMemcpyAsync(out, residual, (size_t)N * OC * sizeof(bf16), cudaMemcpyDeviceToDevice, 0)); return; }
+    cuda_lt_matmul_c(OC, N, C, weight, C, true, inp, C, false, residual, out, OC, CUDA_R_16BF, 1.0f);
     CUDA_OP_DONE();
 }
 

@@ -38,6 +38,8 @@ void cuda_embedding_backward(float *dwte, const float *dout, const int *tokens, 
 void cuda_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC);
 void cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                           const float *weight, int N, int C, int OC);
+void cuda_matmul_residual_forward(float *out, const float *residual, const float *inp, const float *weight,
+                                  int N, int C, int OC);
 
 // ---- RMSNorm (cuda_rmsnorm.cu) ----
 void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,

@@ -26,6 +26,7 @@ static const Backend cpu_backend = {
 
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
+    .matmul_residual_forward = cpu_matmul_residual_forward,
 
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,

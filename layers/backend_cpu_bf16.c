@@ -87,6 +87,13 @@ static void emu_matmul_backward(float *dinp, float *dweight, const float *dout, 
     if (dinp) round_n(dinp, (size_t)N * C);
 }
 
+// the product rounded, then the sum (backend/backend.h: cuBLASLt's bf16 accumulate input)
+static void emu_matmul_residual_forward(float *out, const float *residual, const float *inp, const float *weight,
+                                        int N, int C, int OC) {
+    emu_matmul_forward(out, inp, weight, N, C, OC);
+    emu_add_forward(out, residual, out, (size_t)(N > 0 ? N : 0) * (size_t)(OC > 0 ? OC : 0));
+}
+
 // ---- RMSNorm: bf16 out and dinp, fp32 rstd and dweight ----
 
 static void emu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
@@ -264,6 +271,7 @@ static const Backend cpu_bf16_backend = {
 
     .matmul_forward = emu_matmul_forward,
     .matmul_backward = emu_matmul_backward,
+    .matmul_residual_forward = emu_matmul_residual_forward,
 
     .rmsnorm_forward = emu_rmsnorm_forward,
     .rmsnorm_backward = emu_rmsnorm_backward,

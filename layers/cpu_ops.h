@@ -41,6 +41,8 @@ void cpu_embedding_backward(float *dwte, const float *dout, const int *tokens, i
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N, int C, int OC);
 void cpu_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                          const float *weight, int N, int C, int OC);
+void cpu_matmul_residual_forward(float *out, const float *residual, const float *inp, const float *weight, int N, int C,
+                                 int OC);
 
 // ---- RMSNorm (cpu_rmsnorm.c) ----
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,

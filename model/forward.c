@@ -7,8 +7,10 @@
 #include "model/moe.h"
 
 
-// Dense SwiGLU MLP of layer l: tmp_c (N, C) = down(silu(gate(h_mlp)) * up(h_mlp)).
-static void mlp_forward(Model *m, int l) {
+// Dense SwiGLU MLP of layer l added to the residual stream: out (N, C) = residual +
+// down(silu(gate(h_mlp)) * up(h_mlp)), the down projection taking the residual as its
+// accumulate input (backend/backend.h, matmul_residual_forward).
+static void mlp_forward(Model *m, int l, float *out, const float *residual) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, C = c->hidden_size, I = c->intermediate_size;
@@ -17,10 +19,11 @@ static void mlp_forward(Model *m, int l) {
     // gate and up as one product: up_proj is joined to gate_proj, one (2I, C) weight
     be->matmul_forward(A(x->gate_up), A(x->h_mlp), P(p->gate_proj), N, C, 2 * I);
     swiglu_halves_forward(be, A(x->act), A(x->gate_up), N, I);
-    be->matmul_forward(A(m->tmp_c), A(x->act), P(p->down_proj), N, I, C);
+    be->matmul_residual_forward(out, residual, A(x->act), P(p->down_proj), N, I, C);
 }
 
-// Backward of mlp_forward given d(tmp_c) in dres; adds d(h_mlp) into dh.
+// Backward of mlp_forward given d(out) in dres (the residual passes it through unchanged); adds
+// d(h_mlp) into dh.
 static void mlp_backward(Model *m, int l) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -35,11 +38,15 @@ static void mlp_backward(Model *m, int l) {
     be->matmul_backward(DA(ga->dh), G(p->gate_proj), DA(ga->dgate_up), A(x->h_mlp), P(p->gate_proj), N, C, 2 * I);
 }
 
-// The FFN of layer l: the dense MLP, or (MoE layers) the mixture of experts (model/moe.c),
-// whose auxiliary losses take loss_scale like the LM loss.
-static void ffn_forward(Model *m, int l) {
-    if (config_is_moe_layer(&m->cfg, l)) moe_forward(m, l);
-    else mlp_forward(m, l);
+// out = residual + the FFN of layer l: the dense MLP, or (MoE layers) the mixture of experts
+// (model/moe.c, into tmp_c, then added), whose auxiliary losses take loss_scale like the LM loss.
+static void ffn_forward(Model *m, int l, float *out, const float *residual) {
+    if (config_is_moe_layer(&m->cfg, l)) {
+        moe_forward(m, l);
+        m->be->add_forward(out, residual, A(m->tmp_c), (size_t)m->B * m->T * m->cfg.hidden_size);
+    } else {
+        mlp_forward(m, l, out, residual);
+    }
 }
 static void ffn_backward(Model *m, int l, float loss_scale) {
     if (config_is_moe_layer(&m->cfg, l)) moe_backward(m, l, loss_scale);
@@ -81,13 +88,11 @@ float model_forward_with(Model *m, const int32_t *inputs, const int32_t *targets
         be->rmsnorm_forward(A(x->h_attn), A(x->rstd_attn), A(x->res_in), P(p->input_norm), N, C, c->rms_norm_eps);
         if (attend) attend(m, l, ctx);
         else attention_block_forward(m, l);
-        be->matmul_forward(A(m->tmp_c), A(x->att_out), P(p->o_proj), N, NH * DV, C);
-        be->add_forward(A(x->res_mid), A(x->res_in), A(m->tmp_c), (size_t)N * C);
-        // FFN block: out = FFN(RMSNorm(res_mid)) written to tmp_c
+        // the output projection added to the residual stream in one op
+        be->matmul_residual_forward(A(x->res_mid), A(x->res_in), A(x->att_out), P(p->o_proj), N, NH * DV, C);
+        // FFN block: res_out = res_mid + FFN(RMSNorm(res_mid))
         be->rmsnorm_forward(A(x->h_mlp), A(x->rstd_mlp), A(x->res_mid), P(p->post_norm), N, C, c->rms_norm_eps);
-        ffn_forward(m, l);
-        float *res_out = l + 1 < L ? A(m->la[l + 1].res_in) : A(m->res_final);
-        be->add_forward(res_out, A(x->res_mid), A(m->tmp_c), (size_t)N * C);
+        ffn_forward(m, l, l + 1 < L ? A(m->la[l + 1].res_in) : A(m->res_final), A(x->res_mid));
     }
     weights_until(m, -1);   // the final norm and the head
     be->rmsnorm_forward(A(m->h_final), A(m->rstd_final), A(m->res_final), P(m->final_norm), N, C, c->rms_norm_eps);

@@ -426,6 +426,14 @@ static void test_matmul(int N, int C, int OC, int with_backward) {
     ref_matmul(ref, inp_d, w_d, N, C, OC);
     snprintf(name, sizeof name, "matmul_forward N=%d C=%d OC=%d", N, C, OC);
     check(name, maxrel(out, ref, (size_t)N * OC), TOL_FWD);
+    // the projection added to a residual (its backward: matmul_backward, the residual's identity)
+    float *res = frand((size_t)N * OC, -1, 1), *out_res = falloc((size_t)N * OC);
+    double *ref_res = dalloc((size_t)N * OC);
+    for (size_t i = 0; i < (size_t)N * OC; i++) ref_res[i] = ref[i] + (double)res[i];
+    be->matmul_residual_forward(out_res, res, inp, w, N, C, OC);
+    snprintf(name, sizeof name, "matmul_residual_forward N=%d C=%d OC=%d", N, C, OC);
+    check(name, maxrel(out_res, ref_res, (size_t)N * OC), TOL_FWD);
+    free(res); free(out_res); free(ref_res);
 
     if (with_backward) {
         float *dout = frand((size_t)N * OC, -1, 1);

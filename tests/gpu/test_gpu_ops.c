@@ -380,6 +380,14 @@ static void test_matmul(int N, int C, int OC, size_t off) {
     gpu->matmul_forward(gp(&o, off), gp(&in, off), gp(&w, off), N, C, OC);
     snprintf(name, sizeof name, "matmul_forward %s", shape);
     compare(name, &o, TOL_ROUND);   // fp32 accumulation, one rounding (no bf16 split-K reduction)
+    // the residual as cuBLASLt's accumulate input: the product rounded, then the sum (two
+    // roundings, as matmul_forward then add_forward: backend/backend.h)
+    Buf r = buf_act(hd, no), ro = buf_act(hd, no);
+    cpu->matmul_residual_forward(cp(&ro, off), cp(&r, off), cp(&in, off), cp(&w, off), N, C, OC);
+    gpu->matmul_residual_forward(gp(&ro, off), gp(&r, off), gp(&in, off), gp(&w, off), N, C, OC);
+    snprintf(name, sizeof name, "matmul_residual_forward %s", shape);
+    compare(name, &ro, TOL_SUM);
+    buf_free(&r); buf_free(&ro);
     cpu->matmul_backward(cp(&di, off), cp(&dw, off), cp(&d, off), cp(&in, off), cp(&w, off), N, C, OC);
     gpu->matmul_backward(gp(&di, off), gp(&dw, off), gp(&d, off), gp(&in, off), gp(&w, off), N, C, OC);
     snprintf(name, sizeof name, "matmul_backward dinp %s", shape);
