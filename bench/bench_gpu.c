@@ -7,7 +7,9 @@
 //      routing as in the paper.
 // Run from the repository root (the config paths are relative to it):
 //   build/bench/bench_gpu [--dense FILE] [--moe FILE] [--steps N] [--seq T] [--batch B] [--peak-tflops X]
-//                         [--only dense|moe] [--json]
+//                         [--only dense|moe|experts] [--json]
+// --only experts: instead of training, the MoE config's grouped expert matmuls alone, timed both
+// ways the CUDA backend has (per-expert cuBLASLt products; the grouped kernels) in one process.
 // Without a CUDA device (or a build without the CUDA backend) it prints "skipped: no CUDA
 // device (<reason>)" and exits 0. --json: one JSON object per line instead of text (the
 // device, each model's result, each skip), read by bench/bench_gpu_compare.sh.
@@ -26,6 +28,7 @@
 // activated: with MoE, the router, the shared experts and K of the E routed experts per layer.
 // The fraction is model FLOP/s over the peak in the table below (dense bf16, no sparsity,
 // from NVIDIA's data sheets); --peak-tflops overrides it for a GPU the table lacks.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +56,7 @@ static const ArgSpec SPECS[] = {
     {"steps", 1, "timed steps per model (default 10)", "N"},
     {"seq", 1, "sequence length for both models (default: each config's train.seq_len)", "T"},
     {"peak-tflops", 1, "dense bf16 peak of this GPU in TFLOP/s (default: from the built-in table)", "TFLOPS"},
-    {"only", 1, "dense or moe: run one of the two", "dense|moe"},
+    {"only", 1, "dense or moe: run one of the two; experts: the MoE config's grouped expert matmuls alone, both ways", "dense|moe|experts"},
     {"set", 1, "override a key of both configs, e.g. train.micro_batch=2 (repeatable)", "KEY=VALUE"},
     {"batch", 1, "dense model: this micro-batch instead of the config's, halved only if it does not fit", "B"},
     {"json", 0, "print one JSON object per line (device, results, skips) instead of text", NULL},
@@ -230,18 +233,118 @@ static void run(const char *label, const char *path, const Config *cfg, int B, i
     model_free(&m);
 }
 
+// --only experts: the MoE config's grouped expert matmuls alone, both ways the CUDA backend has
+// (one cuBLASLt product per expert; the tensor-core grouped kernels, CLLA_MOE_GROUPED=1) on the
+// same rows and weights, in one process: T tokens routed top-K to distinct experts uniformly at
+// random, then per iteration what model/moe.c runs per layer: forward gate|up (C -> 2I) and down
+// (I -> C), backward of down and of gate|up with dinp and dW. Prints each way's time, TFLOP/s,
+// their ratio and how far apart their forward outputs are.
+static void run_experts(const ModelConfig *c, int T, int steps, int json) {
+    const Backend *be = backend_cuda();
+    const int E = c->n_routed_experts, K = c->num_experts_per_tok, C = c->hidden_size, I = c->moe_intermediate_size;
+    if ((long long)T * K > 2147483647LL) die("experts: %d tokens x top-%d rows exceed an int", T, K);
+    const int R = T * K;
+    int *off = xcalloc((size_t)E + 1, sizeof(int)), *cnt = xcalloc((size_t)E, sizeof(int));
+    char *taken = xcalloc((size_t)E, 1);
+    Rng rng;
+    rng_seed(&rng, 7);
+    for (int t = 0; t < T; t++) {
+        memset(taken, 0, (size_t)E);
+        for (int k = 0; k < K; k++) {
+            int e;
+            do e = (int)(rng_next(&rng) % (uint64_t)E); while (taken[e]);
+            taken[e] = 1;
+            cnt[e]++;
+        }
+    }
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + cnt[e];
+    int *d_off = be->alloc(((size_t)E + 1) * sizeof(int));
+    be->upload(d_off, off, ((size_t)E + 1) * sizeof(int));
+    // row buffers (bf16) and weights (bf16, one allocation per projection), fp32 weight gradients
+    const size_t nwg = (size_t)2 * I * C, nwd = (size_t)C * I;
+    float *xs = be->alloc((size_t)R * C * 2), *gu = be->alloc((size_t)R * 2 * I * 2), *act = be->alloc((size_t)R * I * 2);
+    float *out = be->alloc((size_t)R * C * 2), *dxs = be->alloc((size_t)R * C * 2), *dgu = be->alloc((size_t)R * 2 * I * 2);
+    float *dact = be->alloc((size_t)R * I * 2), *wg = be->alloc(E * nwg * 2), *wd = be->alloc(E * nwd * 2);
+    float *dwg = be->alloc(E * nwg * 4), *dwd = be->alloc(E * nwd * 4);
+    const size_t most = E * nwg > (size_t)R * 2 * I ? E * nwg : (size_t)R * 2 * I;
+    float *h = xmalloc(most * sizeof(float));
+    float *fill[] = {xs, gu, act, out, wg, wd};
+    const size_t sizes[] = {(size_t)R * C, (size_t)R * 2 * I, (size_t)R * I, (size_t)R * C, E * nwg, E * nwd};
+    for (int b = 0; b < 6; b++) {
+        for (size_t i = 0; i < sizes[b]; i++) h[i] = (float)(rng_uniform_of(rng_next(&rng)) - 0.5) * (b >= 4 ? 0.05f : 1.0f);
+        be->act_from_host(fill[b], h, sizes[b]);
+    }
+    const float **pg = xmalloc((size_t)E * sizeof(float *)), **pd = xmalloc((size_t)E * sizeof(float *));
+    float **pdg = xmalloc((size_t)E * sizeof(float *)), **pdd = xmalloc((size_t)E * sizeof(float *));
+    for (int e = 0; e < E; e++) {   // bf16 elements: 2 bytes each
+        pg[e] = (const float *)((const char *)wg + (size_t)e * nwg * 2);
+        pd[e] = (const float *)((const char *)wd + (size_t)e * nwd * 2);
+        pdg[e] = dwg + (size_t)e * nwg;
+        pdd[e] = dwd + (size_t)e * nwd;
+    }
+    const double flops = 18.0 * R * (double)C * I;   // 3 products (gate|up counts twice) x forward + 2 backward
+    double ms[2];
+    float *fwd[2] = {xmalloc((size_t)R * 2 * I * sizeof(float)), xmalloc((size_t)R * 2 * I * sizeof(float))};
+    for (int way = 0; way < 2; way++) {
+        cuda_moe_use_grouped(way);
+        double t0 = 0.0;
+        for (int it = 0; it < steps + 2; it++) {
+            if (it == 2) { cudaDeviceSynchronize(); t0 = now_s(); }
+            be->moe_expert_matmul_forward(gu, xs, pg, d_off, E, R, C, 2 * I);
+            be->moe_expert_matmul_forward(out, act, pd, d_off, E, R, I, C);
+            be->moe_expert_matmul_backward(dact, pdd, out, act, pd, d_off, E, R, I, C);
+            be->moe_expert_matmul_backward(dxs, pdg, dgu, xs, pg, d_off, E, R, C, 2 * I);
+        }
+        cudaDeviceSynchronize();
+        ms[way] = 1e3 * (now_s() - t0) / steps;
+        be->moe_expert_matmul_forward(gu, xs, pg, d_off, E, R, C, 2 * I);
+        be->act_to_host(fwd[way], gu, (size_t)R * 2 * I);
+    }
+    cuda_moe_use_grouped(0);
+    double diff = 0.0, big = 0.0;
+    for (size_t i = 0; i < (size_t)R * 2 * I; i++) {
+        const double d = fabs((double)fwd[0][i] - fwd[1][i]), v = fabs((double)fwd[0][i]);
+        diff = d > diff ? d : diff;
+        big = v > big ? v : big;
+    }
+    char line[512];
+    snprintf(line, sizeof line,
+             "experts: E=%d top-%d C=%d I=%d, %d rows (%d to %d an expert): per expert %.3f ms (%.1f TFLOP/s), grouped "
+             "kernels %.3f ms (%.1f TFLOP/s), grouped / per expert time %.3f; forward outputs differ by at most %.2g of "
+             "their largest",
+             E, K, C, I, R, off[1] - off[0], off[E] - off[E - 1], ms[0], flops / ms[0] * 1e-9, ms[1], flops / ms[1] * 1e-9,
+             ms[1] / ms[0], big > 0 ? diff / big : diff);
+    say(json, "experts", line);
+    float *bufs[] = {xs, gu, act, out, dxs, dgu, dact, wg, wd, dwg, dwd};
+    for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++) be->release(bufs[b]);
+    be->release(d_off);
+    free(off); free(cnt); free(taken); free(h); free(pg); free(pd); free(pdg); free(pdd); free(fwd[0]); free(fwd[1]);
+}
+
 #endif
 
 int main(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
                "usage: bench_gpu [--dense FILE] [--moe FILE] [--steps N] [--seq T] [--batch B] [--peak-tflops X]\n"
-               "                 [--only dense|moe] [--json]\n"
+               "                 [--only dense|moe|experts] [--json]\n"
                "GPU training throughput (tokens/s, model FLOP/s, fraction of the bf16 peak) of a dense ~1B model\n"
                "and of the largest paper MoE config (fewer layers) that fits the GPU. Run from the repository root.",
                NULL, NULL, 0);
     const int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
+    // the options first: a mistyped one is refused on a machine without a GPU (or CUDA) too
+    const char *steps_s = args_get(&a, SPECS, N_SPECS, "steps"), *seq_s = args_get(&a, SPECS, N_SPECS, "seq");
+    const char *peak_s = args_get(&a, SPECS, N_SPECS, "peak-tflops"), *only = args_get(&a, SPECS, N_SPECS, "only");
+    const char *batch_s = args_get(&a, SPECS, N_SPECS, "batch");
+    const int steps = steps_s ? (int)opt_i64("--steps", steps_s, 1, 1000000) : 10;
+    const int seq = seq_s ? (int)opt_i64("--seq", seq_s, 1, 2147483647) : 0, batch = batch_s ? (int)opt_i64("--batch", batch_s, 1, 2147483647) : 0;
+    if (steps < 1) die("--steps must be a positive integer");
+    if (batch_s && batch < 1) die("--batch must be a positive integer");
+    if (seq_s && seq < 1) die("--seq must be a positive integer");
+    if (only && strcmp(only, "dense") && strcmp(only, "moe") && strcmp(only, "experts"))
+        die("--only %s: use dense, moe or experts", only);
 #ifndef CLLA_HAVE_CUDA
+    (void)peak_s;
     say(json, "skipped", "no CUDA device (this build has no CUDA backend: configure with -DCLLA_CUDA=ON)");
     return 0;
 #else
@@ -251,15 +354,6 @@ int main(int argc, char **argv) {
         say(json, "skipped", line);
         return 0;
     }
-    const char *steps_s = args_get(&a, SPECS, N_SPECS, "steps"), *seq_s = args_get(&a, SPECS, N_SPECS, "seq");
-    const char *peak_s = args_get(&a, SPECS, N_SPECS, "peak-tflops"), *only = args_get(&a, SPECS, N_SPECS, "only");
-    const char *batch_s = args_get(&a, SPECS, N_SPECS, "batch");
-    const int steps = steps_s ? (int)opt_i64("--steps", steps_s, 1, 1000000) : 10;
-    const int seq = seq_s ? (int)opt_i64("--seq", seq_s, 1, 2147483647) : 0, batch = batch_s ? (int)opt_i64("--batch", batch_s, 1, 2147483647) : 0;
-    if (steps < 1) die("--steps must be a positive integer");
-    if (batch_s && batch < 1) die("--batch must be a positive integer");
-    if (seq_s && seq < 1) die("--seq must be a positive integer");
-    if (only && strcmp(only, "dense") && strcmp(only, "moe")) die("--only %s: use dense or moe", only);
 
     int dev = 0;
     struct cudaDeviceProp prop;
@@ -290,6 +384,13 @@ int main(int argc, char **argv) {
         } else {
             run("dense", path ? path : "bench/dense_1b.json", &cfg, B, T, steps, peak, json);
         }
+    }
+    if (only && !strcmp(only, "experts")) {
+        Config cfg;
+        const char *path = args_get(&a, SPECS, N_SPECS, "moe");
+        config_load(&cfg, path ? path : "configs/paper/clla.json", a.n_sets, a.sets);
+        if (cfg.model.n_routed_experts <= 0) die("--moe %s is not an MoE config", path ? path : "");
+        run_experts(&cfg.model, seq ? seq : cfg.train.seq_len, steps, json);
     }
     if (!only || !strcmp(only, "moe")) {
         Config cfg;

@@ -23,7 +23,7 @@
 # of rows); the PyTorch comparison where a CUDA torch exists (bench/bench_gpu_compare.py: the
 # dense model and the paper MoE configs of --moe LIST, names under configs/paper/, default clla);
 # compute-sanitizer memcheck and initcheck on the op tests;
-# bench_gpu --json (dense and MoE, per-op GPU times; MoE again with CLLA_MOE_GROUPED=1); scripts/gpu_profile_attention.sh (ncu on
+# bench_gpu --json (dense and MoE, per-op GPU times; then --only experts); scripts/gpu_profile_attention.sh (ncu on
 # the attention kernels, into OUT/profile_attention/). --budget S: the whole run's seconds
 # (default 3600); each step runs under timeout(1) with what is left (and at most its own cap),
 # and a step that finds less than 20 s left is skipped, saying so. --bench-steps N: timed steps
@@ -218,10 +218,10 @@ sanitizer memcheck
 sanitizer initcheck
 # last: the MoE half of bench_gpu builds a paper config as large as the GPU holds (minutes)
 [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ] || (cd "$ROOT" && run_step bench_gpu 600 "$BG" --json --steps "$BENCH_STEPS") || FAILED=1
-# the MoE half again on the tensor-core grouped expert kernels (CLLA_MOE_GROUPED=1, not yet the
-# default: docs/GPU.md, "MoE"), on the same machine as the line above, for their ratio
-[ $QUICK = 1 ] && [ -z "$SKIP_ALL" ] || (cd "$ROOT" && run_step bench_gpu_moe_grouped 600 env CLLA_MOE_GROUPED=1 "$BG" --json \
-    --steps "$BENCH_STEPS" --only moe) || FAILED=1
+# the paper MoE config's expert matmuls alone, per expert and on the tensor-core grouped kernels
+# (CLLA_MOE_GROUPED=1, not yet the default: docs/GPU.md, "MoE"), in one process, for their ratio
+[ $QUICK = 1 ] && [ -z "$SKIP_ALL" ] || (cd "$ROOT" && run_step bench_gpu_experts 300 "$BG" --json \
+    --steps "$BENCH_STEPS" --only experts) || FAILED=1
 # the attention kernels under ncu, and their SASS op counts (scripts/gpu_profile_attention.sh)
 if [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ]; then record profile_attention skipped "--quick" 0
 else run_step profile_attention 300 bash "$ROOT/scripts/gpu_profile_attention.sh" --bin "${BIN:-.}" --out "$OUT/profile_attention" || FAILED=1; fi

@@ -83,6 +83,11 @@ out=$(BENCH_GPU="$WORK/fake_bench_gpu" TORCH_BENCH="$WORK/fake_torch" python3 be
 # the real commands on this machine (no GPU): skip lines, exit 0
 out=$("$BUILD/bench/bench_gpu" --json 2>&1)
 [ $? -eq 0 ] && echo "$out" | grep -q '"skipped":"no CUDA device' && ok "bench_gpu without a GPU: $out" || fail "bench_gpu: $out"
+out=$("$BUILD/bench/bench_gpu" --only experts --json 2>&1)
+[ $? -eq 0 ] && echo "$out" | grep -q '"skipped":"no CUDA device' && ok "bench_gpu --only experts without a GPU: $out" || fail "bench_gpu --only experts: $out"
+out=$("$BUILD/bench/bench_gpu" --only expert 2>&1)
+[ $? -ne 0 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q 'use dense, moe or experts' && ok "bench_gpu --only expert refused: $out" ||
+    fail "bench_gpu --only expert: $out"
 out=$(BENCH_GPU="$BUILD/bench/bench_gpu" python3 bench/bench_gpu_compare.py 2>&1)
 [ $? -eq 0 ] && echo "$out" | grep -q '^skipped: no CUDA device' && ok "bench_gpu_compare without a GPU: $out" || fail "driver: $out"
 if /usr/bin/python3 -c 'import torch' 2> /dev/null; then

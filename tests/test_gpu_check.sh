@@ -60,8 +60,8 @@ s=$(status test_gpu_decode); [[ $s == "skipped skipped: no CUDA device (fake"* ]
 s=$(status sanitizer.initcheck); [[ $s == pass* ]] && grep -q "sanitizer memcheck" sanitizer.calls && grep -q "sanitizer initcheck" sanitizer.calls &&
     ok "memcheck and initcheck through COMPUTE_SANITIZER" || fail "sanitizer: $s $(cat sanitizer.calls 2>&1)"
 s=$(status bench_gpu); [[ $s == pass*tokens_per_s* ]] && [ -s run/bench_gpu.log ] && ok "bench_gpu --json logged: $s" || fail "bench_gpu: $s"
-s=$(status bench_gpu_moe_grouped); [[ $s == pass*tokens_per_s* ]] && [ -s run/bench_gpu_moe_grouped.log ] &&
-    ok "bench_gpu's MoE half on the grouped expert kernels logged: $s" || fail "bench_gpu_moe_grouped: $s"
+s=$(status bench_gpu_experts); [[ $s == pass*tokens_per_s* ]] && [ -s run/bench_gpu_experts.log ] &&
+    ok "bench_gpu --only experts logged: $s" || fail "bench_gpu_experts: $s"
 s=$(status profile_attention); [[ $s == "skipped gpu_profile_attention: skipped: "* ]] && ok "the profile step, without ncu or a device: $s" ||
     fail "profile_attention: $s"
 
