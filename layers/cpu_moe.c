@@ -116,18 +116,25 @@ static void zero_tail_rows(float *out, const int *off, int E, int R, int width) 
     if (R > off[E]) memset(out + (size_t)off[E] * width, 0, (size_t)(R - off[E]) * width * sizeof(float));
 }
 
-// The row tiles of the experts (backend/moe_tiles.h, the CUDA kernel's tiles too) are the loop.
-void cpu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights, const int *expert_off,
-                                   int E, int R, int C, int OC) {
-    const int rb = row_block(expert_off[E]);
-    const long long n = moe_row_tiles_bound(expert_off[E], E, rb);
+// Over the row tiles of the experts (backend/moe_tiles.h, the CUDA kernels' tiles too): out rows
+// (rows, nout) = a rows (rows, k) @ op(weights[e]) + beta out rows, op = the transpose (tw) of the
+// (nout, k) weight or the (k, nout) weight as it lies; every weight row holds ldw elements.
+static void expert_rows_sgemm(const int *off, int E, CBLAS_TRANSPOSE tw, int nout, int k, const float *a,
+                              const float *const *weights, int ldw, float beta, float *out) {
+    const int rb = row_block(off[E]);
+    const long long n = moe_row_tiles_bound(off[E], E, rb);
     #pragma omp parallel for schedule(dynamic, 1)
     for (long long t = 0; t < n; t++) {
         int e, r0, rows;
-        if (!moe_row_tile(expert_off, E, rb, t, &e, &r0, &rows)) continue;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, C, 1.0f, inp + (size_t)r0 * C, C,
-                    weights[e], C, 0.0f, out + (size_t)r0 * OC, OC);
+        if (!moe_row_tile(off, E, rb, t, &e, &r0, &rows)) continue;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, tw, rows, nout, k, 1.0f, a + (size_t)r0 * k, k, weights[e], ldw, beta,
+                    out + (size_t)r0 * nout, nout);
     }
+}
+
+void cpu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights, const int *expert_off,
+                                   int E, int R, int C, int OC) {
+    expert_rows_sgemm(expert_off, E, CblasTrans, OC, C, inp, weights, C, 0.0f, out);
     zero_tail_rows(out, expert_off, E, R, OC);
 }
 
@@ -135,17 +142,7 @@ void cpu_moe_expert_matmul_backward(float *dinp, float *const *dweights, const f
                                     const float *const *weights, const int *expert_off, int E, int R, int C, int OC) {
     (void)R;   // dinp's rows past expert_off[E] are not written
     if (C <= 0 || OC <= 0) return;
-    if (dinp) {
-        const int rb = row_block(expert_off[E]);
-        const long long n = moe_row_tiles_bound(expert_off[E], E, rb);
-        #pragma omp parallel for schedule(dynamic, 1)
-        for (long long t = 0; t < n; t++) {
-            int e, r0, rows;
-            if (!moe_row_tile(expert_off, E, rb, t, &e, &r0, &rows)) continue;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, OC, 1.0f, dout + (size_t)r0 * OC, OC,
-                        weights[e], C, 1.0f, dinp + (size_t)r0 * C, C);
-        }
-    }
+    if (dinp) expert_rows_sgemm(expert_off, E, CblasNoTrans, C, OC, dout, weights, C, 1.0f, dinp);
     if (!dweights) return;
     // channel blocks of dweight[e]: (ob, C) += dout[:, o0:o1]^T (ob, n_e) @ inp rows (n_e, C).
     // Every block packs all of the expert's input rows again, so the blocks are as wide as
