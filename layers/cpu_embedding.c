@@ -11,7 +11,7 @@
 // out (N, C) = wte[tokens[n]] ; wte (V, C). tokens are trusted (the data loader checks them
 // against V), only asserted non-negative here.
 void cpu_embedding_forward(float *out, const int *tokens, const float *wte, int N, int C) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)N * C >= ((size_t)1 << 15))   // a copy: threads pay past 32K
     for (int n = 0; n < N; n++) {
         assert(tokens[n] >= 0);
         memcpy(out + (size_t)n * C, wte + (size_t)tokens[n] * C, (size_t)C * sizeof(float));

@@ -176,6 +176,31 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N
     sgemm_parts(CblasNoTrans, CblasTrans, N, OC, C, inp, C, weight, C, 0.0f, out, OC);
 }
 
+// dinp (N, C) += dout (N, OC) @ weight (OC, C) for a few rows: each weight row, scaled, added
+// into every input-gradient row, the weight read once; columns in blocks over the threads when
+// the weight is large. Every element sums over o in order whatever the threads, so the bits do
+// not depend on the thread count. OpenBLAS's sgemv woke its own thread team at every call, and
+// a latent preset's decode step makes eight such calls a layer (the absorbed query, model/decode.c).
+#define DINP_CBLOCK 256
+static void dinp_few_rows(float *dinp, const float *dout, const float *weight, int N, int C, int OC) {
+    const int blocks = (C + DINP_CBLOCK - 1) / DINP_CBLOCK;
+    #pragma omp parallel for schedule(static) if ((size_t)OC * C >= ((size_t)1 << 17))
+    for (int b = 0; b < blocks; b++) {
+        const int c0 = b * DINP_CBLOCK, c1 = c0 + DINP_CBLOCK < C ? c0 + DINP_CBLOCK : C;
+        const int vend = c0 + (c1 - c0) / VEC_LANES * VEC_LANES;
+        for (int n = 0; n < N; n++) {
+            float *d = dinp + (size_t)n * C;
+            const float *g = dout + (size_t)n * OC;
+            for (int o = 0; o < OC; o++) {
+                const float *w = weight + (size_t)o * C;
+                const vecf s = vec_splat(g[o]);
+                for (int c = c0; c < vend; c += VEC_LANES) vec_store(d + c, vec_fma(s, vec_load(w + c), vec_load(d + c)));
+                for (int c = vend; c < c1; c++) d[c] += g[o] * w[c];
+            }
+        }
+    }
+}
+
 // dinp (N, C) += dout (N, OC) @ weight (OC, C)
 // dweight (OC, C) += dout^T (OC, N) @ inp (N, C)
 // beta = 1 gives the accumulate semantics for free. Either output may be NULL: the
@@ -184,11 +209,9 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N
 void cpu_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                          const float *weight, int N, int C, int OC) {
     if (N <= 0 || C <= 0 || OC <= 0) return;   // every product is empty: += 0
-    if (dinp && N <= 4) {   // a few rows: matrix-vector products, as in the forward
-        for (int n = 0; n < N; n++)
-            cblas_sgemv(CblasRowMajor, CblasTrans, OC, C, 1.0f, weight, C, dout + (size_t)n * OC, 1, 1.0f,
-                        dinp + (size_t)n * C, 1);
-    } else if (dinp)
+    if (dinp && N <= 4)   // a few rows: the weight read once, as in the forward
+        dinp_few_rows(dinp, dout, weight, N, C, OC);
+    else if (dinp)
         sgemm_parts(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
     if (dweight)   // parts of the output channels
         sgemm_parts(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);

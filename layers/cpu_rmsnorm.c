@@ -7,11 +7,15 @@
 
 // Channels per dweight work item in the backward (see there).
 #define RMS_BWD_CBLOCK 64
+// Rows go to the threads only past this many elements: a decode step normalizes one row per
+// sequence, and waking the other thread for it cost more than the row (bench_decode at batch 1
+// forked about 27 times a step here).
+#define RMS_PAR_MIN ((size_t)1 << 13)
 
 // out (N, C), rstd (N) saved for the backward; inp (N, C), weight (C).
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
                          int N, int C, float eps) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)N * C >= RMS_PAR_MIN)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *y = out + (size_t)n * C;
@@ -41,7 +45,7 @@ static double dot_dy_w_xhat(const float *dy, const float *w, const float *x, flo
 void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                           const float *weight, const float *rstd, int N, int C) {
     // dinp: rows are independent.
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if ((size_t)N * C >= RMS_PAR_MIN)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         const float *dy = dout + (size_t)n * C;
