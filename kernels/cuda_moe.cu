@@ -8,8 +8,9 @@
 //    nothing back during the layer; the per-expert matmuls below fetch the offsets). Dispatch is
 //    deterministic without atomics: positions and rows by block scans per expert, capacity
 //    drops by counting the assignments that go before each one.
-//  - Row gather (zeros for the rows past the kept ones) and weighted scatter are kernels: one thread per (token, channel), the K
-//    assignments of a token summed in k order in fp32, then added once (deterministic).
+//  - Row gather (zeros for the rows past the kept ones) and weighted scatter are kernels: one
+//    thread per (token, channel), the K assignments of a token summed in k order in fp32, then
+//    added once (deterministic).
 #include "kernels/cuda_common.cuh"
 
 #include <cub/block/block_scan.cuh>
