@@ -21,7 +21,9 @@ static int g_sync_debug = -1;   // -1: CLLA_CUDA_SYNC not read yet
 int cuda_sync_debug(void) {
     if (g_sync_debug < 0) {
         const char *v = getenv("CLLA_CUDA_SYNC");
-        g_sync_debug = v && *v && strcmp(v, "0") != 0;
+        if (v && *v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+            die("CLLA_CUDA_SYNC='%s': use 1 (synchronize after every op, to find a faulting one) or 0 (the default)", v);
+        g_sync_debug = v && strcmp(v, "1") == 0;
     }
     return g_sync_debug;
 }

@@ -55,6 +55,9 @@ grep -Eq 'tok/s prefill' a.err && grep -Eq 'tok/s decode' a.err && grep -Eq '[0-
     grep -Eq 'cache: [0-9]+ bytes held' a.err
 check $? "stderr summary: prefill and decode tok/s, cache bytes held and per token"
 [ "$(grep -c . a.err)" -eq 2 ]; check $? "stderr holds the two summary lines only"
+CLLA_HUGE_PAGES=yes "$CLLA" generate --model run --prompt "the cat" --max-new-tokens 4 > hp.out 2> hp.err
+[ $? -ne 0 ] && [ "$(grep -c . hp.err)" -eq 1 ] && grep -q "CLLA_HUGE_PAGES='yes': use 0" hp.err
+check $? "CLLA_HUGE_PAGES=yes refused in one line: $(cat hp.err)"
 "$CLLA" generate --model run --prompt "the cat" --max-new-tokens 16 --json > run.json 2> /dev/null &&
 "$CLLA" generate --model "$CKPT" --prompt "the cat" --max-new-tokens 16 --json > ckpt.json 2> /dev/null
 check $? "generate from a checkpoint directory exits 0"
