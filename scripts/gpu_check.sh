@@ -23,7 +23,8 @@
 # of rows); the PyTorch comparison where a CUDA torch exists (bench/bench_gpu_compare.py: the
 # dense model and the paper MoE configs of --moe LIST, names under configs/paper/, default clla);
 # compute-sanitizer memcheck and initcheck on the op tests;
-# bench_gpu --json (dense and MoE, per-op GPU times; then --only experts); scripts/gpu_profile_attention.sh (ncu on
+# bench_gpu --only experts (the MoE expert products both ways, before the long benchmarks);
+# bench_gpu --json (dense and MoE, per-op GPU times); scripts/gpu_profile_attention.sh (ncu on
 # the attention kernels, into OUT/profile_attention/). --budget S: the whole run's seconds
 # (default 3600); each step runs under timeout(1) with what is left (and at most its own cap),
 # and a step that finds less than 20 s left is skipped, saying so. --bench-steps N: timed steps
@@ -37,7 +38,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_check_out}
 BIN="" DRY=0 QUICK=0 BUNDLE="" BUILD=$ROOT/build-gpu-portable BUDGET=3600 BENCH_STEPS=10 MOE=clla
-usage() { sed -n '2,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }   # the header above
 positive_int() {   # positive_int OPTION VALUE: the value, or exit 2 naming the option
     [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || { echo "gpu_check: $1 needs a positive integer, got '$2'" >&2; exit 2; }
 }
@@ -203,6 +204,11 @@ gpu_test test_gpu_train 600 test_gpu_train
 gpu_test test_gpu_decode 300 test_gpu_decode
 gpu_test production_shapes 300 test_gpu_ops --production
 BG=$(find_binary "${BIN:-/nonexistent}" bench_gpu || echo bench_gpu)
+# the paper MoE config's expert matmuls alone, per expert and on the tensor-core grouped kernels
+# (CLLA_MOE_GROUPED=1, not yet the default: docs/GPU.md, "MoE"), in one process, for their ratio:
+# seconds, so before the long benchmarks, where a short lease still reaches it
+[ $QUICK = 1 ] && [ -z "$SKIP_ALL" ] || (cd "$ROOT" && run_step bench_gpu_experts 300 "$BG" --json \
+    --steps "$BENCH_STEPS" --only experts) || FAILED=1
 if [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ]; then
     record bench_torch skipped "--quick" 0; record bench_gpu skipped "--quick" 0
 else
@@ -218,10 +224,6 @@ sanitizer memcheck
 sanitizer initcheck
 # last: the MoE half of bench_gpu builds a paper config as large as the GPU holds (minutes)
 [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ] || (cd "$ROOT" && run_step bench_gpu 600 "$BG" --json --steps "$BENCH_STEPS") || FAILED=1
-# the paper MoE config's expert matmuls alone, per expert and on the tensor-core grouped kernels
-# (CLLA_MOE_GROUPED=1, not yet the default: docs/GPU.md, "MoE"), in one process, for their ratio
-[ $QUICK = 1 ] && [ -z "$SKIP_ALL" ] || (cd "$ROOT" && run_step bench_gpu_experts 300 "$BG" --json \
-    --steps "$BENCH_STEPS" --only experts) || FAILED=1
 # the attention kernels under ncu, and their SASS op counts (scripts/gpu_profile_attention.sh)
 if [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ]; then record profile_attention skipped "--quick" 0
 else run_step profile_attention 300 bash "$ROOT/scripts/gpu_profile_attention.sh" --bin "${BIN:-.}" --out "$OUT/profile_attention" || FAILED=1; fi
