@@ -1,8 +1,9 @@
 // train/shard.h, the description of the elements a rank's optimizer holds: for the three layouts
 // train/grad_sync.c makes (every element; contiguous ZeRO-1 pieces; stripes of every bucket) and
 // sizes that do and do not divide, the ranks' ranges cover [0, n) exactly once, each element's
-// packed offset lies inside the rank's buffer and no two elements of a rank share one, and every
-// rank's buffer has the same size. Exit 1 on the first failure, printed.
+// packed offset lies inside the rank's buffer and no two elements of a rank share one, every
+// rank's buffer has the same size, and shard_unpack puts each packed element back at its place
+// (the ranks' buffers unpacked together rebuild the layout). Exit 1 on the first failure, printed.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,8 @@ static int fail(const char *what, size_t n, int world, size_t stripe, size_t per
 // collisions into buffers of one size.
 static int check(size_t n, int world, Shard (*make)(size_t n, int world, int r, size_t arg), size_t arg) {
     unsigned char *seen = calloc(n ? n : 1, 1);
+    float *whole = malloc((n ? n : 1) * sizeof(float));   // the layout rebuilt by shard_unpack
+    for (size_t x = 0; x < n; x++) whole[x] = -1.0f;
     size_t count0 = 0;
     for (int r = 0; r < world; r++) {
         const Shard s = make(n, world, r, arg);
@@ -25,6 +28,7 @@ static int check(size_t n, int world, Shard (*make)(size_t n, int world, int r, 
         if (r == 0) count0 = count;
         if (count != count0) return fail("the ranks' buffers differ in size", n, world, s.stripe, s.period);
         unsigned char *slot = calloc(count ? count : 1, 1);
+        float *packed = calloc(count ? count : 1, sizeof(float));
         size_t prev_end = 0;
         for (size_t k = 0; k < shard_rounds(&s); k++) {
             size_t a, b, off;
@@ -36,15 +40,21 @@ static int check(size_t n, int world, Shard (*make)(size_t n, int world, int r, 
                 if (p >= count) return fail("a packed offset past the buffer", n, world, s.stripe, s.period);
                 if (slot[p]++) return fail("two elements at one packed offset", n, world, s.stripe, s.period);
                 if (seen[x]++) return fail("an element held by two ranks", n, world, s.stripe, s.period);
+                packed[p] = (float)x;   // n < 2^24: exact
             }
             if (b > a) prev_end = b;
         }
         if (shard_is_contiguous(&s) != (shard_rounds(&s) == 1)) return fail("shard_is_contiguous", n, world, s.stripe, s.period);
+        shard_unpack(&s, whole, packed);
         free(slot);
+        free(packed);
     }
-    for (size_t x = 0; x < n; x++)
+    for (size_t x = 0; x < n; x++) {
         if (!seen[x]) return fail("an element held by no rank", n, world, 0, 0);
+        if (whole[x] != (float)x) return fail("shard_unpack put an element elsewhere", n, world, 0, 0);
+    }
     free(seen);
+    free(whole);
     return 0;
 }
 

@@ -858,11 +858,7 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
                 if (j < 0 || sf.e[j].dtype != ST_F32 || sf.e[j].ndim != 1 || sf.e[j].shape[0] != (int64_t)len)
                     die("cannot resume: '%s': tensor '%s' is missing or not F32 [%zu] (damaged optimizer file)", op, names[b], len);
                 if (st_read_f32(&sf, j, packed[b], err, sizeof(err)) != 0) die("cannot resume: '%s': %s", op, err);
-                for (size_t k = 0; k < shard_rounds(&sh); k++) {
-                    size_t a, e, off;
-                    shard_range(&sh, k, &a, &e, &off);
-                    if (e > a) memcpy(whole[b] + a, packed[b] + off, (e - a) * sizeof(float));
-                }
+                shard_unpack(&sh, whole[b], packed[b]);
             }
             free(packed[0]);
             free(packed[1]);

@@ -111,16 +111,6 @@ int grad_sync_overlap(GradSync *g, size_t bucket) {
     return 1;
 }
 
-// The packed piece (g->piece, own's elements) into its places in buf (n floats, host memory).
-static void unpack_piece(const GradSync *g, float *buf) {
-    const size_t rounds = shard_rounds(&g->own);
-    for (size_t k = 0; k < rounds; k++) {
-        size_t a, b, off;
-        shard_range(&g->own, k, &a, &b, &off);
-        if (b > a) memcpy(buf + a, g->piece + off, (b - a) * sizeof(float));
-    }
-}
-
 // Model.grad_final during the last micro-step's backward: [from, frontier) of the gradient is
 // complete. With the micro-step tree it is first folded as grad_sync_end_micro folds the whole
 // buffer at the last micro-step (the stack's nodes added into it from the newest down), then its
@@ -207,7 +197,7 @@ void grad_sync_reduce(GradSync *g, Model *m) {
     if (g->flight) {   // summed during the backward: what is left, and the wait
         dist_buckets_finish(g->flight);   // ZeRO-0: m->grad holds the sum; ZeRO-1 on NCCL: its [lo, hi)
         g->flight = NULL;
-        if (g->zero && !g->dev_coll) unpack_piece(g, m->grad);
+        if (g->zero && !g->dev_coll) shard_unpack(&g->own, m->grad, g->piece);
         return;
     }
     if (g->dev_coll) {
@@ -229,7 +219,7 @@ void grad_sync_reduce(GradSync *g, Model *m) {
     if (!shard_is_contiguous(&g->own)) die("grad_sync: a striped shard summed without its buckets (internal error)");
     dist_reduce_scatter_f32(d, buf, g->n, g->shard, g->piece);
     if (g->host_mem) {
-        unpack_piece(g, m->grad);
+        shard_unpack(&g->own, m->grad, g->piece);
         return;
     }
     size_t lo, hi, off;

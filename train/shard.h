@@ -13,6 +13,7 @@
 #define CLLA_TRAIN_SHARD_H
 
 #include <stddef.h>
+#include <string.h>
 
 typedef struct Shard {
     size_t lo, stripe, period, end;
@@ -33,6 +34,17 @@ static inline void shard_range(const Shard *s, size_t k, size_t *a, size_t *b, s
     *a = x < s->end ? x : s->end;
     *b = y < s->end ? y : s->end;
     *off = k * s->stripe;
+}
+
+// The packed elements (shard_count floats, host memory) into their places of the flat layout
+// `whole` (host memory); the rest of whole is left as it is.
+static inline void shard_unpack(const Shard *s, float *whole, const float *packed) {
+    const size_t rounds = shard_rounds(s);
+    for (size_t k = 0; k < rounds; k++) {
+        size_t a, b, off;
+        shard_range(s, k, &a, &b, &off);
+        if (b > a) memcpy(whole + a, packed + off, (b - a) * sizeof(float));
+    }
 }
 
 // 1 when the rank holds one range only (every element, or a contiguous piece)
