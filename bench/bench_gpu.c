@@ -47,6 +47,7 @@
 #ifdef CLLA_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "bench/random_routing.h"
 #include "kernels/backend_cuda.h"
 #endif
 
@@ -245,20 +246,10 @@ static void run_experts(const ModelConfig *c, int T, int steps, int json) {
     const int E = c->n_routed_experts, K = c->num_experts_per_tok, C = c->hidden_size, I = c->moe_intermediate_size;
     if ((long long)T * K > 2147483647LL) die("experts: %d tokens x top-%d rows exceed an int", T, K);
     const int R = T * K;
-    int *off = xcalloc((size_t)E + 1, sizeof(int)), *cnt = xcalloc((size_t)E, sizeof(int));
-    char *taken = xcalloc((size_t)E, 1);
+    int *off = xcalloc((size_t)E + 1, sizeof(int)), min_rows, max_rows;
     Rng rng;
     rng_seed(&rng, 7);
-    for (int t = 0; t < T; t++) {
-        memset(taken, 0, (size_t)E);
-        for (int k = 0; k < K; k++) {
-            int e;
-            do e = (int)(rng_next(&rng) % (uint64_t)E); while (taken[e]);
-            taken[e] = 1;
-            cnt[e]++;
-        }
-    }
-    for (int e = 0; e < E; e++) off[e + 1] = off[e] + cnt[e];
+    random_routing_offsets(off, T, E, K, &rng, &min_rows, &max_rows);
     int *d_off = be->alloc(((size_t)E + 1) * sizeof(int));
     be->upload(d_off, off, ((size_t)E + 1) * sizeof(int));
     // row buffers (bf16) and weights (bf16, one allocation per projection), fp32 weight gradients
@@ -313,13 +304,13 @@ static void run_experts(const ModelConfig *c, int T, int steps, int json) {
              "experts: E=%d top-%d C=%d I=%d, %d rows (%d to %d an expert): per expert %.3f ms (%.1f TFLOP/s), grouped "
              "kernels %.3f ms (%.1f TFLOP/s), grouped / per expert time %.3f; forward outputs differ by at most %.2g of "
              "their largest",
-             E, K, C, I, R, off[1] - off[0], off[E] - off[E - 1], ms[0], flops / ms[0] * 1e-9, ms[1], flops / ms[1] * 1e-9,
+             E, K, C, I, R, min_rows, max_rows, ms[0], flops / ms[0] * 1e-9, ms[1], flops / ms[1] * 1e-9,
              ms[1] / ms[0], big > 0 ? diff / big : diff);
     say(json, "experts", line);
     float *bufs[] = {xs, gu, act, out, dxs, dgu, dact, wg, wd, dwg, dwd};
     for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++) be->release(bufs[b]);
     be->release(d_off);
-    free(off); free(cnt); free(taken); free(h); free(pg); free(pd); free(pdg); free(pdd); free(fwd[0]); free(fwd[1]);
+    free(off); free(h); free(pg); free(pd); free(pdg); free(pdd); free(fwd[0]); free(fwd[1]);
 }
 
 #endif

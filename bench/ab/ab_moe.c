@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include "bench/ab/ab_common.h"
+#include "bench/random_routing.h"
 
 #define ENTRY_POINTS(P)                                                                                          \
     void P##cpu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights,            \
@@ -37,24 +38,8 @@ int main(int argc, char **argv) {
     Rng st;
     rng_seed(&st, 1);
     // row counts of a random top-K routing: each token's K experts distinct
-    int *count = xcalloc((size_t)E, sizeof(int)), *off = xmalloc((size_t)(E + 1) * sizeof(int));
-    char *taken = xmalloc((size_t)E);
-    for (int n = 0; n < N; n++) {
-        for (int e = 0; e < E; e++) taken[e] = 0;
-        for (int k = 0; k < K; k++) {
-            int e;
-            do e = (int)(rng_next(&st) % (uint64_t)E); while (taken[e]);
-            taken[e] = 1;
-            count[e]++;
-        }
-    }
-    off[0] = 0;
-    int lo = N, hi = 0;
-    for (int e = 0; e < E; e++) {
-        off[e + 1] = off[e] + count[e];
-        lo = count[e] < lo ? count[e] : lo;
-        hi = count[e] > hi ? count[e] : hi;
-    }
+    int *off = xmalloc((size_t)(E + 1) * sizeof(int)), lo, hi;
+    random_routing_offsets(off, N, E, K, &st, &lo, &hi);
     const size_t R = (size_t)off[E], nw = (size_t)I * C;
     float *xs = ab_uniform(R * C, &st), *gate = ab_uniform(R * I, &st), *dgate = ab_uniform(R * I, &st);
     float *out = ab_uniform(R * C, &st), *dout = ab_uniform(R * C, &st), *dxs = ab_uniform(R * C, &st), *dact = ab_uniform(R * I, &st);
