@@ -38,6 +38,15 @@ int fail_with(char *err, size_t errlen, const char *fmt, ...) {
     return -1;
 }
 
+int env_switch(const char *name, int dflt, const char *what0, const char *what1) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    if (strcmp(v, "0") == 0) return 0;
+    if (strcmp(v, "1") == 0) return 1;
+    die("%s='%s': use 0 (%s%s) or 1 (%s%s)", name, v, what0, dflt == 0 ? ", the default" : "", what1,
+        dflt == 1 ? ", the default" : "");
+}
+
 void *xmalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) die("out of memory allocating %zu bytes: use a smaller model, batch or sequence", bytes);

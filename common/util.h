@@ -16,6 +16,11 @@ void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // in err instead of dying; returns -1.
 int fail_with(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+// A 0/1 switch from the environment (docs/CONFIG.md, "Environment variables"): dflt when unset
+// or empty; any other value than 0 and 1 ends the process with one line naming the variable and
+// what its two values do (what0, what1).
+int env_switch(const char *name, int dflt, const char *what0, const char *what1);
+
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t bytes);

@@ -16,6 +16,7 @@
 typedef __nv_bfloat16 bf16;
 
 extern "C" void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+extern "C" int env_switch(const char *name, int dflt, const char *what0, const char *what1);   // common/util.h
 
 // Every CUDA error ends here: the call, its site and function, and a hint that fits the error
 // (a missing device, memory, or a kernel fault with how to find the op that caused it).

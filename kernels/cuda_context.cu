@@ -20,10 +20,8 @@ static int g_sync_debug = -1;   // -1: CLLA_CUDA_SYNC not read yet
 
 int cuda_sync_debug(void) {
     if (g_sync_debug < 0) {
-        const char *v = getenv("CLLA_CUDA_SYNC");
-        if (v && *v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
-            die("CLLA_CUDA_SYNC='%s': use 1 (synchronize after every op, to find a faulting one) or 0 (the default)", v);
-        g_sync_debug = v && strcmp(v, "1") == 0;
+        g_sync_debug = env_switch("CLLA_CUDA_SYNC", 0, "no synchronization between ops",
+                                  "synchronize after every op, to find a faulting one");
     }
     return g_sync_debug;
 }

@@ -15,7 +15,6 @@
 
 #include <cub/block/block_scan.cuh>
 #include <stdlib.h>
-#include <string.h>
 
 #include "backend/moe_route_rows.h"
 #include "kernels/cuda_moe_grouped.cuh"
@@ -312,13 +311,9 @@ static int g_grouped_mode = -1;   // -1: CLLA_MOE_GROUPED not read yet
 extern "C" void cuda_moe_use_grouped(int on) { g_grouped_mode = on ? 1 : 0; }
 
 static int grouped_wanted(void) {
-    if (g_grouped_mode < 0) {
-        const char *e = getenv("CLLA_MOE_GROUPED");
-        if (e && *e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0)
-            die("CLLA_MOE_GROUPED='%s': use 1 (the tensor-core grouped kernels, offsets read on the device) or 0 "
-                "(one cuBLASLt product per expert, the default)", e);
-        g_grouped_mode = e && strcmp(e, "1") == 0;
-    }
+    if (g_grouped_mode < 0)
+        g_grouped_mode = env_switch("CLLA_MOE_GROUPED", 0, "one cuBLASLt product per expert",
+                                    "the tensor-core grouped kernels, offsets read on the device");
     return g_grouped_mode;
 }
 

@@ -41,13 +41,9 @@ static void *alloc_mapped(size_t bytes) {
     return p;
 }
 
-// huge pages unless the environment says CLLA_HUGE_PAGES=0 (1 or unset: huge pages; anything
-// else is refused rather than guessed at)
+// huge pages unless the environment says CLLA_HUGE_PAGES=0
 static int huge_pages_wanted(void) {
-    const char *e = getenv("CLLA_HUGE_PAGES");
-    if (e && *e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0)
-        die("CLLA_HUGE_PAGES='%s': use 0 (the CPU backend's buffers from calloc) or 1 (huge pages, the default)", e);
-    return !(e && strcmp(e, "0") == 0);
+    return env_switch("CLLA_HUGE_PAGES", 1, "the CPU backend's buffers from calloc", "huge pages");
 }
 
 void *cpu_alloc(size_t bytes) {
