@@ -80,6 +80,12 @@ out=$(BENCH_GPU="$WORK/fake_bench_gpu" TORCH_BENCH="$WORK/fake_torch" python3 be
 [ $? -ne 0 ] && echo "$out" | tail -n 1 | grep -q 'configs/paper/nosuch.json does not exist' && ok "unknown MoE config: one line, non-zero exit" ||
     fail "unknown MoE config: $out"
 
+# scripts/count_omp_regions.sh: the command's own output and exit status, then its count
+out=$(OMP_NUM_THREADS=2 bash scripts/count_omp_regions.sh "$BUILD/tests/test_moe" 2>&1)
+[ $? -eq 0 ] && echo "$out" | grep -q 'passed, 0 failed' && echo "$out" | tail -n 1 | grep -Eq '^omp regions: [1-9][0-9]* opened, [0-9]+ on one thread$' &&
+    ok "count_omp_regions over test_moe: $(echo "$out" | tail -n 1)" || fail "count_omp_regions: $out"
+bash scripts/count_omp_regions.sh > /dev/null 2>&1; [ $? -eq 2 ] && ok "count_omp_regions without a command: usage, exit 2" || fail "count_omp_regions without a command"
+
 # the real commands on this machine (no GPU): skip lines, exit 0
 out=$("$BUILD/bench/bench_gpu" --json 2>&1)
 [ $? -eq 0 ] && echo "$out" | grep -q '"skipped":"no CUDA device' && ok "bench_gpu without a GPU: $out" || fail "bench_gpu: $out"
