@@ -215,14 +215,13 @@ int cmd_train(int argc, char **argv) {
 
     Model model;
     model_build(&model, &cfg.model, be);
-    GradSync gs;
-    grad_sync_init(&gs, &dist, &model, tc->zero_stage, n_micro);
     // "auto": overlapped where the ranks span hosts (a network: docs/DISTRIBUTED.md measured it
     // faster there, or level, and level to slower over one host's shared memory), on the CPU path:
     // the NCCL path's has not run on GPUs yet, so it waits for an explicit true
     const int overlap = tc->overlap_grad_reduce > 0 ||
-                        (tc->overlap_grad_reduce < 0 && dist.local_world < dist.world && gs.host_mem);
-    if (overlap) grad_sync_overlap(&gs, (size_t)tc->grad_bucket_elements);   // gs.bucket: taken
+                        (tc->overlap_grad_reduce < 0 && dist.local_world < dist.world && be == backend_cpu());
+    GradSync gs;
+    grad_sync_init(&gs, &dist, &model, tc->zero_stage, n_micro, overlap ? (size_t)tc->grad_bucket_elements : 0);   // gs.bucket: taken
     AdamW opt;
     adamw_init_shard(&opt, &model, &gs.own);
     TrainState st = {.seed = tc->seed};
@@ -280,14 +279,15 @@ int cmd_train(int argc, char **argv) {
     signals_install(&sig);
     int start_step = st.step, stopped = 0;
 
-    char ranks[160] = "";
-    const int striped = !shard_is_contiguous(&gs.own);   // ZeRO-1 overlapped on the CPU (train/grad_sync.h)
+    char ranks[256] = "";
+    const int striped = !shard_is_contiguous(&gs.own);   // ZeRO-1 overlapped (train/grad_sync.h)
+    const int gather_in_forward = striped && !gs.shard_masters;   // the CPU's masters are its weights
     if (dist.world > 1)
-        snprintf(ranks, sizeof(ranks), " x %d ranks%s%s", dist.world,
-                 !tc->zero_stage ? "" : gs.shard_masters ? " (ZeRO-1: AdamW state and fp32 masters sharded)"
-                 : striped ? " (ZeRO-1: AdamW state sharded in stripes of every bucket)" : " (ZeRO-1: AdamW state sharded)",
-                 !gs.bucket ? "" : striped ? " (gradients summed during the backward, weights gathered during the forward)"
-                                           : " (gradients summed during the backward)");
+        snprintf(ranks, sizeof(ranks), " x %d ranks%s%s%s", dist.world,
+                 !tc->zero_stage ? "" : gs.shard_masters ? " (ZeRO-1: AdamW state and fp32 masters sharded" : " (ZeRO-1: AdamW state sharded",
+                 !tc->zero_stage ? "" : striped ? " in stripes of every bucket)" : ")",
+                 !gs.bucket ? "" : gather_in_forward ? " (gradients summed during the backward, weights gathered during the forward)"
+                                                     : " (gradients summed during the backward)");
     if (rank0)
         fprintf(stderr, "clla train: %s | %lld params | device %s | %d threads | B=%d T=%d x %d micro-steps%s = %lld tokens/step | %d steps\n",
                 cfg.model.attention, model_num_params(&model), be->name, omp_get_max_threads(), B, T, n_micro, ranks,

@@ -121,13 +121,9 @@ void nccl_comm_start_allreduce_f32(NcclComm *c, float *buf, size_t n) {
     NCCL_CHECK(c, "ncclAllReduce", ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c->comm, c->side));
 }
 
-void nccl_comm_start_reduces_f32(NcclComm *c, float *buf, const size_t *start, const size_t *count) {
+void nccl_comm_start_reduce_scatter_f32(NcclComm *c, float *buf, size_t stripe) {
     after_queued(c);
-    NCCL_CHECK(c, "ncclGroupStart", ncclGroupStart());
-    for (int r = 0; r < c->world; r++)
-        if (count[r])
-            NCCL_CHECK(c, "ncclReduce", ncclReduce(buf + start[r], buf + start[r], count[r], ncclFloat, ncclSum, r, c->comm, c->side));
-    NCCL_CHECK(c, "ncclGroupEnd", ncclGroupEnd());
+    NCCL_CHECK(c, "ncclReduceScatter", ncclReduceScatter(buf, buf + (size_t)c->rank * stripe, stripe, ncclFloat, ncclSum, c->comm, c->side));
 }
 
 void nccl_comm_wait_started(NcclComm *c) {
@@ -147,8 +143,14 @@ void nccl_comm_reduce_scatter_f32(NcclComm *c, float *buf, size_t shard, int avg
     finish(c, "ncclReduceScatter");
 }
 
-void nccl_comm_allgather_f32(NcclComm *c, float *buf, size_t shard) {
-    NCCL_CHECK(c, "ncclAllGather", ncclAllGather(buf + (size_t)c->rank * shard, buf, shard, ncclFloat, c->comm, COMM_STREAM));
+void nccl_comm_allgather_f32(NcclComm *c, float *buf, size_t shard, size_t rounds) {
+    const size_t period = shard * (size_t)c->world;
+    NCCL_CHECK(c, "ncclGroupStart", ncclGroupStart());
+    for (size_t k = 0; k < rounds; k++) {
+        float *block = buf + k * period;
+        NCCL_CHECK(c, "ncclAllGather", ncclAllGather(block + (size_t)c->rank * shard, block, shard, ncclFloat, c->comm, COMM_STREAM));
+    }
+    NCCL_CHECK(c, "ncclGroupEnd", ncclGroupEnd());
     finish(c, "ncclAllGather");
 }
 

@@ -44,8 +44,10 @@ void nccl_comm_destroy(NcclComm *c);
 // padded to world * shard (train/grad_sync.c: model_pad_grad), so NCCL works in place and no
 // second full-size buffer exists (at the paper's 10.9B parameters that copy was 44 GB).
 void nccl_comm_reduce_scatter_f32(NcclComm *c, float *buf, size_t shard, int avg);
-// In-place all-gather: piece r of buf (as above) is taken from rank r and copied to every rank.
-void nccl_comm_allgather_f32(NcclComm *c, float *buf, size_t shard);
+// In-place all-gather over `rounds` blocks of world * shard floats one after another (stripes,
+// model/shard.h; rounds 1: one block cut into world pieces as above): piece r of every block
+// is taken from rank r and copied to every rank, the blocks in one NCCL group.
+void nccl_comm_allgather_f32(NcclComm *c, float *buf, size_t shard, size_t rounds);
 // In-place all-reduce of n floats (sum, or the mean when avg).
 void nccl_comm_allreduce_f32(NcclComm *c, float *buf, size_t n, int avg);
 
@@ -56,9 +58,9 @@ void nccl_comm_allreduce_f32(NcclComm *c, float *buf, size_t n, int avg);
 // wait for all of them, waits for them on the host, and reports their errors.
 // In-place all-reduce (sum) of n floats.
 void nccl_comm_start_allreduce_f32(NcclComm *c, float *buf, size_t n);
-// In place, for every rank r with count[r] > 0: the sum over ranks of buf[start[r], start[r] +
-// count[r]) at rank r (ncclReduce to root r, in one group); elsewhere buf is unchanged there.
-void nccl_comm_start_reduces_f32(NcclComm *c, float *buf, const size_t *start, const size_t *count);
+// In-place reduce-scatter (sum) of buf (world * stripe floats): elements [rank * stripe,
+// (rank + 1) * stripe) hold the sum over ranks afterwards; the rest of buf is unspecified.
+void nccl_comm_start_reduce_scatter_f32(NcclComm *c, float *buf, size_t stripe);
 void nccl_comm_wait_started(NcclComm *c);
 
 #ifdef __cplusplus

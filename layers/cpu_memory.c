@@ -9,8 +9,8 @@
 
 #include "common/util.h"
 
-// Every allocation carries a header of HEADER bytes just before the pointer handed out: its size
-// (cpu_alloc_size) and how to give it back. One of HUGE_BYTES or more is its own anonymous
+// Every allocation carries a header of HEADER bytes just before the pointer handed out: how to
+// give it back. One of HUGE_BYTES or more is its own anonymous
 // mapping, aligned to HUGE_BYTES (2 MiB, the x86-64 huge page) and advised MADV_HUGEPAGE, so
 // that the kernel backs it with huge pages where it can ("madvise" or "always" in
 // /sys/kernel/mm/transparent_hugepage/enabled): a decode step reads gigabytes of cache, far more
@@ -25,7 +25,6 @@
 typedef struct AllocHeader {
     void *base;     // what calloc or mmap returned
     size_t mapped;  // the mapping's length; 0: base came from calloc
-    size_t bytes;   // the size asked for
 } AllocHeader;
 
 static void *alloc_mapped(size_t bytes) {
@@ -37,7 +36,7 @@ static void *alloc_mapped(size_t bytes) {
 #ifdef MADV_HUGEPAGE
     (void)madvise(p, bytes, MADV_HUGEPAGE);   // advice: where it is refused, 4 KiB pages serve
 #endif
-    *(AllocHeader *)(p - HEADER) = (AllocHeader){base, len, bytes};
+    *(AllocHeader *)(p - HEADER) = (AllocHeader){base, len};
     return p;
 }
 
@@ -53,14 +52,12 @@ void *cpu_alloc(size_t bytes) {
         uint8_t *base = calloc(bytes + HEADER, 1);
         if (base) {
             p = base + HEADER;
-            *(AllocHeader *)base = (AllocHeader){base, 0, bytes};
+            *(AllocHeader *)base = (AllocHeader){base, 0};
         }
     }
     if (!p) die("out of memory allocating %zu bytes of CPU backend memory: use a smaller model, batch or sequence", bytes);
     return p;
 }
-
-size_t cpu_alloc_size(const void *p) { return ((const AllocHeader *)((const uint8_t *)p - HEADER))->bytes; }
 
 void cpu_release(void *p) {
     if (!p) return;

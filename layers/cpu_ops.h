@@ -19,8 +19,6 @@
 // ---- memory (cpu_memory.c) ----
 void *cpu_alloc(size_t bytes);
 void cpu_release(void *p);
-// the bytes cpu_alloc was asked for when it returned p
-size_t cpu_alloc_size(const void *p);
 void cpu_zero(void *p, size_t bytes);
 void cpu_upload(void *dst, const void *src, size_t bytes);
 void cpu_download(void *dst, const void *src, size_t bytes);

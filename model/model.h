@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "model/cache.h"
 #include "model/config.h"
+#include "model/shard.h"
 #include "model/tensor_table.h"
 
 // Indices into Model.params (-1 where the layer has no such tensor).
@@ -83,9 +84,10 @@ typedef struct Model {
     LayerParams *lp;         // [L]
     int embed, final_norm, lm_head;   // lm_head == embed when tied
     void *w;                 // storage copy used by the ops
-    float *master;           // fp32 masters of elements [master_lo, master_hi) of the flat fp32
-                             // layout (== w when the storage is fp32, then always all of it)
-    size_t master_lo, master_hi;   // all elements unless ZeRO-1 sharded them (model_shard_masters)
+    float *master;           // fp32 masters of the elements of master_sh of the flat fp32 layout,
+                             // packed as model/shard.h says (== w when the storage is fp32, then
+                             // always all of it)
+    Shard master_sh;         // all elements unless ZeRO-1 sharded them (model_shard_masters)
     float *grad;             // fp32 gradients, same table
     struct MoeModel *moe;    // mixture-of-experts layers (model/moe.h); NULL for a dense model
 
@@ -172,20 +174,21 @@ void model_sync_weights(Model *m, unsigned long long seed);
 // The same from `masters`, a backend buffer holding the whole flat fp32 layout.
 void model_sync_weights_from(Model *m, const float *masters, unsigned long long seed);
 // Sets the masters from `host`, the whole flat fp32 layout in host memory, and refreshes the
-// storage copy with seed. Sharded masters keep their range; the storage is rounded from the
+// storage copy with seed. Sharded masters keep their elements; the storage is rounded from the
 // whole host copy staged in m->grad, which is zero afterwards.
 void model_set_masters(Model *m, const float *host, unsigned long long seed);
-// ZeRO-1 with separate masters (bf16 storage, its CPU emulation): keep only elements [lo, hi)
-// of the masters, the rest of the model's fp32 memory for masters freed. No-op where the masters
-// are the storage (fp32 CPU): every rank needs the whole storage to run the model.
-void model_shard_masters(Model *m, size_t lo, size_t hi);
+// ZeRO-1 with separate masters (bf16 storage, its CPU emulation): keep only the elements of
+// `own` (a contiguous piece or stripes, model/shard.h; from masters that are still whole),
+// packed, the rest of the model's fp32 memory for masters freed. No-op where the masters are the
+// storage (fp32 CPU): every rank needs the whole storage to run the model.
+void model_shard_masters(Model *m, const Shard *own);
+// The elements [a, b) of the flat layout (within one round of master_sh) in the masters.
+float *model_master_at(const Model *m, size_t a, size_t b);
 // Data parallel over NCCL: the gradient buffer reallocated to hold `floats` >= the flat
 // layout's element count, the tail zero, so the in-place collectives of kernels/nccl_comm.h
 // can cut it into world equal pieces. The contents are dropped (call before training).
 void model_pad_grad(Model *m, size_t floats);
-static inline int model_masters_sharded(const Model *m) {
-    return m->master_lo != 0 || m->master_hi != m->params.bytes_f32 / 4;
-}
+static inline int model_masters_sharded(const Model *m) { return !shard_is_all(&m->master_sh); }
 // The rounding stream of tensor i for a store seed: the seed with the tensor index mixed in
 // (sr_hash32 mixes the seed again, so the tensors' streams are unrelated).
 static inline unsigned long long model_weight_seed(unsigned long long seed, int tensor) {

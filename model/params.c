@@ -132,22 +132,37 @@ void model_build(Model *m, const ModelConfig *cfg, const Backend *be) {
     // Masters alias fp32 storage unless the backend rounds its weights (bf16, or emulated bf16).
     int separate = be->act_bytes != 4 || be->separate_master;
     m->master = separate ? be->alloc(tt->bytes_f32) : (float *)m->w;
-    m->master_lo = 0;
-    m->master_hi = tt->bytes_f32 / 4;
+    const size_t n = tt->bytes_f32 / 4;
+    m->master_sh = (Shard){0, n, n, n};
     m->grad = be->alloc(tt->bytes_f32);
 }
 
-void model_shard_masters(Model *m, size_t lo, size_t hi) {
+void model_shard_masters(Model *m, const Shard *own) {
     if ((void *)m->master == m->w) return;
-    if (lo > hi || lo < m->master_lo || hi > m->master_hi)
-        die("model_shard_masters: range [%zu, %zu) is not inside the masters' [%zu, %zu) (internal error)", lo, hi,
-            m->master_lo, m->master_hi);
-    float *piece = m->be->alloc((hi > lo ? hi - lo : 1) * sizeof(float));   // never a zero-byte allocation
-    m->be->copy(piece, m->master + (lo - m->master_lo), (hi - lo) * sizeof(float));
+    if (model_masters_sharded(m) || own->end != m->master_sh.end || own->stripe == 0 || own->stripe > own->period ||
+        own->lo > own->period - own->stripe)
+        die("model_shard_masters: stripes of %zu from %zu every %zu over %zu elements, from masters already sharded or of "
+            "another layout (internal error)", own->stripe, own->lo, own->period, own->end);
+    const size_t count = shard_count(own);
+    float *packed = m->be->alloc((count ? count : 1) * sizeof(float));   // zero (backend/backend.h): the padding past end
+    for (size_t k = 0; k < shard_rounds(own); k++) {
+        size_t a, b, off;
+        shard_range(own, k, &a, &b, &off);
+        m->be->copy(packed + off, m->master + a, (b - a) * sizeof(float));
+    }
     m->be->release(m->master);
-    m->master = piece;
-    m->master_lo = lo;
-    m->master_hi = hi;
+    m->master = packed;
+    m->master_sh = *own;
+}
+
+float *model_master_at(const Model *m, size_t a, size_t b) {
+    const Shard *s = &m->master_sh;
+    const size_t k = s->period ? a / s->period : 0;
+    size_t lo, hi, off;
+    shard_range(s, k, &lo, &hi, &off);
+    if (a < lo || b > hi || a > b)
+        die("model_master_at: elements [%zu, %zu) are not within one round of this rank's masters (internal error)", a, b);
+    return m->master + off + (a - lo);
 }
 
 void model_pad_grad(Model *m, size_t floats) {
@@ -221,7 +236,11 @@ void model_set_masters(Model *m, const float *host, unsigned long long seed) {
         model_sync_weights(m, seed);
         return;
     }
-    m->be->upload(m->master, host + m->master_lo, (m->master_hi - m->master_lo) * sizeof(float));
+    for (size_t k = 0; k < shard_rounds(&m->master_sh); k++) {
+        size_t a, b, off;
+        shard_range(&m->master_sh, k, &a, &b, &off);
+        m->be->upload(m->master + off, host + a, (b - a) * sizeof(float));
+    }
     m->be->upload(m->grad, host, bytes);
     model_sync_weights_from(m, m->grad, seed);
     m->be->zero(m->grad, bytes);

@@ -175,7 +175,7 @@ for np in 1 4; do
         same_curve "saved with 2 ranks, resumed with $np" moe_1 "part_$np"
     fi
 done
-# Striped shards (the overlapped ZeRO-1 sum, train/shard.h): saved with 2 ranks in stripes of 4096
+# Striped shards (the overlapped ZeRO-1 sum, model/shard.h): saved with 2 ranks in stripes of 4096
 # elements, resumed with 4 in stripes of 8192, with 4 in contiguous pieces and with 1 rank.
 run 2 stripe --config moe.json --zero 1 --stop-at 4 --set train.overlap_grad_reduce=true --set train.grad_bucket_elements=8192
 ck=stripe/checkpoints/step_00000004
@@ -308,7 +308,7 @@ if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then
         fail "two network-namespace hosts: $(tail -n 5 netns.log | tr '\n' ' ')"
     fi
     # four hosts under ZeRO-1 (NETNS_HOSTS of the launcher): "auto" overlaps there too, the
-    # optimizer's shards in stripes (train/shard.h), over TCP
+    # optimizer's shards in stripes (model/shard.h), over TCP
     if NETNS_HOSTS=4 timeout 180 bash "$SRC/launch/netns_two_hosts.sh" "$CLLA" dense.json netns4_z1 --zero 1 > netns4.log 2>&1; then
         same_curve "4 hosts, ZeRO-1 (network namespaces, TCP) vs 1 rank" dense_1 netns4_z1
         [ "$(grep -c '^rank [0-3] on clla-[abcd]' netns4.log)" = 4 ] && grep -q 'gradients summed during the backward' netns4.log &&

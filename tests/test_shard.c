@@ -1,4 +1,4 @@
-// train/shard.h, the description of the elements a rank's optimizer holds: for the three layouts
+// model/shard.h, the description of the elements a rank's optimizer holds: for the three layouts
 // train/grad_sync.c makes (every element; contiguous ZeRO-1 pieces; stripes of every bucket) and
 // sizes that do and do not divide, the ranks' ranges cover [0, n) exactly once, each element's
 // packed offset lies inside the rank's buffer and no two elements of a rank share one, every
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/shard.h"
+#include "model/shard.h"
 
 static int fail(const char *what, size_t n, int world, size_t stripe, size_t period) {
     printf("FAIL %s (n %zu, world %d, stripe %zu, period %zu)\n", what, n, world, stripe, period);

@@ -326,7 +326,7 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
 // ---------------------------------------------------------------- save
 
 // A ZeRO-1 shard: m and v of the rank's elements of the flat fp32 layout as two 1-D tensors. A
-// contiguous piece: elements [lo, hi). Stripes (train/shard.h): `stripe` elements from lo into
+// contiguous piece: elements [lo, hi). Stripes (model/shard.h): `stripe` elements from lo into
 // every round of `period`, packed round after round (the rounds' stripes past numel as zeros);
 // lo and hi are then the first round's elements, so that a clla from before the stripes, which
 // reads [lo, hi) only, finds a tensor of another length and refuses the file, or, with one round,
@@ -836,7 +836,7 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
                     "--set train.init_from=%s/model.safetensors",
                     op, dir);
             unsigned long long lo = meta_u64(meta, "lo", op), hi = meta_u64(meta, "hi", op), numel = meta_u64(meta, "numel", op);
-            // stripes (train/shard.h), or the contiguous [lo, hi) as one round
+            // stripes (model/shard.h), or the contiguous [lo, hi) as one round
             const int striped = cJSON_GetObjectItemCaseSensitive(meta, "period") != NULL;
             if (numel != n || (!striped && (lo > hi || hi > n)))
                 die("cannot resume: '%s' holds elements [%llu, %llu) of %llu, this model has %zu: the file belongs to another model",

@@ -388,15 +388,15 @@ void dist_reduce_scatter_dev_f32(Dist *d, float *buf, size_t shard) {
 #endif
 }
 
-void dist_allgather_dev_f32(Dist *d, float *buf, size_t shard) {
+void dist_allgather_dev_f32(Dist *d, float *buf, size_t shard, size_t rounds) {
 #ifdef DIST_NCCL
     if (d->world == 1) return;
     double t0;
     dist_enter(d, "NCCL all-gather of parameters", &t0);
-    nccl_comm_allgather_f32(d->nccl, buf, shard);
+    nccl_comm_allgather_f32(d->nccl, buf, shard, rounds);
     dist_leave(d, t0);
 #else
-    (void)d; (void)buf; (void)shard;
+    (void)d; (void)buf; (void)shard; (void)rounds;
     no_device_collectives("all-gather");
 #endif
 }

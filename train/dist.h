@@ -79,7 +79,7 @@ void dist_reduce_scatter_f32(Dist *d, const float *buf, size_t n, size_t shard, 
 #define DIST_BUCKETS_IN_FLIGHT 4
 typedef struct DistBuckets DistBuckets;
 // Reduce-scatter over stripes (world > 1, MPI): the buckets are rounds of world stripes of
-// `stripe` elements (bucket = world x stripe), rank r owning stripe r of each (train/shard.h,
+// `stripe` elements (bucket = world x stripe), rank r owning stripe r of each (model/shard.h,
 // Megatron's layout), so every bucket uses every rank's links. At finish, out (ceil(n / bucket) x
 // stripe floats) holds rank `rank`'s stripes of the sums, round after round; entries past n are 0.
 // Round by round these are the sums dist_reduce_scatter_f32(d, buf + k bucket, ..., stripe, ...)
@@ -91,10 +91,12 @@ DistBuckets *dist_buckets_begin(Dist *d, const float *buf, size_t n, size_t stri
 DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t bucket);
 // On device buffers through NCCL (dist_has_device_collectives): each bucket one started NCCL
 // collective, ordered after the device work queued when it was reported. scatter 0: all-reduce
-// in place; 1: the bucket's part of each rank's piece (of `shard` floats) reduced to that rank,
-// so that at finish piece `rank` holds the sums, as after dist_reduce_scatter_dev_f32. The sums
-// are NCCL's, per bucket: the same as the whole buffer's to rounding, not bitwise.
-DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter);
+// in place; 1: the buckets are rounds of world stripes of `stripe` elements (bucket = world x
+// stripe), each reduce-scattered in place, so that at finish stripe `rank` of every round holds
+// the sums (model/shard.h); buf must hold every whole round (ceil(n / bucket) x bucket floats,
+// padded by the caller). The sums are NCCL's, per bucket: the same as the whole buffer's to
+// rounding, not bitwise.
+DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t stripe, size_t bucket, int scatter);
 // All-gather over the same stripes, rounds sent from the lowest (the forward's order) as soon as
 // it begins: rank r's stripe of every round is in buf; at finish every stripe of every rank is.
 // dist_buckets_wait(b, upto) returns when [0, upto) of buf is complete (a gather only).
@@ -130,9 +132,11 @@ int dist_has_device_collectives(const Dist *d);
 // The collectives of dist_reduce_scatter_f32 / dist_allgather_f32 / dist_allreduce_sum_f32 on
 // DEVICE buffers, in place (kernels/nccl_comm.h), buf holding world * shard floats (padded by
 // the caller): after the reduce-scatter, piece `rank` of buf holds the sum over ranks (the rest
-// of buf is unspecified). Timed and watched like the others.
+// of buf is unspecified). The all-gather takes `rounds` such blocks of world * shard one after
+// another (stripes, model/shard.h; a contiguous piece is one round). Timed and watched like the
+// others.
 void dist_reduce_scatter_dev_f32(Dist *d, float *buf, size_t shard);
-void dist_allgather_dev_f32(Dist *d, float *buf, size_t shard);
+void dist_allgather_dev_f32(Dist *d, float *buf, size_t shard, size_t rounds);
 void dist_allreduce_sum_dev_f32(Dist *d, float *buf, size_t n);
 
 // Elements per rank of a ZeRO-1 partition of n elements: ceil(n / world) rounded up to a

@@ -9,7 +9,7 @@
 // adds. All-reduce (ZeRO-0): the bucket is cut into world equal parts, so every bucket keeps every
 // link busy both ways, and each rank then sends its added part to all (the all-gather half),
 // written back into the buffer in place. Reduce-scatter (ZeRO-1): the bucket is a round of world
-// stripes and part s is stripe s, which rank s's optimizer owns (train/shard.h): the same balance
+// stripes and part s is stripe s, which rank s's optimizer owns (model/shard.h): the same balance
 // as the all-reduce's first half. (With the optimizer's pieces contiguous instead, a bucket had
 // one owner, whose receive link took world - 1 copies of it while the others idled, and the
 // backward completes the pieces one after another: docs/DISTRIBUTED.md measured that slower than
@@ -21,7 +21,8 @@
 //
 // On device buffers with NCCL (dist_buckets_begin_dev) a bucket is one started NCCL collective
 // (kernels/nccl_comm.h: on a stream of its own, after the backward's kernels queued so far): an
-// all-reduce, or reduces of the pieces to their ranks. The GPU moves the data; no thread here.
+// all-reduce, or a reduce-scatter of the round's stripes, in place. The GPU moves the data; no
+// thread here.
 #include "train/dist.h"
 
 #include <pthread.h>
@@ -50,10 +51,10 @@ typedef struct Flight {
 struct DistBuckets {
     Dist *d;
     float *buf;           // read only in reduce-scatter mode on the host; written by the gather
-    int scatter;          // 1: parts are stripes (reduce-scatter, gather) or device pieces
+    int scatter;          // 1: parts are stripes (reduce-scatter, gather)
     int dev;              // 1: device buffers, NCCL (no Flights, no thread)
     float *out;           // host reduce-scatter: this rank's piece of the sums; else NULL
-    size_t n, shard, bucket;   // shard: device reduce-scatter's piece; host: the stripe
+    size_t n, shard, bucket;   // shard: the stripe of a reduce-scatter or gather
     size_t stride;        // floats of one rank's values in a Flight's recv (the longest own part)
     size_t unsent;        // buckets of the grid not sent yet ([0, unsent): sums, sent top down)
     int gather;           // all-gather of stripes (dist_buckets_begin_gather): rounds sent bottom up
@@ -63,7 +64,6 @@ struct DistBuckets {
     int head, count;      // in-flight buckets in the order sent, the oldest at fl[head]
     float *recv;          // DIST_BUCKETS_IN_FLIGHT x world x stride floats
     MPI_Request *req;     // DIST_BUCKETS_IN_FLIGHT x 2 world
-    size_t *parts;        // device reduce-scatter: each rank's part of a bucket, starts then counts
     // With MPI callable from any thread (Dist.mpi_serialized) a thread of its own sends, tests
     // and adds, so that the messages move while the caller computes: MPI moves data only inside
     // its calls (a TCP rendezvous waits for the receiver's next call), and the caller calls
@@ -143,7 +143,7 @@ static int advance_oldest(DistBuckets *b) {
                 const float *src = f->recv + (size_t)(j + s) * b->stride;
                 for (size_t i = 0; i < f->len; i++) dst[i] += src[i];
             }
-        // reduce-scatter: round lo / bucket of the stripes, packed (train/shard.h)
+        // reduce-scatter: round lo / bucket of the stripes, packed (model/shard.h)
         float *to = b->out ? b->out + f->lo / b->bucket * b->shard + (f->oa - f->lo - (size_t)me * b->shard) : b->buf + f->oa;
         if (f->len) memcpy(to, f->recv, f->len * sizeof(float));
         if (!b->out) {
@@ -305,33 +305,26 @@ void dist_buckets_wait(DistBuckets *b, size_t upto) {
 }
 
 #ifdef DIST_NCCL
-DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter) {
+DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t stripe, size_t bucket, int scatter) {
     if (!d->nccl) die("dist_buckets_begin_dev without an NCCL communicator (internal error)");
-    DistBuckets *b = fresh(d, buf, n, shard, bucket, scatter);
+    if (scatter && bucket != stripe * (size_t)d->world)
+        die("dist_buckets_begin_dev: a bucket of %zu elements is not %d stripes of %zu (internal error)", bucket, d->world, stripe);
+    DistBuckets *b = fresh(d, buf, n, stripe, bucket, scatter);
     b->dev = 1;
-    b->parts = xmalloc(2 * (size_t)d->world * sizeof(size_t));
     return b;
 }
 
 // Every bucket at or above from not yet started, started.
 static void start_dev(DistBuckets *b, size_t from) {
-    size_t *start = b->parts, *count = start + b->d->world;
     while (sendable(b, from)) {
         const size_t j = --b->unsent, lo = j * b->bucket, hi = lo + b->bucket < b->n ? lo + b->bucket : b->n;
-        if (!b->scatter) {
-            nccl_comm_start_allreduce_f32(b->d->nccl, b->buf + lo, hi - lo);
-            continue;
-        }
-        // each rank's contiguous piece of the bucket (NCCL's reduce is a ring: every link carries
-        // about one bucket, whichever rank is the root)
-        for (int s = 0; s < b->d->world; s++)
-            count[s] = overlap(lo, hi, (size_t)s * b->shard, (size_t)(s + 1) * b->shard, &start[s]);
-        nccl_comm_start_reduces_f32(b->d->nccl, b->buf, start, count);
+        if (b->scatter) nccl_comm_start_reduce_scatter_f32(b->d->nccl, b->buf + lo, b->shard);   // the whole round: padded
+        else nccl_comm_start_allreduce_f32(b->d->nccl, b->buf + lo, hi - lo);
     }
 }
 #else
-DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter) {
-    (void)d; (void)buf; (void)n; (void)shard; (void)bucket; (void)scatter;
+DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t stripe, size_t bucket, int scatter) {
+    (void)d; (void)buf; (void)n; (void)stripe; (void)bucket; (void)scatter;
     die("dist: a bucketed sum on device buffers needs NCCL, which this build lacks (internal error)");
 }
 static void start_dev(DistBuckets *b, size_t from) { (void)b; (void)from; }
@@ -383,7 +376,6 @@ void dist_buckets_finish(DistBuckets *b) {
     dist_leave(b->d, t0);
     free(b->recv);
     free(b->req);
-    free(b->parts);
     free(b);
 }
 
@@ -397,8 +389,8 @@ DistBuckets *dist_buckets_begin_allreduce(Dist *d, float *buf, size_t n, size_t 
     (void)d; (void)buf; (void)n; (void)bucket;
     die("dist: a bucketed all-reduce without MPI (internal error)");
 }
-DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t shard, size_t bucket, int scatter) {
-    (void)d; (void)buf; (void)n; (void)shard; (void)bucket; (void)scatter;
+DistBuckets *dist_buckets_begin_dev(Dist *d, float *buf, size_t n, size_t stripe, size_t bucket, int scatter) {
+    (void)d; (void)buf; (void)n; (void)stripe; (void)bucket; (void)scatter;
     die("dist: a bucketed sum on device buffers without MPI (internal error)");
 }
 void dist_buckets_ready(DistBuckets *b, size_t from) { (void)b; (void)from; }

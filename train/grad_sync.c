@@ -19,7 +19,24 @@ static int popcount(unsigned v) {
     return c;
 }
 
-void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
+// The stripes of the overlapped ZeRO-1 sum (model/shard.h): ceil(bucket / world) elements rounded
+// up to the norm's block (so that the norm's blocks lie within one rank's stripe), a bucket = a
+// round of world stripes; at most the contiguous piece `shard` (one round then covers the model)
+// and what keeps a round within MPI's int counts (train.grad_bucket_elements' bound, on every
+// path). On the host also at most DIST_PIECE / DIST_BUCKETS_IN_FLIGHT elements (the buckets in
+// flight then receive at most world x DIST_PIECE floats, as the plain reduce-scatter's scratch
+// holds); NCCL reduces in place, with no scratch.
+static size_t stripe_elements(size_t bucket, size_t world, size_t shard, int host) {
+    const size_t per = (bucket + world - 1) / world, mpi = (size_t)2147483647 / world / GRAD_NORM_BLOCK;
+    size_t most = shard / GRAD_NORM_BLOCK;   // (shard: a multiple of the block, dist_shard_size)
+    if (most > mpi) most = mpi;
+    if (host && most > DIST_PIECE / DIST_BUCKETS_IN_FLIGHT / GRAD_NORM_BLOCK) most = DIST_PIECE / DIST_BUCKETS_IN_FLIGHT / GRAD_NORM_BLOCK;
+    if (most == 0) die("grad_sync: %zu ranks leave no stripe of %zu elements within MPI's int counts", world, (size_t)GRAD_NORM_BLOCK);
+    const size_t blocks = (per + GRAD_NORM_BLOCK - 1) / GRAD_NORM_BLOCK;
+    return (blocks < most ? blocks : most) * GRAD_NORM_BLOCK;
+}
+
+void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro, size_t bucket) {
     memset(g, 0, sizeof(*g));
     g->dist = d;
     g->be = m->be;
@@ -30,32 +47,42 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro) {
     // process group opened a communicator (CUDA build with NCCL), else MPI on host memory.
     g->dev_coll = !g->host_mem && d->world > 1 && dist_has_device_collectives(d);
     g->n = m->params.bytes_f32 / 4;
-    if (zero) {
+    // the sum overlapped with the backward: on host memory (MPI) and over NCCL; the device path
+    // staged through host memory sums after the backward
+    if ((g->host_mem || g->dev_coll) && d->world > 1) g->bucket = bucket;   // (ZeRO-0 sums in place)
+    if (!zero) {
+        g->shard = g->n;
+        g->own = (Shard){0, g->n, g->n, g->n};
+    } else {
+        const size_t W = (size_t)d->world;
         g->shard = dist_shard_size(g->n, d->world, GRAD_NORM_BLOCK);
-        g->own = (Shard){(size_t)d->rank * g->shard, g->shard, g->shard * (size_t)d->world, g->n};   // one round: world * shard >= n
+        if (g->bucket) {
+            // overlapped: stripes, every rank one of every bucket, so that each bucket is
+            // reduce-scattered over every rank's links (Megatron's layout)
+            const size_t stripe = stripe_elements(g->bucket, W, g->shard, g->host_mem);
+            g->own = (Shard){(size_t)d->rank * stripe, stripe, stripe * W, g->n};
+            g->bucket = stripe * W;
+            g->shard = shard_count(&g->own);
+        } else {
+            g->own = (Shard){(size_t)d->rank * g->shard, g->shard, g->shard * W, g->n};   // one round: world * shard >= n
+        }
         if (!g->dev_coll) g->piece = xmalloc(g->shard * sizeof(float));
         g->shard_masters = d->world > 1 && (void *)m->master != m->w;
-        if (g->shard_masters) {
-            size_t lo, hi, off;
-            shard_range(&g->own, 0, &lo, &hi, &off);
-            model_shard_masters(m, lo, hi);
-        }
+        if (g->shard_masters) model_shard_masters(m, &g->own);
         if (g->dev_coll) {
-            // NCCL works in place on world equal pieces: the gradient buffer (which also carries
-            // the all-gather of the sharded masters) is allocated padded to world * shard, instead
-            // of copying it into a second padded buffer at every collective. Masters that are the
-            // storage would need the same; no device backend has them (checked, not assumed).
+            // NCCL works in place on whole rounds of world equal parts: the gradient buffer (which
+            // also carries the all-gather of the sharded masters) is allocated padded to the
+            // rounds, instead of copying it into a second padded buffer at every collective.
+            // Masters that are the storage would need the same; no device backend has them
+            // (checked, not assumed).
             if (!g->shard_masters)
                 die("grad_sync: ZeRO-1 over NCCL needs fp32 masters apart from the storage; backend '%s' has none (internal error)",
                     g->be->name);
             size_t padded;
-            if (__builtin_mul_overflow(g->shard, (size_t)d->world, &padded))
+            if (__builtin_mul_overflow(shard_rounds(&g->own), g->own.period, &padded))
                 die("grad_sync: %d ranks x %zu elements overflow a size (internal error)", d->world, g->shard);
             model_pad_grad(m, padded);
         }
-    } else {
-        g->shard = g->n;
-        g->own = (Shard){0, g->n, g->n, g->n};
     }
     if (!g->host_mem && !g->dev_coll && d->world > 1) g->host = xmalloc(g->n * sizeof(float));
     // The tree needs an fp32 add of gradient buffers, which only host memory has here; a
@@ -83,32 +110,6 @@ void grad_sync_free(GradSync *g, Model *m) {
     free(g->host);
     free(g->piece);
     memset(g, 0, sizeof(*g));
-}
-
-int grad_sync_overlap(GradSync *g, size_t bucket) {
-    if (!(g->host_mem || g->dev_coll) || g->dist->world == 1 || bucket == 0) return 0;
-    g->bucket = bucket;   // (ZeRO-0 sums in place)
-    if (g->zero && g->host_mem) {
-        // stripes of ceil(bucket / world) elements rounded up to the norm's block (so that the
-        // norm's blocks lie within one rank's stripe), a bucket = a round of world stripes; at most
-        // the contiguous piece (one round then covers the model), DIST_PIECE / DIST_BUCKETS_IN_FLIGHT
-        // elements (the buckets in flight then receive at most world x DIST_PIECE floats, as the
-        // plain reduce-scatter's scratch holds) and what keeps a round within MPI's int counts
-        const size_t W = (size_t)g->dist->world, per = (bucket + W - 1) / W;
-        size_t most = (size_t)2147483647 / W / GRAD_NORM_BLOCK;
-        if (most > DIST_PIECE / DIST_BUCKETS_IN_FLIGHT / GRAD_NORM_BLOCK) most = DIST_PIECE / DIST_BUCKETS_IN_FLIGHT / GRAD_NORM_BLOCK;
-        if (most == 0) die("grad_sync: %zu ranks leave no stripe of %zu elements within MPI's int counts", W, (size_t)GRAD_NORM_BLOCK);
-        size_t stripe = (per + GRAD_NORM_BLOCK - 1) / GRAD_NORM_BLOCK;
-        if (stripe > g->shard / GRAD_NORM_BLOCK) stripe = g->shard / GRAD_NORM_BLOCK;   // (g->shard: the contiguous piece here)
-        stripe = (stripe < most ? stripe : most) * GRAD_NORM_BLOCK;
-        const size_t period = stripe * W;
-        g->own = (Shard){(size_t)g->dist->rank * stripe, stripe, period, g->n};
-        g->bucket = period;
-        g->shard = shard_count(&g->own);
-        free(g->piece);
-        g->piece = xmalloc(g->shard * sizeof(float));
-    }
-    return 1;
 }
 
 // Model.grad_final during the last micro-step's backward: [from, frontier) of the gradient is
@@ -148,7 +149,7 @@ void grad_sync_begin_micro(GradSync *g, Model *m, int k) {
         m->param_wait_ctx = g;
     }
     if (g->bucket && k == g->micro - 1) {
-        g->flight = g->dev_coll ? dist_buckets_begin_dev(g->dist, m->grad, g->n, g->shard, g->bucket, g->zero)
+        g->flight = g->dev_coll ? dist_buckets_begin_dev(g->dist, m->grad, g->n, g->own.stripe, g->bucket, g->zero)
                     : g->zero   ? dist_buckets_begin(g->dist, m->grad, g->n, g->own.stripe, g->piece)
                                 : dist_buckets_begin_allreduce(g->dist, m->grad, g->n, g->bucket);
         g->frontier = g->n;
@@ -195,7 +196,7 @@ void grad_sync_reduce(GradSync *g, Model *m) {
     Dist *d = g->dist;
     if (d->world == 1) return;
     if (g->flight) {   // summed during the backward: what is left, and the wait
-        dist_buckets_finish(g->flight);   // ZeRO-0: m->grad holds the sum; ZeRO-1 on NCCL: its [lo, hi)
+        dist_buckets_finish(g->flight);   // ZeRO-0: m->grad holds the sum; ZeRO-1 on NCCL: its own stripes
         g->flight = NULL;
         if (g->zero && !g->dev_coll) shard_unpack(&g->own, m->grad, g->piece);
         return;
@@ -234,9 +235,13 @@ double grad_sync_norm(GradSync *g, Model *m) {
         // The shard is on the GPU (no host piece): one device sumsq of the own range, the ranks'
         // values added in rank order. Deterministic, the same on every rank, but not the bits of
         // the ZeRO-0 norm (different blocking): GPU runs agree across settings to rounding.
-        size_t lo, hi, off;
-        shard_range(&g->own, 0, &lo, &hi, &off);   // (contiguous on this path)
-        double mine = hi > lo ? m->be->sumsq(m->grad + lo, hi - lo) : 0.0;
+        // (Stripes: one sumsq per round, added in round order.)
+        double mine = 0.0;
+        for (size_t k = 0; k < shard_rounds(&g->own); k++) {
+            size_t lo, hi, off;
+            shard_range(&g->own, k, &lo, &hi, &off);
+            if (hi > lo) mine += m->be->sumsq(m->grad + lo, hi - lo);
+        }
         return sqrt(dist_sum_f64(d, mine));
     }
     // Block sums of the own shard, gathered, then added in block order: the arithmetic of the
@@ -286,7 +291,7 @@ static void allgather_full(GradSync *g, float *full) {
             dist_allgather_f32(d, full + a, len, g->own.stripe);
         }
     } else if (g->dev_coll) {
-        dist_allgather_dev_f32(d, full, g->shard);   // full: m->grad, padded at init
+        dist_allgather_dev_f32(d, full, g->own.stripe, shard_rounds(&g->own));   // full: m->grad, padded at init
     } else {
         g->be->download(g->host, full, g->n * sizeof(float));
         dist_allgather_f32(d, g->host, g->n, g->shard);
@@ -297,7 +302,11 @@ static void allgather_full(GradSync *g, float *full) {
 // Sharded masters: this rank's piece into its range of the gradient buffer, then the rest from
 // the other ranks. The buffer's padding between tensors stays 0 (every rank's gradient had it 0).
 static float *assemble_masters(GradSync *g, Model *m) {
-    g->be->copy(m->grad + m->master_lo, m->master, (m->master_hi - m->master_lo) * sizeof(float));
+    for (size_t k = 0; k < shard_rounds(&m->master_sh); k++) {
+        size_t a, b, off;
+        shard_range(&m->master_sh, k, &a, &b, &off);
+        g->be->copy(m->grad + a, m->master + off, (b - a) * sizeof(float));
+    }
     allgather_full(g, m->grad);
     return m->grad;
 }

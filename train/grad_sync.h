@@ -10,9 +10,10 @@
 // updates its masters, copies them into its range of the (spent) gradient buffer, all-gathers
 // that buffer and rounds the storage copy from it. The fp32 CPU backend's masters are its
 // storage, which every rank needs whole: they are all-gathered in place and not sharded.
-// There, with the sum overlapped (grad_sync_overlap), the shard is stripes instead of a piece:
-// one stripe of every gradient bucket per rank (own, train/shard.h), so that each bucket is
-// reduce-scattered over every rank's links while the backward runs.
+// With the sum overlapped with the backward (a bucket given to grad_sync_init), on the CPU and
+// over NCCL, the shard is stripes instead of a piece: one stripe of every gradient bucket per
+// rank (own, model/shard.h), so that each bucket is reduce-scattered over every rank's links
+// while the backward runs; the optimizer's state and the sharded masters follow the stripes.
 //
 // One step:  for k < micro: begin_micro, forward, backward(1 / (world * micro)), end_micro
 //            reduce -> norm -> adamw_update_range (own elements) -> gather_params
@@ -24,7 +25,7 @@
 #include "common/sumsq.h"
 #include "model/model.h"
 #include "train/dist.h"
-#include "train/shard.h"
+#include "model/shard.h"
 
 // Block of the gradient norm's sum of squares, the CPU backends' (common/sumsq.h): block sums
 // added in index order, so ZeRO-1's norm, formed from the blocks of each shard, is bitwise the
@@ -44,15 +45,15 @@ typedef struct GradSync {
                           // which is 0 on a rank whose piece happens to be everything)
     size_t n;             // fp32 elements of the flat layout
     size_t shard;         // ZeRO-1: floats of a rank's piece (shard_count of own); n when not sharded
-    Shard own;            // the elements this rank's optimizer holds (train/shard.h): all of them,
+    Shard own;            // the elements this rank's optimizer holds (model/shard.h): all of them,
                           // a contiguous piece [rank shard, (rank + 1) shard) clipped to n, or
-                          // stripes of every bucket (grad_sync_overlap)
+                          // stripes of every bucket (the sum overlapped)
     // pairwise tree of micro-gradients: a stack of partial sums with their levels
     float **stack, **pool;
     int *level, sp, n_pool, n_bufs;
     float *host;          // staging copy on device backends without NCCL (n floats), else NULL
     float *piece;         // reduce-scatter result (shard floats), host paths only
-    // the sum over ranks overlapped with the last micro-step's backward (grad_sync_overlap)
+    // the sum over ranks overlapped with the last micro-step's backward
     size_t bucket;        // elements per bucket; 0: reduced after the backward
     DistBuckets *flight;  // during that backward: the buckets sent so far
     // ZeRO-1 in stripes: the all-gather of the updated weights, started with the next forward
@@ -63,18 +64,18 @@ typedef struct GradSync {
     float *cur;           // the buffer that last backward writes (model->grad then)
 } GradSync;
 
-// zero: 0 or 1. micro: micro-steps per rank per optimizer step.
-void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro);
+// zero: 0 or 1. micro: micro-steps per rank per optimizer step. bucket: 0, or the overlap
+// (train.overlap_grad_reduce) with buckets of about that many elements: the last micro-step's
+// gradients go to the other ranks in buckets as the backward completes them, layer by layer from
+// the last, and grad_sync_reduce only waits for the rest. On the host MPI path (the fp32 CPU
+// backend) the same sums in the same order, so the same bits as without; on the NCCL path
+// started NCCL collectives per bucket (the same to rounding). The staged device path without
+// NCCL, and one rank, ignore it (g->bucket stays 0). ZeRO-1 with a bucket: the optimizer's shard
+// (own) is stripes, one of every bucket for every rank (Megatron's layout; g->bucket becomes
+// world x stripe), and sharded masters are packed in the same stripes. Call before the
+// optimizer is made from own and before the masters are set.
+void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro, size_t bucket);
 void grad_sync_free(GradSync *g, Model *m);
-// Overlap (train.overlap_grad_reduce): the last micro-step's gradients go to the other ranks in
-// buckets of `bucket` elements as the backward completes them, layer by layer from the last, and
-// grad_sync_reduce only waits for the rest. On the host MPI path (the fp32 CPU backend) the same
-// sums in the same order, so the same bits as without; on the NCCL path started NCCL collectives
-// per bucket (the same to rounding). The staged device path without NCCL: a no-op (returns 0).
-// ZeRO-1 on the host path: the optimizer's shard becomes stripes (own), one of every bucket for
-// every rank, so that each bucket is reduce-scattered over all the ranks' links (Megatron's
-// layout); call it before the optimizer is made from own.
-int grad_sync_overlap(GradSync *g, size_t bucket);
 // Before micro-step k's backward: model->grad is ready to receive it.
 void grad_sync_begin_micro(GradSync *g, Model *m, int k);
 // After micro-step k's backward. After the last one model->grad holds this rank's sum of
@@ -89,7 +90,7 @@ double grad_sync_norm(GradSync *g, Model *m);
 // ZeRO 1: every rank receives every rank's updated masters, then the storage copy is
 // refreshed with seed (as adamw_step does). ZeRO 0: only the refresh. With sharded masters the
 // gradient buffer is overwritten (the next step's first micro-step zeroes it anyway).
-// With the shard in stripes (grad_sync_overlap on the fp32 CPU path) the gather is only marked:
+// With the shard in stripes on the fp32 CPU path (the masters are the weights) the gather is only marked:
 // grad_sync_begin_micro starts it before the next forward, which waits for each layer's weights
 // as it reaches them (Model.param_wait); anything else that reads the weights first calls
 // grad_sync_params_ready.

@@ -52,10 +52,7 @@ void adamw_update_range(AdamW *opt, Model *model, const TrainConfig *tc, float l
             if (b > hi) b = hi;
             if (a >= b) continue;
             float wd = ti->decay ? tc->weight_decay : 0.0f;
-            if (a < model->master_lo || b > model->master_hi)
-                die("adamw: elements [%zu, %zu) are outside this rank's masters [%zu, %zu) (internal error)", a, b,
-                    model->master_lo, model->master_hi);
-            model->be->adamw_update(model->master + (a - model->master_lo), opt->m + off + (a - lo), opt->v + off + (a - lo),
+            model->be->adamw_update(model_master_at(model, a, b), opt->m + off + (a - lo), opt->v + off + (a - lo),
                                     model->grad + a, b - a, lr, tc->beta1, tc->beta2, tc->eps, wd, grad_scale, opt->t);
         }
     }

@@ -5,10 +5,10 @@
 
 #include "model/config.h"
 #include "model/model.h"
-#include "train/shard.h"
+#include "model/shard.h"
 
 typedef struct AdamW {
-    float *m, *v;      // fp32 moments of the elements of sh, packed as train/shard.h says (backend memory)
+    float *m, *v;      // fp32 moments of the elements of sh, packed as model/shard.h says (backend memory)
     int t;             // completed updates
     Shard sh;          // the part of the flat fp32 buffer (params.bytes_f32 / 4 elements) this
                        // process updates: all of it, or its ZeRO-1 shard (train/grad_sync.h)

@@ -7,16 +7,18 @@
 //  - buffers overlap only in NCCL's in-place forms (reduce-scatter: recvbuff == sendbuff +
 //    rank * recvcount; all-gather: sendbuff == recvbuff + rank * sendcount; all-reduce:
 //    sendbuff == recvbuff);
-//  - an in-place collective's buffer holds all world * count floats: its start is the start of
-//    a CPU backend allocation (the trainer's gradient buffer, the test's buffer; cpu_alloc,
-//    layers/cpu_memory.c) whose size is checked, so an unpadded buffer that NCCL would read past
-//    is refused, not read;
+//  - an in-place collective's world * count floats lie inside one live CPU backend allocation
+//    (the trainer's gradient buffer, the test's buffer; cpu_alloc, layers/cpu_memory.c, whose
+//    calls the binaries' link wraps so that this file sees every allocation: CMakeLists.txt), so
+//    an unpadded buffer that NCCL would read past is refused, not read, also where the
+//    collective starts inside it (a round of stripes, model/shard.h);
 //  - ncclCommInitRank gets the same unique id on every rank, made by ncclGetUniqueId, and the
 //    rank and size MPI gives the process.
 // A broken contract is an error result with the reason in ncclGetLastError, as NCCL reports
 // invalid usage.
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,10 +33,65 @@ static const char ID_MAGIC[] = "clla-nccl-emu";
 
 struct ncclComm_emu {
     int rank, world;
-    long n_allreduce, n_reduce_scatter, n_reduce, n_allgather;
+    long n_allreduce, n_reduce_scatter, n_allgather;
     double bytes;   // payload bytes this rank sent into collectives
     char last[256];
 };
+
+// ---------------------------------------------------------------- the live allocations
+
+// The link passes -Wl,--wrap=cpu_alloc,--wrap=cpu_release: every call of the CPU backend's
+// allocator, the backend tables' included, comes here first.
+void *__real_cpu_alloc(size_t bytes);
+void __real_cpu_release(void *p);
+void *__wrap_cpu_alloc(size_t bytes);
+void __wrap_cpu_release(void *p);
+
+typedef struct Live {
+    const char *p;
+    size_t bytes;
+} Live;
+
+static Live *live;
+static size_t n_live, cap_live;
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void *__wrap_cpu_alloc(size_t bytes) {
+    void *p = __real_cpu_alloc(bytes);
+    pthread_mutex_lock(&live_mu);
+    if (n_live == cap_live) {
+        cap_live = cap_live ? 2 * cap_live : 64;
+        live = realloc(live, cap_live * sizeof(*live));
+        if (!live) {
+            fprintf(stderr, "nccl-emu: out of memory for the allocation list\n");
+            abort();
+        }
+    }
+    live[n_live++] = (Live){p, bytes};
+    pthread_mutex_unlock(&live_mu);
+    return p;
+}
+
+void __wrap_cpu_release(void *p) {
+    pthread_mutex_lock(&live_mu);
+    for (size_t i = 0; i < n_live; i++)
+        if (live[i].p == p) {
+            live[i] = live[--n_live];
+            break;
+        }
+    pthread_mutex_unlock(&live_mu);
+    __real_cpu_release(p);
+}
+
+// 1 when [p, p + bytes) lies inside one live allocation
+static int inside_allocation(const void *p, size_t bytes) {
+    const char *x = p;
+    int in = 0;
+    pthread_mutex_lock(&live_mu);
+    for (size_t i = 0; i < n_live && !in; i++) in = x >= live[i].p && bytes <= live[i].bytes && (size_t)(x - live[i].p) <= live[i].bytes - bytes;
+    pthread_mutex_unlock(&live_mu);
+    return in;
+}
 
 // ---------------------------------------------------------------- CUDA runtime on the host
 
@@ -159,8 +216,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm) return ncclInvalidArgument;
     // the test reads this line to know that the emulated NCCL carried the collectives
-    fprintf(stderr, "nccl-emu: rank %d of %d: %ld all-reduce, %ld reduce-scatter, %ld reduce, %ld all-gather, %.0f bytes\n",
-            comm->rank, comm->world, comm->n_allreduce, comm->n_reduce_scatter, comm->n_reduce, comm->n_allgather, comm->bytes);
+    fprintf(stderr, "nccl-emu: rank %d of %d: %ld all-reduce, %ld reduce-scatter, %ld all-gather, %.0f bytes\n",
+            comm->rank, comm->world, comm->n_allreduce, comm->n_reduce_scatter, comm->n_allgather, comm->bytes);
     free(comm);
     return ncclSuccess;
 }
@@ -196,8 +253,8 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
     if (overlaps(sendbuff, total * 4, recvbuff, recvcount * 4) &&
         (const float *)recvbuff != (const float *)sendbuff + (size_t)c->rank * recvcount)
         return usage(c, "reduce-scatter buffers overlap but recvbuff != sendbuff + rank * recvcount");
-    if (recvbuff == (const float *)sendbuff + (size_t)c->rank * recvcount && cpu_alloc_size(sendbuff) < total * 4)
-        return usage(c, "in-place reduce-scatter on a buffer shorter than world * recvcount floats (pad it)");
+    if (recvbuff == (const float *)sendbuff + (size_t)c->rank * recvcount && !inside_allocation(sendbuff, total * 4))
+        return usage(c, "in-place reduce-scatter past the end of its buffer's world * recvcount floats (pad it)");
     float *tmp = malloc(total * 4 + 4);
     if (!tmp) return ncclSystemError;
     memcpy(tmp, sendbuff, total * 4);
@@ -217,8 +274,8 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     if (overlaps(sendbuff, sendcount * 4, recvbuff, total * 4) &&
         (const float *)sendbuff != (const float *)recvbuff + (size_t)c->rank * sendcount)
         return usage(c, "all-gather buffers overlap but sendbuff != recvbuff + rank * sendcount");
-    if (sendbuff == (const float *)recvbuff + (size_t)c->rank * sendcount && cpu_alloc_size(recvbuff) < total * 4)
-        return usage(c, "in-place all-gather on a buffer shorter than world * sendcount floats (pad it)");
+    if (sendbuff == (const float *)recvbuff + (size_t)c->rank * sendcount && !inside_allocation(recvbuff, total * 4))
+        return usage(c, "in-place all-gather past the end of its buffer's world * sendcount floats (pad it)");
     float *tmp = malloc(sendcount * 4 + 4);
     if (!tmp) return ncclSystemError;
     memcpy(tmp, sendbuff, sendcount * 4);
@@ -257,27 +314,5 @@ ncclResult_t ncclGroupEnd(void) {
         return ncclInvalidUsage;
     }
     group_depth--;
-    return ncclSuccess;
-}
-
-ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
-                        ncclComm_t c, cudaStream_t s) {
-    ncclResult_t r = check_call(c, count, type, s);
-    if (r != ncclSuccess) return r;
-    if (op != ncclSum && op != ncclAvg) return usage(c, "a reduction other than sum or avg");
-    int roots[2] = {root, -root}, all[2];
-    MPI_Allreduce(roots, all, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (root < 0 || root >= c->world || all[0] != root || -all[1] != root) return usage(c, "the ranks passed different roots");
-    if (c->rank == root && sendbuff != recvbuff && overlaps(sendbuff, count * 4, recvbuff, count * 4))
-        return usage(c, "reduce buffers overlap but are not the same");
-    if (c->rank == root) {
-        if (sendbuff != recvbuff) memcpy(recvbuff, sendbuff, count * 4);
-        MPI_Reduce(MPI_IN_PLACE, recvbuff, (int)count, MPI_FLOAT, MPI_SUM, root, MPI_COMM_WORLD);
-        average(recvbuff, count, op, c->world);
-    } else {
-        MPI_Reduce(sendbuff, NULL, (int)count, MPI_FLOAT, MPI_SUM, root, MPI_COMM_WORLD);
-    }
-    c->n_reduce++;
-    c->bytes += (double)count * 4;
     return ncclSuccess;
 }

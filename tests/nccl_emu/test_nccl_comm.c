@@ -3,9 +3,11 @@
 // floats (the caller pads; nccl_comm.c works in place and allocates nothing):
 //  - reduce-scatter (sum and avg): this rank's piece [rank * shard, (rank + 1) * shard) holds
 //    the sum (mean) over ranks;
-//  - all-gather: piece r comes from rank r, every element of buf is set;
+//  - all-gather: piece r comes from rank r, every element of buf is set; over ROUNDS blocks of
+//    world * shard (stripes, model/shard.h) the same in every block;
 //  - all-reduce (sum and avg): every element;
-//  - the started collectives: all-reduces of parts and reduces to each rank, then the wait.
+//  - the started collectives: all-reduces of parts, and reduce-scatters of each block of ROUNDS
+//    (stripe rank of each the sum, in place on an interior block), then the wait.
 // Rank r's input element i is (r + 1) * (i + 1) / 64: exact in fp32, so the sums are exact
 // and compared with ==. Prints "N passed, M failed" on rank 0; exit 1 on any failure.
 #include <mpi.h>
@@ -28,9 +30,12 @@ static void result(const char *name, size_t n, size_t shard, int ok) {
 static float input(int r, size_t i) { return (float)(r + 1) * (float)(i + 1) / 64.0f; }
 static float sum_over_ranks(size_t i) { return (float)(world * (world + 1) / 2) * (float)(i + 1) / 64.0f; }
 
+#define ROUNDS 3
+
 static void check_shape(NcclComm *c, size_t shard) {
-    const size_t n = (size_t)world * shard;
-    float *buf = cpu_alloc((n ? n : 1) * sizeof(float));   // CPU backend memory, as the trainer's (nccl_emu.c checks its size)
+    const size_t n = (size_t)world * shard, all = ROUNDS * n;
+    // CPU backend memory, as the trainer's (nccl_emu.c checks that the collectives stay inside it)
+    float *buf = cpu_alloc((all ? all : 1) * sizeof(float));
     const size_t lo = (size_t)rank * shard, hi = lo + shard;
     for (int avg = 0; avg < 2; avg++) {
         for (size_t i = 0; i < n; i++) buf[i] = input(rank, i);
@@ -40,11 +45,16 @@ static void check_shape(NcclComm *c, size_t shard) {
         result(avg ? "reduce-scatter avg: own piece = mean over ranks" : "reduce-scatter sum: own piece = sum over ranks",
                n, shard, ok);
     }
-    for (size_t i = 0; i < n; i++) buf[i] = (i >= lo && i < hi) ? input(rank, i) : -1.0f;
-    nccl_comm_allgather_f32(c, buf, shard);
-    int ok = 1;
-    for (size_t i = 0; i < n; i++) ok &= buf[i] == input((int)(i / shard), i);
-    result("all-gather: piece r from rank r, every element set", n, shard, ok);
+    for (size_t rounds = 1; rounds <= ROUNDS; rounds += ROUNDS - 1) {
+        for (size_t i = 0; i < all; i++) buf[i] = (i < rounds * n && i % n >= lo && i % n < hi) ? input(rank, i) : -1.0f;
+        nccl_comm_allgather_f32(c, buf, shard, rounds);
+        int ok = 1;
+        for (size_t i = 0; i < all; i++) ok &= buf[i] == (i < rounds * n ? input((int)(i % n / shard), i) : -1.0f);
+        result(rounds == 1 ? "all-gather: piece r from rank r, every element set"
+                           : "all-gather of 3 rounds: stripe r of every round from rank r, nothing past them written",
+               n, shard, ok);
+    }
+    int ok;
     for (int avg = 0; avg < 2; avg++) {
         for (size_t i = 0; i < n; i++) buf[i] = input(rank, i);
         nccl_comm_allreduce_f32(c, buf, n, avg);
@@ -52,8 +62,8 @@ static void check_shape(NcclComm *c, size_t shard) {
         for (size_t i = 0; i < n; i++) ok &= buf[i] == (avg ? sum_over_ranks(i) / (float)world : sum_over_ranks(i));
         result(avg ? "all-reduce avg" : "all-reduce sum", n, shard, ok);
     }
-    // started collectives: two all-reduces of the halves, then reduces of uneven parts to
-    // each rank (rank r's part: the first r + 1 elements of piece r), waited for once
+    // started collectives: two all-reduces of the halves, waited for once; then reduce-scatters
+    // of the rounds from the last (the backward's order), waited for once
     for (size_t i = 0; i < n; i++) buf[i] = input(rank, i);
     nccl_comm_start_allreduce_f32(c, buf + n / 2, n - n / 2);
     nccl_comm_start_allreduce_f32(c, buf, n / 2);
@@ -61,22 +71,13 @@ static void check_shape(NcclComm *c, size_t shard) {
     ok = 1;
     for (size_t i = 0; i < n; i++) ok &= buf[i] == sum_over_ranks(i);
     result("started all-reduces of both halves, waited for: every element the sum", n, shard, ok);
-    size_t *start = calloc((size_t)world, sizeof(size_t)), *count = calloc((size_t)world, sizeof(size_t));
-    for (int r = 0; r < world; r++) {
-        start[r] = (size_t)r * shard;
-        count[r] = (size_t)r + 1 < shard ? (size_t)r + 1 : shard;
-    }
-    for (size_t i = 0; i < n; i++) buf[i] = input(rank, i);
-    nccl_comm_start_reduces_f32(c, buf, start, count);
+    for (size_t i = 0; i < all; i++) buf[i] = input(rank, i);
+    for (size_t k = ROUNDS; k-- > 0;) nccl_comm_start_reduce_scatter_f32(c, buf + k * n, shard);
     nccl_comm_wait_started(c);
     ok = 1;
-    for (size_t i = 0; i < n; i++) {
-        const size_t r = i / shard;
-        ok &= buf[i] == ((int)r == rank && i - start[r] < count[r] ? sum_over_ranks(i) : input(rank, i));
-    }
-    result("started reduces to every rank: its own part the sum, the rest unchanged", n, shard, ok);
-    free(start);
-    free(count);
+    for (size_t i = 0; i < all; i++)
+        if (i % n >= lo && i % n < hi) ok &= buf[i] == sum_over_ranks(i);
+    result("started reduce-scatters of 3 rounds: stripe rank of each the sum", n, shard, ok);
     cpu_release(buf);
 }
 

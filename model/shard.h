@@ -9,8 +9,8 @@
 //                                              holds a stripe of every gradient bucket (Megatron's layout)
 // In the last two the packed buffers keep the full rounds (rounds * stripe floats): the parts past
 // end are padding, so that every rank's buffers have the same size.
-#ifndef CLLA_TRAIN_SHARD_H
-#define CLLA_TRAIN_SHARD_H
+#ifndef CLLA_MODEL_SHARD_H
+#define CLLA_MODEL_SHARD_H
 
 #include <stddef.h>
 #include <string.h>
