@@ -163,6 +163,11 @@ typedef struct Backend {
     // ---- optimizer (all fp32) ----
     // sum of squares of g (n), accumulated in double in a fixed order. Returned to the host.
     double (*sumsq)(const float *g, size_t n);
+    // The same over the stripes of a ZeRO-1 shard (model/shard.h): elements [k period + lo,
+    // k period + lo + stripe) of g clipped to end, every round k (period >= stripe > 0), one
+    // value: sumsq of each round added in round order on the CPU, one fixed-order pass on a
+    // device (one wait for the host instead of one a round).
+    double (*sumsq_stripes)(const float *g, size_t lo, size_t stripe, size_t period, size_t end);
     // AdamW step t (1-based) on one tensor:
     //   g = grad * grad_scale ; m = b1 m + (1-b1) g ; v = b2 v + (1-b2) g^2
     //   mhat = m / (1 - b1^t) ; vhat = v / (1 - b2^t)

@@ -41,6 +41,7 @@ static const OpEntry OPS[] = {
     {"xent_forward", offsetof(Backend, xent_forward), BACKEND_OPS_CORE},
     {"xent_backward", offsetof(Backend, xent_backward), BACKEND_OPS_CORE},
     {"sumsq", offsetof(Backend, sumsq), BACKEND_OPS_CORE},
+    {"sumsq_stripes", offsetof(Backend, sumsq_stripes), BACKEND_OPS_CORE},
     {"adamw_update", offsetof(Backend, adamw_update), BACKEND_OPS_CORE},
     {"adamw_update_store", offsetof(Backend, adamw_update_store), 0},   // optional: no feature needs it
     {"copy_cols", offsetof(Backend, copy_cols), BACKEND_OPS_CORE},

@@ -37,6 +37,7 @@ static Backend make_backend_cuda(void) {
     b.xent_forward = cuda_xent_forward;
     b.xent_backward = cuda_xent_backward;
     b.sumsq = cuda_sumsq;
+    b.sumsq_stripes = cuda_sumsq_stripes;
     b.adamw_update = cuda_adamw_update;
     b.adamw_update_store = cuda_adamw_update_store;
     b.copy_cols = cuda_copy_cols;

@@ -11,12 +11,19 @@
 #define SUMSQ_BLOCKS 1024
 #define SUMSQ_THREADS 256
 
-__global__ void sumsq_partial_kernel(double *partial, const float *g, size_t n) {
+// The elements [k period + lo, k period + lo + stripe) clipped to end of every round k < rounds
+// (ZeRO-1's stripes, model/shard.h; the whole buffer is one round of n): thread i of the grid
+// adds the elements i, i + grid, ... of each round in round order.
+__global__ void sumsq_partial_kernel(double *partial, const float *g, size_t lo, size_t stripe, size_t period, size_t end,
+                                     size_t rounds) {
     __shared__ double sh[SUMSQ_THREADS / 32];
     double acc = 0.0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const double x = (double)g[i];
-        acc += x * x;
+    for (size_t k = 0; k < rounds; k++) {
+        const size_t a = k * period + lo, len = a >= end ? 0 : end - a < stripe ? end - a : stripe;
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += (size_t)gridDim.x * blockDim.x) {
+            const double x = (double)g[a + i];
+            acc += x * x;
+        }
     }
     acc = warp_sum_d(acc);
     if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = acc;
@@ -44,10 +51,10 @@ __global__ void sumsq_final_kernel(double *out, const double *partial, int np) {
     }
 }
 
-extern "C" double cuda_sumsq(const float *g, size_t n) {
-    if (!n) return 0.0;
+extern "C" double cuda_sumsq_stripes(const float *g, size_t lo, size_t stripe, size_t period, size_t end) {
+    if (lo >= end || stripe == 0) return 0.0;
     double *partial = (double *)cuda_scratch(SCRATCH_PARTIAL, (SUMSQ_BLOCKS + 1) * sizeof(double));
-    sumsq_partial_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS>>>(partial, g, n);
+    sumsq_partial_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS>>>(partial, g, lo, stripe, period, end, (end - lo + period - 1) / period);
     CUDA_LAUNCHED();
     sumsq_final_kernel<<<1, SUMSQ_THREADS>>>(partial + SUMSQ_BLOCKS, partial, SUMSQ_BLOCKS);
     CUDA_LAUNCHED();
@@ -55,6 +62,8 @@ extern "C" double cuda_sumsq(const float *g, size_t n) {
     CUDA_CHECK(cudaMemcpy(&result, partial + SUMSQ_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost));
     return result;
 }
+
+extern "C" double cuda_sumsq(const float *g, size_t n) { return cuda_sumsq_stripes(g, 0, n, n, n); }
 
 // AdamW in the evaluation order of torch.optim.AdamW (and of the CPU reference), so the
 // backends agree to fp32 rounding (nvcc may contract a * b + c into an fma; the CPU does not):

@@ -72,6 +72,7 @@ void cuda_xent_backward(float *dlogits, const float *logits, const int *targets,
 
 // ---- optimizer (cuda_adamw.cu) ----
 double cuda_sumsq(const float *g, size_t n);
+double cuda_sumsq_stripes(const float *g, size_t lo, size_t stripe, size_t period, size_t end);
 void cuda_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, float grad_scale, int t);
 void cuda_adamw_update_store(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,

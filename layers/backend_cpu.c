@@ -46,6 +46,7 @@ static const Backend cpu_backend = {
     .xent_backward = cpu_xent_backward,
 
     .sumsq = cpu_sumsq,
+    .sumsq_stripes = cpu_sumsq_stripes,
     .adamw_update = cpu_adamw_update,
 
     .copy_cols = cpu_copy_cols,

@@ -291,6 +291,7 @@ static const Backend cpu_bf16_backend = {
     .xent_backward = emu_xent_backward,
 
     .sumsq = cpu_sumsq,
+    .sumsq_stripes = cpu_sumsq_stripes,
     .adamw_update = cpu_adamw_update,
     .adamw_update_store = emu_adamw_update_store,
 

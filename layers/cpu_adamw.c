@@ -24,6 +24,12 @@ double cpu_sumsq(const float *g, size_t n) {
     return s;
 }
 
+double cpu_sumsq_stripes(const float *g, size_t lo, size_t stripe, size_t period, size_t end) {
+    double s = 0.0;
+    for (size_t a = lo; a < end; a += period) s += cpu_sumsq(g + a, end - a < stripe ? end - a : stripe);
+    return s;
+}
+
 // AdamW step t (1-based), in the order torch.optim.AdamW (single-tensor path) evaluates it,
 // so that the two agree to fp32 rounding (torch forms m with lerp, m + (1-b1)(g - m), which
 // differs from the form below only in the last bit):

@@ -85,6 +85,7 @@ void cpu_xent_backward(float *dlogits, const float *logits, const int *targets, 
 
 // ---- optimizer (cpu_adamw.c) ----
 double cpu_sumsq(const float *g, size_t n);
+double cpu_sumsq_stripes(const float *g, size_t lo, size_t stripe, size_t period, size_t end);
 void cpu_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
                       float beta1, float beta2, float eps, float wd, float grad_scale, int t);
 

@@ -761,6 +761,21 @@ static void test_sumsq(size_t n) {
     free(g);
 }
 
+// The sum of squares over stripes (ZeRO-1's shards, model/shard.h) against a double loop over
+// the elements each stripe holds: stripes that end inside the buffer, one clipped by its end,
+// and a start past the end of the first round's buffer part.
+static void test_sumsq_stripes(size_t lo, size_t stripe, size_t period, size_t end) {
+    char name[128];
+    float *g = frand(end ? end : 1, -1, 1);
+    double ref = 0.0;
+    for (size_t i = 0; i < end; i++)
+        if (i % period >= lo && i % period < lo + stripe) ref += (double)g[i] * g[i];
+    const double got = be->sumsq_stripes(g, lo, stripe, period, end);
+    snprintf(name, sizeof name, "sumsq_stripes lo=%zu stripe=%zu period=%zu end=%zu", lo, stripe, period, end);
+    check(name, ref > 0 ? fabs(got - ref) / ref : fabs(got), 1e-12);
+    free(g);
+}
+
 // Three AdamW steps against torch.optim.AdamW's formula evaluated in double.
 static void test_adamw(size_t n) {
     char name[96];
@@ -857,6 +872,9 @@ int main(void) {
     test_sumsq(0);
     test_sumsq(1000);
     test_sumsq(100003);
+    test_sumsq_stripes(0, 100003, 100003, 100003);   // the whole buffer: one round
+    test_sumsq_stripes(4096, 4096, 3 * 4096, 43000);   // rank 1 of 3, its last stripe clipped
+    test_sumsq_stripes(8192, 4096, 3 * 4096, 45000);   // rank 2 of 3, its last stripe past the end
 
     test_adamw(37);
     test_adamw(20011);

@@ -235,13 +235,8 @@ double grad_sync_norm(GradSync *g, Model *m) {
         // The shard is on the GPU (no host piece): one device sumsq of the own range, the ranks'
         // values added in rank order. Deterministic, the same on every rank, but not the bits of
         // the ZeRO-0 norm (different blocking): GPU runs agree across settings to rounding.
-        // (Stripes: one sumsq per round, added in round order.)
-        double mine = 0.0;
-        for (size_t k = 0; k < shard_rounds(&g->own); k++) {
-            size_t lo, hi, off;
-            shard_range(&g->own, k, &lo, &hi, &off);
-            if (hi > lo) mine += m->be->sumsq(m->grad + lo, hi - lo);
-        }
+        // (Stripes: one pass over them, backend/backend.h sumsq_stripes.)
+        const double mine = m->be->sumsq_stripes(m->grad, g->own.lo, g->own.stripe, g->own.period, g->own.end);
         return sqrt(dist_sum_f64(d, mine));
     }
     // Block sums of the own shard, gathered, then added in block order: the arithmetic of the

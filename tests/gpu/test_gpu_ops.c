@@ -553,6 +553,20 @@ static void test_sumsq(size_t n) {
     free(h);
 }
 
+// Over the stripes of a ZeRO-1 shard (model/shard.h), against the CPU backend's.
+static void test_sumsq_stripes(size_t lo, size_t stripe, size_t period, size_t end) {
+    float *h = xalloc(end * sizeof(float));
+    for (size_t i = 0; i < end; i++) h[i] = (float)rng_uniform(-1, 1);
+    Buf g = buf_raw(h, end);
+    const double c = cpu->sumsq_stripes(g.c, lo, stripe, period, end), r = gpu->sumsq_stripes(g.g, lo, stripe, period, end);
+    char name[128], d[96];
+    snprintf(name, sizeof name, "sumsq_stripes lo=%zu stripe=%zu period=%zu end=%zu", lo, stripe, period, end);
+    snprintf(d, sizeof d, "cpu %.17g gpu %.17g rel %.1e", c, r, fabs(r - c) / (c > 0 ? c : 1));
+    result(name, fabs(r - c) <= 1e-10 * c, d);   // both double, summed in different blocks
+    buf_free(&g);
+    free(h);
+}
+
 static void test_adamw(size_t n, int t) {
     float *hp = xalloc(n * 4), *hm = xalloc(n * 4), *hv = xalloc(n * 4), *hg = xalloc(n * 4);
     for (size_t i = 0; i < n; i++) {
@@ -881,6 +895,8 @@ int main(int argc, char **argv) {
     test_sumsq(1);
     test_sumsq(1000);
     test_sumsq(((size_t)1 << 20) + 3);
+    test_sumsq_stripes(4096, 4096, 3 * 4096, 43000);          // rank 1 of 3, its last stripe clipped
+    test_sumsq_stripes((size_t)7 << 17, (size_t)1 << 17, (size_t)1 << 20, ((size_t)3 << 20) + 5);   // rank 7 of 8
     test_adamw(1, 1);
     test_adamw(1001, 1);
     test_adamw(1001, 10);
