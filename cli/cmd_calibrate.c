@@ -144,7 +144,7 @@ int cmd_calibrate(int argc, char **argv) {
     if (T > cfg.model.max_position_embeddings) die("--seq %d exceeds max_position_embeddings %d", T, cfg.model.max_position_embeddings);
     PackageOut po;
     package_out_begin(&po, out, args_get(&a, SPECS, N_SPECS, "overwrite") != NULL, args_get(&a, SPECS, N_SPECS, "tokenizer"),
-                      md.tokenizer, cfg.model.vocab_size);
+                      md.tokenizer, cfg.model.vocab_size, cfg.train.tokenizer_hash);
     unsigned long long tok_hash = 0;
     if (cfg.train.tokenizer_hash[0] && loader_parse_tokenizer_hash(cfg.train.tokenizer_hash, &tok_hash) != 0)
         die("'%s/config.json': train.tokenizer_hash '%s' is not 16 hex digits", src, cfg.train.tokenizer_hash);

@@ -21,7 +21,8 @@ static const ArgSpec SPECS[] = {
     {"tokens", 1, "token file (required); rows are consecutive windows of seq+1 tokens", "FILE"},
     {"batch", 1, "sequences B (default 2)", "B"},
     {"seq", 1, "tokens per sequence T (default 16)", "T"},
-    {"out", 1, "output safetensors (required)", "DIR"},
+    {"out", 1, "output safetensors file (required; an existing one is refused unless --overwrite)", "FILE"},
+    {"overwrite", 0, "replace an existing --out FILE", NULL},
     {"device", 1, "cpu (default), cpu-bf16 (CPU emulating the CUDA bf16 roundings) or cuda", "cpu|cpu-bf16|cuda"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
@@ -35,11 +36,15 @@ int cmd_debug_step(int argc, char **argv) {
     const char *dir = args_get(&a, SPECS, N_SPECS, "model"), *tok = args_get(&a, SPECS, N_SPECS, "tokens");
     const char *out = args_get(&a, SPECS, N_SPECS, "out");
     if (!dir || !tok || !out) die("clla debug-step needs --model, --tokens and --out: see --help");
+    output_file_check(out, args_get(&a, SPECS, N_SPECS, "overwrite") != NULL, "--out");
     const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
     int B = bs ? (int)opt_i64("--batch", bs, 1, 2147483647) : 2, T = ts ? (int)opt_i64("--seq", ts, 1, 2147483647) : 16;
     Config cfg;
     Model model;
     load_model_dir(&model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
+    if (T > cfg.model.max_position_embeddings)
+        die("--seq %d exceeds the model's max_position_embeddings %d: give --seq %d or less", T, cfg.model.max_position_embeddings,
+            cfg.model.max_position_embeddings);
     LoaderOptions lo = {.B = B, .T = T, .seed = 0, .rank = 0, .world = 1, .vocab_size = cfg.model.vocab_size};
     DataLoader *dl = loader_open(tok, &lo);
     int32_t *in = xmalloc((size_t)B * T * sizeof(int32_t)), *tg = xmalloc((size_t)B * T * sizeof(int32_t));

@@ -46,6 +46,7 @@ static const ArgSpec SPECS[] = {
     {"full-forward", 0, "with --bench: score with the full-sequence forward instead of the decoder (the check path)", NULL},
     {"tokenizer", 1, "with --bench or --ppl: tokenizer file (default: the package's, or the run's train.tokenizer)", "FILE"},
     {"items-out", 1, "with --bench: write every item's per-choice log-likelihoods as JSONL to FILE", "FILE"},
+    {"overwrite", 0, "with --items-out: replace an existing FILE", NULL},
     {"ppl", 1, "perplexity of a text (.txt: the whole file; .jsonl: the \"text\" of each line, joined by <|endoftext|>) or a token file (.bin) in sliding windows", "FILE"},
     {"stride", 1, "with --ppl: tokens between window starts (default --seq: windows do not overlap)", "S"},
 };
@@ -165,7 +166,7 @@ static int ends_with(const char *s, const char *suffix) {
 // The token ids of --ppl FILE: a .bin file of little-endian uint32 ids, else text encoded with
 // the model's tokenizer (.jsonl: each line's "text", documents joined by <|endoftext|> when the
 // tokenizer has it). Dies with one line on a bad file.
-static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, int vocab, long long *n) {
+static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, int vocab, const char *model_hash, long long *n) {
     size_t len;
     char *buf = read_file(path, &len);
     if (!buf) die("cannot read --ppl '%s': %s", path, strerror(errno));
@@ -184,7 +185,7 @@ static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, 
         return ids;
     }
     if (memchr(buf, 0, len)) die("--ppl '%s' holds a NUL byte: not a text file (token ids go in a .bin file)", path);
-    Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, vocab);
+    Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, vocab, model_hash);
     TokEncoder *enc = tok_encoder_new(tok);
     U32Vec out = {0};
     if (ends_with(path, ".jsonl")) {
@@ -219,7 +220,8 @@ static void show_ppl_progress(long long done, long long total, void *ctx) {
 }
 
 static int eval_ppl(const Args *a, const char *dir) {
-    static const char *NOT_WITH[] = {"data", "bench", "max-batches", "shots", "seed", "limit", "skip-bad", "full-forward", "items-out"};
+    static const char *NOT_WITH[] = {"data", "bench", "max-batches", "shots", "seed", "limit", "skip-bad", "full-forward", "items-out",
+                                     "overwrite"};
     for (size_t i = 0; i < sizeof(NOT_WITH) / sizeof(NOT_WITH[0]); i++)
         if (args_get(a, SPECS, N_SPECS, NOT_WITH[i])) die("--%s does not apply to --ppl: drop one of them", NOT_WITH[i]);
     if (!dir) die("clla eval --ppl needs --checkpoint DIR: see clla eval --help");
@@ -240,7 +242,7 @@ static int eval_ppl(const Args *a, const char *dir) {
     if (!S) S = T;
     if (S > T) die("--stride %d is longer than the window (--seq %d): windows would skip tokens; use a stride of at most %d", S, T, T);
     long long n;
-    int32_t *ids = ppl_tokens(path, a, &md, cfg.model.vocab_size, &n);
+    int32_t *ids = ppl_tokens(path, a, &md, cfg.model.vocab_size, cfg.train.tokenizer_hash, &n);
     if (n < 2) die("--ppl '%s' holds %lld tokens: perplexity needs at least 2", path, n);
     int json = args_get(a, SPECS, N_SPECS, "json") != NULL, tty = !json && isatty(2);
     double t0 = now_seconds();
@@ -474,7 +476,7 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     int n_bench = bench_files(a, &paths);
     CacheLayout layout;
     layout_from_args(&layout, md, a);
-    Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, cfg->model.vocab_size);
+    Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, cfg->model.vocab_size, cfg->train.tokenizer_hash);
     int full = args_get(a, SPECS, N_SPECS, "full-forward") != NULL, skip_bad = args_get(a, SPECS, N_SPECS, "skip-bad") != NULL;
     const char *items_path = args_get(a, SPECS, N_SPECS, "items-out");
     // item lines gather in memory and reach the file at the end: a run stopped by bad input
@@ -571,13 +573,17 @@ int cmd_eval(int argc, char **argv) {
                "choice's continuation scored through the KV cache (docs/BENCHMARKS.md).",
                NULL, NULL, 0);
     const char *dir = args_get(&a, SPECS, N_SPECS, "checkpoint"), *data = args_get(&a, SPECS, N_SPECS, "data");
-    static const char *BENCH_ONLY[] = {"shots", "seed", "limit", "skip-bad", "full-forward", "tokenizer", "items-out"};
+    static const char *BENCH_ONLY[] = {"shots", "seed", "limit", "skip-bad", "full-forward", "tokenizer", "items-out", "overwrite"};
+    if (args_get(&a, SPECS, N_SPECS, "overwrite") && !args_get(&a, SPECS, N_SPECS, "items-out"))
+        die("--overwrite replaces an existing --items-out FILE: give --items-out, or drop --overwrite");
     if (args_get(&a, SPECS, N_SPECS, "bench")) {
         static const char *DATA_ONLY[] = {"data", "batch", "seq", "max-batches", "through-cache"};
         for (size_t i = 0; i < sizeof(DATA_ONLY) / sizeof(DATA_ONLY[0]); i++)
             if (args_get(&a, SPECS, N_SPECS, DATA_ONLY[i]))
                 die("--%s applies to token data, not to --bench (which always scores through the cache): drop one of them", DATA_ONLY[i]);
         if (!dir) die("clla eval --bench needs --checkpoint DIR: see clla eval --help");
+        const char *items_path = args_get(&a, SPECS, N_SPECS, "items-out");
+        if (items_path) output_file_check(items_path, args_get(&a, SPECS, N_SPECS, "overwrite") != NULL, "--items-out");
         const char *ks = args_get(&a, SPECS, N_SPECS, "shots"), *ss = args_get(&a, SPECS, N_SPECS, "seed");
         const char *ls = args_get(&a, SPECS, N_SPECS, "limit");
         int K = ks ? (int)opt_i64("--shots", ks, 0, 1 << 16) : 0;

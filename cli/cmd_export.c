@@ -47,7 +47,7 @@ int cmd_export(int argc, char **argv) {
     if (cache_layout_check_fitted(layout, err, sizeof(err)) != 0) die("%s", err);
     PackageOut po;
     package_out_begin(&po, out_arg, args_get(&a, SPECS, N_SPECS, "overwrite") != NULL, args_get(&a, SPECS, N_SPECS, "tokenizer"),
-                      md.tokenizer, cfg.model.vocab_size);
+                      md.tokenizer, cfg.model.vocab_size, cfg.train.tokenizer_hash);
     package_out_write(&po, &model, &cfg, layout, dtype);
     char codecs[512];
     model_dir_describe_cache(layout, codecs, sizeof(codecs));

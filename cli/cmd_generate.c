@@ -13,6 +13,7 @@
 
 #include "common/args.h"
 #include "common/rng.h"
+#include "common/json_strict.h"
 #include "common/util.h"
 #include "data/bytes.h"
 #include "data/tokenizer.h"
@@ -95,7 +96,12 @@ static void read_prompts_file(PromptList *pl, const char *path) {
         char origin[256];
         snprintf(origin, sizeof(origin), "%s line %ld", path, line_no);
         if (!jsonl) { add_prompt(pl, line, n, origin); continue; }
-        cJSON *o = cJSON_ParseWithLength(line, n);
+        char jerr[256];
+        const char saved = line[n];
+        line[n] = '\0';   // the line alone (json_parse_strict reads up to a NUL)
+        cJSON *o = json_parse_strict(line, n, jerr, sizeof(jerr));
+        line[n] = saved;
+        if (!o) die("%s: %s", origin, strncmp(jerr, "line 1, ", 8) ? jerr : jerr + 8);   // (its line 1 is the file's line_no)
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt");
         if (!cJSON_IsObject(o) || !cJSON_IsString(pr))
             die("%s: not a JSON object with a \"prompt\" string: fix the line (or give plain text in a file not named .jsonl)", origin);
@@ -265,7 +271,7 @@ int cmd_generate(int argc, char **argv) {
     model_dir_load(&md, &model, &cfg, dir, device_backend(OPT("device")), 0, NULL);
     apply_cache_codec_args(&md.cache, codec_specs, n_codecs);
     const CacheLayout *layout = &md.cache;
-    Tokenizer *tok = open_tokenizer(OPT("tokenizer"), &md, cfg.model.vocab_size);
+    Tokenizer *tok = open_tokenizer(OPT("tokenizer"), &md, cfg.model.vocab_size, cfg.train.tokenizer_hash);
     const int V = cfg.model.vocab_size, ctx = cfg.model.max_position_embeddings;
     int32_t stop_tokens[MAX_LIST + 1];
     int n_stop_tokens = 0;

@@ -56,7 +56,7 @@ static double mib(double b) { return b / (1024.0 * 1024.0); }
 int cmd_info(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
-               "usage: clla info --config FILE [--set key=value ...] [--json] [--device cpu|cuda]\n"
+               "usage: clla info --config FILE [--set key=value ...] [--json] [--device cpu|cpu-bf16|cuda]\n"
                "Prints parameter counts (total, activated non-embedding, embedding), training memory\n"
                "by category for train.micro_batch x train.seq_len, and KV-cache bytes per token.",
                NULL, NULL, 0);

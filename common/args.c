@@ -65,6 +65,9 @@ void args_parse(Args *a, int argc, char **argv, const ArgSpec *specs, int n_spec
             if (a->n_sets >= 64) die("too many --set options (64 at most)");
             a->sets[a->n_sets++] = (char *)value;
         } else {
+            // a single-valued option given twice: which one was meant is not ours to guess
+            if (a->values[found] && specs[found].takes_value == 1 && strcmp(a->values[found], value))
+                die("option --%s given twice ('%s' and '%s'): give it once", specs[found].name, a->values[found], value);
             a->values[found] = value;
             if (specs[found].takes_value == ARG_REPEAT) {
                 if (a->n_repeats >= ARGS_MAX_REPEATS) die("too many repeated options (%d at most)", ARGS_MAX_REPEATS);

@@ -78,9 +78,73 @@ static size_t key_offset(const char *text, size_t len, const char *name) {
     return 0;
 }
 
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// What cJSON lets through and JSON (RFC 8259) does not, found before it parses: a number it
+// would read by strtod's looser rules (032, 32., .5, +1, 1.e3), an integer beyond 2^53 (it keeps
+// doubles only, so 2^53 + 1 would silently become 2^53), a control character outside a string
+// (cJSON skips every byte up to the space as whitespace), a raw control character in a string,
+// or \u0000 (a C string ends there, so the rest of the string would silently go). Returns the
+// offset of the problem with its description, or 0 with *what NULL.
+static size_t lexical_problem(const char *text, size_t len, const char **what) {
+    *what = NULL;
+    for (size_t i = 0; i < len; i++) {
+        const unsigned char c = (unsigned char)text[i];
+        if (c == '"') {
+            for (i++; i < len && text[i] != '"'; i++) {
+                if ((unsigned char)text[i] < 0x20) { *what = "a raw control character in a string: write it as \\n, \\t or \\u00XX"; return i; }
+                if (text[i] == '\\') {
+                    if (i + 5 < len && text[i + 1] == 'u' && !strncmp(text + i + 2, "0000", 4)) {
+                        *what = "\\u0000 in a string: a NUL cannot be held here; remove it";
+                        return i;
+                    }
+                    i++;
+                }
+            }
+            continue;
+        }
+        if (c < 0x20 && c != ' ' && c != '\t' && c != '\n' && c != '\r') { *what = "a control character outside a string"; return i; }
+        if (c == '+' || c == '.') { *what = "a number must start with a digit or '-'"; return i; }
+        if (c != '-' && !is_digit((char)c)) continue;
+        // a number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+        const size_t start = i;
+        if (text[i] == '-') i++;
+        if (i >= len || !is_digit(text[i])) { *what = "'-' must be followed by a digit"; return start; }
+        if (text[i] == '0' && i + 1 < len && is_digit(text[i + 1])) { *what = "a number with a leading zero: JSON has no octal, write it without"; return start; }
+        while (i < len && is_digit(text[i])) i++;
+        int integer = 1;
+        if (i < len && text[i] == '.') {
+            integer = 0;
+            if (++i >= len || !is_digit(text[i])) { *what = "a '.' in a number must be followed by digits"; return start; }
+            while (i < len && is_digit(text[i])) i++;
+        }
+        if (i < len && (text[i] == 'e' || text[i] == 'E')) {
+            integer = 0;
+            i++;
+            if (i < len && (text[i] == '+' || text[i] == '-')) i++;
+            if (i >= len || !is_digit(text[i])) { *what = "an exponent must have digits"; return start; }
+            while (i < len && is_digit(text[i])) i++;
+        }
+        if (integer) {
+            const char *d = text + start + (text[start] == '-');
+            const size_t nd = (size_t)(text + i - d);
+            // 2^53 = 9007199254740992 (16 digits): beyond it not every integer is a double
+            if (nd > 16 || (nd == 16 && strncmp(d, "9007199254740992", 16) > 0)) {
+                *what = "an integer beyond 2^53 (9007199254740992), which is not held exactly; give a smaller one";
+                return start;
+            }
+        }
+        i--;   // the loop steps past the number's last character
+    }
+    return 0;
+}
+
 cJSON *json_parse_strict(const char *text, size_t len, char *err, size_t errlen) {
     size_t nul = strlen(text);
     if (nul < len) return fail_at(text, nul, err, errlen, "a NUL byte: this is not a JSON text file");
+    const char *problem;
+    const size_t problem_at = lexical_problem(text, len, &problem);
+    if (problem) return fail_at(text, problem_at, err, errlen, problem);
     size_t where;
     if (too_deep(text, len, CJSON_NESTING_LIMIT, &where)) {
         char what[128];

@@ -2,7 +2,9 @@
 // ("64k" is 64), keeps duplicate keys (the first wins when looked up, the last when iterated)
 // and reports every failure as a bare offset. This reads the whole text or refuses it with the
 // line and column: syntax errors, text after the value, duplicate keys in an object, NUL
-// bytes, and nesting deeper than cJSON allows (said as such, not as a syntax error).
+// bytes, nesting deeper than cJSON allows (said as such, not as a syntax error), and what
+// cJSON reads more loosely than JSON: numbers such as 032, 32. or +1, integers beyond 2^53
+// (not held exactly), control characters outside strings or raw in them, and \u0000.
 #ifndef CLLA_COMMON_JSON_STRICT_H
 #define CLLA_COMMON_JSON_STRICT_H
 

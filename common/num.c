@@ -110,6 +110,7 @@ double opt_f64(const char *option, const char *value, double lo, double hi) {
     double x = 0;
     int rc = num_parse_f64(value, &x);
     if (rc == NUM_SYNTAX) die("%s '%s': expected a decimal number (such as 0.02 or 1e-3)", option, value);
-    if (rc == NUM_RANGE || x < lo || x > hi) die("%s %s: out of range, use %g..%g", option, value, lo, hi);
+    if (rc == NUM_RANGE) die("%s %s: out of range, beyond what a double holds (about 1.8e308): give a finite number", option, value);
+    if (x < lo || x > hi) die("%s %s: out of range, use %g..%g", option, value, lo, hi);
     return x;
 }

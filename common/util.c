@@ -1,6 +1,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "common/util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -156,6 +157,55 @@ char *path_join(const char *dir, const char *name) {
     char *s = xmalloc(n);
     snprintf(s, n, "%s/%s", dir, name);
     return s;
+}
+
+int remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
+    int err = 0;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (!d) return -1;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+            char *p = path_join(path, de->d_name);
+            if (remove_tree(p) != 0 && !err) err = errno;   // go on: remove what can be removed
+            free(p);
+        }
+        closedir(d);
+        if (rmdir(path) != 0 && !err) err = errno;
+    } else if (unlink(path) != 0) {
+        err = errno;
+    }
+    if (!err) return 0;
+    errno = err;
+    return -1;
+}
+
+void output_file_check(const char *path, int overwrite, const char *option) {
+    struct stat st;
+    if (!path[0]) die("%s is empty: give a file name", option);
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) die("%s '%s' is a directory: give a file name", option, path);
+        if (!overwrite) die("%s '%s' already exists: give another file name, or replace it with --overwrite", option, path);
+        return;
+    }
+    char *dir = xstrdup(path), *slash = strrchr(dir, '/');
+    if (slash) {
+        *(slash == dir ? slash + 1 : slash) = '\0';
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) die("%s '%s': its directory '%s' does not exist: create it first", option, path, dir);
+    }
+    free(dir);
+}
+
+char *path_absolute(const char *path) {
+    if (path[0] == '/') return xstrdup(path);
+    char *cwd = getcwd(NULL, 0);
+    if (!cwd) return NULL;
+    char *abs = path_join(cwd, path);
+    free(cwd);
+    return abs;
 }
 
 // ---- opening files to read (issue 12)

@@ -48,9 +48,21 @@ void atomic_abort(AtomicFile *af);
 
 // Creates a directory and its parents (like mkdir -p). 0 on success.
 int make_dirs(const char *path);
+// Removes path and, if it is a directory, everything below it, depth first and without following
+// links (a link is removed, not its target). 0 on success or when path does not exist; -1 with
+// errno of the first failure (the rest is still tried).
+int remove_tree(const char *path);
 
 // Joins a directory and a file name into a new string.
 char *path_join(const char *dir, const char *name);
+// A command's output file, checked before any work: dies with one line when path is a directory,
+// when its directory does not exist, or when path exists and overwrite is 0 (naming the option
+// that gave it, e.g. "--out", and the flag that replaces it). A user's file is never replaced
+// without --overwrite.
+void output_file_check(const char *path, int overwrite, const char *option);
+// path as a new string, relative ones joined to the current directory (not resolved otherwise:
+// links and .. stay as given). NULL when the current directory cannot be read.
+char *path_absolute(const char *path);
 
 // ---- opening files to read (issue 12)
 // fopen(path, "rb") that refuses what is not a file: glibc opens a directory for reading and

@@ -322,10 +322,18 @@ int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
     char buf[256];
     if (strlen(colon + 1) >= sizeof(buf)) { snprintf(err, errlen, "codec spec '%s' is too long", spec); return -1; }
     strcpy(buf, colon + 1);
+    const char *seen[32];
+    int n_seen = 0;
     for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(kv, '=');
         if (!eq) { snprintf(err, errlen, "codec setting '%s' in '%s' is not key=value", kv, spec); return -1; }
         *eq = 0;
+        for (int i = 0; i < n_seen; i++)
+            if (!strcmp(seen[i], kv)) {
+                snprintf(err, errlen, "codec setting '%s' appears twice in '%s': give it once", kv, spec);
+                return -1;
+            }
+        if (n_seen < 32) seen[n_seen++] = kv;
         int64_t v;
         if (num_parse_i64(eq + 1, INT32_MIN, INT32_MAX, &v) != NUM_OK) {
             snprintf(err, errlen, "codec setting %s=%s in '%s' is not a whole number", kv, eq + 1, spec);

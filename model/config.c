@@ -319,7 +319,10 @@ static void apply_set(cJSON *root, const char *assignment) {
     } else {
         def = find_key(MODEL_KEYS, N_MODEL_KEYS, leaf);
     }
-    cJSON *val = cJSON_ParseWithOpts(text, NULL, 1);
+    // strict, as a config file is read: a value it refuses (032, 32.) stays text, which a number
+    // key then refuses by its type
+    char jerr[256];
+    cJSON *val = json_parse_strict(text, strlen(text), jerr, sizeof(jerr));
     int string_key = def && (def->type == K_STR || def->type == K_SHARE);
     if (!val || (string_key && !cJSON_IsString(val) && !cJSON_IsNull(val))) {
         cJSON_Delete(val);
@@ -378,16 +381,14 @@ static void resolve_paths(cJSON *root, const char *config_path) {
 // writes reads back to the same paths from anywhere.
 static void absolutize_cwd_paths(TrainConfig *t, const char *origin) {
     char *fields[] = {t->data, t->val_data, t->tokenizer, t->init_from, t->out_dir, t->metrics};
-    char *cwd = NULL;
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         if (!fields[i][0] || fields[i][0] == '/') continue;
-        if (!cwd && !(cwd = getcwd(NULL, 0))) die("%s: cannot resolve its relative paths: the current directory is unreadable", origin);
-        char *abs = path_join(cwd, fields[i]);
+        char *abs = path_absolute(fields[i]);
+        if (!abs) die("%s: cannot resolve its relative paths: the current directory is unreadable", origin);
         if (strlen(abs) >= sizeof(t->data)) die("%s: the path '%s' is longer than %zu bytes", origin, abs, sizeof(t->data) - 1);
         strcpy(fields[i], abs);
         free(abs);
     }
-    free(cwd);
 }
 
 // Reads the (already --set) JSON into cfg. A key whose value is null is absent (HF writes

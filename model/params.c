@@ -296,8 +296,14 @@ void model_load(Model *m, const char *path) {
             for (int d = 0; d < e->ndim; d++) snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%lld", d ? "," : "", (long long)e->shape[d]);
             die("weights '%s': tensor '%s' has shape [%s], the config needs [%s]: use the config.json saved with the weights", path, ti->name, got, want);
         }
-        if (st_set_read_f32(&ss, r, (float *)((char *)host + ti->off_f32), err, sizeof(err)) != 0)
-            die("weights '%s': %s", path, err);
+        float *w = (float *)((char *)host + ti->off_f32);
+        if (st_set_read_f32(&ss, r, w, err, sizeof(err)) != 0) die("weights '%s': %s", path, err);
+        // a NaN or an infinity would surface steps later as a non-finite loss blamed on the
+        // learning rate: named here instead
+        for (size_t k = 0; k < ti->numel; k++)
+            if (!isfinite(w[k]))
+                die("weights '%s': tensor '%s' holds %s at element %zu: the file is damaged, or the run that wrote it diverged; use other weights",
+                    path, ti->name, isnan(w[k]) ? "NaN" : "an infinity", k);
     }
     st_set_close(&ss);
     model_set_masters(m, host, 0);

@@ -288,12 +288,15 @@ static int index_read(const char *path, cJSON **out, char ***files, int *n_files
     int cap = 0;
     for (const cJSON *it = map->child; it; it = it->next) {
         if (!cJSON_IsString(it) || !plain_file_name(it->valuestring)) {
+            // the message first: it quotes the tensor's name, which lives in root
+            fail_with(err, errlen, "index '%s': tensor '%s' must map to a file name beside the index (a plain name, no '/')", path,
+                      it->string);
             cJSON_Delete(root);
             for (int i = 0; i < *n_files; i++) free((*files)[i]);
             free(*files);
             *files = NULL;
             *n_files = 0;
-            return fail_with(err, errlen, "index '%s': tensor '%s' must map to a file name beside the index", path, it->string);
+            return -1;
         }
         int seen = 0;
         for (int i = *n_files - 1; i >= 0 && !seen; i--) seen = !strcmp((*files)[i], it->valuestring);

@@ -28,7 +28,7 @@ if [ ! -s "$Q/tokenizer.tok" ]; then
   "$CLLA" tokenizer train --vocab-size 4096 --pattern gpt2 --out "$Q/tokenizer.tok" "$CACHE/corpus/english.jsonl"
 fi
 if [ ! -d "$Q/shards/train" ] || [ ! -d "$Q/shards/val" ]; then
-  "$CLLA" prep --tokenizer "$Q/tokenizer.tok" --out "$Q/shards" "$CACHE/corpus/english.jsonl"
+  "$CLLA" prep --tokenizer "$Q/tokenizer.tok" --out "$Q/shards" --overwrite "$CACHE/corpus/english.jsonl"   # an earlier, partial output
 fi
 "$CLLA" train --config configs/quickstart.json --overwrite \
   --set "train.data=$Q/shards/train" --set "train.val_data=$Q/shards/val" "$@"

@@ -116,7 +116,7 @@ for c in "gqa|fp32|1e-4" "gqa|bf16|5e-3" "cq|k_rope=fp32|1e-4" "cq|latent=int_gr
     IFS='|' read -r model codec tol <<< "$c"
     for path in dec full; do
         extra=(); [ $path = full ] && extra=(--full-forward)
-        "${B[@]}" --checkpoint $model --bench mixed.jsonl --shots 1 --cache-codec "$codec" --json --items-out "$path.items" "${extra[@]}" \
+        "${B[@]}" --checkpoint $model --bench mixed.jsonl --shots 1 --cache-codec "$codec" --json --items-out "$path.items" --overwrite "${extra[@]}" \
             > "$path.json" 2> "$path.err" || fail "$model $codec $path: $(tail -n 1 "$path.err")"
     done
     if msg=$(same "$tol" dec.items full.items 2>&1); then ok "$model, cache $codec: decoder = full forward ($msg, tolerance $tol)"; else fail "$model $codec: $msg"; fi

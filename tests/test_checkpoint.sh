@@ -74,7 +74,7 @@ exact_resume() {   # exact_resume NAME CONFIG N (2N = max_steps)
         fail "$name: after --stop-at $n: $(ls "part_$name" "part_$name/checkpoints" | tr '\n' ' ')"
     "$CLLA" train --config "$cfg" --out "part_$name" --quiet --resume auto 2> "p2_$name.err" ||
         { fail "$name: resumed half failed: $(tail -n 1 "p2_$name.err")"; return; }
-    grep -q "resuming from part_$name/checkpoints/$step at step $n" "p2_$name.err" ||
+    grep -q "resuming from $WORK/part_$name/checkpoints/$step at step $n" "p2_$name.err" ||
         fail "$name: --resume auto did not pick $step: $(head -n 2 "p2_$name.err" | tr '\n' ' ')"
     same_run "$name: exact resume at step $n of $((2 * n))" "full_$name" "part_$name"
 }
@@ -179,7 +179,7 @@ else
     fail "SIGKILL mid-save: clla eval on step 5: $(cat kill_eval.err)"
 fi
 "$CLLA" train --config ten.json --out kill --quiet --save-every 5 --resume auto 2> kill3.err
-if grep -q "resuming from kill/checkpoints/step_00000005 at step 5" kill3.err; then
+if grep -q "resuming from $WORK/kill/checkpoints/step_00000005 at step 5" kill3.err; then
     ok "SIGKILL mid-save: --resume auto picks step 5"
 else
     fail "SIGKILL mid-save: --resume auto: $(head -n 3 kill3.err | tr '\n' ' ')"
@@ -196,7 +196,7 @@ if mount -t tmpfs -o size=400k tmpfs mnt 2> /dev/null; then
     "$CLLA" train --config ten.json --out mnt/run --quiet --save-every 2 --keep 1 2> full.err
     rc=$?
     last=$(tail -n 1 full.err)
-    if [ "$rc" -ne 0 ] && echo "$last" | grep -q "step 4 failed.*No space left on device.*last good checkpoint is mnt/run/checkpoints/step_00000002"; then
+    if [ "$rc" -ne 0 ] && echo "$last" | grep -q "step 4 failed.*No space left on device.*last good checkpoint is $WORK/mnt/run/checkpoints/step_00000002"; then
         ok "disk full: exit $rc: $last"
     else
         fail "disk full: exit $rc: $last"
@@ -354,7 +354,7 @@ rm -rf auto && mkdir -p auto && cp -r part_gqa/checkpoints auto/ && cp part_gqa/
 rm -rf auto/checkpoints/step_00000016
 printf 'x' >> auto/checkpoints/step_00000008/model.safetensors
 "$CLLA" train --config gqa.json --out auto --quiet --resume auto 2> auto.err
-if grep -q "skipping checkpoint 'auto/checkpoints/step_00000008'" auto.err && grep -q "resuming from auto/checkpoints/step_00000006 at step 6" auto.err; then
+if grep -q "skipping checkpoint '$WORK/auto/checkpoints/step_00000008'" auto.err && grep -q "resuming from $WORK/auto/checkpoints/step_00000006 at step 6" auto.err; then
     ok "--resume auto skips a damaged newest checkpoint and takes step 6"
     same_run "resumed from the one before the damaged checkpoint" full_gqa auto
 else

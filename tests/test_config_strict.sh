@@ -15,7 +15,12 @@
 #  7. --set attention=X resets the knobs the preset owns;
 #  8. paths in a config resolve against its directory, --set paths against the cwd;
 #  9. a warmup longer than max_steps warns; clla --version; --help names every value;
-# 10. a run whose memory plan exceeds the available memory is refused with both numbers.
+# 10. a run whose memory plan exceeds the available memory is refused with both numbers;
+# 11. what a probe of every command found (2026-11-27): a user's file is not replaced without
+#     --overwrite, a tokenizer other than the model's is refused, JSON that cJSON alone would
+#     read loosely is refused, an option given twice is refused, damaged weights are named,
+#     checks that need no corpus come before reading it, a file-size limit is an error line
+#     with nothing left behind.
 # Needs CLLA (the binary) and SRC (the source tree); ctest sets both.
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -192,6 +197,12 @@ expect_ok "train.data and train.out_dir relative to the config's directory" "$CL
     ok "run written next to the config; config.json holds the absolute data path" ||
     fail "relative out_dir/data: $(ls sub; grep '"data"' sub/run_rel/config.json 2>&1)"
 expect_error "--set paths are relative to the cwd" "data path '$WORK/tok_sub.bin'" "" -- "$CLLA" train --config sub/rel.json --out run_cwd --set train.data=tok_sub.bin
+(cd sub && "$CLLA" train --config ../m.json --out run_out --quiet --save-every 1 > /dev/null 2>&1)
+grep -q "\"out_dir\":[[:space:]]*\"$WORK/sub/run_out\"" sub/run_out/config.json &&
+    "$CLLA" train --config sub/run_out/config.json --resume auto --quiet --set train.max_steps=3 > out.txt 2> err.txt &&
+    grep -q "resuming from $WORK/sub/run_out/checkpoints/step_0*2 " err.txt && [ ! -e sub/run_out/run_out ] &&
+    ok "--out is stored absolute: its config.json resumes the run from another directory" ||
+    fail "--out relative: $(grep out_dir sub/run_out/config.json); $(tail -n 2 err.txt)"
 
 echo "# 9. warmup, --version, --help"
 "$CLLA" train --config m.json --out run_w1 --quiet --set train.warmup_steps=50 > out.txt 2> err.txt
@@ -215,6 +226,69 @@ expect_error "plan larger than the available memory" "needs .* \(clla info's tra
     env CLLA_TEST_MEM_AVAILABLE=1000 "$CLLA" train --config m.json --out run_mem
 expect_error "plan larger than this machine (8 TiB of logits)" "needs [0-9.]+ GiB .* but only .* available to this process \(MemAvailable" "run_big" -- \
     "$CLLA" train --config m.json --out run_big --set vocab_size=1048576 --set train.micro_batch=1024 --set train.seq_len=1024 --set max_position_embeddings=1024
+
+echo "# 11. outputs, tokenizers, strict JSON, repeated options, damaged weights"
+printf 'the cat sat on the mat. %.0s' $(seq 200) > cat.txt
+"$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out t11.tok cat.txt > /dev/null 2>&1 || fail "tokenizer train for section 11"
+"$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out t11_other.tok "$SRC/tests/fixtures/english.jsonl" > /dev/null 2>&1 ||
+    fail "a second tokenizer"
+"$CLLA" prep --tokenizer t11.tok --out s11 --val-fraction 0 cat.txt > /dev/null 2>&1 || fail "prep for section 11"
+sed 's/"vocab_size": 64/"vocab_size": 320/; s/"tok.bin"/"s11\/train"/' m.json > m11.json
+"$CLLA" train --config m11.json --out r11 --quiet --set max_position_embeddings=16 > /dev/null 2>&1 || fail "train for section 11"
+echo "mine" > mine.txt
+expect_error "tokenizer train over an existing file" "--out 'mine.txt' already exists: .*--overwrite" "" -- \
+    "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out mine.txt cat.txt
+expect_error "debug-step over an existing file" "--out 'mine.txt' already exists: .*--overwrite" "" -- \
+    "$CLLA" debug-step --model r11 --tokens tok.bin --out mine.txt
+expect_error "eval --items-out over an existing file" "--items-out 'mine.txt' already exists: .*--overwrite" "" -- \
+    "$CLLA" eval --checkpoint r11 --bench "$SRC/tests/fixtures/bench/arc.jsonl" --limit 2 --items-out mine.txt --tokenizer t11.tok
+[ "$(cat mine.txt)" = mine ] && ok "the user's file is unchanged after the three refusals" || fail "mine.txt now: $(head -c 80 mine.txt)"
+expect_ok "tokenizer train --overwrite replaces it" "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out mine.txt --overwrite cat.txt
+expect_error "an output file in a directory that does not exist (before the corpus is read)" "its directory 'nodir' does not exist" "" -- \
+    "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out nodir/t.tok cat.txt
+expect_error "a duplicate special token (before the corpus is read)" "--special 'X' is given twice" "" -- \
+    "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out t2.tok --special X --special X cat.txt
+expect_error "a vocabulary smaller than the bytes and specials" "--vocab-size 256 is too small: .* at least 257 ids" "" -- \
+    "$CLLA" tokenizer train --vocab-size 256 --pattern gpt2 --out t2.tok cat.txt
+expect_error "debug-step past max_position_embeddings" "--seq 100 exceeds the model's max_position_embeddings 16" "" -- \
+    "$CLLA" debug-step --model r11 --tokens tok.bin --out d.st --seq 100
+for cmd in "generate --model r11 --prompt the --max-new-tokens 2" "eval --checkpoint r11 --ppl cat.txt" "export r11 --out pkg11"; do
+    # shellcheck disable=SC2086
+    expect_error "${cmd%% *} with a tokenizer the model was not trained with" "tokenizer 't11_other.tok' \(hash [0-9a-f]{16}\) is not the one the model was trained with" "pkg11" -- \
+        "$CLLA" $cmd --tokenizer t11_other.tok
+done
+expect_ok "generate with the model's own tokenizer" "$CLLA" generate --model r11 --prompt the --max-new-tokens 2 --tokenizer t11.tok
+sed 's/"hidden_size": 32/"hidden_size": 032/' m.json > lead0.json
+expect_error "a number with a leading zero in a config" "line 1, column [0-9]+: a number with a leading zero" "" -- "$CLLA" info --config lead0.json
+sed 's/"hidden_size": 32/"hidden_size": 32./' m.json > dot.json
+expect_error "a number ending in '.' in a config" "a '.' in a number must be followed by digits" "" -- "$CLLA" info --config dot.json
+printf '{"attention": "gqa",\x0c "vocab_size": 64}' > ctl.json
+expect_error "a control character between JSON tokens" "a control character outside a string" "" -- "$CLLA" info --config ctl.json
+expect_error "--set hidden_size=032" "key 'hidden_size' must be a number, got \"032\"" "" -- "$CLLA" info --config m.json --set hidden_size=032
+expect_error "--set an integer beyond 2^53" "key 'train.seed' must be a number, got \"9007199254740993\"" "" -- \
+    "$CLLA" info --config m.json --set train.seed=9007199254740993
+expect_ok "--set 2^53 itself" "$CLLA" info --config m.json --set train.seed=9007199254740992
+printf '{"prompt": "the\\u0000cat"}\n' > p0.jsonl
+expect_error "a JSONL prompt with \\u0000" "p0.jsonl line 1: column [0-9]+: .u0000 in a string" "" -- "$CLLA" generate --model r11 --prompts p0.jsonl
+expect_error "a single-valued option given twice" "option --out given twice \('ra' and 'rb'\)" "ra" -- "$CLLA" train --config m.json --out ra --out rb
+expect_error "a codec setting given twice" "codec setting 'bits' appears twice" "" -- \
+    "$CLLA" generate --model r11 --prompt the --cache-codec 'k=int_group:bits=4,group=8,bits=2'
+expect_error "--temperature beyond a double" "--temperature 1e999: out of range, beyond what a double holds" "" -- \
+    "$CLLA" generate --model r11 --prompt the --temperature 1e999
+mkdir -p nan11 && cp r11/config.json nan11/ && python3 - << 'PY'
+import json, struct
+b = bytearray(open('r11/model.safetensors', 'rb').read())
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+off = 8 + n + h['model.norm.weight']['data_offsets'][0] + 4 * 3
+b[off:off + 4] = struct.pack('<f', float('nan'))
+open('nan11/model.safetensors', 'wb').write(b)
+PY
+expect_error "weights holding a NaN" "tensor 'model.norm.weight' holds NaN at element 3" "run_nan" -- \
+    "$CLLA" train --config m11.json --out run_nan --set train.init_from=nan11 --set max_position_embeddings=16
+expect_error "a file-size limit (ulimit -f)" "writing '.*init_fs/model.safetensors' failed: File too large" "" -- \
+    bash -c "ulimit -f 4; exec '$CLLA' init --config m.json --out init_fs"
+[ -z "$(ls -A init_fs 2> /dev/null)" ] && ok "the file-size limit left no temporary file" || fail "init_fs holds: $(ls -A init_fs)"
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

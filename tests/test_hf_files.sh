@@ -116,7 +116,7 @@ damage "a tensor mapped to the wrong shard is named" "model.embed_tokens.weight.
     "python3 -c 'import json; p=\"model.safetensors.index.json\"; j=json.load(open(p)); j[\"weight_map\"][\"model.embed_tokens.weight\"]=\"$second\"; json.dump(j, open(p, \"w\"))'"
 damage "a tensor in two shards is named" "is in two shards" \
     "cp $first model-99999-of-99999.safetensors && python3 -c 'import json; p=\"model.safetensors.index.json\"; j=json.load(open(p)); j[\"weight_map\"][\"extra\"]=\"model-99999-of-99999.safetensors\"; json.dump(j, open(p, \"w\"))'"
-damage "a shard path outside the directory is refused" "file name beside the index" \
+damage "a shard path outside the directory is refused, the tensor named" "tensor .model.norm.weight. must map to a file name beside the index" \
     "python3 -c 'import json; p=\"model.safetensors.index.json\"; j=json.load(open(p)); j[\"weight_map\"][\"model.norm.weight\"]=\"../one/model.safetensors\"; json.dump(j, open(p, \"w\"))'"
 damage "a truncated shard is named" "$second" "head -c 200 $second > t && mv t $second"
 damage "shards of two saves are refused" "another save" \

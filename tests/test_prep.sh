@@ -43,9 +43,15 @@ check $ok "shards are identical for 1 and 2 threads (split by content, order kep
 $CLLA prep --verify "$W/p1/train" --tokenizer "$W/tok.tok" > "$W/v.log" 2>&1; check $? "prep --verify accepts its shards"
 cmp -s "$W/p1/tokenizer.tok" "$W/tok.tok"; check $? "prep stores the tokenizer beside the shards"
 
-# A second run with bigger shards leaves no stale shard behind.
-$CLLA prep --tokenizer "$W/tok.tok" --out "$W/p1" --val-fraction 0.1 "$FIX/english.jsonl" "$FIX/chinese.jsonl" > /dev/null 2>&1
-[ "$(ls "$W/p1/train" | wc -l)" = 1 ]; check $? "re-running prep removes shards of the earlier run"
+# An earlier prep's output is not replaced without --overwrite; with it, a second run with bigger
+# shards and no validation split leaves no stale shard (nor val/) behind.
+before=$(cd "$W/p1" && find . -type f -exec md5sum {} + | sort)
+expect_error "prep over an earlier prep's output" "already holds the output of an earlier prep (train, val, tokenizer.tok): give another --out, or replace it with --overwrite" \
+  $CLLA prep --tokenizer "$W/tok.tok" --out "$W/p1" --val-fraction 0 "$FIX/english.jsonl"
+[ "$(cd "$W/p1" && find . -type f -exec md5sum {} + | sort)" = "$before" ]; check $? "the refused prep left the earlier output as it was"
+$CLLA prep --tokenizer "$W/tok.tok" --out "$W/p1" --val-fraction 0 --overwrite "$FIX/english.jsonl" "$FIX/chinese.jsonl" > /dev/null 2>&1
+[ "$(ls "$W/p1/train" | wc -l)" = 1 ] && [ ! -e "$W/p1/val" ] && [ "$(ls -A "$W/p1" | tr '\n' ' ')" = "tokenizer.tok train " ]
+check $? "prep --overwrite replaces the earlier shards, val/ included ($(ls -A "$W/p1" | tr '\n' ' '))"
 
 # encode/decode: any bytes come back, invalid UTF-8 included.
 { head -c 3000 "$FIX/chinese.jsonl"; printf '\xff\xfe\xc0\xaf\xed\xa0\x80 \x80abc\x00z<|endoftext|>'; } > "$W/bytes.bin"
@@ -61,6 +67,10 @@ expect_error "empty corpus" "empty.txt" $CLLA prep --tokenizer "$W/tok.tok" --ou
 printf '{"text": "fine"}\n{"text": broken\n' > "$W/bad.jsonl"
 expect_error "malformed JSONL names file, line and offset" "bad.jsonl:2 (byte offset 17)" \
   $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/bad.jsonl"
+[ ! -e "$W/e" ]; check $? "a prep that failed left no output directory (nor a temporary)"
+mkdir -p "$W/keep" && echo mine > "$W/keep/notes.txt"
+expect_error "a failed prep into an existing directory" "bad.jsonl:2" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/keep" "$FIX/english.jsonl" "$W/bad.jsonl"
+[ "$(ls -A "$W/keep")" = "notes.txt" ]; check $? "a failed prep leaves an existing directory as it was ($(ls -A "$W/keep" | tr '\n' ' '))"
 printf '{"body": "x"}\n' > "$W/nokey.jsonl"
 expect_error "JSONL without the text field" "--text-key" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/nokey.jsonl"
 $CLLA tokenizer train --vocab-size 300 --pattern gpt2 --out "$W/other.tok" "$FIX/english.jsonl" > /dev/null 2>&1

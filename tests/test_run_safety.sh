@@ -73,6 +73,13 @@ expect_error "(1) init over a run directory" "already holds.*--overwrite" -- "$C
     fail "(1) --overwrite with missing data exited 0"
 snapshot r1 | cmp -s - r1.before && ok "(1) the refused commands (and an --overwrite whose data is missing) left r1 untouched" ||
     fail "(1) r1 changed"
+# train.metrics outside the run directory naming a file no run wrote: never taken as a run's
+# output, not even with --overwrite (the file keeps its bytes, nothing is created)
+echo "my notes" > notes.txt
+expect_error "(1) train.metrics naming the user's own file, with --overwrite" "'$WORK/notes.txt' holds a file that no run wrote" -- \
+    "$CLLA" train --config c.json --out r_notes --quiet --overwrite --set train.metrics=notes.txt
+[ "$(cat notes.txt)" = "my notes" ] && [ ! -e r_notes ] && ok "(1) the user's file is left as it was, no run directory made" ||
+    fail "(1) notes.txt now: $(head -c 80 notes.txt); $(ls r_notes 2>&1)"
 if "$CLLA" train --config c.json --out r1 --quiet --overwrite --set train.max_steps=3 2> r1o.err &&
    [ "$(steps_of r1/metrics.jsonl)" = "1 2 3 " ] && [ "$(ls r1/checkpoints)" = "step_00000003" ]; then
     ok "(1) --overwrite clears the earlier run: $(ls r1/checkpoints | tr '\n' ' ')"
@@ -86,7 +93,7 @@ fi
 "$CLLA" train --config c.json --out r2 --quiet 2> r2.err || fail "(2) run failed: $(tail -n 1 r2.err)"
 cp r2/model.safetensors r2.model6
 if "$CLLA" train --config c.json --out r2 --quiet --resume auto --set train.max_steps=9 2> r2b.err &&
-   grep -q "resuming from r2/checkpoints/step_00000006 at step 6" r2b.err && [ "$(steps_of r2/metrics.jsonl)" = "1 2 3 4 5 6 7 8 9 " ] &&
+   grep -q "resuming from $WORK/r2/checkpoints/step_00000006 at step 6" r2b.err && [ "$(steps_of r2/metrics.jsonl)" = "1 2 3 4 5 6 7 8 9 " ] &&
    ! cmp -s r2.model6 r2/model.safetensors && ! ls -d r2/checkpoints/abandoned-* > /dev/null 2>&1; then
     ok "(2) a finished run continues from its final checkpoint to step 9"
 else
@@ -140,7 +147,7 @@ else
     fail "(4) after resuming at 10: $(ls r4/checkpoints | tr '\n' ' ') | $(steps_of r4/metrics.jsonl) | $(tail -n 1 r4b.err)"
 fi
 "$CLLA" train --config c20.json --out r4 --quiet --save-every 5 --resume auto 2> r4c.err
-if grep -q "resuming from r4/checkpoints/step_00000013 at step 13" r4c.err && [ "$(steps_of r4/metrics.jsonl)" = "$(seq -s ' ' 1 20) " ]; then
+if grep -q "resuming from $WORK/r4/checkpoints/step_00000013 at step 13" r4c.err && [ "$(steps_of r4/metrics.jsonl)" = "$(seq -s ' ' 1 20) " ]; then
     ok "(4) --resume auto continues the new timeline at step 13; metrics 1..20 in order"
 else
     fail "(4) --resume auto after the older resume: $(head -n 2 r4c.err | tr '\n' ' ') | $(steps_of r4/metrics.jsonl)"
@@ -152,7 +159,7 @@ for d in r5/checkpoints/step_*; do printf 'x' >> "$d/model.safetensors"; done
 snapshot r5 > r5.before
 "$CLLA" train --config c.json --out r5 --quiet --resume auto > /dev/null 2> r5b.err
 rc=$?
-if [ "$rc" -eq 1 ] && tail -n 1 r5b.err | grep -q "every checkpoint in r5/checkpoints is damaged.*step_00000004" && snapshot r5 | cmp -s - r5.before; then
+if [ "$rc" -eq 1 ] && tail -n 1 r5b.err | grep -q "every checkpoint in $WORK/r5/checkpoints is damaged.*step_00000004" && snapshot r5 | cmp -s - r5.before; then
     ok "(5) all checkpoints damaged: refused, nothing changed: $(tail -n 1 r5b.err)"
 else
     fail "(5) all checkpoints damaged: exit $rc: $(tail -n 1 r5b.err)"
@@ -172,7 +179,7 @@ rc=$?
 last=$(tail -n 1 r6.err)
 n=$(wc -l < r6/metrics.jsonl)
 good=$(( n / 10 * 10 ))
-if [ "$rc" -eq 1 ] && echo "$last" | grep -q "writing metrics file 'r6/metrics.jsonl' failed: File too large; the last good checkpoint is r6/checkpoints/$(printf 'step_%08d' $good)" &&
+if [ "$rc" -eq 1 ] && echo "$last" | grep -q "writing metrics file '$WORK/r6/metrics.jsonl' failed: File too large; the last good checkpoint is $WORK/r6/checkpoints/$(printf 'step_%08d' $good)" &&
    [ "$(tail -c 1 r6/metrics.jsonl | od -An -c | tr -d ' ')" = '\n' ] && [ ! -e r6/model.safetensors ]; then
     ok "(6) metrics write failed at step $((n + 1)): $last; $n whole lines kept"
 else
@@ -186,7 +193,7 @@ mkdir r6b/model.safetensors
 "$CLLA" train --config c.json --out r6b --quiet --resume auto 2> r6b.err
 rc=$?
 last=$(tail -n 1 r6b.err)
-if [ "$rc" -eq 1 ] && echo "$last" | grep -q "r6b/model.safetensors.*the last good checkpoint is r6b/checkpoints/step_00000006"; then
+if [ "$rc" -eq 1 ] && echo "$last" | grep -q "$WORK/r6b/model.safetensors.*the last good checkpoint is $WORK/r6b/checkpoints/step_00000006"; then
     ok "(6) the final model cannot be written: $last"
 else
     fail "(6) final model write failure: exit $rc: $last"
@@ -218,7 +225,7 @@ EOF
     last=$(tail -n 1 r7.err)
     ck=$(echo "$last" | grep -o 'saved as [^:]*' | cut -d' ' -f3)
     st=$(echo "$last" | grep -o '^clla: error: step [0-9]*' | grep -o '[0-9]*$')
-    if [ "$rc" -eq 1 ] && [ -n "$ck" ] && [ -d "$ck" ] && [ "$ck" = "r7/checkpoints/$(printf 'step_%08d' $((st - 1)))" ] && [ "$st" -gt 1 ]; then
+    if [ "$rc" -eq 1 ] && [ -n "$ck" ] && [ -d "$ck" ] && [ "$ck" = "$WORK/r7/checkpoints/$(printf 'step_%08d' $((st - 1)))" ] && [ "$st" -gt 1 ]; then
         ok "(7) damaged chunk at step $st: $last"
     else
         fail "(7) damaged chunk: exit $rc: $last | $(ls r7/checkpoints 2>&1 | tr '\n' ' ')"
@@ -228,7 +235,7 @@ EOF
         --set train.val_every=2 --set train.val_batches=1000 2> r7b.err
     rc=$?
     last=$(tail -n 1 r7b.err)
-    if [ "$rc" -eq 1 ] && echo "$last" | grep -q "step 2: validation: .*saved as r7b/checkpoints/step_00000002" && [ -d r7b/checkpoints/step_00000002 ]; then
+    if [ "$rc" -eq 1 ] && echo "$last" | grep -q "step 2: validation: .*saved as $WORK/r7b/checkpoints/step_00000002" && [ -d r7b/checkpoints/step_00000002 ]; then
         ok "(7) damaged validation data: $last"
     else
         fail "(7) damaged validation data: exit $rc: $last"
@@ -248,7 +255,7 @@ fi
 "$CLLA" train --config c.json --out r8b --quiet --save-every 2 --stop-at 4 2> /dev/null
 "$CLLA" train --config c.json --out r8b --quiet --save-every 1 --resume auto --set train.lr=1e30 --set train.min_lr=0 2> r8b.err
 last=$(tail -n 1 r8b.err)
-echo "$last" | grep -q "step 6: .*not finite.*the newest checkpoint saved before the loss went non-finite is r8b/checkpoints/step_00000004" &&
+echo "$last" | grep -q "step 6: .*not finite.*the newest checkpoint saved before the loss went non-finite is $WORK/r8b/checkpoints/step_00000004" &&
     ok "(8) the advice names the checkpoint before the divergence: $last" || fail "(8) advice: $last"
 "$CLLA" eval --checkpoint r8b/checkpoints/step_00000005 --data tok.bin --json --max-batches 2 > ev8.json 2> ev8.err
 rc=$?

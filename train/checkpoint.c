@@ -46,23 +46,6 @@ static long parse_step_name(const char *name) {
     return v;
 }
 
-// Removes a checkpoint directory (flat: files only) and the directory itself.
-static int remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? 0 : -1;
-    struct dirent *de;
-    int rc = 0;
-    while ((de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        char *p = path_join(dir, de->d_name);
-        if (unlink(p) != 0 && rmdir(p) != 0) rc = -1;
-        free(p);
-    }
-    closedir(d);
-    if (rmdir(dir) != 0) rc = -1;
-    return rc;
-}
-
 // fsync of a directory makes the names in it (creations, renames) durable.
 static int fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);

@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,9 +30,20 @@ void run_dir_inspect(const char *dir, const char *metrics_path, RunDirContents *
     memset(c, 0, sizeof(*c));
     c->model = exists_in(dir, "model.safetensors") || exists_in(dir, "model.safetensors.index.json");
     c->config = exists_in(dir, "config.json");
-    char *mp = run_metrics_path(dir, metrics_path);
+    char *mp = run_metrics_path(dir, metrics_path), *dflt = path_join(dir, "metrics.jsonl");
     struct stat sb;
     c->metrics = stat(mp, &sb) == 0 && sb.st_size > 0;
+    if (c->metrics && strcmp(mp, dflt)) {
+        // train.metrics outside the run directory: a run's metrics file starts with its first
+        // step record (run_files_open writes it), anything else is the user's own file
+        char head[8] = "";
+        FILE *f = fopen(mp, "rb");
+        const size_t got = f ? fread(head, 1, sizeof(head), f) : 0;
+        if (f) fclose(f);
+        c->foreign_metrics = got < sizeof(head) || memcmp(head, "{\"step\":", sizeof(head)) != 0;
+    }
+    if (strcmp(mp, dflt)) snprintf(c->metrics_elsewhere, sizeof(c->metrics_elsewhere), "%s", mp);
+    free(dflt);
     free(mp);
     char *cp = path_join(dir, "checkpoints");
     DIR *d = opendir(cp);
@@ -49,20 +59,13 @@ void run_dir_inspect(const char *dir, const char *metrics_path, RunDirContents *
 int run_dir_is_empty(const RunDirContents *c) { return !c->model && !c->config && !c->metrics && !c->checkpoints; }
 
 void run_dir_describe(const RunDirContents *c, char *buf, size_t len) {
-    snprintf(buf, len, "%s%s%s", c->model ? "a model, " : "", c->config ? "config.json, " : "",
-             c->metrics ? "a metrics file, " : "");
+    char metrics[600];
+    snprintf(metrics, sizeof(metrics), !c->metrics ? "" : c->metrics_elsewhere[0] ? "its metrics file %s, " : "a metrics file, ",
+             c->metrics_elsewhere);
+    snprintf(buf, len, "%s%s%s", c->model ? "a model, " : "", c->config ? "config.json, " : "", metrics);
     size_t n = strlen(buf);
     if (c->checkpoints) snprintf(buf + n, len - n, "%d entries in checkpoints/", c->checkpoints);
     else if (n >= 2) buf[n - 2] = '\0';
-}
-
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    if (remove(path) != 0 && errno != ENOENT) {
-        warn("cannot remove '%s': %s", path, strerror(errno));
-        return -1;
-    }
-    return 0;
 }
 
 // An HF shard of a saved model: model-NNNNN-of-NNNNN.safetensors (model/safetensors.h).
@@ -93,10 +96,8 @@ void run_dir_clear(const char *dir, const char *metrics_path) {
     if (unlink(mp) != 0 && errno != ENOENT) die("--overwrite: cannot remove '%s': %s", mp, strerror(errno));
     free(mp);
     char *cp = path_join(dir, "checkpoints");
-    struct stat sb;
     // depth first, without following links: a link in checkpoints/ is removed, not its target
-    if (stat(cp, &sb) == 0 && nftw(cp, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        die("--overwrite: cannot remove '%s' (see the warning above)", cp);
+    if (remove_tree(cp) != 0) die("--overwrite: cannot remove '%s' (or something in it): %s", cp, strerror(errno));
     free(cp);
 }
 

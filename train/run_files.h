@@ -21,7 +21,9 @@ typedef struct RunFiles {
 // What a run already wrote into a directory.
 typedef struct RunDirContents {
     int model, config, metrics;   // model.safetensors, config.json, the metrics file exist
+    int foreign_metrics;          // train.metrics names a file outside dir that no run wrote (no step record first)
     int checkpoints;              // entries in checkpoints/ (step_*, temporaries, abandoned-*)
+    char metrics_elsewhere[512];  // the metrics file's path when train.metrics puts it outside dir, else ""
 } RunDirContents;
 
 // The metrics file of a run: metrics_path, or dir/metrics.jsonl when empty (a new string).

@@ -28,8 +28,12 @@ int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, c
     const char *out = tc->out_dir;
     RunDirContents c;
     run_dir_inspect(out, tc->metrics, &c);
-    char what[256], err[2048];
+    char what[1024], err[2048];
     run_dir_describe(&c, what, sizeof(what));
+    // never taken for a run's output, not even with --overwrite: the user's file stays as it is
+    if (c.foreign_metrics)
+        die("train.metrics: '%s' holds a file that no run wrote (it does not start with a step record): point train.metrics at a new file (or leave it unset for %s/metrics.jsonl)",
+            c.metrics_elsewhere, out);
     if (resume && !strcmp(resume, "auto")) {
         int r = ckpt_find_newest(out, ckpt, ckpt_len, err, sizeof(err));
         if (r == -2)
