@@ -14,6 +14,7 @@
 #include "model/safetensors.h"
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/model_source.h"
 #include "train/run_files.h"
 
 static const ArgSpec SPECS[] = {
@@ -41,6 +42,7 @@ int cmd_debug_step(int argc, char **argv) {
     int B = bs ? (int)opt_i64("--batch", bs, 1, 2147483647) : 2, T = ts ? (int)opt_i64("--seq", ts, 1, 2147483647) : 16;
     Config cfg;
     Model model;
+    model_source_check(dir);
     load_model_dir(&model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
     if (T > cfg.model.max_position_embeddings)
         die("--seq %d exceeds the model's max_position_embeddings %d: give --seq %d or less", T, cfg.model.max_position_embeddings,

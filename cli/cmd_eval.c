@@ -25,6 +25,7 @@
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "cli/cache_codec_args.h"
+#include "cli/model_source.h"
 #include "cli/open_tokenizer.h"
 #include "train/dist.h"
 
@@ -235,6 +236,7 @@ static int eval_ppl(const Args *a, const char *dir) {
     Config cfg;
     Model model;
     ModelDir md;
+    model_source_check(dir);
     model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(a, SPECS, N_SPECS, "device")), 0, NULL);
     if (!B) B = cfg.train.micro_batch;
     if (!T) T = cfg.train.seq_len;
@@ -528,8 +530,14 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
         printf("\n|---|---|---|---|");
         for (int i = 0; i < n_bench; i++) printf("---|---|");
         printf("\n| %s | %s | %.10g | %d |", dir, codecs, bpt, K);
-        for (int i = 0; i < n_bench; i++)
-            printf(" %.4f ± %.4f | %.4f ± %.4f |", runs[i].acc, runs[i].acc_se, runs[i].acc_norm, runs[i].acc_norm_se);
+        for (int i = 0; i < n_bench; i++) {   // a standard error needs two items: "n/a" where --json says null
+            char se[2][32];
+            const double v[2] = {runs[i].acc_se, runs[i].acc_norm_se};
+            for (int k = 0; k < 2; k++)
+                if (isfinite(v[k])) snprintf(se[k], sizeof(se[k]), "%.4f", v[k]);
+                else snprintf(se[k], sizeof(se[k]), "n/a");
+            printf(" %.4f ± %s | %.4f ± %s |", runs[i].acc, se[0], runs[i].acc_norm, se[1]);
+        }
         printf("\n");
     }
     if (fflush(stdout) != 0 || ferror(stdout)) die("writing to stdout failed");
@@ -594,6 +602,7 @@ int cmd_eval(int argc, char **argv) {
         Config cfg;
         Model model;
         ModelDir md;
+        model_source_check(dir);
         model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
         int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
         int rc = eval_bench(&model, &md, &cfg, &a, &dist, K, seed, limit, json, isatty(2), dir);
@@ -616,6 +625,7 @@ int cmd_eval(int argc, char **argv) {
     Config cfg;
     Model model;
     ModelDir md;
+    model_source_check(dir);
     model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
     if (!B) B = cfg.train.micro_batch;
     if (!T) T = cfg.train.seq_len;

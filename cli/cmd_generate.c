@@ -24,8 +24,8 @@
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "cli/cache_codec_args.h"
+#include "cli/model_source.h"
 #include "cli/open_tokenizer.h"
-#include "train/checkpoint.h"
 
 static const ArgSpec SPECS[] = {
     {"model", 1, "a package (clla export), a run directory or a checkpoint directory (required)", "DIR"},
@@ -180,33 +180,63 @@ static void stream_out(const Gen *g, Seq *s) {
     }
 }
 
-static char *sanitized(const uint8_t *b, size_t n) {
+// A JSON string of the bytes b[0..n): invalid UTF-8 replaced (utf8_sanitize), then escaped by hand
+// rather than through cJSON, whose strings end at a NUL: a byte-level token 0 is a NUL, and the
+// text after it would silently go (\u0000 is written instead).
+static void append_json_string(ByteVec *out, const uint8_t *b, size_t n) {
     ByteVec v = {0};
     utf8_sanitize(&v, b, n);
-    bytevec_append(&v, "", 1);
-    return (char *)v.v;
+    bytevec_append(out, "\"", 1);
+    for (size_t i = 0; i < v.n; i++) {
+        const uint8_t c = v.v[i];
+        char esc[8];
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)c;
+            bytevec_append(out, esc, 2);
+        } else if (c < 0x20) {
+            const char *named = c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r" : NULL;
+            if (named) bytevec_append(out, named, 2);
+            else {
+                snprintf(esc, sizeof(esc), "\\u%04x", c);
+                bytevec_append(out, esc, 6);
+            }
+        } else {
+            bytevec_append(out, &c, 1);
+        }
+    }
+    bytevec_append(out, "\"", 1);
+    free(v.v);
 }
 
 static void print_finished(const Gen *g, const Seq *s, const Prompt *p, double now) {
     if (g->stream) {
         fputc('\n', stdout);
     } else if (g->json) {
+        // index, prompt and completion first (the texts escaped here), then cJSON's print of the
+        // rest without its opening brace
+        ByteVec line = {0};
+        char head[48];
+        snprintf(head, sizeof(head), "{\"index\":%d,\"prompt\":", s->index);
+        bytevec_append(&line, head, strlen(head));
+        append_json_string(&line, (const uint8_t *)p->text, p->len);
+        bytevec_append(&line, ",\"completion\":", 14);
+        append_json_string(&line, s->text.v, s->text.n);
+        bytevec_append(&line, ",", 1);
         cJSON *o = cJSON_CreateObject();
-        char *pt = sanitized((const uint8_t *)p->text, p->len), *ct = sanitized(s->text.v, s->text.n);
-        cJSON_AddNumberToObject(o, "index", s->index);
-        cJSON_AddStringToObject(o, "prompt", pt);
-        cJSON_AddStringToObject(o, "completion", ct);
         cJSON *ids = cJSON_AddArrayToObject(o, "tokens");
         for (int i = 0; i < s->n_gen; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(s->gen[i]));
         cJSON_AddNumberToObject(o, "prompt_tokens", s->plen);
         cJSON_AddNumberToObject(o, "completion_tokens", s->n_gen);
         cJSON_AddStringToObject(o, "stop_reason", STOP_NAMES[s->stop]);
         cJSON_AddNumberToObject(o, "seconds", now - s->t_start);
-        char *line = cJSON_PrintUnformatted(o);
-        printf("%s\n", line);
-        free(line);
-        free(pt);
-        free(ct);
+        char *rest = cJSON_PrintUnformatted(o);
+        if (!rest) die("out of memory printing a JSON line");
+        bytevec_append(&line, rest + 1, strlen(rest + 1));
+        bytevec_append(&line, "\n", 1);
+        if (fwrite(line.v, 1, line.n, stdout) != line.n) die("writing to stdout failed");
+        cJSON_free(rest);
+        free(line.v);
         cJSON_Delete(o);
     } else {
         printf("[%d] ", s->index);
@@ -263,8 +293,7 @@ int cmd_generate(int argc, char **argv) {
         if (pl.p[i].len == 0) die("%s: the prompt is empty: give at least one character", pl.p[i].origin);
 
     // ---- model, cache layout, tokenizer
-    if (model_dir_kind(dir) == MODEL_DIR_CHECKPOINT && ckpt_validate(dir, err, sizeof(err)) != 0)
-        die("checkpoint '%s' is damaged: %s", dir, err);
+    model_source_check(dir);
     Config cfg;
     Model model;
     ModelDir md;

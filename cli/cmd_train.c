@@ -136,6 +136,9 @@ int cmd_train(int argc, char **argv) {
     tc->save_every = int_option(&a, "save-every", tc->save_every);
     tc->keep_checkpoints = int_option(&a, "keep", tc->keep_checkpoints);
     int stop_at = int_option(&a, "stop-at", 0);
+    if (args_get(&a, SPECS, N_SPECS, "stop-at") && stop_at == 0) die("--stop-at 0: give the step to stop after, 1 or more (leave it out to run to train.max_steps)");
+    if (stop_at > tc->max_steps)
+        warn("--stop-at %d is after train.max_steps = %d: the run ends at step %d", stop_at, tc->max_steps, tc->max_steps);
     tc->zero_stage = int_option(&a, "zero", tc->zero_stage);
     if (tc->zero_stage > 1) die("--zero %d: use 0 (replicated AdamW state) or 1 (ZeRO-1)", tc->zero_stage);
     const char *ogr = args_get(&a, SPECS, N_SPECS, "overlap-grad-reduce");

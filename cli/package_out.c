@@ -1,5 +1,6 @@
 #include "cli/package_out.h"
 
+#include "cli/model_source.h"
 #include "cli/open_tokenizer.h"
 #include "cli/cache_codec_args.h"
 
@@ -16,7 +17,6 @@
 #include "data/tokenizer.h"
 #include "model/model_dir.h"
 #include "model/safetensors.h"
-#include "train/checkpoint.h"
 
 // Removes a flat directory (files only) and the directory; 0 on success.
 static int remove_flat_dir(const char *dir) {
@@ -100,10 +100,7 @@ static int write_package(const char *dir, const Model *model, const float *host,
 }
 
 void package_load_source(ModelDir *md, Model *model, Config *cfg, const char *src, const char *const *specs, int n_specs) {
-    if (model_dir_kind(src) == MODEL_DIR_CHECKPOINT) {
-        char err[1024];
-        if (ckpt_validate(src, err, sizeof(err)) != 0) die("checkpoint '%s' is damaged: %s", src, err);
-    }
+    model_source_check(src);
     model_dir_load(md, model, cfg, src, backend_cpu(), 0, NULL);
     apply_cache_codec_args(&md->cache, specs, n_specs);
 }
@@ -111,6 +108,7 @@ void package_load_source(ModelDir *md, Model *model, Config *cfg, const char *sr
 void package_out_begin(PackageOut *po, const char *out, int overwrite, const char *tok_arg, const char *model_tok, int vocab_size,
                        const char *model_hash) {
     memset(po, 0, sizeof(*po));
+    if (!out[0]) die("--out is empty: give the package directory to write");
     po->out = xstrdup(out);
     for (size_t n = strlen(po->out); n > 1 && po->out[n - 1] == '/'; n--) po->out[n - 1] = 0;
     struct stat sb;

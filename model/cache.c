@@ -321,6 +321,12 @@ int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
     if (!colon) return 0;
     char buf[256];
     if (strlen(colon + 1) >= sizeof(buf)) { snprintf(err, errlen, "codec spec '%s' is too long", spec); return -1; }
+    const size_t sl = strlen(colon + 1);
+    if (sl == 0 || colon[1] == ',' || colon[sl] == ',' || strstr(colon + 1, ",,")) {
+        snprintf(err, errlen, "codec spec '%s' has an empty setting: give key=value pairs separated by single commas, or the name alone for the defaults",
+                 spec);
+        return -1;
+    }
     strcpy(buf, colon + 1);
     const char *seen[32];
     int n_seen = 0;

@@ -549,6 +549,12 @@ void config_validate(const Config *cfg, const char *origin) {
         NEED(m->first_k_dense_layers >= 0, "%s: first_k_dense_layers must be >= 0", origin);
         NEED(m->first_k_dense_layers == 0 || m->intermediate_size > 0, "%s: first_k_dense_layers > 0 needs intermediate_size for the dense MLP", origin);
         NEED(m->moe_capacity_factor >= 0, "%s: moe_capacity_factor must be >= 0 (0 = no dropping)", origin);
+        NEED(m->first_k_dense_layers < m->num_hidden_layers,
+             "%s: first_k_dense_layers = %d leaves no MoE layer of the %d: lower it, or set n_routed_experts 0 for a dense model", origin,
+             m->first_k_dense_layers, m->num_hidden_layers);
+        // a negative coefficient rewards the imbalance (or the large logits) the loss exists to penalize
+        NEED(m->moe_aux_loss_coef >= 0, "%s: moe_aux_loss_coef must be >= 0 (0 = off)", origin);
+        NEED(m->moe_z_loss_coef >= 0, "%s: moe_z_loss_coef must be >= 0 (0 = off)", origin);
     }
     NEED(m->rms_norm_eps > 0, "%s: rms_norm_eps must be > 0", origin);
     NEED(m->rope_theta > 0, "%s: rope_theta must be > 0", origin);

@@ -74,9 +74,14 @@ static char *read_package(const char *dir, const char *cp, const cJSON *pk) {
     const cJSON *tok = cJSON_GetObjectItemCaseSensitive(pk, "tokenizer");
     if (!cJSON_IsObject(pk) || !cJSON_IsString(fmt) || strcmp(fmt->valuestring, PACKAGE_FORMAT) != 0)
         die("'%s': \"package\" must be an object with \"format\": \"%s\": re-export the package with clla export", cp, PACKAGE_FORMAT);
-    if (!cJSON_IsNumber(ver) || ver->valuedouble != PACKAGE_VERSION)
-        die("'%s': package version %g, this build reads version %d: export it again with this clla", cp,
-            cJSON_IsNumber(ver) ? ver->valuedouble : -1.0, PACKAGE_VERSION);
+    if (!cJSON_IsNumber(ver))
+        die("'%s': package.version must be a number (this build reads version %d): export it again with this clla", cp, PACKAGE_VERSION);
+    if (ver->valuedouble != PACKAGE_VERSION)
+        die("'%s': package version %g, this build reads version %d: export it again with this clla", cp, ver->valuedouble,
+            PACKAGE_VERSION);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(pk, "dtype");
+    if (dt && !(cJSON_IsString(dt) && (!strcmp(dt->valuestring, "fp32") || !strcmp(dt->valuestring, "bf16"))))
+        die("'%s': package.dtype must be \"fp32\" or \"bf16\" (what clla export writes): export it again", cp);
     if (!tok || cJSON_IsNull(tok)) return NULL;
     if (!cJSON_IsString(tok) || !tok->valuestring[0] || strchr(tok->valuestring, '/') || !strcmp(tok->valuestring, "..") ||
         !strcmp(tok->valuestring, "."))

@@ -286,6 +286,37 @@ open('nan11/model.safetensors', 'wb').write(b)
 PY
 expect_error "weights holding a NaN" "tensor 'model.norm.weight' holds NaN at element 3" "run_nan" -- \
     "$CLLA" train --config m11.json --out run_nan --set train.init_from=nan11 --set max_position_embeddings=16
+# a second probe (the same day): checkpoints, packages, launch scripts
+ck11=$(ls -d r11/checkpoints/step_* | tail -n 1)
+rm -rf dmg && cp -r r11 dmg && dck=dmg/checkpoints/$(basename "$ck11")
+printf '\x00\x01' | dd of="$dck/model.safetensors" bs=1 seek=300 conv=notrunc 2> /dev/null
+expect_error "eval on a damaged checkpoint" "checkpoint '$dck' is damaged: .*checksum" "" -- "$CLLA" eval --checkpoint "$dck" --data s11/train
+expect_error "debug-step on a damaged checkpoint" "checkpoint '$dck' is damaged" "d2.st" -- "$CLLA" debug-step --model "$dck" --tokens tok.bin --out d2.st
+printf 'hello\0world\n' > nul.txt
+"$CLLA" generate --model r11 --prompts nul.txt --max-new-tokens 1 --json --tokenizer t11.tok > nul.json 2> /dev/null
+python3 -c "import json,sys; d=json.loads(open('nul.json').read()); sys.exit(d['prompt'] != 'hello\x00world')" &&
+    ok "generate --json keeps a NUL byte of the text as \\u0000" || fail "generate --json with a NUL: $(cat nul.json)"
+expect_error "a codec spec with an empty setting" "has an empty setting" "" -- \
+    "$CLLA" generate --model r11 --prompt the --cache-codec 'k=int_group:bits=4,group=8,'
+expect_error "a negative MoE loss coefficient" "moe_aux_loss_coef must be >= 0" "" -- "$CLLA" info --config m.json \
+    --set n_routed_experts=4 --set num_experts_per_tok=2 --set moe_intermediate_size=32 --set moe_aux_loss_coef=-1
+expect_error "first_k_dense_layers leaving no MoE layer" "first_k_dense_layers = 2 leaves no MoE layer of the 2" "" -- "$CLLA" info --config m.json \
+    --set n_routed_experts=4 --set num_experts_per_tok=2 --set moe_intermediate_size=32 --set first_k_dense_layers=2
+expect_error "--stop-at 0" "--stop-at 0: give the step to stop after" "run_s0" -- "$CLLA" train --config m.json --out run_s0 --stop-at 0
+expect_error "export --out ''" "--out is empty" "" -- "$CLLA" export r11 --out '' --tokenizer t11.tok
+"$CLLA" export r11 --out pkg_ok --tokenizer t11.tok > /dev/null 2>&1 || fail "export r11"
+sed -i 's/"version":[[:space:]]*1/"version": "1"/' pkg_ok/config.json
+expect_error "a package whose version is a string" "package.version must be a number" "" -- "$CLLA" generate --model pkg_ok --prompt the
+out=$(CLLA_RETRY_SLEEP=0 bash "$SRC/launch/resume_until_done.sh" ru "$CLLA" train --config nope.json --out ru 2>&1)
+rc=$?
+[ "$rc" -eq 1 ] && [ "$(echo "$out" | grep -c 'attempt [0-9]*:')" -eq 3 ] && echo "$out" | grep -q "3 attempts in a row saved no new checkpoint" &&
+    ok "resume_until_done.sh gives up after 3 attempts that save nothing" || fail "resume_until_done.sh: rc $rc: $(echo "$out" | tail -n 2 | tr '\n' '|')"
+CLLA_MAX_ATTEMPTS=abc bash "$SRC/launch/resume_until_done.sh" ru x > /dev/null 2> err.txt
+[ $? -eq 2 ] && grep -q "CLLA_MAX_ATTEMPTS 'abc' is not a whole number" err.txt && ok "resume_until_done.sh refuses CLLA_MAX_ATTEMPTS=abc" ||
+    fail "resume_until_done.sh CLLA_MAX_ATTEMPTS=abc: $(cat err.txt)"
+bash "$SRC/launch/run_single_node.sh" 0 m.json > /dev/null 2> err.txt
+[ $? -eq 2 ] && grep -q "N '0' must be a whole number of ranks, 1 or more" err.txt && ok "run_single_node.sh refuses 0 ranks" ||
+    fail "run_single_node.sh 0: $(cat err.txt)"
 expect_error "a file-size limit (ulimit -f)" "writing '.*init_fs/model.safetensors' failed: File too large" "" -- \
     bash -c "ulimit -f 4; exec '$CLLA' init --config m.json --out init_fs"
 [ -z "$(ls -A init_fs 2> /dev/null)" ] && ok "the file-size limit left no temporary file" || fail "init_fs holds: $(ls -A init_fs)"

@@ -218,6 +218,10 @@ expect_refusal "an OUT that is no sweep" "is not empty and holds no sweep.json" 
     "$SWEEP" --out shards gqa.json --max-steps 4
 expect_refusal "a seed list that is not numbers" "--seeds '1,x'" E3 -- \
     "$SWEEP" --out E3 gqa.json --seeds 1,x
+expect_refusal "a --clla that is not an executable (not passed over for another binary)" "--clla ./no_such_clla: not an executable file" E4 -- \
+    "$SWEEP" --out E4 --clla ./no_such_clla gqa.json --max-steps 4
+mkdir -p E5 && echo '[]' > E5/sweep.json
+expect_refusal "a sweep.json that is not a manifest (a list)" "E5/sweep.json is not a" E5 -- "$SWEEP" --out E5 gqa.json --max-steps 4
 
 # ---------------------------------------------------------------- (f) slurm scripts
 "$SWEEP" --out F --launcher slurm --ranks 2 --sbatch=--gpus-per-task=1 gqa.json --seeds 1,2 --max-steps 4 > f.out 2> f.err

@@ -783,6 +783,16 @@ static cJSON *open_optimizer_file(StFile *sf, const char *op, int t) {
     return meta;
 }
 
+// An element range [a, b) of the flat layout.
+typedef struct Range {
+    size_t a, b;
+} Range;
+
+static int range_cmp(const void *x, const void *y) {
+    const Range *p = x, *q = y;
+    return p->a < q->a ? -1 : p->a > q->a;
+}
+
 void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
     char err[1024];
     if (ckpt_validate(dir, err, sizeof(err)) != 0) die("cannot resume: %s", err);
@@ -805,6 +815,9 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
     const TensorTable *tt = &model->params;
     const size_t n = tt->bytes_f32 / 4;
     float *hm = xcalloc(n, sizeof(float)), *hv = xcalloc(n, sizeof(float));
+    // ZeRO-1: the ranges every rank's shard holds, which must tile [0, n) (checked below)
+    Range *held = NULL;
+    size_t n_held = 0, cap_held = 0;
     for (int r = 0; r < (st->saved_zero ? st->saved_world : 1); r++) {
         char opt_name[64];
         optimizer_file_name(opt_name, sizeof(opt_name), r);
@@ -832,6 +845,20 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
                     die("cannot resume: '%s': stripes of %zu elements from %llu every %zu do not fit (damaged optimizer file)", op,
                         sh.stripe, lo, sh.period);
             }
+            if (meta_u64(meta, "rank", op) != (unsigned long long)r || meta_u64(meta, "world", op) != (unsigned long long)st->saved_world)
+                die("cannot resume: '%s' says it is rank %llu of %llu, the checkpoint's state.json says rank %d of %d (damaged or mixed-up optimizer files)",
+                    op, meta_u64(meta, "rank", op), meta_u64(meta, "world", op), r, st->saved_world);
+            for (size_t k = 0; k < shard_rounds(&sh); k++) {
+                size_t a, e, off;
+                shard_range(&sh, k, &a, &e, &off);
+                if (e <= a) continue;
+                if (n_held == cap_held) {
+                    cap_held = cap_held ? 2 * cap_held : 64;
+                    held = realloc(held, cap_held * sizeof(*held));
+                    if (!held) die("out of memory reading '%s'", op);
+                }
+                held[n_held++] = (Range){a, e};
+            }
             const size_t len = striped ? shard_count(&sh) : hi - lo;
             float *packed[2] = {xmalloc((len ? len : 1) * sizeof(float)), xmalloc((len ? len : 1) * sizeof(float))};
             float *whole[2] = {hm, hv};
@@ -850,6 +877,22 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
         st_close(&sf);
         free(op);
     }
+    if (st->saved_zero) {
+        // every element's moments from exactly one rank: a gap would resume with zero moments, an
+        // overlap with one rank's values over another's
+        qsort(held, n_held, sizeof(*held), range_cmp);
+        size_t next = 0;
+        for (size_t i = 0; i < n_held && next <= n; i++) {
+            if (held[i].a != next)
+                die("cannot resume: the ZeRO-1 optimizer shards of '%s' %s elements from %zu of the %zu: damaged or mixed-up optimizer files",
+                    dir, held[i].a > next ? "miss" : "repeat", next, n);
+            next = held[i].b;
+        }
+        if (next != n)
+            die("cannot resume: the ZeRO-1 optimizer shards of '%s' miss elements from %zu of the %zu: damaged or mixed-up optimizer files",
+                dir, next, n);
+    }
+    free(held);
     for (size_t k = 0; k < shard_rounds(&opt->sh); k++) {   // this optimizer's elements of the whole
         size_t a, e, off;
         shard_range(&opt->sh, k, &a, &e, &off);

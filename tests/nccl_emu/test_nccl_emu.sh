@@ -95,6 +95,31 @@ same_bits emu_2_z1 part_2 && ok "saved with 2 ranks over NCCL at step 4, resumed
     fail "resume with 2 ranks over NCCL: loss rel diff $(loss_rel emu_2_z1 part_2); $(tail -n 1 part_2.err)"
 close emu_2_z1 part_4 1e-3 && ok "saved with 2 ranks over NCCL, resumed with 4 (re-sharded): loss rel diff $LR (limit 1e-3)" ||
     fail "resume with 4 ranks over NCCL: loss rel diff $LR; $(tail -n 1 part_4.err)"
+# rank 0's optimizer shard copied over rank 1's, with state.json's sizes and checksums made to
+# match (so only the shards' own metadata and coverage can tell): refused, not resumed with
+# rank 1's moments missing
+ck=$(ls -d part/checkpoints/step_* | tail -n 1)
+rm -rf forged && cp -r part forged && fck=forged/checkpoints/$(basename "$ck")
+cp "$fck/optimizer.rank0.safetensors" "$fck/optimizer.rank1.safetensors"
+python3 - "$fck" << 'PY'
+import json, sys
+d = sys.argv[1]
+def fnv(b):
+    h = 0xcbf29ce484222325
+    for x in b:
+        h = ((h ^ x) * 0x100000001b3) & 0xffffffffffffffff
+    return "%016x" % h
+s = json.load(open(d + "/state.json"))
+for f in s["files"]:
+    b = open(d + "/" + f, "rb").read()
+    s["files"][f] = {"bytes": len(b), "fnv1a64": fnv(b)}
+open(d + "/state.json", "w").write(json.dumps(s))
+PY
+timeout 120 "${MPIRUN[@]}" -np 2 "$CLLA_NCCL_EMU" train --out forged --quiet "${BF16[@]}" --zero 1 --resume auto > forged.err 2>&1
+rc=$?
+[ "$rc" -ne 0 ] && grep -q "damaged or mixed-up optimizer files" forged.err &&
+    ok "a ZeRO-1 checkpoint whose rank 1 shard is rank 0's (checksums made to match) is refused: $(grep -m1 'error' forged.err | cut -c1-120)" ||
+    fail "forged ZeRO-1 shards: exit $rc; $(grep -m1 -E 'error|fnv' forged.err)"
 # in stripes: resumed in the same stripes with 2 ranks, and with 4 ranks as contiguous pieces
 run_with "$CLLA_NCCL_EMU" 2 spart "${BF16[@]}" --zero 1 "${OVERLAP[@]}" --stop-at 4
 for np in 2 4; do
