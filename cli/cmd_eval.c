@@ -28,6 +28,7 @@
 #include "cli/model_source.h"
 #include "cli/open_tokenizer.h"
 #include "train/dist.h"
+#include "train/progress.h"
 
 static const ArgSpec SPECS[] = {
     {"checkpoint", 1, "model directory: a run directory, a checkpoint or a package (required)", "DIR"},
@@ -53,6 +54,12 @@ static const ArgSpec SPECS[] = {
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
+// Progress of the windows: on a terminal one line rewritten, elsewhere (a log) a line every
+// 10 s (none for a run shorter than that); both with the rate and the ETA.
+typedef struct WindowProgress {
+    double t0, last;
+    int tty;
+} WindowProgress;
 
 static void show_progress(long long done, long long total, void *ctx);
 
@@ -121,7 +128,8 @@ static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoade
     CacheScore cs = {.model = model, .layout = &layout, .T = T};
     EvalResult r = {0};
     double t0 = now_seconds();
-    eval_for_each_batch(dl, B, T, max_batches * B, score_through_cache, &cs, tty ? show_progress : NULL, NULL, &r);
+    WindowProgress pg = {t0, t0, tty};
+    eval_for_each_batch(dl, B, T, max_batches * B, score_through_cache, &cs, show_progress, &pg, &r);
     if (tty) fprintf(stderr, " | %.0f tok/s\n", (double)cs.acc.count / (now_seconds() - t0));
     if (r.failed) die("%s", r.err);
     double full = cs.acc.count ? cs.acc.full_sum / cs.acc.count : 0, dec = cs.acc.count ? cs.acc.decode_sum / cs.acc.count : 0;
@@ -153,8 +161,15 @@ static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoade
 }
 
 static void show_progress(long long done, long long total, void *ctx) {
-    (void)ctx;
-    fprintf(stderr, "\reval %lld/%lld windows", done, total);
+    WindowProgress *pg = ctx;
+    const double now = now_seconds(), dt = now - pg->t0;
+    if (!pg->tty && (now - pg->last < 10.0 || done >= total)) return;
+    pg->last = now;
+    char eta[32] = "?";
+    const double rate = dt > 0 ? (double)done / dt : 0;
+    if (rate > 0) format_duration(eta, sizeof(eta), (double)(total - done) / rate);
+    fprintf(stderr, "%seval %lld/%lld windows | %.2f windows/s | ETA %s%s", pg->tty ? "\r" : "", done, total, rate, eta,
+            pg->tty ? "" : "\n");
 }
 
 // ---------------------------------------------------------------- --ppl
@@ -645,7 +660,8 @@ int cmd_eval(int argc, char **argv) {
     }
     if (args_get(&a, SPECS, N_SPECS, "cache-codec")) die("--cache-codec applies with --through-cache: add it, or drop --cache-codec");
     double t0 = now_seconds();
-    EvalResult r = evaluate(&model, dl, B, T, max_batches * B, tty ? show_progress : NULL, NULL);
+    WindowProgress pg = {t0, t0, tty};
+    EvalResult r = evaluate(&model, dl, B, T, max_batches * B, show_progress, &pg);
     if (tty) fprintf(stderr, " | %.0f tok/s\n", (double)r.tokens / (now_seconds() - t0));
     if (r.failed) die("%s", r.err);
     int finite = isfinite(r.loss);

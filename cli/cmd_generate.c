@@ -396,7 +396,15 @@ int cmd_generate(int argc, char **argv) {
             for (int i = 0; i < n; i++) {
                 Seq *s = batch_seqs[i];
                 if (max_new == 0) s->stop = STOP_LENGTH;
-                else { take_token(&g, s, sampler_next(&g.sampler, logits + (size_t)i * V, &s->rng)); generated++; }
+                else {
+                    const int chosen = sampler_next(&g.sampler, logits + (size_t)i * V, &s->rng);
+                    if (chosen < 0)
+                        die("%s: after %d generated tokens no logit of the model is finite (NaN or infinite outputs): its weights "
+                            "have diverged or are damaged; use another checkpoint",
+                            pl.p[s->index].origin, s->n_gen);
+                    take_token(&g, s, chosen);
+                    generated++;
+                }
                 stream_out(&g, s);
                 if (s->stop != RUNNING) {
                     print_finished(&g, s, &pl.p[s->index], now_seconds());

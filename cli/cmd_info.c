@@ -70,6 +70,8 @@ int cmd_info(int argc, char **argv) {
         die("unknown --device '%s': use cpu, cpu-bf16 or cuda", dev);
     size_t store = dev && !strcmp(dev, "cuda") ? 2 : 4;
     int separate = dev && strcmp(dev, "cpu") != 0;   // cuda and cpu-bf16 keep fp32 masters apart
+    if (args_get(&a, SPECS, N_SPECS, "cache-table") && args_get(&a, SPECS, N_SPECS, "json"))
+        die("--cache-table prints a text table and --json one JSON object: give one of them (--json has the cache bytes of this config)");
     Config cfg;
     config_load(&cfg, path, a.n_sets, a.sets);
     if (args_get(&a, SPECS, N_SPECS, "cache-table")) {

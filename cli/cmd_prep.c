@@ -2,7 +2,9 @@
 // Each document is encoded as <|endoftext|> followed by its tokens (the llm.c
 // convention), and goes to validation when a hash of its bytes and the split seed falls
 // under --val-fraction: the split depends on content only, not on file order or threads.
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -117,6 +119,41 @@ static struct {
 static void remove_unfinished_output(void) {
     if (prep_cleanup.staging) remove_tree(prep_cleanup.staging);
     if (prep_cleanup.created_out) rmdir(prep_cleanup.created_out);   // only if nothing else is in it
+}
+
+// SIGINT, SIGTERM or SIGHUP: the tokenizing loop stops at the next document and the process
+// exits through the handler above (a signal handler itself may not remove files).
+static volatile sig_atomic_t prep_stop_signal;
+
+static void on_stop_signal(int sig) { prep_stop_signal = sig; }
+
+static void stop_if_signalled(void) {
+    const int sig = prep_stop_signal;
+    if (!sig) return;
+    fprintf(stderr, "clla prep: %s received: stopped; the partial output is removed and the output directory is as it was\n",
+            sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+    exit(128 + sig);
+}
+
+// Staging directories an earlier prep left in out: removed when their process is gone (killed
+// before its cleanup could run); one of a process still running means two preps write into out
+// at once, which is refused.
+static void clear_stale_staging(const char *out) {
+    DIR *d = opendir(out);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *tail = de->d_name + strlen(".prep.tmp.");
+        if (strncmp(de->d_name, ".prep.tmp.", strlen(".prep.tmp.")) || !*tail || strspn(tail, "0123456789") != strlen(tail)) continue;
+        const long pid = strtol(tail, NULL, 10);
+        if (pid == (long)getpid()) continue;
+        if (pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM))
+            die("another clla prep (pid %ld) is writing into '%s': wait for it to finish, or give another --out", pid, out);
+        char *p = path_join(out, de->d_name);
+        if (remove_tree(p) != 0) warn("cannot remove '%s', left by an interrupted prep: %s", p, strerror(errno));
+        free(p);
+    }
+    closedir(d);
 }
 
 static int exists(const char *path) {
@@ -318,6 +355,7 @@ int cmd_prep(int argc, char **argv) {
     // system, so the finished parts are renamed into place) and removed by an exit before the end
     if (!exists(o.out)) prep_cleanup.created_out = xstrdup(o.out);
     if (make_dirs(o.out) != 0) die("cannot create output directory '%s': %s", o.out, strerror(errno));
+    clear_stale_staging(o.out);
     char stage_name[64];
     snprintf(stage_name, sizeof(stage_name), ".prep.tmp.%ld", (long)getpid());
     char *staging = path_join(o.out, stage_name);
@@ -325,6 +363,14 @@ int cmd_prep(int argc, char **argv) {
     if (make_dirs(staging) != 0) die("cannot create '%s': %s", staging, strerror(errno));
     prep_cleanup.staging = staging;
     atexit(remove_unfinished_output);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     Split train = {"train", path_join(staging, "train"), NULL, 0, 0, 0, 0};
     Split val = {"val", path_join(staging, "val"), NULL, 0, 0, 0, 0};
     Block blk = {0};
@@ -337,6 +383,7 @@ int cmd_prep(int argc, char **argv) {
         size_t len;
         int more = 1;
         while (more) {
+            stop_if_signalled();
             more = doc_next(r, &text, &len);
             if (more && len) block_add(&blk, text, len);
             if (blk.n && (!more || blk.text.n >= BLOCK_BYTES)) {
@@ -366,6 +413,7 @@ int cmd_prep(int argc, char **argv) {
         warn("no document fell into the validation split: raise --val-fraction or add documents");
     split_finish(&train);
     split_finish(&val);
+    stop_if_signalled();
     char *tok_copy = path_join(staging, "tokenizer.tok");
     if (tok_save(t, tok_copy) != 0) die("cannot write '%s': %s", tok_copy, strerror(errno));
     publish(o.out, staging);

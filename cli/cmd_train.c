@@ -435,6 +435,8 @@ int cmd_train(int argc, char **argv) {
         if (dist.world > 1) val_bad = dist_max_int(&dist, val_bad);
         if (val_bad) {
             save_checkpoint(&cfg, &model, &gs, &opt, &st, train_dl, &dist, &kc);
+            // rank 0 validates and says why; the others stop with it, quietly (one message a job)
+            if (!rank0) exit(1);
             die("step %d: validation: %s; the state after step %d is saved as %s: repair or re-make train.val_data, then continue with --resume auto",
                 step + 1, val_err, step + 1, kc.saved);
         }

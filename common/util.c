@@ -6,18 +6,39 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+// prefix, the message and a newline in one write: stderr is unbuffered, and the lines of the
+// ranks of a data-parallel job (or of threads) must not interleave within a line
+static void emit_line(const char *prefix, const char *fmt, va_list ap) {
+    va_list ap2;
+    va_copy(ap2, ap);
+    const int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    const size_t plen = strlen(prefix);
+    char *line = n >= 0 ? malloc(plen + (size_t)n + 2) : NULL;
+    if (!line) {   // no memory for the line: the parts, as before
+        fputs(prefix, stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        return;
+    }
+    memcpy(line, prefix, plen);
+    vsnprintf(line + plen, (size_t)n + 1, fmt, ap);
+    line[plen + (size_t)n] = '\n';
+    fwrite(line, 1, plen + (size_t)n + 1, stderr);
+    free(line);
+}
+
 void die(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("clla: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    emit_line("clla: error: ", fmt, ap);
     va_end(ap);
     exit(1);
 }
@@ -25,9 +46,7 @@ void die(const char *fmt, ...) {
 void warn(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("clla: warning: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    emit_line("clla: warning: ", fmt, ap);
     va_end(ap);
 }
 

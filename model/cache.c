@@ -341,8 +341,11 @@ int codec_parse(Codec *c, const char *spec, char *err, size_t errlen) {
             }
         if (n_seen < 32) seen[n_seen++] = kv;
         int64_t v;
-        if (num_parse_i64(eq + 1, INT32_MIN, INT32_MAX, &v) != NUM_OK) {
-            snprintf(err, errlen, "codec setting %s=%s in '%s' is not a whole number", kv, eq + 1, spec);
+        const int rc = num_parse_i64(eq + 1, INT32_MIN, INT32_MAX, &v);
+        if (rc != NUM_OK) {
+            snprintf(err, errlen, rc == NUM_RANGE ? "codec setting %s=%s in '%s' is out of range (beyond a 32-bit integer)"
+                                                  : "codec setting %s=%s in '%s' is not a whole number",
+                     kv, eq + 1, spec);
             return -1;
         }
         if (codec_traits(c->kind)->set_param(c, kv, v, err, errlen) != 0) return -1;

@@ -113,6 +113,9 @@ static const KeyDef *find_key(const KeyDef *keys, size_t n, const char *name) {
 
 // "unknown key" with the closest key of the table as a "did you mean".
 static void die_unknown(const KeyDef *keys, size_t n, const char *name, const char *origin, const char *prefix, const char *hint) {
+    if (!prefix[0] && (!strcmp(name, "package") || !strcmp(name, "cache")))
+        die("%s: key '%s' makes this an inference package's config (clla export): give the package directory to clla generate, "
+            "eval or export as a model, or use the model's training config here", origin, name);
     const char *cands[2 * (N_MODEL_KEYS > N_TRAIN_KEYS ? N_MODEL_KEYS : N_TRAIN_KEYS)];
     size_t nc = 0;
     for (size_t i = 0; i < n; i++) {

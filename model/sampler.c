@@ -41,7 +41,7 @@ int sampler_argmax(const float *logits, int V) {
     int best = -1;
     for (int i = 0; i < V; i++)
         if (isfinite(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;   // strict: ties keep the lower id
-    return best < 0 ? 0 : best;
+    return best;   // -1: no finite logit
 }
 
 // The candidate order: larger logit first, ties to the lower id.
@@ -89,7 +89,7 @@ int sampler_next(Sampler *s, const float *logits, Rng *rng) {
         if (filter_k && n == k)
             for (int j = n / 2 - 1; j >= 0; j--) sift_down(l, id, n, j);
     }
-    if (n == 0) return 0;
+    if (n == 0) return -1;   // no finite logit
     const int sorted = filter_k || p->top_p < 1;
     if (sorted) sort_candidates(l, id, n);   // descending by probability; unsorted: id order
     float mx = l[0];

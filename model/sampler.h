@@ -32,9 +32,10 @@ typedef struct Sampler {
 void sampler_init(Sampler *s, const SamplerParams *p, int V);
 void sampler_free(Sampler *s);
 // The next token from logits[0, V). rng is used only when sampling (not greedy), one draw
-// per call. Non-finite logits are never chosen (all non-finite: id 0).
+// per call. Non-finite logits are never chosen; -1 when none is finite (the caller reports it:
+// a model whose outputs are all NaN has no next token, and id 0 would pass for one).
 int sampler_next(Sampler *s, const float *logits, Rng *rng);
-// The argmax, ties to the lower id (non-finite logits skipped).
+// The argmax, ties to the lower id (non-finite logits skipped; -1 when none is finite).
 int sampler_argmax(const float *logits, int V);
 
 #endif

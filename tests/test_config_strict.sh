@@ -306,6 +306,7 @@ expect_error "--stop-at 0" "--stop-at 0: give the step to stop after" "run_s0" -
 expect_error "export --out ''" "--out is empty" "" -- "$CLLA" export r11 --out '' --tokenizer t11.tok
 "$CLLA" export r11 --out pkg_ok --tokenizer t11.tok > /dev/null 2>&1 || fail "export r11"
 sed -i 's/"version":[[:space:]]*1/"version": "1"/' pkg_ok/config.json
+expect_error "a package's config given to info" "key 'cache' makes this an inference package's config" "" -- "$CLLA" info --config pkg_ok/config.json
 expect_error "a package whose version is a string" "package.version must be a number" "" -- "$CLLA" generate --model pkg_ok --prompt the
 out=$(CLLA_RETRY_SLEEP=0 bash "$SRC/launch/resume_until_done.sh" ru "$CLLA" train --config nope.json --out ru 2>&1)
 rc=$?
@@ -317,6 +318,25 @@ CLLA_MAX_ATTEMPTS=abc bash "$SRC/launch/resume_until_done.sh" ru x > /dev/null 2
 bash "$SRC/launch/run_single_node.sh" 0 m.json > /dev/null 2> err.txt
 [ $? -eq 2 ] && grep -q "N '0' must be a whole number of ranks, 1 or more" err.txt && ok "run_single_node.sh refuses 0 ranks" ||
     fail "run_single_node.sh 0: $(cat err.txt)"
+# finite weights so large that the activations overflow: no logit is finite (a third probe)
+mkdir -p huge11 && cp r11/config.json huge11/ && python3 - << 'PY'
+import json, struct
+b = bytearray(open('r11/model.safetensors', 'rb').read())
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+for k, v in h.items():
+    if k == '__metadata__' or 'norm' in k:
+        continue
+    for i in range(8 + n + v['data_offsets'][0], 8 + n + v['data_offsets'][1], 4):
+        struct.pack_into('<f', b, i, 3e38 if (i // 4) % 2 else -3e38)
+open('huge11/model.safetensors', 'wb').write(b)
+PY
+expect_error "generate when no logit is finite" "no logit of the model is finite" "" -- \
+    "$CLLA" generate --model huge11 --prompt the --max-new-tokens 3 --tokenizer t11.tok
+expect_error "info --json with --cache-table" "--cache-table prints a text table and --json one JSON object" "" -- \
+    "$CLLA" info --config m.json --json --cache-table
+expect_error "a codec setting beyond 32 bits" "residual=99999999999 in 'kivi:bits=2,residual=99999999999' is out of range" "" -- \
+    "$CLLA" generate --model r11 --prompt the --cache-codec 'k=kivi:bits=2,residual=99999999999'
 expect_error "a file-size limit (ulimit -f)" "writing '.*init_fs/model.safetensors' failed: File too large" "" -- \
     bash -c "ulimit -f 4; exec '$CLLA' init --config m.json --out init_fs"
 [ -z "$(ls -A init_fs 2> /dev/null)" ] && ok "the file-size limit left no temporary file" || fail "init_fs holds: $(ls -A init_fs)"

@@ -71,6 +71,17 @@ expect_error "malformed JSONL names file, line and offset" "bad.jsonl:2 (byte of
 mkdir -p "$W/keep" && echo mine > "$W/keep/notes.txt"
 expect_error "a failed prep into an existing directory" "bad.jsonl:2" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/keep" "$FIX/english.jsonl" "$W/bad.jsonl"
 [ "$(ls -A "$W/keep")" = "notes.txt" ]; check $? "a failed prep leaves an existing directory as it was ($(ls -A "$W/keep" | tr '\n' ' '))"
+# SIGTERM in the middle: exit 143, nothing left (the directory was new); a staging directory of a
+# process that is gone (a kill -9 leaves one) is removed by the next prep into the same place
+for i in $(seq 300); do cat "$FIX/english.jsonl"; done > "$W/big.jsonl"
+$CLLA prep --tokenizer "$W/tok.tok" --out "$W/sig" --threads 1 "$W/big.jsonl" > /dev/null 2> "$W/sig.err" & pid=$!
+sleep 0.3; kill -TERM $pid; wait $pid; rc=$?
+if [ $rc -eq 0 ]; then echo "skip: prep finished before the signal (a fast machine): SIGTERM not checked"
+else [ $rc -eq 143 ] && [ ! -e "$W/sig" ] && grep -q "SIGTERM received" "$W/sig.err"
+     check $? "prep stopped by SIGTERM: exit $rc, no output directory left"; fi
+mkdir -p "$W/stale/.prep.tmp.999999/train"
+$CLLA prep --tokenizer "$W/tok.tok" --out "$W/stale" --val-fraction 0 "$FIX/english.jsonl" > /dev/null 2>&1
+[ "$(ls -A "$W/stale" | tr '\n' ' ')" = "tokenizer.tok train " ]; check $? "a staging directory left by a dead prep is removed ($(ls -A "$W/stale" | tr '\n' ' '))"
 printf '{"body": "x"}\n' > "$W/nokey.jsonl"
 expect_error "JSONL without the text field" "--text-key" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/nokey.jsonl"
 $CLLA tokenizer train --vocab-size 300 --pattern gpt2 --out "$W/other.tok" "$FIX/english.jsonl" > /dev/null 2>&1

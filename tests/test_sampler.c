@@ -79,7 +79,12 @@ int main(void) {
         check(all, "temperature 0 is the argmax, every time");
         sampler_free(&s);
         float inf[3] = {NAN, INFINITY, -INFINITY};
-        check(sampler_argmax(inf, 3) == 0, "no finite logit: id 0");
+        check(sampler_argmax(inf, 3) == -1, "no finite logit: -1 (the caller reports it)");
+        SamplerParams t1 = {1.0f, 0, 1.0f};
+        Sampler st;
+        sampler_init(&st, &t1, 3);
+        check(sampler_next(&st, inf, &r) == -1, "sampling with no finite logit: -1");
+        sampler_free(&st);
     }
     // ---- top-k 1 == greedy on random rows (with ties)
     {
