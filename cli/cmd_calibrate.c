@@ -41,6 +41,16 @@ static const ArgSpec SPECS[] = {
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
+// On a terminal every update (one line rewritten); in a log a line every 10 s, none for work
+// shorter than that.
+static int progress_due(int tty, double *last) {
+    if (tty) return 1;
+    const double now = now_seconds();
+    if (now - *last < 10.0) return 0;
+    *last = now;
+    return 1;
+}
+
 typedef struct Collect {
     Model *m;
     const CacheLayout *cl;
@@ -49,7 +59,7 @@ typedef struct Collect {
     float **x, **f;         // [n_streams] samples and their Fisher weights (NULL: not fitted / no weights)
     float *host;            // staging for one act buffer
     int tty;
-    double t0;
+    double t0, last;   // last: when a progress line last went to a log (not a terminal)
 } Collect;
 
 // The stream's cached payload and its gradient in the model's buffers (gradient NULL: none kept).
@@ -100,9 +110,10 @@ static void collect_batch(const int32_t *in, const int32_t *tg, int rows, void *
         for (size_t i = 0; i < (size_t)take * W; i++) f[i] = c->host[i] * c->host[i];
     }
     c->have += take;
-    if (c->tty) {
+    if (progress_due(c->tty, &c->last)) {
         double el = now_seconds() - c->t0, rate = c->have / (el > 0 ? el : 1e-9);
-        fprintf(stderr, "\rcalibrate: %lld/%lld tokens | %.0f tok/s | ETA %.0f s", c->have, c->want, rate, (c->want - c->have) / rate);
+        fprintf(stderr, "%scalibrate: %lld/%lld tokens | %.0f tok/s | ETA %.0f s%s", c->tty ? "\r" : "", c->have, c->want, rate,
+                (c->want - c->have) / rate, c->tty ? "" : "\n");
     }
 }
 
@@ -170,7 +181,7 @@ int cmd_calibrate(int argc, char **argv) {
         if (codec_needs_fit(codec) && !(cl->fit && cl->fit[s])) fisher |= codec_traits(codec->kind)->uses_fisher;
     }
     Collect c = {.m = &model, .cl = cl, .T = T, .fisher = fisher && !args_get(&a, SPECS, N_SPECS, "no-fisher"), .want = want,
-                 .tty = isatty(2), .t0 = now_seconds()};
+                 .tty = isatty(2), .t0 = now_seconds(), .last = now_seconds()};
     c.x = xcalloc((size_t)cl->n_streams, sizeof(float *));
     c.f = xcalloc((size_t)cl->n_streams, sizeof(float *));
     size_t widest = 1;
@@ -196,10 +207,10 @@ int cmd_calibrate(int argc, char **argv) {
         if (!c.x[s]) continue;
         int part = cl->streams[s].part, W = cl->part[part].width;
         const Codec *codec = &cl->part[part].codec;
-        if (c.tty) {
+        if (progress_due(c.tty, &c.last)) {
             double el = now_seconds() - t_fit, eta = done ? el / done * (to_fit - done) : 0;
-            fprintf(stderr, "\rcalibrate: fitting %s of layer %d (%d/%d) | ETA %.0f s   ", cache_part_name(part), cl->streams[s].layer,
-                    done + 1, to_fit, eta);
+            fprintf(stderr, "%scalibrate: fitting %s of layer %d (%d/%d) | ETA %.0f s%s", c.tty ? "\r" : "", cache_part_name(part),
+                    cl->streams[s].layer, done + 1, to_fit, eta, c.tty ? "   " : "\n");
         }
         void *state = NULL;
         char err[512];
