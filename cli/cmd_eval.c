@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/args.h"
+#include "common/json_strict.h"
 #include "common/num.h"
 #include "common/util.h"
 #include "eval/bench.h"
@@ -49,7 +50,7 @@ static const ArgSpec SPECS[] = {
     {"tokenizer", 1, "with --bench or --ppl: tokenizer file (default: the package's, or the run's train.tokenizer)", "FILE"},
     {"items-out", 1, "with --bench: write every item's per-choice log-likelihoods as JSONL to FILE", "FILE"},
     {"overwrite", 0, "with --items-out: replace an existing FILE", NULL},
-    {"ppl", 1, "perplexity of a text (.txt: the whole file; .jsonl: the \"text\" of each line, joined by <|endoftext|>) or a token file (.bin) in sliding windows", "FILE"},
+    {"ppl", 1, "perplexity of a text (plain: the whole file; .jsonl or .json: the \"text\" of each line, joined by <|endoftext|>) or a token file (.bin) in sliding windows", "FILE"},
     {"stride", 1, "with --ppl: tokens between window starts (default --seq: windows do not overlap)", "S"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
@@ -204,14 +205,16 @@ static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, 
     Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, vocab, model_hash);
     TokEncoder *enc = tok_encoder_new(tok);
     U32Vec out = {0};
-    if (ends_with(path, ".jsonl")) {
+    if (ends_with(path, ".jsonl") || ends_with(path, ".json")) {   // as prep reads a corpus
         uint32_t eot = tok_special_id(tok, "<|endoftext|>");
         long long line = 0, docs = 0;
         for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
             line++;
             if (!l[strspn(l, " \t\r")]) continue;
-            cJSON *j = cJSON_Parse(l);
-            const cJSON *t = j ? cJSON_GetObjectItemCaseSensitive(j, "text") : NULL;
+            char jerr[256];
+            cJSON *j = json_parse_strict(l, strlen(l), jerr, sizeof(jerr));   // as prep reads JSONL
+            if (!j) die("--ppl '%s' line %lld: %s", path, line, strncmp(jerr, "line 1, ", 8) ? jerr : jerr + 8);
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "text");
             if (!cJSON_IsString(t)) die("--ppl '%s' line %lld: not a JSON object with a \"text\" string", path, line);
             if (docs++ && eot != TOK_NONE) u32vec_push(&out, eot);
             tok_encode(enc, t->valuestring, strlen(t->valuestring), 0, &out);

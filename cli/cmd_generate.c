@@ -30,7 +30,7 @@
 static const ArgSpec SPECS[] = {
     {"model", 1, "a package (clla export), a run directory or a checkpoint directory (required)", "DIR"},
     {"prompt", ARG_REPEAT, "a prompt (repeatable)", "TEXT"},
-    {"prompts", 1, "file of prompts: one per line, or JSONL objects with \"prompt\" when it ends in .jsonl", "FILE"},
+    {"prompts", 1, "file of prompts: one per line, or JSONL objects with \"prompt\" when it ends in .jsonl or .json", "FILE"},
     {"max-new-tokens", 1, "tokens to generate per prompt at most (default 64)", "N"},
     {"temperature", 1, "0 = greedy (default); > 0 samples from softmax(logits / T)", "T"},
     {"top-k", 1, "sample among the k most likely tokens (default 0 = off)", "K"},
@@ -84,7 +84,7 @@ static void read_prompts_file(PromptList *pl, const char *path) {
     size_t len;
     char *buf = read_file(path, &len);
     if (!buf) die("cannot read --prompts '%s': %s", path, strerror(errno));
-    const int jsonl = ends_with(path, ".jsonl");
+    const int jsonl = ends_with(path, ".jsonl") || ends_with(path, ".json");   // as prep reads a corpus
     long line_no = 0;
     for (char *line = buf, *next; line < buf + len; line = next) {
         char *nl = memchr(line, '\n', (size_t)(buf + len - line));
@@ -104,7 +104,7 @@ static void read_prompts_file(PromptList *pl, const char *path) {
         if (!o) die("%s: %s", origin, strncmp(jerr, "line 1, ", 8) ? jerr : jerr + 8);   // (its line 1 is the file's line_no)
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt");
         if (!cJSON_IsObject(o) || !cJSON_IsString(pr))
-            die("%s: not a JSON object with a \"prompt\" string: fix the line (or give plain text in a file not named .jsonl)", origin);
+            die("%s: not a JSON object with a \"prompt\" string: fix the line (or give plain text in a file not named .jsonl or .json)", origin);
         add_prompt(pl, pr->valuestring, strlen(pr->valuestring), origin);
         cJSON_Delete(o);
     }

@@ -20,7 +20,7 @@ static const Subcommand SUBCOMMANDS[] = {
     {"info", cmd_info, "parameter counts, memory and KV-cache bytes of a config"},
     {"generate", cmd_generate, "generate text from a model: batched prompts, greedy or sampled, through the KV cache"},
     {"export", cmd_export, "write an inference package (weights fp32/bf16, cache codecs, tokenizer) from a checkpoint"},
-    {"calibrate", cmd_calibrate, "fit learned cache codecs (cq codebooks) on data and write a package that carries them"},
+    {"calibrate", cmd_calibrate, "fit learned cache codecs (cq, kvquant, qet) on data and write a package that carries them"},
     {"init", cmd_init, "write a freshly initialized model (config.json + model.safetensors)"},
     {"debug-step", cmd_debug_step, "one forward+backward on a batch, dumped for the PyTorch twin"},
 };

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/json_strict.h"
 #include "common/util.h"
 #include "data/bytes.h"
 
@@ -39,6 +40,10 @@ DocReader *doc_open(const char *path, const DocOptions *opt) {
     r->jsonl = ends_with(path, ".jsonl") || ends_with(path, ".json");
     r->opt = *opt;
     if (!r->opt.text_key) r->opt.text_key = "text";
+    if (r->opt.separator && strpbrk(r->opt.separator, "\r\n"))
+        die("--doc-separator holds a line break: it is compared with whole lines, without their line ends; give the line alone");
+    if (r->opt.separator && r->jsonl)
+        warn("--doc-separator does not apply to '%s': JSONL has one document per line", path);
     return r;
 }
 
@@ -50,11 +55,18 @@ static int next_jsonl(DocReader *r, const char **text, size_t *len) {
         r->offset += (uint64_t)n;
         r->line_no++;
         size_t k = (size_t)n;
-        while (k && (r->line[k - 1] == '\n' || r->line[k - 1] == '\r' || r->line[k - 1] == ' ')) k--;
+        while (k && (r->line[k - 1] == '\n' || r->line[k - 1] == '\r' || r->line[k - 1] == ' ' || r->line[k - 1] == '\t')) k--;
         if (k == 0) continue;
         cJSON_Delete(r->json);
-        r->json = cJSON_ParseWithLength(r->line, k);
-        if (!r->json || !cJSON_IsObject(r->json))
+        // strict (common/json_strict.h): a second object on the line, text after the object, or
+        // \u0000 would otherwise drop the rest of the line's text without a word
+        r->line[k] = '\0';
+        char err[256];
+        r->json = json_parse_strict(r->line, k, err, sizeof(err));
+        if (!r->json)
+            die("%s:%lld (byte offset %llu): %s (JSONL: one JSON object per line)", r->path, r->line_no, (unsigned long long)at,
+                strncmp(err, "line 1, ", 8) ? err : err + 8);
+        if (!cJSON_IsObject(r->json))
             die("%s:%lld (byte offset %llu): not a JSON object: JSONL needs one object per line", r->path, r->line_no,
                 (unsigned long long)at);
         cJSON *v = cJSON_GetObjectItemCaseSensitive(r->json, r->opt.text_key);
@@ -94,6 +106,13 @@ static int next_text(DocReader *r, const char **text, size_t *len) {
         }
     }
     if (!r->doc.n) return 0;
+    // a NUL is no part of a text: a shard, an archive or UTF-16 given as a corpus would be
+    // tokenized as if it were one
+    const uint8_t *nul = memchr(r->doc.v, 0, r->doc.n);
+    if (nul)
+        die("corpus file '%s' holds a NUL byte (offset %llu of its document): not UTF-8 text (a token shard, an archive, UTF-16?): "
+            "give text files, or .jsonl",
+            r->path, (unsigned long long)(nul - r->doc.v));
     *text = (const char *)r->doc.v;
     *len = r->doc.n;
     return 1;

@@ -28,7 +28,8 @@ PlainLoader *plain_open(const char *path, const LoaderOptions *opt) {
     long long n = (long long)(bytes / 4);
     long long need = (long long)opt->B * opt->T + 1;
     if (n < need)
-        die("token file '%s' holds %lld tokens, fewer than one batch needs (%lld = B*T+1): use more data or a smaller batch/sequence", path, n, need);
+        die("token file '%s' holds %lld tokens, fewer than one batch of %d sequence%s of %d needs (%lld, with the last target): use more data or a smaller batch/sequence",
+            path, n, opt->B, opt->B == 1 ? "" : "s", opt->T, need);
     uint32_t *tok = (uint32_t *)buf;
     for (long long i = 0; i < n; i++)
         if (tok[i] >= (uint32_t)opt->vocab_size)

@@ -82,6 +82,14 @@ else [ $rc -eq 143 ] && [ ! -e "$W/sig" ] && grep -q "SIGTERM received" "$W/sig.
 mkdir -p "$W/stale/.prep.tmp.999999/train"
 $CLLA prep --tokenizer "$W/tok.tok" --out "$W/stale" --val-fraction 0 "$FIX/english.jsonl" > /dev/null 2>&1
 [ "$(ls -A "$W/stale" | tr '\n' ' ')" = "tokenizer.tok train " ]; check $? "a staging directory left by a dead prep is removed ($(ls -A "$W/stale" | tr '\n' ' '))"
+# what cJSON alone would read and drop without a word (a fourth probe): a second object on a
+# line, \u0000 in a text; and a NUL in a plain-text corpus (a shard or an archive given as text)
+printf '{"text": "a"}{"text": "more text"}\n' > "$W/two.jsonl"
+expect_error "two JSON objects on one JSONL line" "two.jsonl:1 (byte offset 0): column" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/two.jsonl"
+printf '{"text": "a\\u0000b"}\n' > "$W/nul.jsonl"
+expect_error "\\u0000 in a JSONL text" "u0000 in a string" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/nul.jsonl"
+f=$(ls "$W"/p2/train/*.bin | head -1)
+expect_error "a token shard given as a text corpus" "holds a NUL byte" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$f"
 printf '{"body": "x"}\n' > "$W/nokey.jsonl"
 expect_error "JSONL without the text field" "--text-key" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/nokey.jsonl"
 $CLLA tokenizer train --vocab-size 300 --pattern gpt2 --out "$W/other.tok" "$FIX/english.jsonl" > /dev/null 2>&1
