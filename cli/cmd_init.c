@@ -45,6 +45,8 @@ int cmd_init(int argc, char **argv) {
         run_dir_describe(&c, what, sizeof(what));
         die("'%s' already holds a model or a run (%s): give another --out, or replace it with --overwrite", out, what);
     }
+    // a training that runs in out holds its lock: its files are not cleared under it
+    if (!run_dir_is_empty(&c)) run_lock_acquire(out);
     Model model;
     model_build(&model, &cfg.model, backend_cpu());
     model_init_weights(&model, cfg.train.seed);

@@ -117,6 +117,10 @@ BGPID=$!
 for ((i = 0; i < 400; i++)); do [ -s r3/metrics.jsonl ] && break; sleep 0.05; done
 expect_error "(3) a second training on the same --out" "in use by another training (process $BGPID" -- \
     "$CLLA" train --config long.json --out r3 --quiet --resume auto
+expect_error "(3) init --overwrite into a running training's directory" "in use by another training (process $BGPID" -- \
+    "$CLLA" init --config long.json --out r3 --overwrite
+[ -s r3/metrics.jsonl ] && ok "(3) the running training's metrics are still there" ||
+    fail "(3) init --overwrite removed the running training's files: $(ls r3 | tr '\n' ' ')"
 kill -TERM "$BGPID"; wait "$BGPID"
 rc=$?
 BGPID=""
