@@ -61,6 +61,9 @@ typedef struct Backend {
     // fp32 storage). 0: with 4-byte storage the masters ARE the storage. act_bytes < 4
     // implies separate masters whatever this says.
     int separate_master;
+    // 1: buffers are host memory the caller may read in place (the CPU backends), so a file
+    // writer needs no host copy of them; 0: read them through download (a device)
+    int host_memory;
 
     // ---- memory ----
     void *(*alloc)(size_t bytes);                  // zero-initialized; aborts with a message on failure

@@ -7,6 +7,7 @@
 static const Backend cpu_backend = {
     .name = "cpu",
     .act_bytes = 4,
+    .host_memory = 1,
 
     .alloc = cpu_alloc,
     .release = cpu_release,

@@ -252,6 +252,7 @@ static const Backend cpu_bf16_backend = {
     .name = "cpu-bf16",
     .act_bytes = 4,          // fp32 storage of bf16 values: the CPU ops run on it unchanged
     .separate_master = 1,
+    .host_memory = 1,
 
     .alloc = cpu_alloc,
     .release = cpu_release,

@@ -114,9 +114,16 @@ static int save_tables(Model *model, const char *path, float *const *bufs, const
     float **host = xcalloc((size_t)n_bufs, sizeof(float *));
     StTensor *st = xcalloc((size_t)n, sizeof(StTensor));
     char (*names)[TENSOR_NAME_MAX + 32] = xcalloc((size_t)n, sizeof(*names));
+    // host memory is written from where it lies: a copy of each table (the model, and m and v
+    // at once) would be memory the training plan does not count, taken at every save
+    const int in_place = model->be->host_memory;
     for (int b = 0; b < n_bufs; b++) {
-        host[b] = xmalloc(tt->bytes_f32);
-        model->be->download(host[b], bufs[b], tt->bytes_f32);
+        if (in_place) {
+            host[b] = bufs[b];
+        } else {
+            host[b] = xmalloc(tt->bytes_f32);
+            model->be->download(host[b], bufs[b], tt->bytes_f32);
+        }
         for (int i = 0; i < tt->n; i++) {
             StTensor *s = &st[b * tt->n + i];
             snprintf(names[b * tt->n + i], sizeof(names[0]), "%s%s", tt->t[i].name, suffixes[b]);
@@ -127,7 +134,7 @@ static int save_tables(Model *model, const char *path, float *const *bufs, const
         }
     }
     int rc = st_save(path, st, n, ST_F32, metadata, err, errlen);
-    for (int b = 0; b < n_bufs; b++) free(host[b]);
+    for (int b = 0; b < n_bufs && !in_place; b++) free(host[b]);
     free(host);
     free(st);
     free(names);
