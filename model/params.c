@@ -145,11 +145,7 @@ void model_shard_masters(Model *m, const Shard *own) {
             "another layout (internal error)", own->stripe, own->lo, own->period, own->end);
     const size_t count = shard_count(own);
     float *packed = m->be->alloc((count ? count : 1) * sizeof(float));   // zero (backend/backend.h): the padding past end
-    for (size_t k = 0; k < shard_rounds(own); k++) {
-        size_t a, b, off;
-        shard_range(own, k, &a, &b, &off);
-        m->be->copy(packed + off, m->master + a, (b - a) * sizeof(float));
-    }
+    shard_copy(own, m->be->copy, packed, m->master, 1);
     m->be->release(m->master);
     m->master = packed;
     m->master_sh = *own;
@@ -236,11 +232,7 @@ void model_set_masters(Model *m, const float *host, unsigned long long seed) {
         model_sync_weights(m, seed);
         return;
     }
-    for (size_t k = 0; k < shard_rounds(&m->master_sh); k++) {
-        size_t a, b, off;
-        shard_range(&m->master_sh, k, &a, &b, &off);
-        m->be->upload(m->master + off, host + a, (b - a) * sizeof(float));
-    }
+    shard_copy(&m->master_sh, m->be->upload, m->master, host, 1);
     m->be->upload(m->grad, host, bytes);
     model_sync_weights_from(m, m->grad, seed);
     m->be->zero(m->grad, bytes);

@@ -36,16 +36,27 @@ static inline void shard_range(const Shard *s, size_t k, size_t *a, size_t *b, s
     *off = k * s->stripe;
 }
 
-// The packed elements (shard_count floats, host memory) into their places of the flat layout
-// `whole` (host memory); the rest of whole is left as it is.
-static inline void shard_unpack(const Shard *s, float *whole, const float *packed) {
+// The own elements between the packed buffer and their places in the flat layout, round by
+// round, with `copy` (dst, src, bytes): memcpy for host memory, or a backend's copy, upload or
+// download. into_packed 1: dst is the packed buffer (shard_count floats) and src the layout;
+// 0: the other way, the rest of the layout left as it is.
+static inline void shard_copy(const Shard *s, void (*copy)(void *dst, const void *src, size_t bytes), float *dst, const float *src,
+                              int into_packed) {
     const size_t rounds = shard_rounds(s);
     for (size_t k = 0; k < rounds; k++) {
         size_t a, b, off;
         shard_range(s, k, &a, &b, &off);
-        if (b > a) memcpy(whole + a, packed + off, (b - a) * sizeof(float));
+        if (b <= a) continue;
+        if (into_packed) copy(dst + off, src + a, (b - a) * sizeof(float));
+        else copy(dst + a, src + off, (b - a) * sizeof(float));
     }
 }
+
+static inline void shard_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+// The packed elements (shard_count floats, host memory) into their places of the flat layout
+// `whole` (host memory); the rest of whole is left as it is.
+static inline void shard_unpack(const Shard *s, float *whole, const float *packed) { shard_copy(s, shard_memcpy, whole, packed, 0); }
 
 // 1 when the rank holds one range only (every element, or a contiguous piece)
 static inline int shard_is_contiguous(const Shard *s) { return shard_rounds(s) == 1; }

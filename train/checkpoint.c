@@ -900,13 +900,8 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
                 dir, next, n);
     }
     free(held);
-    for (size_t k = 0; k < shard_rounds(&opt->sh); k++) {   // this optimizer's elements of the whole
-        size_t a, e, off;
-        shard_range(&opt->sh, k, &a, &e, &off);
-        if (e <= a) continue;
-        model->be->upload(opt->m + off, hm + a, (e - a) * sizeof(float));
-        model->be->upload(opt->v + off, hv + a, (e - a) * sizeof(float));
-    }
+    shard_copy(&opt->sh, model->be->upload, opt->m, hm, 1);   // this optimizer's elements of the whole
+    shard_copy(&opt->sh, model->be->upload, opt->v, hv, 1);
     free(hm);
     free(hv);
     opt->t = t;

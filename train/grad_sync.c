@@ -198,7 +198,7 @@ void grad_sync_reduce(GradSync *g, Model *m) {
     if (g->flight) {   // summed during the backward: what is left, and the wait
         dist_buckets_finish(g->flight);   // ZeRO-0: m->grad holds the sum; ZeRO-1 on NCCL: its own stripes
         g->flight = NULL;
-        if (g->zero && !g->dev_coll) shard_unpack(&g->own, m->grad, g->piece);
+        if (g->zero && !g->dev_coll) shard_copy(&g->own, g->be->upload, m->grad, g->piece, 0);   // (host memory here)
         return;
     }
     if (g->dev_coll) {
@@ -219,13 +219,7 @@ void grad_sync_reduce(GradSync *g, Model *m) {
     }
     if (!shard_is_contiguous(&g->own)) die("grad_sync: a striped shard summed without its buckets (internal error)");
     dist_reduce_scatter_f32(d, buf, g->n, g->shard, g->piece);
-    if (g->host_mem) {
-        shard_unpack(&g->own, m->grad, g->piece);
-        return;
-    }
-    size_t lo, hi, off;
-    shard_range(&g->own, 0, &lo, &hi, &off);
-    if (hi > lo) g->be->upload(m->grad + lo, g->piece, (hi - lo) * sizeof(float));
+    shard_copy(&g->own, g->be->upload, m->grad, g->piece, 0);   // the CPU backend's upload is a memcpy
 }
 
 double grad_sync_norm(GradSync *g, Model *m) {
@@ -297,11 +291,7 @@ static void allgather_full(GradSync *g, float *full) {
 // Sharded masters: this rank's piece into its range of the gradient buffer, then the rest from
 // the other ranks. The buffer's padding between tensors stays 0 (every rank's gradient had it 0).
 static float *assemble_masters(GradSync *g, Model *m) {
-    for (size_t k = 0; k < shard_rounds(&m->master_sh); k++) {
-        size_t a, b, off;
-        shard_range(&m->master_sh, k, &a, &b, &off);
-        g->be->copy(m->grad + a, m->master + off, (b - a) * sizeof(float));
-    }
+    shard_copy(&m->master_sh, g->be->copy, m->grad, m->master, 0);
     allgather_full(g, m->grad);
     return m->grad;
 }
