@@ -4,7 +4,6 @@
 // under --val-fraction: the split depends on content only, not on file order or threads.
 #include <dirent.h>
 #include <errno.h>
-#include <signal.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -20,6 +19,7 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "cli/commands.h"
+#include "train/signals.h"
 
 #define BLOCK_BYTES (8u << 20)  // text tokenized per parallel round
 
@@ -121,17 +121,13 @@ static void remove_unfinished_output(void) {
     if (prep_cleanup.created_out) rmdir(prep_cleanup.created_out);   // only if nothing else is in it
 }
 
-// SIGINT, SIGTERM or SIGHUP: the tokenizing loop stops at the next document and the process
-// exits through the handler above (a signal handler itself may not remove files).
-static volatile sig_atomic_t prep_stop_signal;
-
-static void on_stop_signal(int sig) { prep_stop_signal = sig; }
-
-static void stop_if_signalled(void) {
-    const int sig = prep_stop_signal;
+// SIGINT or SIGTERM (train/signals.h): the tokenizing loop stops at the next document and the
+// process exits through the handler above (a signal handler itself may not remove files).
+static void stop_if_signalled(const SignalWatch *sw) {
+    const int sig = signals_stop_requested(sw);
     if (!sig) return;
     fprintf(stderr, "clla prep: %s received: stopped; the partial output is removed and the output directory is as it was\n",
-            sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+            sig == SIGINT ? "SIGINT" : "SIGTERM");
     exit(128 + sig);
 }
 
@@ -363,14 +359,8 @@ int cmd_prep(int argc, char **argv) {
     if (make_dirs(staging) != 0) die("cannot create '%s': %s", staging, strerror(errno));
     prep_cleanup.staging = staging;
     atexit(remove_unfinished_output);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    SignalWatch sig;
+    signals_install(&sig);
     Split train = {"train", path_join(staging, "train"), NULL, 0, 0, 0, 0};
     Split val = {"val", path_join(staging, "val"), NULL, 0, 0, 0, 0};
     Block blk = {0};
@@ -383,7 +373,7 @@ int cmd_prep(int argc, char **argv) {
         size_t len;
         int more = 1;
         while (more) {
-            stop_if_signalled();
+            stop_if_signalled(&sig);
             more = doc_next(r, &text, &len);
             if (more && len) block_add(&blk, text, len);
             if (blk.n && (!more || blk.text.n >= BLOCK_BYTES)) {
@@ -413,10 +403,11 @@ int cmd_prep(int argc, char **argv) {
         warn("no document fell into the validation split: raise --val-fraction or add documents");
     split_finish(&train);
     split_finish(&val);
-    stop_if_signalled();
+    stop_if_signalled(&sig);
     char *tok_copy = path_join(staging, "tokenizer.tok");
     if (tok_save(t, tok_copy) != 0) die("cannot write '%s': %s", tok_copy, strerror(errno));
     publish(o.out, staging);
+    signals_restore(&sig);
     prep_cleanup.staging = NULL;
     free(prep_cleanup.created_out);
     prep_cleanup.created_out = NULL;

@@ -21,11 +21,6 @@ void signals_install(SignalWatch *sw) {
     sa.sa_flags = SA_RESTART | SA_RESETHAND;
     sigaction(SIGINT, &sa, &sw->old_int);
     sigaction(SIGTERM, &sa, &sw->old_term);
-    struct sigaction ign;
-    memset(&ign, 0, sizeof(ign));
-    ign.sa_handler = SIG_IGN;
-    sigemptyset(&ign.sa_mask);
-    sigaction(SIGXFSZ, &ign, &sw->old_xfsz);
     sw->installed = 1;
 }
 
@@ -35,6 +30,5 @@ void signals_restore(SignalWatch *sw) {
     if (!sw->installed) return;
     sigaction(SIGINT, &sw->old_int, NULL);
     sigaction(SIGTERM, &sw->old_term, NULL);
-    sigaction(SIGXFSZ, &sw->old_xfsz, NULL);
     sw->installed = 0;
 }

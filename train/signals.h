@@ -1,14 +1,14 @@
 // Graceful stop on SIGINT and SIGTERM (cluster preemption): the handler only records the
 // signal; the training loop polls signals_stop_requested() after each step, saves a
-// checkpoint and exits 0. Also ignores SIGXFSZ, so a write past a file-size limit fails
-// with EFBIG (and the save reports it) instead of killing the process mid-write.
+// checkpoint and exits 0. (SIGXFSZ is ignored for every command, in cli/main.c, so a write
+// past a file-size limit fails with EFBIG and the save reports it.) clla prep uses it too.
 #ifndef CLLA_TRAIN_SIGNALS_H
 #define CLLA_TRAIN_SIGNALS_H
 
 #include <signal.h>
 
 typedef struct SignalWatch {
-    struct sigaction old_int, old_term, old_xfsz;   // restored by signals_restore
+    struct sigaction old_int, old_term;   // restored by signals_restore
     int installed;
 } SignalWatch;
 
