@@ -24,6 +24,7 @@
 #include "model/decode.h"
 #include "model/model_dir.h"
 #include "cli/commands.h"
+#include "train/progress.h"
 #include "quant/kvquant.h"
 #include "cli/package_out.h"
 
@@ -40,16 +41,6 @@ static const ArgSpec SPECS[] = {
     {"overwrite", 0, "replace an existing package at --out", NULL},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
-
-// On a terminal every update (one line rewritten); in a log a line every 10 s, none for work
-// shorter than that.
-static int progress_due(int tty, double *last) {
-    if (tty) return 1;
-    const double now = now_seconds();
-    if (now - *last < 10.0) return 0;
-    *last = now;
-    return 1;
-}
 
 typedef struct Collect {
     Model *m;

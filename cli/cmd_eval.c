@@ -55,8 +55,7 @@ static const ArgSpec SPECS[] = {
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
-// Progress of the windows: on a terminal one line rewritten, elsewhere (a log) a line every
-// 10 s (none for a run shorter than that); both with the rate and the ETA.
+// Progress of the windows (train/progress.h, progress_due), with the rate and the ETA.
 typedef struct WindowProgress {
     double t0, last;
     int tty;
@@ -163,9 +162,8 @@ static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoade
 
 static void show_progress(long long done, long long total, void *ctx) {
     WindowProgress *pg = ctx;
-    const double now = now_seconds(), dt = now - pg->t0;
-    if (!pg->tty && (now - pg->last < 10.0 || done >= total)) return;
-    pg->last = now;
+    if ((!pg->tty && done >= total) || !progress_due(pg->tty, &pg->last)) return;
+    const double dt = now_seconds() - pg->t0;
     char eta[32] = "?";
     const double rate = dt > 0 ? (double)done / dt : 0;
     if (rate > 0) format_duration(eta, sizeof(eta), (double)(total - done) / rate);
@@ -212,8 +210,8 @@ static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, 
             line++;
             if (!l[strspn(l, " \t\r")]) continue;
             char jerr[256];
-            cJSON *j = json_parse_strict(l, strlen(l), jerr, sizeof(jerr));   // as prep reads JSONL
-            if (!j) die("--ppl '%s' line %lld: %s", path, line, strncmp(jerr, "line 1, ", 8) ? jerr : jerr + 8);
+            cJSON *j = json_parse_line(l, strlen(l), jerr, sizeof(jerr));   // as prep reads JSONL
+            if (!j) die("--ppl '%s' line %lld: %s", path, line, jerr);
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "text");
             if (!cJSON_IsString(t)) die("--ppl '%s' line %lld: not a JSON object with a \"text\" string", path, line);
             if (docs++ && eot != TOK_NONE) u32vec_push(&out, eot);
@@ -239,8 +237,8 @@ static void show_ppl_progress(long long done, long long total, void *ctx) {
 }
 
 static int eval_ppl(const Args *a, const char *dir) {
-    static const char *NOT_WITH[] = {"data", "bench", "max-batches", "shots", "seed", "limit", "skip-bad", "full-forward", "items-out",
-                                     "overwrite"};
+    // (--overwrite alone is refused before: it needs --items-out, which is refused here)
+    static const char *NOT_WITH[] = {"data", "bench", "max-batches", "shots", "seed", "limit", "skip-bad", "full-forward", "items-out"};
     for (size_t i = 0; i < sizeof(NOT_WITH) / sizeof(NOT_WITH[0]); i++)
         if (args_get(a, SPECS, N_SPECS, NOT_WITH[i])) die("--%s does not apply to --ppl: drop one of them", NOT_WITH[i]);
     if (!dir) die("clla eval --ppl needs --checkpoint DIR: see clla eval --help");
@@ -254,8 +252,7 @@ static int eval_ppl(const Args *a, const char *dir) {
     Config cfg;
     Model model;
     ModelDir md;
-    model_source_check(dir);
-    model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(a, SPECS, N_SPECS, "device")), 0, NULL);
+    model_source_load(&md, &model, &cfg, dir, device_backend(args_get(a, SPECS, N_SPECS, "device")));
     if (!B) B = cfg.train.micro_batch;
     if (!T) T = cfg.train.seq_len;
     if (T > cfg.model.max_position_embeddings) die("--seq %d exceeds max_position_embeddings %d", T, cfg.model.max_position_embeddings);
@@ -599,7 +596,7 @@ int cmd_eval(int argc, char **argv) {
                "choice's continuation scored through the KV cache (docs/BENCHMARKS.md).",
                NULL, NULL, 0);
     const char *dir = args_get(&a, SPECS, N_SPECS, "checkpoint"), *data = args_get(&a, SPECS, N_SPECS, "data");
-    static const char *BENCH_ONLY[] = {"shots", "seed", "limit", "skip-bad", "full-forward", "tokenizer", "items-out", "overwrite"};
+    static const char *BENCH_ONLY[] = {"shots", "seed", "limit", "skip-bad", "full-forward", "tokenizer", "items-out"};
     if (args_get(&a, SPECS, N_SPECS, "overwrite") && !args_get(&a, SPECS, N_SPECS, "items-out"))
         die("--overwrite replaces an existing --items-out FILE: give --items-out, or drop --overwrite");
     if (args_get(&a, SPECS, N_SPECS, "bench")) {
@@ -620,8 +617,7 @@ int cmd_eval(int argc, char **argv) {
         Config cfg;
         Model model;
         ModelDir md;
-        model_source_check(dir);
-        model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
+        model_source_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")));
         int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
         int rc = eval_bench(&model, &md, &cfg, &a, &dist, K, seed, limit, json, isatty(2), dir);
         model_dir_free(&md);
@@ -643,8 +639,7 @@ int cmd_eval(int argc, char **argv) {
     Config cfg;
     Model model;
     ModelDir md;
-    model_source_check(dir);
-    model_dir_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")), 0, NULL);
+    model_source_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")));
     if (!B) B = cfg.train.micro_batch;
     if (!T) T = cfg.train.seq_len;
     if (T > cfg.model.max_position_embeddings) die("--seq %d exceeds max_position_embeddings %d", T, cfg.model.max_position_embeddings);

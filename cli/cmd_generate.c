@@ -97,11 +97,8 @@ static void read_prompts_file(PromptList *pl, const char *path) {
         snprintf(origin, sizeof(origin), "%s line %ld", path, line_no);
         if (!jsonl) { add_prompt(pl, line, n, origin); continue; }
         char jerr[256];
-        const char saved = line[n];
-        line[n] = '\0';   // the line alone (json_parse_strict reads up to a NUL)
-        cJSON *o = json_parse_strict(line, n, jerr, sizeof(jerr));
-        line[n] = saved;
-        if (!o) die("%s: %s", origin, strncmp(jerr, "line 1, ", 8) ? jerr : jerr + 8);   // (its line 1 is the file's line_no)
+        cJSON *o = json_parse_line(line, n, jerr, sizeof(jerr));
+        if (!o) die("%s: %s", origin, jerr);
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt");
         if (!cJSON_IsObject(o) || !cJSON_IsString(pr))
             die("%s: not a JSON object with a \"prompt\" string: fix the line (or give plain text in a file not named .jsonl or .json)", origin);
@@ -293,11 +290,10 @@ int cmd_generate(int argc, char **argv) {
         if (pl.p[i].len == 0) die("%s: the prompt is empty: give at least one character", pl.p[i].origin);
 
     // ---- model, cache layout, tokenizer
-    model_source_check(dir);
     Config cfg;
     Model model;
     ModelDir md;
-    model_dir_load(&md, &model, &cfg, dir, device_backend(OPT("device")), 0, NULL);
+    model_source_load(&md, &model, &cfg, dir, device_backend(OPT("device")));
     apply_cache_codec_args(&md.cache, codec_specs, n_codecs);
     const CacheLayout *layout = &md.cache;
     Tokenizer *tok = open_tokenizer(OPT("tokenizer"), &md, cfg.model.vocab_size, cfg.train.tokenizer_hash);

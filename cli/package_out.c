@@ -100,8 +100,7 @@ static int write_package(const char *dir, const Model *model, const float *host,
 }
 
 void package_load_source(ModelDir *md, Model *model, Config *cfg, const char *src, const char *const *specs, int n_specs) {
-    model_source_check(src);
-    model_dir_load(md, model, cfg, src, backend_cpu(), 0, NULL);
+    model_source_load(md, model, cfg, src, backend_cpu());
     apply_cache_codec_args(&md->cache, specs, n_specs);
 }
 

@@ -178,6 +178,21 @@ cJSON *json_parse_strict(const char *text, size_t len, char *err, size_t errlen)
     return root;
 }
 
+cJSON *json_parse_line(const char *text, size_t len, char *err, size_t errlen) {
+    char *line = malloc(len + 1);
+    if (!line) {
+        snprintf(err, errlen, "out of memory reading a line of %zu bytes", len);
+        return NULL;
+    }
+    memcpy(line, text, len);
+    line[len] = '\0';
+    char why[256];
+    cJSON *root = json_parse_strict(line, len, why, sizeof(why));
+    free(line);
+    if (!root) snprintf(err, errlen, "%s", strncmp(why, "line 1, ", 8) ? why : why + 8);
+    return root;
+}
+
 const char *json_snippet(const cJSON *v, char *buf, size_t n) {
     if (cJSON_IsNumber(v) && !isfinite(v->valuedouble)) {   // cJSON prints these as null
         snprintf(buf, n, "%s", isnan(v->valuedouble) ? "nan" : v->valuedouble > 0 ? "inf" : "-inf");

@@ -16,6 +16,10 @@
 // "line L, column C: <problem>" in err.
 cJSON *json_parse_strict(const char *text, size_t len, char *err, size_t errlen);
 
+// One line of a JSONL file, text[0..len) (no NUL needed after it): json_parse_strict on it, a
+// failure said as "column C: <problem>" in err (the caller names the file and the line).
+cJSON *json_parse_line(const char *text, size_t len, char *err, size_t errlen);
+
 // The JSON text of a value for messages, shortened to fit buf ("..." when cut).
 const char *json_snippet(const cJSON *v, char *buf, size_t n);
 

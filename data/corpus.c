@@ -60,12 +60,10 @@ static int next_jsonl(DocReader *r, const char **text, size_t *len) {
         cJSON_Delete(r->json);
         // strict (common/json_strict.h): a second object on the line, text after the object, or
         // \u0000 would otherwise drop the rest of the line's text without a word
-        r->line[k] = '\0';
         char err[256];
-        r->json = json_parse_strict(r->line, k, err, sizeof(err));
+        r->json = json_parse_line(r->line, k, err, sizeof(err));
         if (!r->json)
-            die("%s:%lld (byte offset %llu): %s (JSONL: one JSON object per line)", r->path, r->line_no, (unsigned long long)at,
-                strncmp(err, "line 1, ", 8) ? err : err + 8);
+            die("%s:%lld (byte offset %llu): %s (JSONL: one JSON object per line)", r->path, r->line_no, (unsigned long long)at, err);
         if (!cJSON_IsObject(r->json))
             die("%s:%lld (byte offset %llu): not a JSON object: JSONL needs one object per line", r->path, r->line_no,
                 (unsigned long long)at);

@@ -124,18 +124,14 @@ int bench_load(Bench *b, const char *path, int skip_bad, char *err, size_t errle
         size_t n = (size_t)(stop - p);
         if (n && p[n - 1] == '\r') n--;
         char *s = p;
-        s[n] = '\0';   // the strict parser reads a NUL-terminated text
+        s[n] = '\0';   // the blank-line test below reads to a NUL
         p = nl ? nl + 1 : end;
         if (strspn(s, " \t") >= n) continue;   // blank line
         BenchItem it = {0};
         it.line = line;
-        cJSON *o = json_parse_strict(s, n, why, sizeof(why));
+        cJSON *o = json_parse_line(s, n, why, sizeof(why));
         int bad = 0;
-        if (!o) {
-            // one line: its "line 1, column C" is the column
-            if (!strncmp(why, "line 1, ", 8)) memmove(why, why + 8, strlen(why + 8) + 1);
-            bad = 1;
-        }
+        if (!o) bad = 1;
         else if (!cJSON_IsObject(o)) { set_err(why, sizeof(why), "not a JSON object"); bad = 1; }
         else {
             if (format == -2) {

@@ -6,6 +6,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/util.h"
+
+int progress_due(int tty, double *last) {
+    if (tty) return 1;
+    const double now = now_seconds();
+    if (now - *last < PROGRESS_LOG_SECONDS) return 0;
+    *last = now;
+    return 1;
+}
+
 void format_duration(char *buf, size_t len, double s) {
     if (s < 0) s = 0;
     long t = (long)(s + 0.5);
