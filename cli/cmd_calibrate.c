@@ -35,7 +35,7 @@ static const ArgSpec SPECS[] = {
     {"tokens", 1, "calibration tokens to collect (default 4096)", "N"},
     {"batch", 1, "sequences per forward (default: train.micro_batch)", "B"},
     {"seq", 1, "tokens per sequence (default: train.seq_len)", "T"},
-    {"no-fisher", 0, "cq: weigh every sample alike (the paper's uniform k-means) instead of by squared gradients", NULL},
+    {"no-fisher", 0, "cq, kvquant: weigh every sample alike in k-means (CQ's uniform variant) instead of by squared gradients", NULL},
     {"dtype", 1, "weights in the package: fp32 (default) or bf16", "fp32|bf16"},
     {"tokenizer", 1, "tokenizer file to include (default: the model's)", "FILE"},
     {"overwrite", 0, "replace an existing package at --out", NULL},

@@ -43,7 +43,7 @@ static const ArgSpec SPECS[] = {
     {"json", 0, "one JSON object per prompt on stdout (JSON lines)", NULL},
     {"device", 1, "cpu (default), cpu-bf16 or cuda", "cpu|cpu-bf16|cuda"},
     {"tokenizer", 1, "tokenizer file (default: the package's, or the run's train.tokenizer)", "FILE"},
-    {"cache-codec", ARG_REPEAT, "cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G, kivi:bits=B,group=G,residual=R (cq, qet: a package from clla calibrate)", "SPEC"},
+    {"cache-codec", ARG_REPEAT, "cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G, kivi:bits=B,group=G,residual=R, qjl:m=M,... (cq, qet, kvquant: a package from clla calibrate)", "SPEC"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 #define MAX_LIST 256
