@@ -37,7 +37,8 @@ int cmd_debug_step(int argc, char **argv) {
     const char *dir = args_get(&a, SPECS, N_SPECS, "model"), *tok = args_get(&a, SPECS, N_SPECS, "tokens");
     const char *out = args_get(&a, SPECS, N_SPECS, "out");
     if (!dir || !tok || !out) die("clla debug-step needs --model, --tokens and --out: see --help");
-    output_file_check(out, args_get(&a, SPECS, N_SPECS, "overwrite") != NULL, "--out");
+    const int overwrite = args_get(&a, SPECS, N_SPECS, "overwrite") != NULL;
+    output_file_check(out, overwrite, "--out");
     const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
     int B = bs ? (int)opt_i64("--batch", bs, 1, 2147483647) : 2, T = ts ? (int)opt_i64("--seq", ts, 1, 2147483647) : 16;
     Config cfg;
@@ -77,8 +78,8 @@ int cmd_debug_step(int argc, char **argv) {
         for (int d = 0; d < tt->t[i].ndim; d++) st[i + 2].shape[d] = tt->t[i].shape[d];
         st[i + 2].data = (const float *)((const char *)grads + tt->t[i].off_f32);
     }
-    char err[512];
-    if (st_save(out, st, tt->n + 2, ST_F32, NULL, err, sizeof(err)) != 0) die("%s", err);
+    char err[8192];
+    if (st_save(out, overwrite ? OUT_REPLACE : OUT_KEEP_EXISTING, st, tt->n + 2, ST_F32, NULL, err, sizeof(err)) != 0) die("%s", err);
     if (model.moe) printf("loss %.6f (lm %.6f + moe aux %.6f)\n", loss, lm_loss, aux_loss);
     else printf("loss %.6f\n", loss);
     for (int i = 0; i < tt->n; i++) free(names[i]);

@@ -559,13 +559,21 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     if (items) {
         AtomicFile af;
         if (fclose(items) != 0) die("--items-out: %s", strerror(errno));
-        if (atomic_open(&af, items_path) != 0) die("cannot write --items-out '%s': %s", items_path, strerror(errno));
+        const int overwrite = args_get(a, SPECS, N_SPECS, "overwrite") != NULL;
+        if (atomic_open(&af, items_path, overwrite ? OUT_REPLACE : OUT_KEEP_EXISTING) != 0) die("cannot write --items-out '%s': %s", items_path, strerror(errno));
         if (fwrite(items_buf, 1, items_len, af.f) != items_len) {
             int e = errno;
             atomic_abort(&af);
             die("cannot write --items-out '%s': %s", items_path, strerror(e));
         }
-        if (atomic_commit(&af) != 0) die("cannot write --items-out '%s': %s", items_path, strerror(errno));
+        if (atomic_commit(&af) != 0) {
+            if (errno == EEXIST && !overwrite) {
+                char msg[8192];
+                atomic_exists_message(msg, sizeof(msg), items_path);
+                die("%s", msg);
+            }
+            die("cannot write --items-out '%s': %s", items_path, strerror(errno));
+        }
         free(items_buf);
     }
     for (int i = 0; i < n_bench; i++) { free(runs[i].name); free(paths[i]); }

@@ -4,9 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/args.h"
+#include "common/unfinished.h"
 #include "common/util.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -37,6 +39,7 @@ int cmd_init(int argc, char **argv) {
         die("--shard-size '%s' is not a size: give a whole number with a unit, e.g. 2GB, 500MB or 64MiB", shard);
     Config cfg;
     config_load(&cfg, cfg_path, a.n_sets, a.sets);
+    config_set_out_dir(&cfg, out);   // the config.json written names the directory it is in
     // a trained run's files are never replaced by a fresh initialization without a word
     RunDirContents c;
     run_dir_inspect(out, NULL, &c);
@@ -50,13 +53,19 @@ int cmd_init(int argc, char **argv) {
     Model model;
     model_build(&model, &cfg.model, backend_cpu());
     model_init_weights(&model, cfg.train.seed);
-    if (!run_dir_is_empty(&c)) run_dir_clear(out, NULL);   // --overwrite, once the model is built
     RunFiles rf = {.metrics_fd = -1};
+    struct stat st;
+    const int created = stat(out, &st) != 0;
     if (make_dirs(out) != 0) die("cannot create '%s': %s", out, strerror(errno));
+    const int out_slot = created ? unfinished_add(out, UNFINISHED_EMPTY_DIR) : -1;   // removed if left empty
     rf.dir = xstrdup(out);
     rf.shard_bytes = shard_bytes;
     run_files_save_model(&rf, &cfg, &model, model.master, NULL);
     free(rf.dir);
+    unfinished_done(out_slot);
+    // --overwrite: the earlier run's metrics and checkpoints go once the new model replaced its
+    // (a failed write above leaves that run as it was)
+    if (!run_dir_is_empty(&c)) run_dir_clear(out, NULL, 1);
     char *index = path_join(out, ST_INDEX_FILE);
     printf("wrote %s/config.json and %s/%s (%lld parameters)\n", out, out,
            access(index, F_OK) == 0 ? ST_INDEX_FILE " and its shards" : ST_SINGLE_FILE, model_num_params(&model));

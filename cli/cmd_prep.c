@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/num.h"
+#include "common/unfinished.h"
 #include "common/util.h"
 #include "data/corpus.h"
 #include "data/gpt2_import.h"
@@ -109,20 +110,8 @@ static void split_finish(Split *s) {
     }
 }
 
-// The staging directory of this run and the output directory when this run created it: what
-// an exit before the end removes (atexit handlers take no argument, so this is the one piece of
-// process state here).
-static struct {
-    char *staging, *created_out;
-} prep_cleanup;
-
-static void remove_unfinished_output(void) {
-    if (prep_cleanup.staging) remove_tree(prep_cleanup.staging);
-    if (prep_cleanup.created_out) rmdir(prep_cleanup.created_out);   // only if nothing else is in it
-}
-
 // SIGINT or SIGTERM (train/signals.h): the tokenizing loop stops at the next document and the
-// process exits through the handler above (a signal handler itself may not remove files).
+// process exits through die(), which removes the staging directory (common/unfinished.h).
 static void stop_if_signalled(const SignalWatch *sw) {
     const int sig = signals_stop_requested(sw);
     if (!sig) return;
@@ -157,6 +146,43 @@ static int exists(const char *path) {
     return lstat(path, &st) == 0;
 }
 
+// A name prep gives a shard (shard_name below): shard_ and six or more digits, then .bin.
+static int is_shard_name(const char *s) {
+    const size_t n = strlen(s);
+    if (n < 16 || strncmp(s, "shard_", 6) != 0 || strcmp(s + n - 4, ".bin") != 0) return 0;
+    for (size_t i = 6; i < n - 4; i++)
+        if (s[i] < '0' || s[i] > '9') return 0;
+    return 1;
+}
+
+// Dies unless out/train and out/val, where they exist, hold nothing but the shards prep names
+// (shard_NNNNNN.bin): --overwrite removes them, and a directory of the user's (a corpus laid out
+// as train/ and val/) is not an earlier prep's output.
+static void check_earlier_is_prep(const char *out) {
+    const char *splits[] = {"train", "val"};
+    for (int i = 0; i < 2; i++) {
+        char *p = path_join(out, splits[i]);
+        struct stat st;
+        if (lstat(p, &st) != 0) { free(p); continue; }
+        const char *foreign = NULL;
+        DIR *d = S_ISDIR(st.st_mode) ? opendir(p) : NULL;
+        if (!d) foreign = "";
+        struct dirent *de;
+        char name[300] = "";
+        while (d && !foreign && (de = readdir(d))) {
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+            if (is_shard_name(de->d_name)) continue;
+            snprintf(name, sizeof(name), "%s", de->d_name);
+            foreign = name;
+        }
+        if (d) closedir(d);
+        if (foreign)
+            die("'%s' %s%s%s, which clla prep did not write: it is not an earlier prep's output (--overwrite would remove it): give "
+                "another --out", p, foreign[0] ? "holds '" : "is not a directory", foreign, foreign[0] ? "'" : "");
+        free(p);
+    }
+}
+
 // The outputs of an earlier prep in out (a new string naming them), or NULL.
 static char *earlier_output(const char *out) {
     const char *names[] = {"train", "val", "tokenizer.tok"};
@@ -170,17 +196,34 @@ static char *earlier_output(const char *out) {
 }
 
 // The finished output moved from the staging directory into out, an earlier one removed first
-// (--overwrite; checked before anything was written).
-static void publish(const char *out, const char *staging) {
+// (--overwrite; checked before anything was written). Without --overwrite out held none at the
+// start: one that appeared since is another process's, so nothing replaces it; what this run
+// moved before finding it goes back to the staging directory, which the exit removes.
+static void publish(const char *out, const char *staging, int overwrite) {
     const char *names[] = {"train", "val", "tokenizer.tok"};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; overwrite && i < 3; i++) {
         char *p = path_join(out, names[i]);
         if (remove_tree(p) != 0) die("--overwrite: cannot remove '%s': %s", p, strerror(errno));
         free(p);
     }
+    int moved[3] = {0, 0, 0};
     for (int i = 0; i < 3; i++) {
         char *from = path_join(staging, names[i]), *to = path_join(out, names[i]);
-        if (exists(from) && rename(from, to) != 0) die("cannot move '%s' to '%s': %s", from, to, strerror(errno));
+        moved[i] = exists(from);   // val is absent when prep made no validation split
+        if (moved[i] && rename_noreplace(from, to) != 0) {
+            int e = errno;
+            for (int k = 0; k < i; k++) {
+                if (!moved[k]) continue;
+                char *back_from = path_join(out, names[k]), *back_to = path_join(staging, names[k]);
+                rename(back_from, back_to);
+                free(back_from);
+                free(back_to);
+            }
+            if (e == EEXIST)
+                die("'%s' was created by another process while prep ran: it was left as it is, and nothing of this prep "
+                    "was kept: give another --out, or rerun with --overwrite", to);
+            die("cannot move '%s' to '%s': %s", from, to, strerror(e));
+        }
         free(from);
         free(to);
     }
@@ -309,6 +352,7 @@ int cmd_prep(int argc, char **argv) {
     if (!o.tokenizer) o.tokenizer = default_tok;
     if (!o.out) o.out = default_out;
     char *earlier = earlier_output(o.out);
+    if (earlier) check_earlier_is_prep(o.out);
     if (earlier && !o.overwrite)
         die("'%s' already holds the output of an earlier prep (%s): give another --out, or replace it with --overwrite", o.out, earlier);
     free(earlier);
@@ -328,7 +372,7 @@ int cmd_prep(int argc, char **argv) {
         if (stat(enc, &tst) != 0)
             die("default tokenizer '%s' is missing: run scripts/setup.sh, or pass --tokenizer FILE (see 'clla tokenizer train')", default_tok);
         Tokenizer *g = gpt2_import(enc, bpe);
-        if (tok_save(g, default_tok) != 0) die("cannot write '%s': %s", default_tok, strerror(errno));
+        if (tok_save(g, default_tok, OUT_REPLACE) != 0) die("cannot write '%s': %s", default_tok, strerror(errno));
         tok_free(g);
         free(enc);
         free(bpe);
@@ -349,16 +393,16 @@ int cmd_prep(int argc, char **argv) {
     for (int i = 0; i < n_threads; i++) enc[i] = tok_encoder_new(t);
     // everything is written into a staging directory inside the output directory (the same file
     // system, so the finished parts are renamed into place) and removed by an exit before the end
-    if (!exists(o.out)) prep_cleanup.created_out = xstrdup(o.out);
+    const int created_out = !exists(o.out);
     if (make_dirs(o.out) != 0) die("cannot create output directory '%s': %s", o.out, strerror(errno));
+    const int out_slot = created_out ? unfinished_add(o.out, UNFINISHED_EMPTY_DIR) : -1;   // removed if left empty
     clear_stale_staging(o.out);
     char stage_name[64];
     snprintf(stage_name, sizeof(stage_name), ".prep.tmp.%ld", (long)getpid());
     char *staging = path_join(o.out, stage_name);
     remove_tree(staging);   // a stale one of an earlier process that had our pid
     if (make_dirs(staging) != 0) die("cannot create '%s': %s", staging, strerror(errno));
-    prep_cleanup.staging = staging;
-    atexit(remove_unfinished_output);
+    const int staging_slot = unfinished_add(staging, UNFINISHED_DIR);
     SignalWatch sig;
     signals_install(&sig);
     Split train = {"train", path_join(staging, "train"), NULL, 0, 0, 0, 0};
@@ -405,12 +449,11 @@ int cmd_prep(int argc, char **argv) {
     split_finish(&val);
     stop_if_signalled(&sig);
     char *tok_copy = path_join(staging, "tokenizer.tok");
-    if (tok_save(t, tok_copy) != 0) die("cannot write '%s': %s", tok_copy, strerror(errno));
-    publish(o.out, staging);
+    if (tok_save(t, tok_copy, OUT_REPLACE) != 0) die("cannot write '%s': %s", tok_copy, strerror(errno));
+    publish(o.out, staging, o.overwrite);
     signals_restore(&sig);
-    prep_cleanup.staging = NULL;
-    free(prep_cleanup.created_out);
-    prep_cleanup.created_out = NULL;
+    unfinished_done(staging_slot);
+    unfinished_done(out_slot);
     free(staging);
     progress(&pg, 1);
     double dt = now_seconds() - pg.t0;

@@ -84,6 +84,17 @@ static long long parse_vocab_size(const char *v) {
     return x;
 }
 
+// --out written at the end; checked absent (or --overwrite given) at the start by output_file_check
+static void save_tokenizer(const Tokenizer *t, const char *out, int overwrite) {
+    if (tok_save(t, out, overwrite ? OUT_REPLACE : OUT_KEEP_EXISTING) == 0) return;
+    if (errno == EEXIST && !overwrite) {
+        char msg[8192];
+        atomic_exists_message(msg, sizeof(msg), out);
+        die("%s", msg);
+    }
+    die("cannot write tokenizer '%s': %s", out, strerror(errno));
+}
+
 static int do_train(int argc, char **argv) {
     long long vocab = 0;
     const char *pattern = NULL, *out = NULL;
@@ -150,7 +161,7 @@ static int do_train(int argc, char **argv) {
     Tokenizer *t = bpe_trainer_finish(bt, (uint32_t)vocab, specials,
                                       n_specials, 1, err, sizeof(err));
     if (!t) die("%s", err);
-    if (tok_save(t, out) != 0) die("cannot write tokenizer '%s': %s", out, strerror(errno));
+    save_tokenizer(t, out, overwrite);
     printf("wrote %s: %u ids, pattern %s, hash %016llx, %.1f s\n", out, tok_vocab_size(t), tok_pattern(t),
            (unsigned long long)tok_hash(t), now_seconds() - t0);
     tok_free(t);
@@ -273,7 +284,7 @@ static int do_import_gpt2(int argc, char **argv) {
     if (!enc || !bpe || !out) die("'clla tokenizer import-gpt2' needs --encoder encoder.json --bpe vocab.bpe --out FILE");
     output_file_check(out, overwrite, "--out");
     Tokenizer *t = gpt2_import(enc, bpe);
-    if (tok_save(t, out) != 0) die("cannot write tokenizer '%s': %s", out, strerror(errno));
+    save_tokenizer(t, out, overwrite);
     printf("wrote %s: %u ids, hash %016llx\n", out, tok_vocab_size(t), (unsigned long long)tok_hash(t));
     tok_free(t);
     return 0;

@@ -75,6 +75,12 @@ typedef struct KnownCkpts {
     int saved_step;
 } KnownCkpts;
 
+// The run's final model (rank 0), said on stderr.
+static void save_final_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters, const char *last_good) {
+    run_files_save_model(rf, cfg, model, masters, last_good);
+    fprintf(stderr, "saved %s/%s and config.json\n", rf->dir, rf->shard_bytes ? "model.safetensors (or its shards)" : "model.safetensors");
+}
+
 // Writes a checkpoint of the state after st->step steps and prunes old ones. A failed save, or
 // weights that are not finite, end the run. Data parallel: every rank calls it (the save is
 // collective); rank 0 prunes and reports.
@@ -117,15 +123,7 @@ int cmd_train(int argc, char **argv) {
     config_load(&cfg, cfg_path, a.n_sets, a.sets);
     TrainConfig *tc = &cfg.train;
     const char *out = args_get(&a, SPECS, N_SPECS, "out");
-    if (out) {
-        // absolute, as every path of the config.json the run writes (a relative one would resume
-        // elsewhere when read from another directory)
-        char *abs = path_absolute(out);
-        if (!abs) die("--out %s: cannot make it absolute: the current directory is unreadable", out);
-        if (strlen(abs) >= sizeof(tc->out_dir)) die("--out: the path '%s' is longer than %zu bytes", abs, sizeof(tc->out_dir) - 1);
-        snprintf(tc->out_dir, sizeof(tc->out_dir), "%s", abs);
-        free(abs);
-    }
+    if (out) config_set_out_dir(&cfg, out);
     if (!tc->data[0]) die("%s: train.data is not set: point it at a token file (--set train.data=FILE)", cfg_path);
     int quiet = args_get(&a, SPECS, N_SPECS, "quiet") != NULL;
     const char *shard = args_get(&a, SPECS, N_SPECS, "shard-size");
@@ -170,6 +168,7 @@ int cmd_train(int argc, char **argv) {
     int clear_run_dir = 0;
     if (rank0) {
         run_lock_acquire(tc->out_dir);
+        run_metrics_check_free(tc->out_dir, tc->metrics);
         clear_run_dir = run_start_choose(tc, resume, overwrite, ckpt, sizeof(ckpt));
     }
     dist_bcast(&dist, ckpt, sizeof(ckpt), 0);
@@ -242,9 +241,27 @@ int cmd_train(int argc, char **argv) {
         loader_set_state(train_dl, &st.data);
         kc.saved_step = st.step;
         if (st.step >= tc->max_steps) {
-            if (rank0)
-                fprintf(stderr, "clla train: %s is at step %d and train.max_steps is %d: nothing to do (continue a finished run with --set train.max_steps=N)\n",
-                        ckpt, st.step, tc->max_steps);
+            // the run ended here; its final model may be missing or older when the end's write
+            // failed (full disk) or the process was killed during it: written again, from the
+            // checkpoint the last step saved
+            int missing = rank0 && st.step == tc->max_steps && !run_final_model_current(tc->out_dir, st.step);
+            if (dist.world > 1) missing = dist_max_int(&dist, missing);
+            if (!missing) {
+                if (rank0)
+                    fprintf(stderr, "clla train: %s is at step %d and train.max_steps is %d: nothing to do (continue a finished run with --set train.max_steps=N)\n",
+                            ckpt, st.step, tc->max_steps);
+                dist_finalize(&dist);
+                return 0;
+            }
+            const float *masters = grad_sync_full_masters(&gs, &model);   // collective
+            if (rank0) {
+                fprintf(stderr, "clla train: %s is at step %d = train.max_steps, but the run's final model of that step was not "
+                        "written: writing it from the checkpoint\n", ckpt, st.step);
+                RunFiles rf = {.dir = xstrdup(tc->out_dir), .metrics_fd = -1, .shard_bytes = shard_bytes};
+                save_final_model(&rf, &cfg, &model, masters, ckpt);
+                run_files_close(&rf);
+            }
+            dist_barrier(&dist);
             dist_finalize(&dist);
             return 0;
         }
@@ -276,7 +293,7 @@ int cmd_train(int argc, char **argv) {
         run_dir_inspect(tc->out_dir, tc->metrics, &c);
         run_dir_describe(&c, what, sizeof(what));
         fprintf(stderr, "clla train: --overwrite: removing the earlier run's files from %s (%s)\n", tc->out_dir, what);
-        run_dir_clear(tc->out_dir, tc->metrics);
+        run_dir_clear(tc->out_dir, tc->metrics, 0);
     }
     RunFiles rf = {.metrics_fd = -1, .shard_bytes = shard_bytes};
     if (!rank0) {
@@ -467,10 +484,7 @@ int cmd_train(int argc, char **argv) {
         if (rank0) fprintf(stderr, "clla train: stopped after step %d of %d: continue with --resume auto\n", st.step, tc->max_steps);
     } else {
         const float *masters = grad_sync_full_masters(&gs, &model);   // collective
-        if (rank0) {
-            run_files_save_model(&rf, &cfg, &model, masters, kc.saved[0] ? kc.saved : NULL);
-            fprintf(stderr, "saved %s/%s and config.json\n", tc->out_dir, shard_bytes ? "model.safetensors (or its shards)" : "model.safetensors");
-        }
+        if (rank0) save_final_model(&rf, &cfg, &model, masters, kc.saved[0] ? kc.saved : NULL);
     }
 
     if (rank0) run_files_close(&rf);

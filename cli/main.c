@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "common/unfinished.h"
 #include "common/version.h"
 
 typedef struct Subcommand {
@@ -37,6 +38,9 @@ int main(int argc, char **argv) {
     // command's checked writes report in one line and clean up after, instead of killing the
     // process with its temporary files left behind.
     signal(SIGXFSZ, SIG_IGN);
+    // an output not finished when the process ends (an error, Ctrl-C, a kill by SIGTERM) is
+    // removed, not left half-written beside the user's files (common/unfinished.h)
+    unfinished_install();
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);

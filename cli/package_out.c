@@ -7,12 +7,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/unfinished.h"
 #include "common/util.h"
 #include "data/tokenizer.h"
 #include "model/model_dir.h"
@@ -35,9 +37,12 @@ static int remove_flat_dir(const char *dir) {
 }
 
 // An existing --out may be replaced only when it is a package (config.json with "package")
-// holding nothing but files: never a directory that is something else.
+// holding nothing but files: never a directory that is something else, nor a link (the old
+// package is moved aside and removed: through a link that would empty the target).
 static void check_replaceable(const char *out) {
     struct stat sb;
+    if (lstat(out, &sb) == 0 && S_ISLNK(sb.st_mode))
+        die("refusing to replace '%s' with --overwrite: it is a symbolic link: give the package directory it points to", out);
     char *cp = path_join(out, MODEL_DIR_CONFIG), *wp = path_join(out, MODEL_DIR_WEIGHTS);
     int looks = stat(out, &sb) == 0 && S_ISDIR(sb.st_mode) && stat(cp, &sb) == 0 && stat(wp, &sb) == 0;
     free(cp);
@@ -71,7 +76,7 @@ static void fsync_dir_of(const char *path) {
 
 static int write_bytes(const char *path, const void *buf, size_t n, char *err, size_t errlen) {
     AtomicFile af;
-    if (atomic_open(&af, path) != 0) { snprintf(err, errlen, "cannot create '%s': %s", path, strerror(errno)); return -1; }
+    if (atomic_open(&af, path, OUT_REPLACE) != 0) { snprintf(err, errlen, "cannot create '%s': %s", path, strerror(errno)); return -1; }
     if (fwrite(buf, 1, n, af.f) != n) {
         int e = errno;
         atomic_abort(&af);
@@ -152,22 +157,43 @@ void package_out_write(PackageOut *po, const Model *model, const Config *cfg, co
     char *tmp = xmalloc(tl), *old = xmalloc(tl);
     snprintf(tmp, tl, "%s.tmp.%ld", out, (long)getpid());
     snprintf(old, tl, "%s.old.%ld", out, (long)getpid());
-    if (mkdir(tmp, 0755) != 0) die("cannot create '%s': %s: check that the parent directory of --out exists and is writable", tmp, strerror(errno));
+    const int tmp_slot = unfinished_add(tmp, UNFINISHED_DIR);   // removed if the process ends before the rename
+    if (mkdir(tmp, 0755) != 0) {
+        unfinished_done(tmp_slot);
+        die("cannot create '%s': %s: check that the parent directory of --out exists and is writable", tmp, strerror(errno));
+    }
     if (write_package(tmp, model, host, st_dtype, layout, config_text, po->tok_text, po->tok_len, err, sizeof(err)) != 0) {
         remove_flat_dir(tmp);
         die("%s: nothing was written to '%s'", err, out);
     }
+    // no signal between moving the old package aside and the new one into place: out is never
+    // missing when the process ends (a pending SIGINT/SIGTERM is handled after the second rename)
+    sigset_t stop_signals, before;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGHUP);
+    sigprocmask(SIG_BLOCK, &stop_signals, &before);
     if (po->exists && rename(out, old) != 0) {
         int e = errno;
         remove_flat_dir(tmp);
         die("cannot move the old package '%s' aside: %s: nothing was changed", out, strerror(e));
     }
-    if (rename(tmp, out) != 0) {
+    // without --overwrite out was absent at the start: one that appeared since is another
+    // process's, left as it is, and this package kept beside it
+    if ((po->exists ? rename(tmp, out) : rename_noreplace(tmp, out)) != 0) {
         int e = errno;
+        if (!po->exists && e == EEXIST) {
+            unfinished_done(tmp_slot);   // kept: the user's to move
+            die("'%s' was created by another process while export ran: it was left as it is, and this package is in '%s' "
+                "(move it yourself, or rerun with --overwrite)", out, tmp);
+        }
         if (po->exists) rename(old, out);
         remove_flat_dir(tmp);
         die("cannot rename '%s' to '%s': %s: nothing was changed", tmp, out, strerror(e));
     }
+    unfinished_done(tmp_slot);
+    sigprocmask(SIG_SETMASK, &before, NULL);
     fsync_dir_of(out);
     if (po->exists && remove_flat_dir(old) != 0) warn("the replaced package was left at '%s': remove it", old);
     free(host);

@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/unfinished.h"
+
 // prefix, the message and a newline in one write: stderr is unbuffered, and the lines of the
 // ranks of a data-parallel job (or of threads) must not interleave within a line
 static void emit_line(const char *prefix, const char *fmt, va_list ap) {
@@ -114,14 +116,36 @@ char *read_file(const char *path, size_t *len) {
     return buf;
 }
 
-int atomic_open(AtomicFile *af, const char *path) {
+int rename_noreplace(const char *from, const char *to) {
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0) return 0;
+    if (errno != EINVAL && errno != ENOSYS) return -1;
+    // the filesystem lacks RENAME_NOREPLACE: a link fails on an existing name; a directory
+    // cannot be linked, so it is checked first (a window between the two remains)
+    struct stat st;
+    if (lstat(from, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        if (link(from, to) != 0) return -1;
+        return unlink(from);
+    }
+    if (lstat(to, &st) == 0) { errno = EEXIST; return -1; }
+    return rename(from, to);
+}
+
+static void atomic_tmp_name(char *buf, size_t n, const char *path) {
+    snprintf(buf, n, "%s.tmp.%ld", path, (long)getpid());
+}
+
+int atomic_open(AtomicFile *af, const char *path, OutMode mode) {
     af->path = xstrdup(path);
     size_t n = strlen(path) + 32;
     af->tmp = xmalloc(n);
-    snprintf(af->tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    af->f = fopen(af->tmp, "wb");
+    atomic_tmp_name(af->tmp, n, path);
+    af->mode = mode;
+    af->unfinished = unfinished_add(af->tmp, UNFINISHED_FILE);   // before it exists: no moment untracked
+    af->f = fopen(af->tmp, "wb");   // one of that name was left by a killed process that had our pid
     if (!af->f) {
         int e = errno;
+        unfinished_done(af->unfinished);
         free(af->path); free(af->tmp);
         af->path = af->tmp = NULL;
         errno = e;
@@ -142,18 +166,30 @@ int atomic_commit(AtomicFile *af) {
     int e = errno;
     if (fclose(af->f) != 0 && ok) { ok = 0; e = errno; }
     af->f = NULL;
-    if (ok && rename(af->tmp, af->path) != 0) { ok = 0; e = errno; }
-    if (!ok) unlink(af->tmp);
-    else fsync_parent_dir(af->path);
+    const int keep_existing = af->mode == OUT_KEEP_EXISTING;
+    if (ok && (keep_existing ? rename_noreplace(af->tmp, af->path) : rename(af->tmp, af->path)) != 0) { ok = 0; e = errno; }
+    if (!ok && !(e == EEXIST && keep_existing)) unlink(af->tmp);   // a finished output kept on EEXIST
+    unfinished_done(af->unfinished);
+    if (ok) fsync_parent_dir(af->path);
     free(af->path); free(af->tmp);
     af->path = af->tmp = NULL;
     errno = e;
     return ok ? 0 : -1;
 }
 
+void atomic_exists_message(char *buf, size_t n, const char *path) {
+    char tmp[4096];
+    atomic_tmp_name(tmp, sizeof(tmp), path);
+    snprintf(buf, n, "'%s' was created by another process while this command ran: it was left as it is, and this "
+             "command's output is in '%s' (move it yourself, or rerun with --overwrite)", path, tmp);
+}
+
 void atomic_abort(AtomicFile *af) {
     if (af->f) fclose(af->f);
-    if (af->tmp) unlink(af->tmp);
+    if (af->tmp) {
+        unlink(af->tmp);
+        unfinished_done(af->unfinished);
+    }
     free(af->path); free(af->tmp);
     af->f = NULL; af->path = af->tmp = NULL;
 }
@@ -205,16 +241,20 @@ int remove_tree(const char *path) {
 void output_file_check(const char *path, int overwrite, const char *option) {
     struct stat st;
     if (!path[0]) die("%s is empty: give a file name", option);
+    // the output is renamed into place: a link (even one to nothing yet) would be replaced by
+    // the file, its target never written
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+        die("%s '%s' is a symbolic link: give the path it points to", option, path);
     if (stat(path, &st) == 0) {
         if (S_ISDIR(st.st_mode)) die("%s '%s' is a directory: give a file name", option, path);
         if (!overwrite) die("%s '%s' already exists: give another file name, or replace it with --overwrite", option, path);
-        return;
     }
     char *dir = xstrdup(path), *slash = strrchr(dir, '/');
-    if (slash) {
-        *(slash == dir ? slash + 1 : slash) = '\0';
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) die("%s '%s': its directory '%s' does not exist: create it first", option, path, dir);
-    }
+    if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
+    else strcpy(dir, ".");
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) die("%s '%s': its directory '%s' does not exist: create it first", option, path, dir);
+    // found now, not after the work (access() also reports a read-only filesystem to root)
+    if (access(dir, W_OK) != 0) die("%s '%s': its directory '%s' is not writable: %s", option, path, dir, strerror(errno));
     free(dir);
 }
 

@@ -34,17 +34,31 @@ double now_seconds(void);
 // fails with EISDIR (see fopen_read).
 char *read_file(const char *path, size_t *len);
 
-// Atomic file output: atomic_open() opens "<path>.tmp.<pid>"; atomic_commit() flushes,
-// fsyncs, closes and renames it over path (and fsyncs the directory); atomic_abort()
-// removes the temporary. A reader therefore never sees a half-written file.
+// rename(2) that never replaces: -1 with errno EEXIST when `to` exists, file or directory
+// (renameat2 RENAME_NOREPLACE; on a filesystem without it, link + unlink for a file and a
+// check before the rename for a directory).
+int rename_noreplace(const char *from, const char *to);
+
+// Atomic file output: atomic_open() creates "<path>.tmp.<pid>"; atomic_commit() flushes, fsyncs,
+// closes and renames it to path (and fsyncs the directory); atomic_abort() removes the
+// temporary. A reader therefore never sees a half-written file. OUT_REPLACE for files the run
+// owns (checkpoints, metrics) and outputs the user allowed to be replaced (--overwrite);
+// OUT_KEEP_EXISTING for a user's output checked to be absent at the start: if path appeared
+// since (another process wrote it), the commit fails with errno EEXIST, leaves path as it is and
+// keeps the finished temporary, which atomic_exists_message() names.
+typedef enum OutMode { OUT_KEEP_EXISTING = 0, OUT_REPLACE = 1 } OutMode;
 typedef struct AtomicFile {
     FILE *f;
     char *path;
     char *tmp;
+    OutMode mode;
+    int unfinished;   // its slot in common/unfinished.h: removed if the process ends first
 } AtomicFile;
-int atomic_open(AtomicFile *af, const char *path);     // 0 on success, -1 (errno) on failure
+int atomic_open(AtomicFile *af, const char *path, OutMode mode);   // 0 on success, -1 (errno) on failure
 int atomic_commit(AtomicFile *af);                      // 0 on success, -1 (errno) on failure
 void atomic_abort(AtomicFile *af);
+// The line for a commit refused with EEXIST (OUT_KEEP_EXISTING), naming where the output was kept.
+void atomic_exists_message(char *buf, size_t n, const char *path);
 
 // Creates a directory and its parents (like mkdir -p). 0 on success.
 int make_dirs(const char *path);

@@ -36,7 +36,7 @@ ShardWriter *shard_writer_open(const char *path, uint32_t vocab_size, uint64_t t
         die("chunk size %u tokens is out of range: use 1..%u", chunk_tokens, SHARD_MAX_CHUNK_TOKENS);
     ShardWriter *w = xcalloc(1, sizeof(*w));
     w->path = xstrdup(path);
-    if (atomic_open(&w->af, path) != 0) die("cannot create shard '%s': check that the directory exists and is writable", path);
+    if (atomic_open(&w->af, path, OUT_REPLACE) != 0) die("cannot create shard '%s': check that the directory exists and is writable", path);
     w->vocab_size = vocab_size;
     w->token_bytes = shard_token_bytes(vocab_size);
     w->tokenizer_hash = tokenizer_hash;

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/util.h"
 #include "data/bytes.h"
 
 #define TOK_MAX_ID (1u << 22)       // ids (ranks) at or above this are rejected as implausible
@@ -31,7 +32,7 @@ void tok_free(Tokenizer *t);
 // The text file: parse from memory (name is used in messages), load (dies), save (atomic).
 Tokenizer *tok_parse(const char *buf, size_t len, const char *name, char *err, size_t errlen);
 Tokenizer *tok_load(const char *path);
-int tok_save(const Tokenizer *t, const char *path);
+int tok_save(const Tokenizer *t, const char *path, OutMode mode);   // -1 (errno; EEXIST: see AtomicFile)
 
 uint32_t tok_vocab_size(const Tokenizer *t);   // largest id + 1
 uint64_t tok_hash(const Tokenizer *t);         // identifies the vocabulary, pattern and specials

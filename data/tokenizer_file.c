@@ -167,9 +167,9 @@ Tokenizer *tok_load(const char *path) {
     return t;
 }
 
-int tok_save(const Tokenizer *t, const char *path) {
+int tok_save(const Tokenizer *t, const char *path, OutMode mode) {
     AtomicFile af;
-    if (atomic_open(&af, path) != 0) return -1;
+    if (atomic_open(&af, path, mode) != 0) return -1;
     fprintf(af.f, "#clla-tokenizer 1\n#pattern %s\n", tok_pattern(t));
     uint32_t n = tok_vocab_size(t);
     for (uint32_t id = 0; id < n; id++) {

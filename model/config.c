@@ -501,6 +501,15 @@ void config_load(Config *cfg, const char *path, int n_sets, char **sets) {
     absolutize_cwd_paths(&cfg->train, path);
 }
 
+void config_set_out_dir(Config *cfg, const char *out) {
+    TrainConfig *t = &cfg->train;
+    char *abs = path_absolute(out);
+    if (!abs) die("--out %s: cannot make it absolute: the current directory is unreadable", out);
+    if (strlen(abs) >= sizeof(t->out_dir)) die("--out: the path '%s' is longer than %zu bytes", abs, sizeof(t->out_dir) - 1);
+    snprintf(t->out_dir, sizeof(t->out_dir), "%s", abs);
+    free(abs);
+}
+
 #define NEED(cond, ...) do { if (!(cond)) die(__VA_ARGS__); } while (0)
 
 void config_validate(const Config *cfg, const char *origin) {

@@ -85,6 +85,9 @@ typedef struct Config {
 // Loads path, applies "--set key=value" overrides (dotted keys reach "train.*"),
 // validates. Any problem: one line naming the key and the rule, exit 1.
 void config_load(Config *cfg, const char *path, int n_sets, char **sets);
+// --out DIR of train and init: train.out_dir, absolute as every path of the config.json a run
+// writes (a relative one would resume elsewhere when read from another directory).
+void config_set_out_dir(Config *cfg, const char *out);
 // Same, from JSON text (tests). `origin` names the source in error messages.
 void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets);
 // Warns (one line) when train.warmup_steps is longer than train.max_steps: the learning rate

@@ -116,7 +116,7 @@ int model_dir_save_cache_fits(const CacheLayout *cl, const char *path, char *err
         t[n].data = bufs[n];
         n++;
     }
-    int rc = n ? st_save(path, t, n, ST_F32, NULL, err, errlen) : 0;
+    int rc = n ? st_save(path, OUT_REPLACE, t, n, ST_F32, NULL, err, errlen) : 0;
     for (int i = 0; i < n; i++) free(bufs[i]);
     free(bufs);
     free(names);

@@ -325,7 +325,7 @@ static StTensor *host_tensors(const Model *m, const float *host) {
 
 int model_save_host(const Model *m, const float *host, const char *path, int st_dtype, char *err, size_t errlen) {
     StTensor *st = host_tensors(m, host);
-    int rc = st_save(path, st, m->params.n, st_dtype, SAVE_METADATA, err, errlen);
+    int rc = st_save(path, OUT_REPLACE, st, m->params.n, st_dtype, SAVE_METADATA, err, errlen);
     free(st);
     return rc;
 }

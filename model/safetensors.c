@@ -11,8 +11,8 @@
 #include <cjson/cJSON.h>
 
 #include "backend/bf16.h"
+#include "common/unfinished.h"
 #include "common/util.h"
-#include "backend/bf16.h"
 
 static const char *DTYPE_NAMES[] = {"F32", "BF16", "F16", "F64", "I32", "I64", "U8", "I8", "U16", "U32"};
 static const size_t DTYPE_SIZES[] = {4, 2, 2, 8, 4, 8, 1, 1, 2, 4};
@@ -183,7 +183,7 @@ int st_read_f32(StFile *sf, int i, float *out, char *err, size_t errlen) {
     return 0;
 }
 
-int st_save(const char *path, const StTensor *t, int n, int out_dtype, const char *metadata_json, char *err, size_t errlen) {
+int st_save(const char *path, OutMode mode, const StTensor *t, int n, int out_dtype, const char *metadata_json, char *err, size_t errlen) {
     if (out_dtype != ST_F32 && out_dtype != ST_BF16) return fail_with(err, errlen, "st_save writes F32 or BF16 only");
     size_t es = DTYPE_SIZES[out_dtype];
     cJSON *root = cJSON_CreateObject();
@@ -211,7 +211,7 @@ int st_save(const char *path, const StTensor *t, int n, int out_dtype, const cha
     size_t hlen = strlen(hdr);
     size_t padded = (hlen + 7) & ~(size_t)7;   // data area 8-byte aligned, padded with spaces
     AtomicFile af;
-    if (atomic_open(&af, path) != 0) { free(hdr); return fail_with(err, errlen, "cannot create '%s': %s", path, strerror(errno)); }
+    if (atomic_open(&af, path, mode) != 0) { free(hdr); return fail_with(err, errlen, "cannot create '%s': %s", path, strerror(errno)); }
     unsigned char lenbuf[8];
     for (int i = 0; i < 8; i++) lenbuf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
     int ok = fwrite(lenbuf, 1, 8, af.f) == 8 && fwrite(hdr, 1, hlen, af.f) == hlen;
@@ -236,7 +236,13 @@ int st_save(const char *path, const StTensor *t, int n, int out_dtype, const cha
         atomic_abort(&af);
         return fail_with(err, errlen, "writing '%s' failed: %s", path, strerror(e));
     }
-    if (atomic_commit(&af) != 0) return fail_with(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
+    if (atomic_commit(&af) != 0) {
+        if (errno == EEXIST && mode == OUT_KEEP_EXISTING) {
+            atomic_exists_message(err, errlen, path);
+            return -1;
+        }
+        return fail_with(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
+    }
     return 0;
 }
 
@@ -509,7 +515,7 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
     int rc = 0;
     if (n_shards <= 1) {
         char *single = path_join(dir, ST_SINGLE_FILE);
-        rc = st_save(single, t, n, out_dtype, metadata_json, err, errlen);
+        rc = st_save(single, OUT_REPLACE, t, n, out_dtype, metadata_json, err, errlen);
         free(single);
         char *keep[] = {ST_SINGLE_FILE};
         if (!rc) remove_stale(dir, old, n_old, keep, 1);
@@ -520,6 +526,7 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
         snprintf(id, sizeof(id), "%llx-%lx", (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec, (long)getpid());
         char *meta = meta_with_id(metadata_json, id);
         char **names = xcalloc((size_t)n_shards, sizeof(char *)), **partial = xcalloc((size_t)n_shards, sizeof(char *));
+        int *unfinished = xmalloc((size_t)n_shards * sizeof(int));   // removed if the process ends before the renames
         int written = 0;
         for (int k = 0, first = 0; k < n_shards && !rc; k++) {
             int last = first;
@@ -529,7 +536,8 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
             snprintf(part, sizeof(part), "%s.partial.%ld", name, (long)getpid());
             names[k] = xstrdup(name);
             partial[k] = path_join(dir, part);
-            rc = st_save(partial[k], t + first, last - first, out_dtype, meta, err, errlen);
+            rc = st_save(partial[k], OUT_REPLACE, t + first, last - first, out_dtype, meta, err, errlen);
+            unfinished[k] = rc ? -1 : unfinished_add(partial[k], UNFINISHED_FILE);
             if (!rc) written++;
             first = last;
         }
@@ -539,7 +547,11 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
             else { free(partial[k]); partial[k] = NULL; }
             free(final);
         }
-        for (int k = 0; k < written; k++) if (partial[k]) unlink(partial[k]);
+        for (int k = 0; k < written; k++) {
+            if (partial[k]) unlink(partial[k]);
+            unfinished_done(unfinished[k]);
+        }
+        free(unfinished);
         if (!rc) {
             cJSON *root = cJSON_CreateObject();
             cJSON *md = cJSON_AddObjectToObject(root, "metadata");
@@ -550,7 +562,7 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
             char *text = cJSON_Print(root);
             cJSON_Delete(root);
             AtomicFile af;
-            if (atomic_open(&af, index_path) != 0) {
+            if (atomic_open(&af, index_path, OUT_REPLACE) != 0) {
                 rc = fail_with(err, errlen, "cannot create '%s': %s", index_path, strerror(errno));
             } else if (fputs(text, af.f) < 0 || fputc('\n', af.f) == EOF) {
                 int e = errno;

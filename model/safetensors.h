@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/util.h"
+
 enum { ST_F32 = 0, ST_BF16, ST_F16, ST_F64, ST_I32, ST_I64, ST_U8, ST_I8, ST_U16, ST_U32 };
 
 #define ST_MAX_DIMS 8
@@ -52,9 +54,11 @@ typedef struct StTensor {
     int64_t shape[ST_MAX_DIMS];
     const float *data;
 } StTensor;
-// Writes atomically (temporary + fsync + rename). metadata_json: a JSON object text of
-// string values, or NULL. Returns 0, or -1 with the reason in err (nothing left behind).
-int st_save(const char *path, const StTensor *t, int n, int out_dtype, const char *metadata_json,
+// Writes atomically (temporary + fsync + rename; mode as in common/util.h's AtomicFile).
+// metadata_json: a JSON object text of string values, or NULL. Returns 0, or -1 with the reason
+// in err (nothing left behind, but for the finished file kept when OUT_KEEP_EXISTING found path
+// taken, which err names).
+int st_save(const char *path, OutMode mode, const StTensor *t, int n, int out_dtype, const char *metadata_json,
             char *err, size_t errlen);
 
 // A model's weights as users have them: one file, or Hugging Face shards

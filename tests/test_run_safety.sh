@@ -4,9 +4,10 @@
 #  (1) train into a directory that holds another run, and init over one: refused without
 #      --overwrite (files untouched), cleared with it;
 #  (2) a finished run continues with --resume auto --set train.max_steps=N from its final
-#      checkpoint; without any checkpoint it is refused with the reason; at max_steps: nothing to do;
+#      checkpoint; without any checkpoint it is refused with the reason; at max_steps: nothing to do,
+#      unless the end's final model was not written (written then from the last checkpoint);
 #  (3) a second training on the same --out is refused while the first runs; a lock left by a
-#      killed process is taken over with a message;
+#      killed process is taken over with a message; a lock that links to another file is refused;
 #  (4) resuming from an older checkpoint moves the later ones aside (one timeline), and a later
 #      --resume auto does not go back to them; metrics.jsonl stays in step order;
 #  (5) --resume auto with every checkpoint damaged: refused naming the damage, nothing changed;
@@ -92,6 +93,7 @@ fi
 # ---------------------------------------------------------------- (2) continue a finished run
 "$CLLA" train --config c.json --out r2 --quiet 2> r2.err || fail "(2) run failed: $(tail -n 1 r2.err)"
 cp r2/model.safetensors r2.model6
+cp r2/config.json r2.config6
 if "$CLLA" train --config c.json --out r2 --quiet --resume auto --set train.max_steps=9 2> r2b.err &&
    grep -q "resuming from $WORK/r2/checkpoints/step_00000006 at step 6" r2b.err && [ "$(steps_of r2/metrics.jsonl)" = "1 2 3 4 5 6 7 8 9 " ] &&
    ! cmp -s r2.model6 r2/model.safetensors && ! ls -d r2/checkpoints/abandoned-* > /dev/null 2>&1; then
@@ -102,6 +104,23 @@ fi
 snapshot r2 > r2.before
 "$CLLA" train --config c.json --out r2 --quiet --resume auto --set train.max_steps=9 2> r2c.err && grep -q "nothing to do" r2c.err &&
     snapshot r2 | cmp -s - r2.before && ok "(2) at train.max_steps: $(grep -v changed r2c.err)" || fail "(2) resume at max_steps: $(cat r2c.err)"
+# the end's write of the final model failed (full disk) or was killed: the run holds the
+# previous end's model and config, or none; at train.max_steps the resume writes them again from
+# the last checkpoint, the same bytes as a final model written at the end
+cp r2/model.safetensors r2.model9
+for damage in "the previous end's model and config" "no final model"; do
+    if [ "$damage" = "no final model" ]; then rm -f r2/model.safetensors r2/config.json
+    else cp r2.model6 r2/model.safetensors; cp r2.config6 r2/config.json; fi
+    if "$CLLA" train --config c.json --out r2 --quiet --resume auto --set train.max_steps=9 2> r2d.err &&
+       grep -q "final model of that step was not written: writing it from the checkpoint" r2d.err &&
+       cmp -s r2/model.safetensors r2.model9 && grep -Eq '"max_steps":[[:space:]]*9,' r2/config.json; then
+        ok "(2) $damage at max_steps: written again from the checkpoint"
+    else
+        fail "(2) $damage at max_steps: $(tr '\n' '|' < r2d.err) $(cmp r2/model.safetensors r2.model9 2>&1)"
+    fi
+done
+"$CLLA" train --config c.json --out r2 --quiet --resume auto --set train.max_steps=9 2> r2e.err && grep -q "nothing to do" r2e.err &&
+    ok "(2) and then nothing to do" || fail "(2) after writing the final model again: $(cat r2e.err)"
 rm -rf r2/checkpoints
 snapshot r2 > r2.before
 expect_error "(2) a finished run without checkpoints" "no checkpoint to continue from.*init_from" -- \
@@ -119,6 +138,10 @@ expect_error "(3) a second training on the same --out" "in use by another traini
     "$CLLA" train --config long.json --out r3 --quiet --resume auto
 expect_error "(3) init --overwrite into a running training's directory" "in use by another training (process $BGPID" -- \
     "$CLLA" init --config long.json --out r3 --overwrite
+# train.metrics naming the running training's metrics file from another run directory (the
+# lock of r3 does not cover it): refused, even with --overwrite, which would have removed it
+expect_error "(3) another run's train.metrics = the running training's file, with --overwrite" "metrics file '$WORK/r3/metrics.jsonl' is being written by another training" -- \
+    "$CLLA" train --config long.json --out r3_other --quiet --overwrite --set train.max_steps=2 --set train.metrics="$WORK/r3/metrics.jsonl"
 [ -s r3/metrics.jsonl ] && ok "(3) the running training's metrics are still there" ||
     fail "(3) init --overwrite removed the running training's files: $(ls r3 | tr '\n' ' ')"
 kill -TERM "$BGPID"; wait "$BGPID"
@@ -137,6 +160,19 @@ if "$CLLA" train --config long.json --out r3 --quiet --overwrite --set train.max
 else
     fail "(3) stale lock: $(cat r3c.err | tr '\n' '|') $(ls r3)"
 fi
+
+# the lock is truncated and rewritten: a train.lock that is a link (symbolic or hard) to a
+# user's file is refused, the file untouched
+echo "IMPORTANT" > important.txt
+mkdir -p rl_sym rl_hard
+ln -s ../important.txt rl_sym/train.lock
+ln important.txt rl_hard/train.lock
+expect_error "(3) a train.lock that is a symbolic link" "is a symbolic link.*remove the link" -- \
+    "$CLLA" train --config c.json --out rl_sym --quiet --set train.max_steps=2
+expect_error "(3) a train.lock that is a hard link" "not a plain file of its own" -- \
+    "$CLLA" train --config c.json --out rl_hard --quiet --set train.max_steps=2
+[ "$(cat important.txt)" = IMPORTANT ] && [ -L rl_sym/train.lock ] && ok "(3) the linked file is left as it was" ||
+    fail "(3) important.txt now: $(head -c 40 important.txt)"
 
 # ---------------------------------------------------------------- (4) one timeline
 cat > c20.json <<EOF

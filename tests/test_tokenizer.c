@@ -191,7 +191,7 @@ static void test_trained(void) {
     char tmp[] = "/tmp/clla_tok_XXXXXX";
     int fd = mkstemp(tmp);
     close(fd);
-    check(tok_save(t, tmp) == 0, "tokenizer saves%s", "");
+    check(tok_save(t, tmp, OUT_REPLACE) == 0, "tokenizer saves%s", "");
     Tokenizer *l = tok_load(tmp);
     check(tok_hash(l) == tok_hash(t) && tok_vocab_size(l) == 512, "saved tokenizer loads with the same hash%s", "");
     tok_free(l);

@@ -92,7 +92,7 @@ static int hash_file(const char *path, uint64_t *hash, uint64_t *bytes, char *er
 
 static int write_text(const char *path, const char *text, char *err, size_t errlen) {
     AtomicFile af;
-    if (atomic_open(&af, path) != 0) return fail_with(err, errlen, "cannot create '%s': %s", path, strerror(errno));
+    if (atomic_open(&af, path, OUT_REPLACE) != 0) return fail_with(err, errlen, "cannot create '%s': %s", path, strerror(errno));
     if (fputs(text, af.f) < 0 || fputc('\n', af.f) == EOF) {
         int e = errno;
         atomic_abort(&af);
@@ -133,7 +133,7 @@ static int save_tables(Model *model, const char *path, float *const *bufs, const
             s->data = (const float *)((const char *)host[b] + tt->t[i].off_f32);
         }
     }
-    int rc = st_save(path, st, n, ST_F32, metadata, err, errlen);
+    int rc = st_save(path, OUT_REPLACE, st, n, ST_F32, metadata, err, errlen);
     for (int b = 0; b < n_bufs && !in_place; b++) free(host[b]);
     free(host);
     free(st);
@@ -341,7 +341,7 @@ static int save_shard(Model *model, const AdamW *opt, const char *path, int rank
     snprintf(meta, sizeof(meta),
              "{\"format\":\"clla-adamw-zero1\",\"layout\":\"joined\",\"t\":\"%d\",\"rank\":\"%d\",\"world\":\"%d\",\"lo\":\"%zu\",\"hi\":\"%zu\",\"numel\":\"%zu\"%s}",
              opt->t, rank, world, lo, hi, n, stripes);
-    int rc = st_save(path, t, len ? 2 : 0, ST_F32, meta, err, errlen);   // an empty shard: metadata only
+    int rc = st_save(path, OUT_REPLACE, t, len ? 2 : 0, ST_F32, meta, err, errlen);   // an empty shard: metadata only
     free(hm);
     free(hv);
     return rc;

@@ -74,14 +74,14 @@ static int is_model_shard(const char *name) {
     return !strncmp(name, "model-", 6) && strstr(name, "-of-") && n > 12 && !strcmp(name + n - 12, ".safetensors");
 }
 
-void run_dir_clear(const char *dir, const char *metrics_path) {
+void run_dir_clear(const char *dir, const char *metrics_path, int keep_model) {
     const char *names[] = {"model.safetensors", "model.safetensors.index.json", "config.json"};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 3 && !keep_model; i++) {
         char *p = path_join(dir, names[i]);
         if (unlink(p) != 0 && errno != ENOENT) die("--overwrite: cannot remove '%s': %s", p, strerror(errno));
         free(p);
     }
-    DIR *dd = opendir(dir);
+    DIR *dd = keep_model ? NULL : opendir(dir);
     if (dd) {
         struct dirent *de;
         while ((de = readdir(dd)))
@@ -125,8 +125,17 @@ void run_lock_acquire(const char *dir) {
     if (make_dirs(dir) != 0) die("cannot create run directory '%s': %s", dir, strerror(errno));
     char *path = path_join(dir, RUN_LOCK_FILE);
     for (int attempt = 0;; attempt++) {
-        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        // the lock is truncated and rewritten below: never through a link to someone's file
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (fd < 0 && errno == ELOOP)
+            die("the lock file '%s' is a symbolic link: a run's lock is a file of its own; remove the link", path);
         if (fd < 0) die("cannot create the lock file '%s': %s", path, strerror(errno));
+        struct stat own;
+        if (fstat(fd, &own) != 0 || !S_ISREG(own.st_mode) || own.st_nlink > 1) {   // 0: the holder removed it (retried below)
+            close(fd);
+            die("the lock file '%s' is not a plain file of its own (a directory, a device or a hard link to another "
+                "file): remove it", path);
+        }
         char text[128] = "";
         ssize_t got = pread(fd, text, sizeof(text) - 1, 0);
         text[got > 0 ? got : 0] = '\0';
@@ -141,7 +150,7 @@ void run_lock_acquire(const char *dir) {
         }
         // the holder may have removed the name between our open and flock: lock the file the name is now
         struct stat a, b;
-        if (fstat(fd, &a) != 0 || stat(path, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
+        if (fstat(fd, &a) != 0 || lstat(path, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
             close(fd);
             if (attempt > 100) die("cannot take the lock '%s': it keeps changing", path);
             continue;
@@ -163,11 +172,33 @@ void run_lock_acquire(const char *dir) {
 
 // ---------------------------------------------------------------- metrics and the model
 
+// A training holds its metrics file locked (flock) while it writes it: train.metrics may name
+// a file outside the run directory, which the run directory's lock does not cover. Only a lock
+// held elsewhere stops a run; a filesystem without flock for this file (EBADF, ENOLCK, ...) is
+// left unchecked.
+static void metrics_lock(int fd, const char *path) {
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+        die("metrics file '%s' is being written by another training: give this run its own train.metrics, or wait for that run to end", path);
+}
+
+void run_metrics_check_free(const char *dir, const char *metrics_path) {
+    char *mp = run_metrics_path(dir, metrics_path);
+    int fd = open(mp, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        metrics_lock(fd, mp);
+        close(fd);   // releases the lock taken to look
+    }
+    free(mp);
+}
+
 static void open_metrics(RunFiles *rf, const char *dir, const char *metrics_path, int truncate) {
     rf->dir = xstrdup(dir);
     rf->metrics_path = run_metrics_path(dir, metrics_path);
-    rf->metrics_fd = open(rf->metrics_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
+    // opened without truncation, locked, then truncated: another training's file is never emptied
+    rf->metrics_fd = open(rf->metrics_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (rf->metrics_fd < 0) die("cannot write metrics file '%s': %s", rf->metrics_path, strerror(errno));
+    metrics_lock(rf->metrics_fd, rf->metrics_path);
+    if (truncate && ftruncate(rf->metrics_fd, 0) != 0) die("cannot truncate metrics file '%s': %s", rf->metrics_path, strerror(errno));
 }
 
 void run_files_open(RunFiles *rf, const char *dir, const char *metrics_path) {
@@ -182,7 +213,7 @@ void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_pa
     char *old = read_file(mp, &len);
     if (old) {
         AtomicFile af;
-        if (atomic_open(&af, mp) != 0) die("cannot write metrics file '%s': %s", mp, strerror(errno));
+        if (atomic_open(&af, mp, OUT_REPLACE) != 0) die("cannot write metrics file '%s': %s", mp, strerror(errno));
         int ok = 1;
         for (char *line = old, *next; ok && line < old + len; line = next) {
             char *nl = memchr(line, '\n', (size_t)(old + len - line));
@@ -207,7 +238,7 @@ int write_config_json_checked(const char *path, const Config *cfg, char *err, si
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
     AtomicFile af;
-    if (atomic_open(&af, path) != 0) {
+    if (atomic_open(&af, path, OUT_REPLACE) != 0) {
         snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
         free(text);
         return -1;
@@ -254,6 +285,19 @@ void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const f
         write_config_json_checked(cp, cfg, err, sizeof(err)) != 0)
         die("%s%s%s", err, last_good ? "; the last good checkpoint is " : "", last_good ? last_good : "");
     free(cp);
+}
+
+int run_final_model_current(const char *dir, int step) {
+    char *cp = path_join(dir, "config.json");
+    char *text = read_file(cp, NULL);
+    free(cp);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "train"), "max_steps");
+    int current = cJSON_IsNumber(ms) && ms->valuedouble == (double)step &&
+                  (exists_in(dir, "model.safetensors") || exists_in(dir, "model.safetensors.index.json"));
+    cJSON_Delete(j);
+    return current;
 }
 
 void run_files_close(RunFiles *rf) {

@@ -34,7 +34,9 @@ int run_dir_is_empty(const RunDirContents *c);
 void run_dir_describe(const RunDirContents *c, char *buf, size_t len);
 // --overwrite: removes what a run writes (config.json, model.safetensors, the metrics file and
 // the checkpoints/ tree); other files in dir are left alone. Dies naming what it cannot remove.
-void run_dir_clear(const char *dir, const char *metrics_path);
+// keep_model: config.json and the weights stay (the caller has just written new ones in their
+// place: an earlier run is not removed before its replacement is safely written).
+void run_dir_clear(const char *dir, const char *metrics_path, int keep_model);
 
 // Creates dir (as mkdir -p) and takes its lock file dir/train.lock: an exclusive flock() on it,
 // so a lock whose holder died (even by SIGKILL) is free again, and the holder's pid written
@@ -45,6 +47,10 @@ void run_lock_acquire(const char *dir);
 
 // Creates dir; opens metrics_path (or dir/metrics.jsonl when empty), empty, for appending.
 void run_files_open(RunFiles *rf, const char *dir, const char *metrics_path);
+// Dies when the run's metrics file (train.metrics, or dir/metrics.jsonl) is being written by a
+// running training (which holds it locked from run_files_open to exit): called before
+// --overwrite removes it or a resume rewrites it.
+void run_metrics_check_free(const char *dir, const char *metrics_path);
 // Resuming at step `resumed_step`: keeps the metrics file's records of steps <= resumed_step
 // (a run killed after its last checkpoint logged steps that will now run again) and opens it
 // for appending.
@@ -55,6 +61,11 @@ void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_pa
 // checkpoint to continue from; NULL: none).
 // masters: the whole fp32 masters in a backend buffer (model->master unless ZeRO-1 sharded them).
 void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters, const char *last_good);
+// 1 when dir holds the final model of a run that ended at `step`: its weights and a config.json
+// whose train.max_steps is that step (run_files_save_model writes the weights, then the config;
+// a run that failed or was killed in between, or before, left the config of an earlier end or
+// none). 0 otherwise: a resumed run at that step writes them again from its checkpoint.
+int run_final_model_current(const char *dir, int step);
 // 1 when every element of the whole fp32 masters (backend buffer) is finite; else 0 with the
 // first bad element's index in *bad.
 int model_masters_finite(Model *model, const float *masters, size_t *bad);

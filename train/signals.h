@@ -12,9 +12,9 @@ typedef struct SignalWatch {
     int installed;
 } SignalWatch;
 
-// Installs the handlers. The first SIGINT/SIGTERM asks for a stop; the handler is one-shot
-// (SA_RESETHAND), so a second Ctrl-C kills the process the default way when a user does
-// not want to wait for the step and the save (checkpoints are atomic, so that is safe).
+// Installs the handlers. The first SIGINT/SIGTERM asks for a stop; a second ends the process
+// by that signal when a user does not want to wait for the step and the save, removing its
+// unfinished outputs (common/unfinished.h; checkpoints are atomic, so that is safe).
 void signals_install(SignalWatch *sw);
 // The signal number that asked for a stop, or 0.
 int signals_stop_requested(const SignalWatch *sw);
