@@ -57,7 +57,7 @@ fi
 sed "s/^void cpu_/void old_cpu_/" "$work/old_tree/$src" > "$work/old_tree/${src%.c}_old.c"
 gcc "${cflags[@]}" -I "$work/old_tree" -c "$work/old_tree/${src%.c}_old.c" -o "$work/old.o"
 gcc "${flags[@]}" -c "$src" -o "$work/new.o"
-gcc "${flags[@]}" -Wall -Wextra "bench/ab/ab_${op%_rows}.c" "$work/old.o" "$work/new.o" "${extra[@]}" common/util.c common/num.c \
+gcc "${flags[@]}" -Wall -Wextra "bench/ab/ab_${op%_rows}.c" "$work/old.o" "$work/new.o" "${extra[@]}" common/util.c common/unfinished.c common/num.c \
     -o "$work/ab" -lopenblas -lm
 echo "ab $op: $(git rev-parse --short "$old") (old) against the working tree (new), OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}, best of $reps"
 tiny="${AB_TINY:-0}"

@@ -193,9 +193,12 @@ void package_out_write(PackageOut *po, const Model *model, const Config *cfg, co
         die("cannot rename '%s' to '%s': %s: nothing was changed", tmp, out, strerror(e));
     }
     unfinished_done(tmp_slot);
+    // the replaced package, from here on only to be removed: also if a signal comes during it
+    const int old_slot = po->exists ? unfinished_add(old, UNFINISHED_DIR) : -1;
     sigprocmask(SIG_SETMASK, &before, NULL);
     fsync_dir_of(out);
     if (po->exists && remove_flat_dir(old) != 0) warn("the replaced package was left at '%s': remove it", old);
+    unfinished_done(old_slot);
     free(host);
     free(config_text);
     free(tmp);

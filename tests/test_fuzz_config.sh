@@ -19,7 +19,7 @@ fuzz_begin test_fuzz_config
   "$SRC/model/safetensors.c" "$SRC/model/hf_config.c" "$SRC/backend/backend_ops.c" \
   "$SRC/model/codec_cq.c" "$SRC/model/codec_qet.c" "$SRC/model/codec_kivi.c" "$SRC/model/codec_qjl.c" "$SRC/model/codec_kvquant.c" \
   "$SRC/quant/cq.c" "$SRC/quant/qet.c" "$SRC/quant/kmeans.c" "$SRC/quant/kivi.c" "$SRC/quant/qjl.c" "$SRC/quant/kvquant.c" "$SRC/quant/qpack.c" \
-  "$W/util.o" -lcjson -lm -o "$W/fuzz_config" 2>> "$W/cc.err"
+  "$SRC/common/unfinished.c" "$W/util.o" -lcjson -lm -o "$W/fuzz_config" 2>> "$W/cc.err"
 check $? "build fuzz_config with -fsanitize=fuzzer,address,undefined"
 [ -s "$W/cc.err" ] && head -20 "$W/cc.err"
 

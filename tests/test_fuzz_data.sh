@@ -9,11 +9,11 @@ CLLA=${CLLA:?set CLLA to the clla binary}
 . "$(dirname "${BASH_SOURCE[0]}")/lib/fuzz.sh"
 SECONDS_EACH=${FUZZ_SECONDS:-25}
 fuzz_begin test_fuzz
-DATA=("$SRC/common/util.c" "$SRC/data/tokenizer.c" "$SRC/data/tokenizer_file.c" "$SRC/data/pretok.c" "$SRC/data/bpe_train.c")
+DATA=("$SRC/common/util.c" "$SRC/common/unfinished.c" "$SRC/data/tokenizer.c" "$SRC/data/tokenizer_file.c" "$SRC/data/pretok.c" "$SRC/data/bpe_train.c")
 "$CC" "${FLAGS[@]}" "$SRC/tests/fuzz/fuzz_tokenizer.c" "${DATA[@]}" -lpcre2-8 -o "$W/fuzz_tokenizer" 2> "$W/cc1.err"
 check $? "build fuzz_tokenizer with -fsanitize=fuzzer,address,undefined" || true
 [ -s "$W/cc1.err" ] && head -20 "$W/cc1.err"
-"$CC" "${FLAGS[@]}" "$SRC/tests/fuzz/fuzz_shard.c" "$SRC/common/util.c" "$SRC/data/shard_read.c" -lzstd -o "$W/fuzz_shard" 2> "$W/cc2.err"
+"$CC" "${FLAGS[@]}" "$SRC/tests/fuzz/fuzz_shard.c" "$SRC/common/util.c" "$SRC/common/unfinished.c" "$SRC/data/shard_read.c" -lzstd -o "$W/fuzz_shard" 2> "$W/cc2.err"
 check $? "build fuzz_shard with -fsanitize=fuzzer,address,undefined" || true
 [ -s "$W/cc2.err" ] && head -20 "$W/cc2.err"
 

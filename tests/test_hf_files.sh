@@ -144,6 +144,18 @@ assert j["model_type"] == mtype and j["architectures"] == [arch], (j["model_type
 assert isinstance(j.get("train"), dict) and "seq_len" in j["train"], "run settings under train"
 if dskey: assert dskey in j and gone not in j, (dskey, gone, keys)
 EOF
+# same_config_but_out_dir A B: the two config.json texts are equal but for train.out_dir, which is
+# each one's own directory (absolute): init --out names where the config it writes lives
+same_config_but_out_dir() {
+    python3 - "$1" "$2" <<'PYEOF'
+import json, os, sys
+texts = [open(p).read() for p in sys.argv[1:]]
+outs = [json.loads(t)["train"]["out_dir"] for t in texts]
+want = [os.path.abspath(os.path.dirname(p)) for p in sys.argv[1:]]
+assert outs == want, (outs, want)
+assert texts[0].replace(json.dumps(outs[0]), '""') == texts[1].replace(json.dumps(outs[1]), '""'), "configs differ"
+PYEOF
+}
 # name | preset and knobs | model_type | a DeepSeek-V2 key written | the clla key it replaces
 while IFS='|' read -r name knobs mtype dskey gone; do
     printf '{"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,\n "intermediate_size": 48, %s}\n' "$knobs" > "id_$name.json"
@@ -151,7 +163,7 @@ while IFS='|' read -r name knobs mtype dskey gone; do
     arch=LlamaForCausalLM; [ "$mtype" = clla ] && arch=CllaForCausalLM
     if python3 identity.py "id_$name/config.json" "$mtype" "$arch" "$dskey" "$gone" > py.log 2>&1 &&
        "$CLLA" init --config "id_$name/config.json" --out "rt_$name" > /dev/null 2> py.log &&
-       cmp -s "id_$name/config.json" "rt_$name/config.json" && cmp -s "id_$name/model.safetensors" "rt_$name/model.safetensors"; then
+       same_config_but_out_dir "id_$name/config.json" "rt_$name/config.json" && cmp -s "id_$name/model.safetensors" "rt_$name/model.safetensors"; then
         ok "$name: config.json says $mtype, $arch${dskey:+, $dskey}; it reads back to the same config and weights"
     else fail "$name: config.json identity or round trip" py.log; fi
 done <<'EOF'
