@@ -12,12 +12,6 @@
 #include "common/util.h"
 #include "tests/lib/check.h"
 
-static int n_checks;
-#define T(cond, ...)                \
-    do {                            \
-        n_checks++;                 \
-        CHECK(cond, __VA_ARGS__);   \
-    } while (0)
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
@@ -57,45 +51,45 @@ int main(void) {
     int err;
 
     // absent at commit: written, no temporary left
-    T(commit_over(path, OUT_KEEP_EXISTING, NULL, &err) == 0 && holds(path, "new") && !exists(tmp),
+    CHECK(commit_over(path, OUT_KEEP_EXISTING, NULL, &err) == 0 && holds(path, "new") && !exists(tmp),
       "OUT_KEEP_EXISTING onto an absent path writes it");
     unlink(path);
 
     // appeared meanwhile: refused with EEXIST, the other file untouched, ours kept and named
     int rc = commit_over(path, OUT_KEEP_EXISTING, "theirs", &err);
-    T(rc != 0 && err == EEXIST, "OUT_KEEP_EXISTING refuses a path that appeared (rc %d, errno %d)", rc, err);
-    T(holds(path, "theirs"), "the file that appeared is left as it was");
-    T(holds(tmp, "new"), "the finished output is kept at '%s'", tmp);
+    CHECK(rc != 0 && err == EEXIST, "OUT_KEEP_EXISTING refuses a path that appeared (rc %d, errno %d)", rc, err);
+    CHECK(holds(path, "theirs"), "the file that appeared is left as it was");
+    CHECK(holds(tmp, "new"), "the finished output is kept at '%s'", tmp);
     atomic_exists_message(msg, sizeof(msg), path);
-    T(strstr(msg, tmp) && strstr(msg, path) && strstr(msg, "--overwrite"), "the message names both files and the flag: %s", msg);
+    CHECK(strstr(msg, tmp) && strstr(msg, path) && strstr(msg, "--overwrite"), "the message names both files and the flag: %s", msg);
     unlink(tmp);
 
     // OUT_REPLACE (a run's own file, or --overwrite): replaced
-    T(commit_over(path, OUT_REPLACE, "theirs", &err) == 0 && holds(path, "new") && !exists(tmp), "OUT_REPLACE replaces");
+    CHECK(commit_over(path, OUT_REPLACE, "theirs", &err) == 0 && holds(path, "new") && !exists(tmp), "OUT_REPLACE replaces");
 
     // abort leaves nothing
     AtomicFile af;
     if (atomic_open(&af, path, OUT_KEEP_EXISTING) != 0) die("atomic_open: %s", strerror(errno));
     atomic_abort(&af);
-    T(!exists(tmp) && holds(path, "new"), "atomic_abort removes the temporary only");
+    CHECK(!exists(tmp) && holds(path, "new"), "atomic_abort removes the temporary only");
 
     // rename_noreplace: files and directories
     char *a = path_join(dir, "a"), *b = path_join(dir, "b"), *d1 = path_join(dir, "d1"), *d2 = path_join(dir, "d2");
     write_text(a, "A");
     write_text(b, "B");
-    T(rename_noreplace(a, b) != 0 && errno == EEXIST && holds(a, "A") && holds(b, "B"), "rename_noreplace refuses an existing file");
+    CHECK(rename_noreplace(a, b) != 0 && errno == EEXIST && holds(a, "A") && holds(b, "B"), "rename_noreplace refuses an existing file");
     unlink(b);
-    T(rename_noreplace(a, b) == 0 && !exists(a) && holds(b, "B") == 0 && holds(b, "A"), "rename_noreplace moves onto an absent name");
+    CHECK(rename_noreplace(a, b) == 0 && !exists(a) && holds(b, "B") == 0 && holds(b, "A"), "rename_noreplace moves onto an absent name");
     if (mkdir(d1, 0755) != 0 || mkdir(d2, 0755) != 0) die("mkdir: %s", strerror(errno));
-    T(rename_noreplace(d1, d2) != 0 && errno == EEXIST && exists(d1), "rename_noreplace refuses an existing (even empty) directory");
+    CHECK(rename_noreplace(d1, d2) != 0 && errno == EEXIST && exists(d1), "rename_noreplace refuses an existing (even empty) directory");
     rmdir(d2);
-    T(rename_noreplace(d1, d2) == 0 && !exists(d1) && exists(d2), "rename_noreplace moves a directory");
+    CHECK(rename_noreplace(d1, d2) == 0 && !exists(d1) && exists(d2), "rename_noreplace moves a directory");
 
     rmdir(d2);
     unlink(b);
     unlink(path);
     rmdir(dir);
     free(a); free(b); free(d1); free(d2); free(path);
-    printf("%d checks, %d failed\n", n_checks, failures);
+    printf("%d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
 }

@@ -16,12 +16,6 @@
 #include "common/util.h"
 #include "tests/lib/check.h"
 
-static int n_checks;
-#define T(cond, ...)                \
-    do {                            \
-        n_checks++;                 \
-        CHECK(cond, __VA_ARGS__);   \
-    } while (0)
 
 static char dir[] = "/tmp/clla_test_unfinished_XXXXXX";
 
@@ -77,11 +71,11 @@ static void start_outputs(void) {
 }
 
 static void check_removed(const char *how) {
-    T(!exists("tmp_file"), "%s: the unfinished file is removed", how);
-    T(!exists("staging"), "%s: the staging directory and what is in it are removed", how);
-    T(!exists("created_empty"), "%s: the empty directory created for the output is removed", how);
-    T(exists("created_used/other"), "%s: a created directory that holds something is kept", how);
-    T(exists("finished"), "%s: a finished output is kept", how);
+    CHECK(!exists("tmp_file"), "%s: the unfinished file is removed", how);
+    CHECK(!exists("staging"), "%s: the staging directory and what is in it are removed", how);
+    CHECK(!exists("created_empty"), "%s: the empty directory created for the output is removed", how);
+    CHECK(exists("created_used/other"), "%s: a created directory that holds something is kept", how);
+    CHECK(exists("finished"), "%s: a finished output is kept", how);
 }
 
 static void reset(void) {
@@ -94,6 +88,23 @@ static void reset(void) {
     p = at("finished");
     unlink(p);
     free(p);
+}
+
+// A child that writes out.bin through an AtomicFile, commits it or not, then dies; its pid, and
+// its wait status in *status.
+static pid_t atomic_file_child(int commit, int *status) {
+    fflush(stdout);   // a child that exits would print the parent's buffered lines again
+    pid_t pid = fork();
+    if (pid == 0) {
+        unfinished_install();
+        AtomicFile af;
+        char *p = at("out.bin");
+        if (atomic_open(&af, p, OUT_KEEP_EXISTING) != 0 || fputs("out", af.f) == EOF || fflush(af.f) != 0) _exit(3);
+        if (commit && atomic_commit(&af) != 0) _exit(3);
+        die("(a child ending %s its commit)", commit ? "after" : "before");
+    }
+    waitpid(pid, status, 0);
+    return pid;
 }
 
 int main(void) {
@@ -109,7 +120,7 @@ int main(void) {
     }
     int status;
     waitpid(pid, &status, 0);
-    T(WIFEXITED(status) && WEXITSTATUS(status) == 1, "die: exit status 1 (status %d)", status);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1, "die: exit status 1 (status %d)", status);
     check_removed("die");
     reset();
 
@@ -132,37 +143,17 @@ int main(void) {
     }
     kill(pid, SIGTERM);
     waitpid(pid, &status, 0);
-    T(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "SIGTERM: the process ends by SIGTERM (status %d)", status);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "SIGTERM: the process ends by SIGTERM (status %d)", status);
     check_removed("SIGTERM");
     reset();
 
     // (3) an AtomicFile's temporary is tracked until its commit
-    fflush(stdout);
-    pid = fork();
-    if (pid == 0) {
-        unfinished_install();
-        AtomicFile af;
-        char *p = at("out.bin");
-        if (atomic_open(&af, p, OUT_KEEP_EXISTING) != 0) _exit(3);
-        fputs("half", af.f);
-        fflush(af.f);
-        die("(a child ending before its commit)");
-    }
-    waitpid(pid, &status, 0);
+    pid = atomic_file_child(0, &status);
     char tmp[64];
     snprintf(tmp, sizeof(tmp), "out.bin.tmp.%ld", (long)pid);
-    T(WIFEXITED(status) && !exists(tmp) && !exists("out.bin"), "an AtomicFile not committed leaves nothing (status %d)", status);
-    fflush(stdout);
-    pid = fork();
-    if (pid == 0) {
-        unfinished_install();
-        AtomicFile af;
-        char *p = at("out.bin");
-        if (atomic_open(&af, p, OUT_KEEP_EXISTING) != 0 || fputs("whole", af.f) == EOF || atomic_commit(&af) != 0) _exit(3);
-        die("(a child ending after its commit)");
-    }
-    waitpid(pid, &status, 0);
-    T(WIFEXITED(status) && WEXITSTATUS(status) == 1 && exists("out.bin"), "a committed AtomicFile stays (status %d)", status);
+    CHECK(WIFEXITED(status) && !exists(tmp) && !exists("out.bin"), "an AtomicFile not committed leaves nothing (status %d)", status);
+    atomic_file_child(1, &status);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1 && exists("out.bin"), "a committed AtomicFile stays (status %d)", status);
 
     // (4) a forked child's exit does not remove its parent's entries
     unfinished_install();
@@ -172,7 +163,7 @@ int main(void) {
     pid = fork();
     if (pid == 0) exit(0);
     waitpid(pid, &status, 0);
-    T(exists("parents"), "a child's exit leaves the parent's unfinished file");
+    CHECK(exists("parents"), "a child's exit leaves the parent's unfinished file");
     char *p = at("parents");
     unlink(p);
     free(p);
@@ -185,6 +176,6 @@ int main(void) {
         free(p);
     }
     if (rmdir(dir) != 0) printf("note: '%s' not empty: %s\n", dir, strerror(errno));
-    printf("%d checks, %d failed\n", n_checks, failures);
+    printf("%d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
 }
