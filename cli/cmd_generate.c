@@ -382,13 +382,13 @@ int cmd_generate(int argc, char **argv) {
             double te = now_seconds();
             if (phase == 0) t_prefill += te - ts;
             else { t_decode += te - ts; decoded += n; }
+            // two peaks: the blocks' bytes never go down (a finished sequence's blocks are kept for
+            // the next), and the tokens stored at once may peak before or after them
             size_t bytes = decoder_cache_bytes(dec);
-            if (bytes >= peak_bytes) {
-                peak_bytes = bytes;
-                long long stored = 0;
-                for (int k = 0; k < batch; k++) if (slot[k]) stored += decoder_seq_len(dec, k);
-                peak_tokens = stored;
-            }
+            if (bytes > peak_bytes) peak_bytes = bytes;
+            long long stored = 0;
+            for (int k = 0; k < batch; k++) if (slot[k]) stored += decoder_seq_len(dec, k);
+            if (stored > peak_tokens) peak_tokens = stored;
             for (int i = 0; i < n; i++) {
                 Seq *s = batch_seqs[i];
                 if (max_new == 0) s->stop = STOP_LENGTH;
@@ -418,7 +418,7 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr,
             "generate: %d prompt%s, %lld prompt tokens in %.3f s (%.1f tok/s prefill), %lld tokens generated, "
             "%lld decoded in %.3f s (%.1f tok/s decode), %.3f s in all\n"
-            "cache: %zu bytes held at the peak (%lld tokens stored), %.10g bytes per token (%s)\n",
+            "cache: %zu bytes held at the peak (at most %lld tokens stored at once), %.10g bytes per token (%s)\n",
             pl.n, pl.n == 1 ? "" : "s", prompt_tokens, t_prefill, t_prefill > 0 ? prompt_tokens / t_prefill : 0.0, generated,
             decoded, t_decode, t_decode > 0 ? decoded / t_decode : 0.0, total, peak_bytes, peak_tokens,
             decoder_bytes_per_token(dec), codecs);

@@ -4,12 +4,15 @@
 // under --val-fraction: the split depends on content only, not on file order or threads.
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/num.h"
@@ -120,9 +123,24 @@ static void stop_if_signalled(const SignalWatch *sw) {
     exit(128 + sig);
 }
 
+// A prep holds its staging directory locked (flock on the directory) from just after creating it
+// to its exit. Another one is in use when it is locked, or when it is unlocked but new and its
+// process (the pid in its name) is running: the moment between its mkdir and its lock. A pid
+// alone is not enough: after a reboot it may name another process, which kept such a directory
+// from ever being cleared.
+static int staging_in_use(const char *path, long pid) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    int locked = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    struct stat st;
+    int young = fstat(fd, &st) == 0 && time(NULL) - st.st_mtime < 60;
+    close(fd);
+    return locked || (young && pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM));
+}
+
 // Staging directories an earlier prep left in out: removed when their process is gone (killed
-// before its cleanup could run); one of a process still running means two preps write into out
-// at once, which is refused.
+// before its cleanup could run); one in use means two preps write into out at once, which is
+// refused.
 static void clear_stale_staging(const char *out) {
     DIR *d = opendir(out);
     if (!d) return;
@@ -132,9 +150,9 @@ static void clear_stale_staging(const char *out) {
         if (strncmp(de->d_name, ".prep.tmp.", strlen(".prep.tmp.")) || !*tail || strspn(tail, "0123456789") != strlen(tail)) continue;
         const long pid = strtol(tail, NULL, 10);
         if (pid == (long)getpid()) continue;
-        if (pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM))
-            die("another clla prep (pid %ld) is writing into '%s': wait for it to finish, or give another --out", pid, out);
         char *p = path_join(out, de->d_name);
+        if (staging_in_use(p, pid))
+            die("another clla prep (pid %ld) is writing into '%s': wait for it to finish, or give another --out", pid, out);
         if (remove_tree(p) != 0) warn("cannot remove '%s', left by an interrupted prep: %s", p, strerror(errno));
         free(p);
     }
@@ -403,6 +421,9 @@ int cmd_prep(int argc, char **argv) {
     remove_tree(staging);   // a stale one of an earlier process that had our pid
     if (make_dirs(staging) != 0) die("cannot create '%s': %s", staging, strerror(errno));
     const int staging_slot = unfinished_add(staging, UNFINISHED_DIR);
+    const int staging_lock = open(staging, O_RDONLY | O_DIRECTORY | O_CLOEXEC);   // held to the exit
+    if (staging_lock < 0 || flock(staging_lock, LOCK_EX | LOCK_NB) != 0)
+        die("cannot lock the staging directory '%s': %s", staging, strerror(errno));
     SignalWatch sig;
     signals_install(&sig);
     Split train = {"train", path_join(staging, "train"), NULL, 0, 0, 0, 0};

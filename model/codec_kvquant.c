@@ -44,12 +44,18 @@ static const KvqCodec *state_of(const Codec *c) {
 }
 
 // A nominal figure for the printed per-token bytes (layout sizes, `clla info`): one dense row,
-// its pointer, and the entries the outlier fraction expects; what a cache holds is measured
-// (decoder_seq_bytes), as the entries vary per token.
+// its pointer, and its 4-byte entries: a value token's exactly (ceil(f Gv / 2) per side of each
+// group), a key token's as many as the outlier fraction expects (f W, whose bytes are rounded up
+// to a whole byte: the count varies per token). What a cache holds is measured
+// (decoder_seq_bytes).
 static size_t kvq_nominal_bytes(const Codec *c, int W) {
     KvqSettings s = settings(c);
-    int64_t groups = part_of(c) == KVQ_VALUES ? W / kvq_value_group(&s, W) : 0;
-    return ((size_t)W * (size_t)c->bits + 7) / 8 + (size_t)groups * 4 + 4 + (size_t)ceil(s.outliers * W) * 4;
+    const size_t dense = ((size_t)W * (size_t)c->bits + 7) / 8 + 4;
+    if (part_of(c) == KVQ_VALUES) {
+        const int64_t groups = W / kvq_value_group(&s, W);
+        return dense + (size_t)groups * 4 + (size_t)(groups * 2 * kvq_value_outliers_per_side(&s, W)) * 4;
+    }
+    return dense + (size_t)ceil(s.outliers * W * 4 - 1e-9);
 }
 
 // One token at position pos is quant/kvquant.h's layout of T = 1: a sink row (2W bytes), or a

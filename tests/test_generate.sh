@@ -55,6 +55,14 @@ grep -Eq 'tok/s prefill' a.err && grep -Eq 'tok/s decode' a.err && grep -Eq '[0-
     grep -Eq 'cache: [0-9]+ bytes held' a.err
 check $? "stderr summary: prefill and decode tok/s, cache bytes held and per token"
 [ "$(grep -c . a.err)" -eq 2 ]; check $? "stderr holds the two summary lines only"
+# the peak tokens: two prompts one at a time (--batch 1), a long one first: the most stored at
+# once is the long prompt and its completion (the last token is not fed back, so not stored),
+# not what the short one held at the end
+printf 'the cat sat on the mat. the cat sat on the mat. the cat\nthe\n' > peak.txt
+"$CLLA" generate --model run --prompts peak.txt --batch 1 --max-new-tokens 6 --ignore-eos --json > peak.json 2> peak.err
+want=$(python3 -c "import json,sys; print(max(j['prompt_tokens'] + j['completion_tokens'] - 1 for j in map(json.loads, open('peak.json'))))")
+grep -q "(at most $want tokens stored at once)" peak.err
+check $? "the cache line's peak tokens are the most stored at once ($want): $(grep cache: peak.err)"
 CLLA_HUGE_PAGES=yes "$CLLA" generate --model run --prompt "the cat" --max-new-tokens 4 > hp.out 2> hp.err
 [ $? -ne 0 ] && [ "$(grep -c . hp.err)" -eq 1 ] && grep -q "CLLA_HUGE_PAGES='yes': use 0" hp.err
 check $? "CLLA_HUGE_PAGES=yes refused in one line: $(cat hp.err)"

@@ -82,6 +82,21 @@ else [ $rc -eq 143 ] && [ ! -e "$W/sig" ] && grep -q "SIGTERM received" "$W/sig.
 mkdir -p "$W/stale/.prep.tmp.999999/train"
 $CLLA prep --tokenizer "$W/tok.tok" --out "$W/stale" --val-fraction 0 "$FIX/english.jsonl" > /dev/null 2>&1
 [ "$(ls -A "$W/stale" | tr '\n' ' ')" = "tokenizer.tok train " ]; check $? "a staging directory left by a dead prep is removed ($(ls -A "$W/stale" | tr '\n' ' '))"
+# one whose pid is now another running process (pid 1, as after a reboot): unlocked and old, so
+# stale; unlocked and new, it may be a prep between its mkdir and its lock: refused
+mkdir -p "$W/stale1/.prep.tmp.1/train"
+touch -d '2 hours ago' "$W/stale1/.prep.tmp.1"
+$CLLA prep --tokenizer "$W/tok.tok" --out "$W/stale1" --val-fraction 0 "$FIX/english.jsonl" > /dev/null 2> "$W/stale1.err"
+[ "$(ls -A "$W/stale1" | tr '\n' ' ')" = "tokenizer.tok train " ]; check $? "an old unlocked staging directory whose pid runs another process is removed ($(cat "$W/stale1.err"))"
+mkdir -p "$W/young1/.prep.tmp.1"
+expect_error "a new staging directory of a running pid" "another clla prep (pid 1) is writing into" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/young1" "$FIX/english.jsonl"
+# a locked one is in use whatever its pid and age (flock(1) holds it as a running prep does)
+mkdir -p "$W/locked/.prep.tmp.999999"
+touch -d '2 hours ago' "$W/locked/.prep.tmp.999999"
+flock "$W/locked/.prep.tmp.999999" sleep 5 & lockpid=$!
+sleep 0.3
+expect_error "a locked staging directory" "another clla prep (pid 999999) is writing into" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/locked" "$FIX/english.jsonl"
+pkill -P $lockpid 2> /dev/null; kill $lockpid 2> /dev/null; wait $lockpid 2> /dev/null
 # what cJSON alone would read and drop without a word (a fourth probe): a second object on a
 # line, \u0000 in a text; and a NUL in a plain-text corpus (a shard or an archive given as text)
 printf '{"text": "a"}{"text": "more text"}\n' > "$W/two.jsonl"
