@@ -19,6 +19,7 @@
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "model/decode.h"
+#include "model/mem_plan.h"
 #include "model/model_dir.h"
 #include "model/sampler.h"
 #include "cli/commands.h"
@@ -344,6 +345,14 @@ int cmd_generate(int argc, char **argv) {
     g.V_tok = (int)tok_vocab_size(tok);
     sampler_init(&g.sampler, &sp, g.V_tok);
     Decoder *dec = decoder_new(&model, layout, batch, max_len);
+    {
+        // refused before the prefill rather than killed by the kernel mid-way (model/mem_plan.h)
+        int longest = 1;
+        for (int i = 0; i < pl.n; i++) if (seqs[i].plen > longest) longest = seqs[i].plen;
+        const int bt = decoder_block_tokens(dec);
+        const double blocks = (double)((max_len + bt - 1) / bt);
+        mem_check_fits_decode(&cfg, model.be, batch, longest, (double)batch * blocks * bt * decoder_bytes_per_token(dec));
+    }
     Seq **slot = xcalloc((size_t)batch, sizeof(Seq *));
     float *logits = xmalloc((size_t)batch * V * sizeof(float));
     int *ids = xmalloc((size_t)batch * sizeof(int)), *lens = xmalloc((size_t)batch * sizeof(int));

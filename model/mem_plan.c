@@ -112,10 +112,11 @@ static unsigned long long cgroup_available(unsigned long long *limit) {
 
 static double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
 
-// "1.50 GiB" or "12.3 MiB"
+// "1.50 GiB", "12.3 MiB" or "4.0 KiB"
 static const char *human(double b, char *buf, size_t n) {
     if (b >= 1024.0 * 1024.0 * 1024.0) snprintf(buf, n, "%.2f GiB", gib(b));
-    else snprintf(buf, n, "%.1f MiB", b / (1024.0 * 1024.0));
+    else if (b >= 1024.0 * 1024.0) snprintf(buf, n, "%.1f MiB", b / (1024.0 * 1024.0));
+    else snprintf(buf, n, "%.1f KiB", b / 1024.0);
     return buf;
 }
 
@@ -132,18 +133,41 @@ unsigned long long mem_available(char *how, size_t howlen) {
     return avail;
 }
 
-void mem_check_fits(const Config *cfg, const Backend *be) {
-    if (!strcmp(be->name, "cuda")) return;   // the big buffers live on the GPU
-    char how[256];
-    unsigned long long avail;
+// The memory a check compares with: CLLA_TEST_MEM_AVAILABLE in tests, else mem_available();
+// 0 when nothing is readable (no check: not Linux, or /proc hidden).
+static unsigned long long available_for_check(char *how, size_t howlen) {
     const char *test = getenv("CLLA_TEST_MEM_AVAILABLE");
     uint64_t forced = 0;
     if (test && num_parse_u64(test, UINT64_MAX, &forced) == NUM_OK) {
-        avail = forced;
-        snprintf(how, sizeof(how), "CLLA_TEST_MEM_AVAILABLE");
-    } else {
-        avail = mem_available(how, sizeof(how));
+        snprintf(how, howlen, "CLLA_TEST_MEM_AVAILABLE");
+        return forced;
     }
+    return mem_available(how, howlen);
+}
+
+void mem_check_fits_decode(const Config *cfg, const Backend *be, int batch, int prefill_T, double cache_bytes) {
+    if (!strcmp(be->name, "cuda")) return;
+    char how[256];
+    const unsigned long long avail = available_for_check(how, sizeof(how));
+    if (!avail) return;
+    Model m;
+    model_plan_table(&m, &cfg->model, be->act_bytes);
+    model_layout_acts(&m, batch, prefill_T, be->act_bytes);
+    const double acts = (double)m.acts.bytes_store;
+    model_free(&m);
+    char a[32], b[32], c[32], d[32];
+    if (acts + cache_bytes > (double)avail)
+        die("generating needs %s more memory (the prefill's activations for %d prompts of up to %d tokens, %s; the KV cache "
+            "for %d sequences at their longest, %s) but only %s are available to this process (%s): lower --batch or "
+            "--max-new-tokens, or shorten the prompts",
+            human(acts + cache_bytes, a, sizeof(a)), batch, prefill_T, human(acts, b, sizeof(b)), batch,
+            human(cache_bytes, c, sizeof(c)), human((double)avail, d, sizeof(d)), how);
+}
+
+void mem_check_fits(const Config *cfg, const Backend *be) {
+    if (!strcmp(be->name, "cuda")) return;   // the big buffers live on the GPU
+    char how[256];
+    const unsigned long long avail = available_for_check(how, sizeof(how));
     if (!avail) return;   // nothing readable: no check (not Linux, or /proc hidden)
     MemPlan p;
     mem_plan(cfg, be->act_bytes, be->act_bytes != 4 || be->separate_master, &p);

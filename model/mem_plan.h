@@ -32,5 +32,9 @@ unsigned long long mem_parse_meminfo(const char *text);
 // memory (the CPU backends; CUDA keeps the big buffers on the GPU). CLLA_TEST_MEM_AVAILABLE
 // (bytes) stands in for the measured figure in tests.
 void mem_check_fits(const Config *cfg, const Backend *be);
+// The same for generating with a loaded model (so the weights are already counted out of what is
+// available): the prefill's forward activations for batch prompts of up to prefill_T tokens
+// (the logits of every position among them) and cache_bytes of KV cache.
+void mem_check_fits_decode(const Config *cfg, const Backend *be, int batch, int prefill_T, double cache_bytes);
 
 #endif

@@ -63,6 +63,12 @@ printf 'the cat sat on the mat. the cat sat on the mat. the cat\nthe\n' > peak.t
 want=$(python3 -c "import json,sys; print(max(j['prompt_tokens'] + j['completion_tokens'] - 1 for j in map(json.loads, open('peak.json'))))")
 grep -q "(at most $want tokens stored at once)" peak.err
 check $? "the cache line's peak tokens are the most stored at once ($want): $(grep cache: peak.err)"
+# more than the memory left after loading the model (CLLA_TEST_MEM_AVAILABLE stands in for
+# MemAvailable): refused before the prefill, naming both figures
+CLLA_TEST_MEM_AVAILABLE=4096 "$CLLA" generate --model run --prompts peak.txt --max-new-tokens 6 > mem.out 2> mem.err
+[ $? -eq 1 ] && [ "$(grep -c . mem.err)" -eq 1 ] && [ ! -s mem.out ] &&
+    grep -Eq "generating needs [0-9.]+ KiB more memory \(the prefill's activations for 2 prompts of up to [0-9]+ tokens, .*KV cache .*\) but only 4.0 KiB are available .*lower --batch or --max-new-tokens" mem.err
+check $? "generating beyond the available memory refused in one line: $(cat mem.err)"
 CLLA_HUGE_PAGES=yes "$CLLA" generate --model run --prompt "the cat" --max-new-tokens 4 > hp.out 2> hp.err
 [ $? -ne 0 ] && [ "$(grep -c . hp.err)" -eq 1 ] && grep -q "CLLA_HUGE_PAGES='yes': use 0" hp.err
 check $? "CLLA_HUGE_PAGES=yes refused in one line: $(cat hp.err)"
