@@ -162,6 +162,11 @@ void model_save_dir(Model *m, const float *masters, const char *dir, unsigned lo
 // ST_BF16 rounded to nearest even: inference packages). 0, or -1 with one line in err
 // (nothing left behind).
 int model_save_host(const Model *m, const float *host, const char *path, int st_dtype, char *err, size_t errlen);
+// A backend buffer of the whole flat fp32 layout (the masters, a moment), readable on the host:
+// the buffer itself on a backend whose memory is the host's (Backend.host_memory), else a copy
+// downloaded into *copy, which the caller frees (NULL when none was made). A copy is a whole
+// table that the training memory plan does not count.
+const float *model_table_on_host(const Model *m, const float *buf, float **copy);
 // model_save_masters and model_save_dir, returning -1 with one line in err instead of dying
 // (the trainer names its last good checkpoint in the message).
 int model_save_masters_checked(Model *m, const float *masters, const char *path, char *err, size_t errlen);

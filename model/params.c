@@ -330,11 +330,18 @@ int model_save_host(const Model *m, const float *host, const char *path, int st_
     return rc;
 }
 
+const float *model_table_on_host(const Model *m, const float *buf, float **copy) {
+    *copy = NULL;
+    if (m->be->host_memory) return buf;
+    *copy = xmalloc(m->params.bytes_f32);
+    m->be->download(*copy, buf, m->params.bytes_f32);
+    return *copy;
+}
+
 int model_save_masters_checked(Model *m, const float *masters, const char *path, char *err, size_t errlen) {
-    float *host = xmalloc(m->params.bytes_f32);
-    m->be->download(host, masters, m->params.bytes_f32);
-    int rc = model_save_host(m, host, path, ST_F32, err, errlen);
-    free(host);
+    float *copy;
+    int rc = model_save_host(m, model_table_on_host(m, masters, &copy), path, ST_F32, err, errlen);
+    free(copy);
     return rc;
 }
 
@@ -345,12 +352,11 @@ void model_save_masters(Model *m, const float *masters, const char *path) {
 
 int model_save_dir_checked(Model *m, const float *masters, const char *dir, unsigned long long shard_bytes, char *err,
                            size_t errlen) {
-    float *host = xmalloc(m->params.bytes_f32);
-    m->be->download(host, masters, m->params.bytes_f32);
-    StTensor *st = host_tensors(m, host);
+    float *copy;
+    StTensor *st = host_tensors(m, model_table_on_host(m, masters, &copy));
     int rc = st_save_dir(dir, st, m->params.n, ST_F32, SAVE_METADATA, shard_bytes, err, errlen);
     free(st);
-    free(host);
+    free(copy);
     return rc;
 }
 

@@ -111,19 +111,14 @@ static int save_tables(Model *model, const char *path, float *const *bufs, const
                        const char *metadata, char *err, size_t errlen) {
     const TensorTable *tt = &model->params;
     int n = tt->n * n_bufs;
-    float **host = xcalloc((size_t)n_bufs, sizeof(float *));
+    const float **host = xcalloc((size_t)n_bufs, sizeof(float *));
+    float **copies = xcalloc((size_t)n_bufs, sizeof(float *));
     StTensor *st = xcalloc((size_t)n, sizeof(StTensor));
     char (*names)[TENSOR_NAME_MAX + 32] = xcalloc((size_t)n, sizeof(*names));
     // host memory is written from where it lies: a copy of each table (the model, and m and v
     // at once) would be memory the training plan does not count, taken at every save
-    const int in_place = model->be->host_memory;
     for (int b = 0; b < n_bufs; b++) {
-        if (in_place) {
-            host[b] = bufs[b];
-        } else {
-            host[b] = xmalloc(tt->bytes_f32);
-            model->be->download(host[b], bufs[b], tt->bytes_f32);
-        }
+        host[b] = model_table_on_host(model, bufs[b], &copies[b]);
         for (int i = 0; i < tt->n; i++) {
             StTensor *s = &st[b * tt->n + i];
             snprintf(names[b * tt->n + i], sizeof(names[0]), "%s%s", tt->t[i].name, suffixes[b]);
@@ -134,38 +129,34 @@ static int save_tables(Model *model, const char *path, float *const *bufs, const
         }
     }
     int rc = st_save(path, OUT_REPLACE, st, n, ST_F32, metadata, err, errlen);
-    for (int b = 0; b < n_bufs && !in_place; b++) free(host[b]);
+    for (int b = 0; b < n_bufs; b++) free(copies[b]);
+    free(copies);
     free(host);
     free(st);
     free(names);
     return rc;
 }
 
-// Reads tensors named <table name><suffix> (F32, the table's shape, nothing else in the
-// file) into host buffers laid out like the fp32 table (padding left as it is: zeros).
-// Dies with one line naming the file on any mismatch.
-static void load_table_host(Model *model, StFile *sf, const char *path, float *host_a, const char *suffix_a,
-                            float *host_b, const char *suffix_b) {
+// Reads the tensors named <table name><suffix> (F32, the table's shape; the file holds
+// tables_in_file such tables and nothing else) into a host buffer laid out like the fp32 table
+// (padding left as it is: zeros). Dies with one line naming the file on any mismatch.
+static void load_table_host(Model *model, StFile *sf, const char *path, int tables_in_file, float *host, const char *suffix) {
     const TensorTable *tt = &model->params;
-    int n_bufs = host_b ? 2 : 1;
-    if (sf->n != tt->n * n_bufs)
+    if (sf->n != tt->n * tables_in_file)
         die("checkpoint file '%s' holds %d tensors, this model needs %d: the file belongs to another model", path, sf->n,
-            tt->n * n_bufs);
+            tt->n * tables_in_file);
     char name[TENSOR_NAME_MAX + 32], err[512];
-    for (int b = 0; b < n_bufs; b++) {
-        float *host = b ? host_b : host_a;
-        for (int i = 0; i < tt->n; i++) {
-            const TensorInfo *ti = &tt->t[i];
-            snprintf(name, sizeof(name), "%s%s", ti->name, b ? suffix_b : suffix_a);
-            int j = st_find(sf, name);
-            if (j < 0) die("checkpoint file '%s': tensor '%s' is missing: the file belongs to another model", path, name);
-            const StEntry *e = &sf->e[j];
-            int same = e->ndim == ti->ndim && e->dtype == ST_F32;
-            for (int d = 0; same && d < ti->ndim; d++) same = e->shape[d] == ti->shape[d];
-            if (!same) die("checkpoint file '%s': tensor '%s' is not F32 of the model's shape: the file belongs to another model", path, name);
-            if (st_read_f32(sf, j, (float *)((char *)host + ti->off_f32), err, sizeof(err)) != 0)
-                die("checkpoint file '%s': %s", path, err);
-        }
+    for (int i = 0; i < tt->n; i++) {
+        const TensorInfo *ti = &tt->t[i];
+        snprintf(name, sizeof(name), "%s%s", ti->name, suffix);
+        int j = st_find(sf, name);
+        if (j < 0) die("checkpoint file '%s': tensor '%s' is missing: the file belongs to another model", path, name);
+        const StEntry *e = &sf->e[j];
+        int same = e->ndim == ti->ndim && e->dtype == ST_F32;
+        for (int d = 0; same && d < ti->ndim; d++) same = e->shape[d] == ti->shape[d];
+        if (!same) die("checkpoint file '%s': tensor '%s' is not F32 of the model's shape: the file belongs to another model", path, name);
+        if (st_read_f32(sf, j, (float *)((char *)host + ti->off_f32), err, sizeof(err)) != 0)
+            die("checkpoint file '%s': %s", path, err);
     }
 }
 
@@ -808,104 +799,104 @@ void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
     if (!root) die("cannot resume: %s", err);
     cJSON_Delete(root);
 
-    // the masters on the host until the end: model_set_masters takes this rank's part of them
+    // One whole fp32 table on the host at a time (a 1B model's is 4 GB, on every rank): the
+    // masters, set (model_set_masters takes this rank's part) and freed; then each moment.
     char *mp = path_join(dir, MODEL_FILE);
     StFile sf;
     if (st_open(&sf, mp, err, sizeof(err)) != 0) die("cannot resume: '%s': %s", mp, err);
     float *hw = xcalloc(model->params.bytes_f32, 1);
-    load_table_host(model, &sf, mp, hw, "", NULL, NULL);
+    load_table_host(model, &sf, mp, 1, hw, "");
     st_close(&sf);
     free(mp);
-
-    // The moments of the whole flat layout on the host, from one file or from every rank's
-    // shard, then this optimizer's range of it: any number of ranks resumes any other.
-    const TensorTable *tt = &model->params;
-    const size_t n = tt->bytes_f32 / 4;
-    float *hm = xcalloc(n, sizeof(float)), *hv = xcalloc(n, sizeof(float));
-    // ZeRO-1: the ranges every rank's shard holds, which must tile [0, n) (checked below)
-    Range *held = NULL;
-    size_t n_held = 0, cap_held = 0;
-    for (int r = 0; r < (st->saved_zero ? st->saved_world : 1); r++) {
-        char opt_name[64];
-        optimizer_file_name(opt_name, sizeof(opt_name), r);
-        char *op = path_join(dir, opt_name);
-        cJSON *meta = open_optimizer_file(&sf, op, t);
-        if (!st->saved_zero) {
-            load_table_host(model, &sf, op, hm, ".exp_avg", hv, ".exp_avg_sq");
-        } else {
-            if (!cJSON_GetObjectItemCaseSensitive(meta, "layout") && joined_moved(tt))
-                die("cannot resume: '%s' is a ZeRO-1 shard written before gate_proj and up_proj were laid out as one matrix, and its "
-                    "flat offsets are not this model's: resume with the clla that wrote it, or start from its weights with "
-                    "--set train.init_from=%s/model.safetensors",
-                    op, dir);
-            unsigned long long lo = meta_u64(meta, "lo", op), hi = meta_u64(meta, "hi", op), numel = meta_u64(meta, "numel", op);
-            // stripes (model/shard.h), or the contiguous [lo, hi) as one round
-            const int striped = cJSON_GetObjectItemCaseSensitive(meta, "period") != NULL;
-            if (numel != n || (!striped && (lo > hi || hi > n)))
-                die("cannot resume: '%s' holds elements [%llu, %llu) of %llu, this model has %zu: the file belongs to another model",
-                    op, lo, hi, numel, n);
-            Shard sh = {lo, hi - lo, n ? n : 1, n};
-            if (striped) {
-                sh.stripe = meta_u64(meta, "stripe", op);
-                sh.period = meta_u64(meta, "period", op);
-                if (sh.stripe == 0 || sh.period < sh.stripe || lo > sh.period - sh.stripe || shard_rounds(&sh) > SIZE_MAX / sizeof(float) / sh.stripe)
-                    die("cannot resume: '%s': stripes of %zu elements from %llu every %zu do not fit (damaged optimizer file)", op,
-                        sh.stripe, lo, sh.period);
-            }
-            if (meta_u64(meta, "rank", op) != (unsigned long long)r || meta_u64(meta, "world", op) != (unsigned long long)st->saved_world)
-                die("cannot resume: '%s' says it is rank %llu of %llu, the checkpoint's state.json says rank %d of %d (damaged or mixed-up optimizer files)",
-                    op, meta_u64(meta, "rank", op), meta_u64(meta, "world", op), r, st->saved_world);
-            for (size_t k = 0; k < shard_rounds(&sh); k++) {
-                size_t a, e, off;
-                shard_range(&sh, k, &a, &e, &off);
-                if (e <= a) continue;
-                if (n_held == cap_held) {
-                    cap_held = cap_held ? 2 * cap_held : 64;
-                    held = realloc(held, cap_held * sizeof(*held));
-                    if (!held) die("out of memory reading '%s'", op);
-                }
-                held[n_held++] = (Range){a, e};
-            }
-            const size_t len = striped ? shard_count(&sh) : hi - lo;
-            float *packed[2] = {xmalloc((len ? len : 1) * sizeof(float)), xmalloc((len ? len : 1) * sizeof(float))};
-            float *whole[2] = {hm, hv};
-            const char *names[2] = {"exp_avg", "exp_avg_sq"};
-            for (int b = 0; b < 2 && len; b++) {
-                int j = st_find(&sf, names[b]);
-                if (j < 0 || sf.e[j].dtype != ST_F32 || sf.e[j].ndim != 1 || sf.e[j].shape[0] != (int64_t)len)
-                    die("cannot resume: '%s': tensor '%s' is missing or not F32 [%zu] (damaged optimizer file)", op, names[b], len);
-                if (st_read_f32(&sf, j, packed[b], err, sizeof(err)) != 0) die("cannot resume: '%s': %s", op, err);
-                shard_unpack(&sh, whole[b], packed[b]);
-            }
-            free(packed[0]);
-            free(packed[1]);
-        }
-        cJSON_Delete(meta);
-        st_close(&sf);
-        free(op);
-    }
-    if (st->saved_zero) {
-        // every element's moments from exactly one rank: a gap would resume with zero moments, an
-        // overlap with one rank's values over another's
-        qsort(held, n_held, sizeof(*held), range_cmp);
-        size_t next = 0;
-        for (size_t i = 0; i < n_held && next <= n; i++) {
-            if (held[i].a != next)
-                die("cannot resume: the ZeRO-1 optimizer shards of '%s' %s elements from %zu of the %zu: damaged or mixed-up optimizer files",
-                    dir, held[i].a > next ? "miss" : "repeat", next, n);
-            next = held[i].b;
-        }
-        if (next != n)
-            die("cannot resume: the ZeRO-1 optimizer shards of '%s' miss elements from %zu of the %zu: damaged or mixed-up optimizer files",
-                dir, next, n);
-    }
-    free(held);
-    shard_copy(&opt->sh, model->be->upload, opt->m, hm, 1);   // this optimizer's elements of the whole
-    shard_copy(&opt->sh, model->be->upload, opt->v, hv, 1);
-    free(hm);
-    free(hv);
-    opt->t = t;
     // the storage copy exactly as adamw_step left it after update t
     model_set_masters(model, hw, adamw_store_seed(st->seed, t));
     free(hw);
+
+    // Each moment of the whole flat layout on the host, from one file or from every rank's
+    // shard, then this optimizer's range of it: any number of ranks resumes any other.
+    const TensorTable *tt = &model->params;
+    const size_t n = tt->bytes_f32 / 4;
+    const char *names[2] = {"exp_avg", "exp_avg_sq"}, *suffixes[2] = {".exp_avg", ".exp_avg_sq"};
+    float *dst[2] = {opt->m, opt->v};
+    for (int b = 0; b < 2; b++) {
+        float *whole = xcalloc(n ? n : 1, sizeof(float));
+        // ZeRO-1: the ranges every rank's shard holds, which must tile [0, n) (checked below)
+        Range *held = NULL;
+        size_t n_held = 0, cap_held = 0;
+        for (int r = 0; r < (st->saved_zero ? st->saved_world : 1); r++) {
+            char opt_name[64];
+            optimizer_file_name(opt_name, sizeof(opt_name), r);
+            char *op = path_join(dir, opt_name);
+            cJSON *meta = open_optimizer_file(&sf, op, t);
+            if (!st->saved_zero) {
+                load_table_host(model, &sf, op, 2, whole, suffixes[b]);
+            } else {
+                if (!cJSON_GetObjectItemCaseSensitive(meta, "layout") && joined_moved(tt))
+                    die("cannot resume: '%s' is a ZeRO-1 shard written before gate_proj and up_proj were laid out as one matrix, and its "
+                        "flat offsets are not this model's: resume with the clla that wrote it, or start from its weights with "
+                        "--set train.init_from=%s/model.safetensors",
+                        op, dir);
+                unsigned long long lo = meta_u64(meta, "lo", op), hi = meta_u64(meta, "hi", op), numel = meta_u64(meta, "numel", op);
+                // stripes (model/shard.h), or the contiguous [lo, hi) as one round
+                const int striped = cJSON_GetObjectItemCaseSensitive(meta, "period") != NULL;
+                if (numel != n || (!striped && (lo > hi || hi > n)))
+                    die("cannot resume: '%s' holds elements [%llu, %llu) of %llu, this model has %zu: the file belongs to another model",
+                        op, lo, hi, numel, n);
+                Shard sh = {lo, hi - lo, n ? n : 1, n};
+                if (striped) {
+                    sh.stripe = meta_u64(meta, "stripe", op);
+                    sh.period = meta_u64(meta, "period", op);
+                    if (sh.stripe == 0 || sh.period < sh.stripe || lo > sh.period - sh.stripe || shard_rounds(&sh) > SIZE_MAX / sizeof(float) / sh.stripe)
+                        die("cannot resume: '%s': stripes of %zu elements from %llu every %zu do not fit (damaged optimizer file)", op,
+                            sh.stripe, lo, sh.period);
+                }
+                if (meta_u64(meta, "rank", op) != (unsigned long long)r || meta_u64(meta, "world", op) != (unsigned long long)st->saved_world)
+                    die("cannot resume: '%s' says it is rank %llu of %llu, the checkpoint's state.json says rank %d of %d (damaged or mixed-up optimizer files)",
+                        op, meta_u64(meta, "rank", op), meta_u64(meta, "world", op), r, st->saved_world);
+                for (size_t k = 0; k < shard_rounds(&sh); k++) {
+                    size_t a, e, off;
+                    shard_range(&sh, k, &a, &e, &off);
+                    if (e <= a) continue;
+                    if (n_held == cap_held) {
+                        cap_held = cap_held ? 2 * cap_held : 64;
+                        held = realloc(held, cap_held * sizeof(*held));
+                        if (!held) die("out of memory reading '%s'", op);
+                    }
+                    held[n_held++] = (Range){a, e};
+                }
+                const size_t len = striped ? shard_count(&sh) : hi - lo;
+                if (len) {
+                    float *packed = xmalloc(len * sizeof(float));
+                    int j = st_find(&sf, names[b]);
+                    if (j < 0 || sf.e[j].dtype != ST_F32 || sf.e[j].ndim != 1 || sf.e[j].shape[0] != (int64_t)len)
+                        die("cannot resume: '%s': tensor '%s' is missing or not F32 [%zu] (damaged optimizer file)", op, names[b], len);
+                    if (st_read_f32(&sf, j, packed, err, sizeof(err)) != 0) die("cannot resume: '%s': %s", op, err);
+                    shard_unpack(&sh, whole, packed);
+                    free(packed);
+                }
+            }
+            cJSON_Delete(meta);
+            st_close(&sf);
+            free(op);
+        }
+        if (st->saved_zero) {
+            // every element's moments from exactly one rank: a gap would resume with zero moments,
+            // an overlap with one rank's values over another's
+            qsort(held, n_held, sizeof(*held), range_cmp);
+            size_t next = 0;
+            for (size_t i = 0; i < n_held && next <= n; i++) {
+                if (held[i].a != next)
+                    die("cannot resume: the ZeRO-1 optimizer shards of '%s' %s elements from %zu of the %zu: damaged or mixed-up optimizer files",
+                        dir, held[i].a > next ? "miss" : "repeat", next, n);
+                next = held[i].b;
+            }
+            if (next != n)
+                die("cannot resume: the ZeRO-1 optimizer shards of '%s' miss elements from %zu of the %zu: damaged or mixed-up optimizer files",
+                    dir, next, n);
+        }
+        free(held);
+        shard_copy(&opt->sh, model->be->upload, dst[b], whole, 1);   // this optimizer's elements of the whole
+        free(whole);
+    }
+    opt->t = t;
 }
