@@ -22,5 +22,7 @@ fi
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # One OpenMP thread per core of a rank's share of the node (CPU backend); set per job.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-# Give ranks time to finish a checkpoint on SIGTERM before mpirun escalates to SIGKILL.
-export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-60}
+# A checkpoint on SIGTERM: signal the clla ranks themselves (pkill -TERM -f 'clla train' on each
+# node; a scheduler that signals the job's tasks does), not mpirun: OpenMPI 4.1's mpirun passes a
+# SIGTERM on only after about twice odls_base_sigkill_timeout and kills the ranks right after
+# (docs/DISTRIBUTED.md, "Failures"), so raising that timeout only delays the stop.

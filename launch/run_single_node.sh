@@ -4,7 +4,7 @@
 set -eu
 if [ $# -lt 2 ]; then echo "usage: launch/run_single_node.sh N CONFIG [clla train options...]" >&2; exit 2; fi
 N=$1; CONFIG=$2; shift 2
-case $N in '' | *[!0-9]* | 0) echo "run_single_node.sh: N '$N' must be a whole number of ranks, 1 or more" >&2; exit 2 ;; esac
+case $N in '' | *[!0-9]* | 0*) echo "run_single_node.sh: N '$N' must be a whole number of ranks, 1 or more (no leading zero)" >&2; exit 2 ;; esac
 [ -f "$CONFIG" ] || { echo "run_single_node.sh: config '$CONFIG' is not a file" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 CLLA=${CLLA:-$HERE/../build/clla}

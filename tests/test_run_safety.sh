@@ -18,7 +18,9 @@
 #      (or none); no final model; clla eval --json prints null and exits 1 on a NaN loss;
 #  (9) the run records its data's tokenizer hash; eval and init_from refuse other tokenizers' data;
 # (10) validation during training and clla eval score the same windows (same loss), and data
-#      smaller than one batch is scored (a partial batch) by both.
+#      smaller than one batch is scored (a partial batch) by both;
+# (11) launch/resume_until_done.sh continues a finished run to a new max_steps, and stops with
+#      the run on SIGINT or SIGTERM instead of restarting it.
 # Needs CLLA (the binary) and SRC (for tests/fixtures). Prints "N passed, M failed".
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -351,6 +353,48 @@ if "$CLLA" train --config pv.json --out r10b --quiet 2> r10b.err; then
 else
     fail "(10) training with validation data smaller than a batch: $(tail -n 1 r10b.err)"
 fi
+
+# ---------------------------------------------------------------- (11) launch/resume_until_done.sh
+RUD="$SRC/launch/resume_until_done.sh"
+# a finished run continued to more steps is not "finished" because its earlier end's model is
+# there: the script runs it to the new end
+"$CLLA" train --config c.json --out r11 --quiet 2> /dev/null
+out=$(CLLA_RETRY_SLEEP=0 bash "$RUD" r11 "$CLLA" train --config c.json --out r11 --quiet --set train.max_steps=9 2>&1)
+[ $? -eq 0 ] && [ "$(steps_of r11/metrics.jsonl)" = "1 2 3 4 5 6 7 8 9 " ] && echo "$out" | grep -q "finished after 1 attempt" &&
+    ok "(11) resume_until_done continues a finished run to its new max_steps" || fail "(11) continue a finished run: $(echo "$out" | tail -n 2 | tr '\n' '|')"
+out=$(CLLA_RETRY_SLEEP=0 bash "$RUD" r11 "$CLLA" train --config c.json --out r11 --quiet --set train.max_steps=9 2>&1)
+[ $? -eq 0 ] && echo "$out" | grep -q "finished after 1 attempt" && ok "(11) and says a finished run is finished" ||
+    fail "(11) rerun on a finished run: $(echo "$out" | tail -n 2 | tr '\n' '|')"
+# SIGINT and SIGTERM to the script (a Ctrl-C, a scheduler): the training saves and stops, and the
+# script stops too instead of restarting it (the signals are restored to their defaults first: a
+# background job of a script starts with SIGINT ignored)
+for sig in INT TERM; do
+    python3 - "$sig" "$RUD" "$CLLA" "$WORK" > rud_$sig.out 2>&1 <<'PYEOF'
+import os, signal, subprocess, sys, time
+sig, rud, clla, work = sys.argv[1:]
+env = dict(os.environ, CLLA_RETRY_SLEEP="0")
+p = subprocess.Popen(["bash", rud, work + "/r11s" + sig, clla, "train", "--config", work + "/long.json", "--out", work + "/r11s" + sig,
+                      "--quiet", "--save-every", "1000"], env=env, preexec_fn=lambda: (signal.signal(signal.SIGINT, signal.SIG_DFL),
+                                                                                       signal.signal(signal.SIGTERM, signal.SIG_DFL)))
+metrics = work + "/r11s" + sig + "/metrics.jsonl"
+for _ in range(400):
+    if os.path.exists(metrics) and os.path.getsize(metrics) > 0: break
+    time.sleep(0.05)
+p.send_signal(getattr(signal, "SIG" + sig))
+try:
+    rc = p.wait(timeout=60)
+except subprocess.TimeoutExpired:
+    p.kill(); rc = "hung"
+print("rc", rc)
+PYEOF
+    want=130; [ "$sig" = TERM ] && want=143
+    if grep -q "^rc $want$" rud_$sig.out && grep -q "SIG$sig: stopped after attempt 1" rud_$sig.out && ! grep -q "attempt 2" rud_$sig.out &&
+       ls r11s$sig/checkpoints/step_* > /dev/null 2>&1; then
+        ok "(11) SIG$sig to resume_until_done: the run saves a checkpoint, the script exits $want without restarting"
+    else
+        fail "(11) SIG$sig to resume_until_done: $(tr '\n' '|' < rud_$sig.out | tail -c 400)"
+    fi
+done
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
