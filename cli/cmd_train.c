@@ -6,9 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/args.h"
 #include "common/num.h"
 #include "common/util.h"
+#include "data/bytes.h"
 #include "data/loader.h"
 #include "eval/evaluate.h"
 #include "model/mem_plan.h"
@@ -74,6 +77,31 @@ typedef struct KnownCkpts {
     char saved[2048], pending[2048], safe[2048];
     int saved_step;
 } KnownCkpts;
+
+// Every rank must run the same training: a rank started with another config (one edited while
+// the job started, a node-local copy), other --set values or options would train a replica
+// that drifts apart without a word, or hang or crash in a collective of another size. Their
+// fingerprint (the config after --set and options, as config.json would hold it, and the options
+// that are not in it) is compared with rank 0's before anything else.
+static void check_ranks_agree(Dist *dist, const Config *cfg, const Args *a) {
+    cJSON *j = config_to_json(cfg);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    unsigned long long h = fnv1a64(text, strlen(text));
+    free(text);
+    const char *opts[] = {"resume", "stop-at", "overwrite", "device", "shard-size"};
+    for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
+        const char *v = args_get(a, SPECS, N_SPECS, opts[i]);
+        h = fnv1a64_update(h, opts[i], strlen(opts[i]) + 1);
+        h = fnv1a64_update(h, v ? v : "\1", strlen(v ? v : "\1") + 1);
+    }
+    const int r = dist_rank_differing(dist, h);
+    if (!r) return;
+    if (dist->rank != 0) exit(1);   // rank 0 says why, once
+    die("rank %d was started with other settings than rank 0 (its config file after --set, or its options, differ): every "
+        "rank must get the same config, --set values and options",
+        r);
+}
 
 // The run's final model (rank 0), said on stderr.
 static void save_final_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters, const char *last_good) {
@@ -151,6 +179,7 @@ int cmd_train(int argc, char **argv) {
     Dist dist;
     dist_init(&dist, tc->dist_timeout_s);
     const int rank0 = dist.rank == 0;
+    if (dist.world > 1) check_ranks_agree(&dist, &cfg, &a);
     if (rank0) config_warn_schedule(&cfg, cfg_path);
     if (!rank0) quiet = 1;
     // Resume: the checkpoint is chosen and its config checked before anything is written.
@@ -215,6 +244,15 @@ int cmd_train(int argc, char **argv) {
                 tc->data, have, from, want);
         if (have) loader_format_tokenizer_hash(have, tc->tokenizer_hash);
         if (!tok_hash) tok_hash = have;
+    }
+    if (dist.world > 1) {
+        // the same data on every rank (a node-local directory, shards changed while the job
+        // started): the loader's fingerprint covers the shards' sizes and tokenizers
+        LoaderState ls;
+        loader_get_state(train_dl, &ls);
+        const int r = dist_rank_differing(&dist, ls.fingerprint);
+        if (r && !rank0) exit(1);
+        if (r) die("rank %d reads other data than rank 0 at train.data '%s' (other shards, or shards of other sizes): every rank must see the same files", r, tc->data);
     }
     if (dist.world > 1 && loader_is_plain(train_dl))
         die("train.data '%s' is a plain uint32 token file, which gives every rank the same batches: make token shards with `clla prep` for %d ranks (docs/FORMAT.md)",

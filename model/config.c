@@ -576,8 +576,10 @@ void config_validate(const Config *cfg, const char *origin) {
     NEED(t->seq_len <= m->max_position_embeddings, "%s: train.seq_len = %d exceeds max_position_embeddings = %d", origin, t->seq_len, m->max_position_embeddings);
     NEED(t->micro_batch > 0, "%s: train.micro_batch must be > 0", origin);
     long long bt = (long long)t->micro_batch * t->seq_len;
+    NEED(t->global_batch_tokens >= 0, "%s: train.global_batch_tokens = %lld is negative: give 0 (one micro-batch a step) or a positive multiple of micro_batch * seq_len = %lld",
+         origin, t->global_batch_tokens, bt);
     if (t->global_batch_tokens)
-        NEED(t->global_batch_tokens > 0 && t->global_batch_tokens % bt == 0,
+        NEED(t->global_batch_tokens % bt == 0,
              "%s: train.global_batch_tokens = %lld must be a multiple of micro_batch * seq_len = %lld", origin, t->global_batch_tokens, bt);
     NEED(t->max_steps >= 0, "%s: train.max_steps must be >= 0", origin);
     NEED(t->warmup_steps >= 0, "%s: train.warmup_steps must be >= 0", origin);

@@ -295,6 +295,41 @@ grep -q 'plain uint32 token file.*clla prep' plain.err && ok "2 ranks on a plain
 run 4 odd --config dense.json --set train.global_batch_tokens=128
 grep -q 'not a multiple of micro_batch \* seq_len \* ranks' odd.err && ok "global batch of 2 micro-batches on 4 ranks: refused" ||
     fail "global batch not divisible: $(tail -n 3 odd.err | tr '\n' ' ')"
+# ranks that do not agree (rank 1 started with other settings or other data: a config edited
+# while the job started, node-local files): one line from rank 0, not drifting replicas, a
+# crash in a collective of another size or a hang
+printf '#!/usr/bin/env bash\n# rank 1 gets $R1ARGS after the others'"'"' arguments\n[ "$OMPI_COMM_WORLD_RANK" = 1 ] && exec "$@" $R1ARGS\nexec "$@"\n' > r1args.sh
+chmod +x r1args.sh
+for c in "lr|--set train.lr=1e-3|rank 1 was started with other settings than rank 0" \
+         "zero|--zero 1|rank 1 was started with other settings than rank 0" \
+         "stop|--stop-at 2|rank 1 was started with other settings than rank 0" \
+         "data|--set train.data=$WORK/shards_c/train|rank 1 was started with other settings than rank 0"; do
+    IFS='|' read -r name extra want <<< "$c"
+    R1ARGS=$extra timeout 120 "${MPIRUN[@]}" -x R1ARGS -np 2 ./r1args.sh "$CLLA" train --out "disagree_$name" --quiet --config dense.json > "disagree_$name.err" 2>&1
+    rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c "$want" "disagree_$name.err")" = 1 ] && [ ! -e "disagree_$name/model.safetensors" ]; then
+        ok "rank 1 with $extra: refused once ($(grep -o "rank 1 [a-z ]*than rank 0" "disagree_$name.err"))"
+    else
+        fail "rank 1 with $extra: exit $rc: $(grep -m2 -E 'error|MPI' "disagree_$name.err" | tr '\n' ' ')"
+    fi
+done
+# the same path, other files on rank 1 (a node-local directory): rank 1 sees other shards
+# through a bind mount in a mount namespace of its own
+"$CLLA" prep --tokenizer small.tok --out shards_c --chunk-tokens 256 --val-fraction 0 "$SRC/tests/fixtures/english.jsonl" \
+    "$SRC/tests/fixtures/english.jsonl" > /dev/null 2>&1
+if unshare -m true 2> /dev/null; then
+    printf '#!/usr/bin/env bash\n[ "$OMPI_COMM_WORLD_RANK" = 1 ] && exec unshare -m bash -c '"'"'mount --bind shards_c/train shards/train && exec "$@"'"'"' rank1 "$@"\nexec "$@"\n' > r1data.sh
+    chmod +x r1data.sh
+    timeout 120 "${MPIRUN[@]}" -np 2 ./r1data.sh "$CLLA" train --out disagree_files --quiet --config dense.json > disagree_files.err 2>&1
+    rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'rank 1 reads other data than rank 0' disagree_files.err)" = 1 ]; then
+        ok "rank 1 with other files at the same train.data: refused once"
+    else
+        fail "rank 1 with other files at the same train.data: exit $rc: $(grep -m2 -E 'error|MPI' disagree_files.err | tr '\n' ' ')"
+    fi
+else
+    echo "     (other files at the same path on one rank: skipped: no mount namespaces here (unshare -m))"
+fi
 
 # ---------------------------------------------------------------- (e) two hosts over TCP
 if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then

@@ -309,6 +309,12 @@ int dist_max_int(Dist *d, int x) {
     return y;
 }
 
+int dist_rank_differing(Dist *d, unsigned long long x) {
+    unsigned long long x0 = x;
+    dist_bcast(d, &x0, sizeof(x0), 0);
+    return dist_max_int(d, x != x0 ? d->rank : 0);
+}
+
 void dist_bcast(Dist *d, void *buf, size_t bytes, int root) {
     if (d->world == 1) return;
 #ifdef CLLA_HAVE_MPI

@@ -120,6 +120,9 @@ void dist_allgather_bytes(Dist *d, const void *mine, size_t bytes, void *all);
 double dist_sum_f64(Dist *d, double x);
 // Largest value over ranks (agreement on stop requests).
 int dist_max_int(Dist *d, int x);
+// 0 when every rank's x equals rank 0's, else the highest rank whose x differs (collective: a
+// fingerprint of what must be the same on every rank, compared before it can matter).
+int dist_rank_differing(Dist *d, unsigned long long x);
 void dist_bcast(Dist *d, void *buf, size_t bytes, int root);
 void dist_barrier(Dist *d);
 
