@@ -197,6 +197,11 @@ int cmd_train(int argc, char **argv) {
     int clear_run_dir = 0;
     if (rank0) {
         run_lock_acquire(tc->out_dir);
+        char first[256] = "";
+        const int stale = run_dir_remove_temporaries(tc->out_dir, first, sizeof(first));
+        if (stale)
+            fprintf(stderr, "clla train: removed %d temporar%s a killed run left in %s (%s%s)\n", stale, stale == 1 ? "y" : "ies",
+                    tc->out_dir, first, stale > 1 ? ", ..." : "");
         run_metrics_check_free(tc->out_dir, tc->metrics);
         clear_run_dir = run_start_choose(tc, resume, overwrite, ckpt, sizeof(ckpt));
     }

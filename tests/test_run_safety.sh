@@ -163,6 +163,18 @@ else
     fail "(3) stale lock: $(cat r3c.err | tr '\n' '|') $(ls r3)"
 fi
 
+# temporaries a killed run left (kill -9 during its final save, or a sharded save): removed by
+# the next training in the directory, which holds the lock; a user's file of a similar name stays
+touch r3/model.safetensors.tmp.999999 r3/config.json.tmp.999998 r3/model-00001-of-00002.safetensors.partial.999997 \
+      r3/model-00002-of-00002.safetensors.partial.999997.tmp.999997 r3/notes.tmp.5 r3/model.safetensors.tmp.x
+"$CLLA" train --config long.json --out r3 --quiet --resume auto --set train.max_steps=3 2> r3t.err
+if grep -q "removed 4 temporaries a killed run left in $WORK/r3" r3t.err && [ -e r3/notes.tmp.5 ] && [ -e r3/model.safetensors.tmp.x ] &&
+   ! ls r3/*.tmp.9* r3/*.partial.* > /dev/null 2>&1; then
+    ok "(3) a killed run's temporaries are removed by the next training: $(grep removed r3t.err)"
+else
+    fail "(3) stale temporaries: $(tr '\n' '|' < r3t.err) $(ls r3 | tr '\n' ' ')"
+fi
+
 # the lock is truncated and rewritten: a train.lock that is a link (symbolic or hard) to a
 # user's file is refused, the file untouched
 echo "IMPORTANT" > important.txt

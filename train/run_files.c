@@ -74,6 +74,53 @@ static int is_model_shard(const char *name) {
     return !strncmp(name, "model-", 6) && strstr(name, "-of-") && n > 12 && !strcmp(name + n - 12, ".safetensors");
 }
 
+// The length of base in "<base><tag><digits>", or 0 when name is not of that form.
+static size_t base_before(const char *name, const char *tag) {
+    size_t n = strlen(name), d = n, t = strlen(tag);
+    while (d > 0 && name[d - 1] >= '0' && name[d - 1] <= '9') d--;
+    if (d == n || d < t + 1 || strncmp(name + d - t, tag, t) != 0) return 0;
+    return d - t;
+}
+
+// A temporary of a file the run writes in its directory, with the writer's pid: an AtomicFile's
+// "<name>.tmp.<pid>" (common/util.h) of the final model, its index or shards, config.json or
+// metrics.jsonl, and a sharded save's "<shard>.partial.<pid>" (model/safetensors.c).
+static int is_run_temporary(const char *name) {
+    char base[256];
+    size_t b = base_before(name, ".tmp.");
+    if (b) {
+        if (b >= sizeof(base)) return 0;
+        memcpy(base, name, b);
+        base[b] = 0;
+        name = base;
+        const char *owned[] = {"model.safetensors", "model.safetensors.index.json", "config.json", "metrics.jsonl"};
+        for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++)
+            if (!strcmp(name, owned[i])) return 1;
+        if (is_model_shard(name)) return 1;
+    }
+    size_t p = base_before(name, ".partial.");
+    if (!p || p >= sizeof(base)) return 0;
+    char shard[256];
+    memcpy(shard, name, p);
+    shard[p] = 0;
+    return is_model_shard(shard);
+}
+
+int run_dir_remove_temporaries(const char *dir, char *first, size_t first_len) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!is_run_temporary(de->d_name)) continue;
+        char *p = path_join(dir, de->d_name);
+        if (unlink(p) == 0 && n++ == 0) snprintf(first, first_len, "%s", de->d_name);
+        free(p);
+    }
+    closedir(d);
+    return n;
+}
+
 void run_dir_clear(const char *dir, const char *metrics_path, int keep_model) {
     const char *names[] = {"model.safetensors", "model.safetensors.index.json", "config.json"};
     for (int i = 0; i < 3 && !keep_model; i++) {

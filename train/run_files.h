@@ -37,6 +37,11 @@ void run_dir_describe(const RunDirContents *c, char *buf, size_t len);
 // keep_model: config.json and the weights stay (the caller has just written new ones in their
 // place: an earlier run is not removed before its replacement is safely written).
 void run_dir_clear(const char *dir, const char *metrics_path, int keep_model);
+// Removes the temporaries of the run's own files that a killed process left in dir (its final
+// model's, config.json's, metrics.jsonl's "<name>.tmp.<pid>", a sharded save's parts): only
+// while holding the run's lock, when no other process can be writing them. Returns how many,
+// the first one's name in first.
+int run_dir_remove_temporaries(const char *dir, char *first, size_t first_len);
 
 // Creates dir (as mkdir -p) and takes its lock file dir/train.lock: an exclusive flock() on it,
 // so a lock whose holder died (even by SIGKILL) is free again, and the holder's pid written
