@@ -7,6 +7,7 @@
 
 #include "common/num.h"
 #include "common/util.h"
+#include "model/mem_plan.h"
 #include "model/model.h"
 #include "model/moe.h"
 
@@ -138,6 +139,7 @@ void model_set_batch(Model *m, int B, int T) {
     if (m->act) { be->release(m->act); if (m->gact) be->release(m->gact); be->release(m->d_inputs); be->release(m->d_targets); }
     free(m->h_targets); free(m->h_losses);
     model_layout_acts(m, B, T, be->act_bytes);
+    mem_check_activations(be, (double)m->acts.bytes_store + (m->inference ? 0.0 : (double)m->gacts.bytes_store), B, T);
     int64_t N = (int64_t)B * T;
     m->act = be->alloc(m->acts.bytes_store);
     m->gact = m->inference ? NULL : be->alloc(m->gacts.bytes_store);   // inference keeps no gradients

@@ -145,6 +145,17 @@ static unsigned long long available_for_check(char *how, size_t howlen) {
     return mem_available(how, howlen);
 }
 
+void mem_check_activations(const Backend *be, double bytes, int B, int T) {
+    if (!be->host_memory) return;
+    char how[256];
+    const unsigned long long avail = available_for_check(how, sizeof(how));
+    char a[32], b[32];
+    if (avail && bytes > (double)avail)
+        die("a forward over %d rows of %d tokens needs %s of activations (its logits among them) but only %s are available "
+            "to this process (%s): use a smaller batch (--batch) or shorter sequences",
+            B, T, human(bytes, a, sizeof(a)), human((double)avail, b, sizeof(b)), how);
+}
+
 void mem_check_fits_decode(const Config *cfg, const Backend *be, int batch, int prefill_T, double cache_bytes) {
     if (!strcmp(be->name, "cuda")) return;
     char how[256];

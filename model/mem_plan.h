@@ -32,6 +32,10 @@ unsigned long long mem_parse_meminfo(const char *text);
 // memory (the CPU backends; CUDA keeps the big buffers on the GPU). CLLA_TEST_MEM_AVAILABLE
 // (bytes) stands in for the measured figure in tests.
 void mem_check_fits(const Config *cfg, const Backend *be);
+// Dies when bytes of activations for a forward of B rows of T tokens (model_set_batch) would not
+// fit in the memory still available (host-memory backends): every forward, the commands' own
+// checks above aside, is refused in one line rather than killed by the kernel.
+void mem_check_activations(const Backend *be, double bytes, int B, int T);
 // The same for generating with a loaded model (so the weights are already counted out of what is
 // available): the prefill's forward activations for batch prompts of up to prefill_T tokens
 // (the logits of every position among them) and cache_bytes of KV cache.

@@ -88,5 +88,9 @@ refused "one token" "at least 2" -- "${E[@]}" --ppl one.bin
 printf '{"text": "a"}\nnot json\n' > bad.jsonl
 refused "a bad JSONL line" "line 2" -- "${E[@]}" --ppl bad.jsonl
 refused "a missing file" "cannot read" -- "${E[@]}" --ppl nothere.txt
+# a batch whose activations exceed the memory left (CLLA_TEST_MEM_AVAILABLE stands in for
+# MemAvailable): refused at model_set_batch in one line, not killed by the kernel
+refused "activations beyond the available memory" "a forward over 3 rows of 16 tokens needs [0-9.]+ KiB of activations .* but only 4.0 KiB are available .*smaller batch" -- \
+    env CLLA_TEST_MEM_AVAILABLE=4096 "${E[@]}" --ppl t65.bin --seq 16 --stride 16 --batch 3
 echo "test_eval_ppl: $PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
