@@ -10,7 +10,9 @@
 #  (c) without matplotlib the sweep still collects and says the plots were skipped;
 #  (d) a grid point the config refuses is listed and skipped, the other points run, exit != 0;
 #  (e) bad input, one line and nothing written: a grid key that is not a config key, an OUT
-#      holding a different sweep;
+#      holding a different sweep, an empty --seeds, grid values equal as numbers, slurm values
+#      that would break an #SBATCH line; one sweep at a time in an OUT, and a training a killed
+#      sweep left running is neither removed nor started again;
 #  (f) --launcher slurm writes one sbatch script per run and submits nothing without --submit;
 #      with --submit (stand-ins for sbatch and squeue) each once, not again while it is queued;
 #  (g) --launcher mpirun --ranks 2 trains through launch/run_single_node.sh (skipped with the
@@ -222,6 +224,29 @@ expect_refusal "a --clla that is not an executable (not passed over for another 
     "$SWEEP" --out E4 --clla ./no_such_clla gqa.json --max-steps 4
 mkdir -p E5 && echo '[]' > E5/sweep.json
 expect_refusal "a sweep.json that is not a manifest (a list)" "E5/sweep.json is not a" E5 -- "$SWEEP" --out E5 gqa.json --max-steps 4
+expect_refusal "an empty --seeds" "--seeds is empty" E6 -- "$SWEEP" --out E6 gqa.json --seeds "" --max-steps 4
+expect_refusal "grid values that are the same number" "'0.001' and '1e-3' are the same value" E7 -- \
+    "$SWEEP" --out E7 --base gqa.json --grid train.lr=0.001,1e-3 --max-steps 4
+expect_refusal "a slurm --time with a line break" "--time .* holds a line break" E8 -- \
+    "$SWEEP" --out E8 --launcher slurm gqa.json --max-steps 4 --time $'1:00\necho injected'
+expect_refusal "a slurm --out with a space" "has white space in its path" 'E 9' -- "$SWEEP" --out 'E 9' --launcher slurm gqa.json --max-steps 4
+# one sweep at a time in an OUT: a second one, while the first runs, is refused (even one of the
+# same definition: it would remove the first one's runs that have no checkpoint yet); a training
+# a killed sweep left running is never removed nor started beside
+"$SWEEP" --out L gqa.json --tokens 1000000 --no-plots > l1.out 2>&1 &
+l1=$!
+for ((i = 0; i < 200; i++)); do [ -s L/logs/gqa.log ] && break; sleep 0.05; done
+"$SWEEP" --out L gqa.json --tokens 1000000 --no-plots > l2.out 2> l2.err
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "another launch/sweep (process $l1) is running in L" l2.err
+check $? "a second sweep in the same OUT while the first runs: refused (rc $rc: $(cat l2.err))"
+kill -KILL "$l1"; wait "$l1" 2> /dev/null   # the sweep dies; its training (a session of its own) goes on
+for ((i = 0; i < 200; i++)); do [ -e L/runs/gqa/train.lock ] && break; sleep 0.05; done
+"$SWEEP" --out L gqa.json --tokens 1000000 --no-plots > l3.out 2>&1
+grep -q "a training (process [0-9]*) is still running in L/runs/gqa: not started again" l3.out && [ -e L/runs/gqa/train.lock ]
+check $? "a training a killed sweep left running: not removed, not started again ($(grep -m1 'still running' l3.out))"
+pkill -TERM -f "train --config gqa.json --out $WORK/L/runs/gqa" 2> /dev/null
+for ((i = 0; i < 200; i++)); do [ -e L/runs/gqa/train.lock ] || break; sleep 0.05; done
 
 # ---------------------------------------------------------------- (f) slurm scripts
 "$SWEEP" --out F --launcher slurm --ranks 2 --sbatch=--gpus-per-task=1 gqa.json --seeds 1,2 --max-steps 4 > f.out 2> f.err
