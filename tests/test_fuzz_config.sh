@@ -15,7 +15,7 @@ fuzz_begin test_fuzz_config
 "$CC" "${FLAGS[@]}" -Ddie=util_die_unused -Dwarn=util_warn_unused -c "$SRC/common/util.c" -o "$W/util.o" 2> "$W/cc.err" &&
 "$CC" "${FLAGS[@]}" "$SRC/tests/fuzz/fuzz_config.c" "$SRC/model/config.c" "$SRC/model/config_hf.c" \
   "$SRC/model/config_sizes.c" "$SRC/common/json_strict.c" "$SRC/common/num.c" "$SRC/model/tensor_table.c" \
-  "$SRC/model/params.c" "$SRC/model/activations.c" "$SRC/model/cache.c" "$SRC/model/moe.c" "$SRC/model/swiglu_halves.c" \
+  "$SRC/model/params.c" "$SRC/model/activations.c" "$SRC/model/mem_plan.c" "$SRC/model/cache.c" "$SRC/model/moe.c" "$SRC/model/swiglu_halves.c" \
   "$SRC/model/safetensors.c" "$SRC/model/hf_config.c" "$SRC/backend/backend_ops.c" \
   "$SRC/model/codec_cq.c" "$SRC/model/codec_qet.c" "$SRC/model/codec_kivi.c" "$SRC/model/codec_qjl.c" "$SRC/model/codec_kvquant.c" \
   "$SRC/quant/cq.c" "$SRC/quant/qet.c" "$SRC/quant/kmeans.c" "$SRC/quant/kivi.c" "$SRC/quant/qjl.c" "$SRC/quant/kvquant.c" "$SRC/quant/qpack.c" \
