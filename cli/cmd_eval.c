@@ -567,12 +567,9 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
             die("cannot write --items-out '%s': %s", items_path, strerror(e));
         }
         if (atomic_commit(&af) != 0) {
-            if (errno == EEXIST && !overwrite) {
-                char msg[8192];
-                atomic_exists_message(msg, sizeof(msg), items_path);
-                die("%s", msg);
-            }
-            die("cannot write --items-out '%s': %s", items_path, strerror(errno));
+            char msg[8192];
+            atomic_commit_message(msg, sizeof(msg), items_path, overwrite ? OUT_REPLACE : OUT_KEEP_EXISTING, errno);
+            die("%s", msg);
         }
         free(items_buf);
     }

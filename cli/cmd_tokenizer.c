@@ -86,13 +86,11 @@ static long long parse_vocab_size(const char *v) {
 
 // --out written at the end; checked absent (or --overwrite given) at the start by output_file_check
 static void save_tokenizer(const Tokenizer *t, const char *out, int overwrite) {
-    if (tok_save(t, out, overwrite ? OUT_REPLACE : OUT_KEEP_EXISTING) == 0) return;
-    if (errno == EEXIST && !overwrite) {
-        char msg[8192];
-        atomic_exists_message(msg, sizeof(msg), out);
-        die("%s", msg);
-    }
-    die("cannot write tokenizer '%s': %s", out, strerror(errno));
+    const OutMode mode = overwrite ? OUT_REPLACE : OUT_KEEP_EXISTING;
+    if (tok_save(t, out, mode) == 0) return;
+    char msg[8192];
+    atomic_commit_message(msg, sizeof(msg), out, mode, errno);
+    die("%s", msg);
 }
 
 static int do_train(int argc, char **argv) {

@@ -184,9 +184,9 @@ void package_out_write(PackageOut *po, const Model *model, const Config *cfg, co
     if ((po->exists ? rename(tmp, out) : rename_noreplace(tmp, out)) != 0) {
         int e = errno;
         if (!po->exists && e == EEXIST) {
-            unfinished_done(tmp_slot);   // kept: the user's to move
-            die("'%s' was created by another process while export ran: it was left as it is, and this package is in '%s' "
-                "(move it yourself, or rerun with --overwrite)", out, tmp);
+            unfinished_done(tmp_slot);   // kept: the user's to move (named as an AtomicFile's, common/util.h)
+            atomic_commit_message(err, sizeof(err), out, OUT_KEEP_EXISTING, e);
+            die("%s", err);
         }
         if (po->exists) rename(old, out);
         remove_flat_dir(tmp);

@@ -177,7 +177,11 @@ int atomic_commit(AtomicFile *af) {
     return ok ? 0 : -1;
 }
 
-void atomic_exists_message(char *buf, size_t n, const char *path) {
+void atomic_commit_message(char *buf, size_t n, const char *path, OutMode mode, int err) {
+    if (err != EEXIST || mode != OUT_KEEP_EXISTING) {
+        snprintf(buf, n, "writing '%s' failed: %s", path, strerror(err));
+        return;
+    }
     char tmp[4096];
     atomic_tmp_name(tmp, sizeof(tmp), path);
     snprintf(buf, n, "'%s' was created by another process while this command ran: it was left as it is, and this "

@@ -45,7 +45,7 @@ int rename_noreplace(const char *from, const char *to);
 // owns (checkpoints, metrics) and outputs the user allowed to be replaced (--overwrite);
 // OUT_KEEP_EXISTING for a user's output checked to be absent at the start: if path appeared
 // since (another process wrote it), the commit fails with errno EEXIST, leaves path as it is and
-// keeps the finished temporary, which atomic_exists_message() names.
+// keeps the finished temporary, which atomic_commit_message() names.
 typedef enum OutMode { OUT_KEEP_EXISTING = 0, OUT_REPLACE = 1 } OutMode;
 typedef struct AtomicFile {
     FILE *f;
@@ -57,8 +57,9 @@ typedef struct AtomicFile {
 int atomic_open(AtomicFile *af, const char *path, OutMode mode);   // 0 on success, -1 (errno) on failure
 int atomic_commit(AtomicFile *af);                      // 0 on success, -1 (errno) on failure
 void atomic_abort(AtomicFile *af);
-// The line for a commit refused with EEXIST (OUT_KEEP_EXISTING), naming where the output was kept.
-void atomic_exists_message(char *buf, size_t n, const char *path);
+// The line for a failed atomic_commit of path (err: its errno): for EEXIST under
+// OUT_KEEP_EXISTING, that path appeared meanwhile and where this output was kept; else the cause.
+void atomic_commit_message(char *buf, size_t n, const char *path, OutMode mode, int err);
 
 // Creates a directory and its parents (like mkdir -p). 0 on success.
 int make_dirs(const char *path);

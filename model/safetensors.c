@@ -237,11 +237,8 @@ int st_save(const char *path, OutMode mode, const StTensor *t, int n, int out_dt
         return fail_with(err, errlen, "writing '%s' failed: %s", path, strerror(e));
     }
     if (atomic_commit(&af) != 0) {
-        if (errno == EEXIST && mode == OUT_KEEP_EXISTING) {
-            atomic_exists_message(err, errlen, path);
-            return -1;
-        }
-        return fail_with(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
+        atomic_commit_message(err, errlen, path, mode, errno);
+        return -1;
     }
     return 0;
 }

@@ -1,6 +1,6 @@
 // Output files (common/util.h): an AtomicFile committed with OUT_KEEP_EXISTING never replaces a
 // path that appeared after the command checked it (another process's output), keeps its own
-// finished output under the name atomic_exists_message() gives, and with OUT_REPLACE replaces
+// finished output under the name atomic_commit_message() gives, and with OUT_REPLACE replaces
 // as before; rename_noreplace() refuses an existing file or directory and moves otherwise.
 // Output: a FAIL line per failed check, then "N checks, M failed"; exit status 1 on any failure.
 #include <errno.h>
@@ -60,7 +60,7 @@ int main(void) {
     CHECK(rc != 0 && err == EEXIST, "OUT_KEEP_EXISTING refuses a path that appeared (rc %d, errno %d)", rc, err);
     CHECK(holds(path, "theirs"), "the file that appeared is left as it was");
     CHECK(holds(tmp, "new"), "the finished output is kept at '%s'", tmp);
-    atomic_exists_message(msg, sizeof(msg), path);
+    atomic_commit_message(msg, sizeof(msg), path, OUT_KEEP_EXISTING, EEXIST);
     CHECK(strstr(msg, tmp) && strstr(msg, path) && strstr(msg, "--overwrite"), "the message names both files and the flag: %s", msg);
     unlink(tmp);
 
