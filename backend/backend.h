@@ -98,9 +98,10 @@ typedef struct Backend {
                             const float *weight, int N, int C, int OC);
     // out (N, OC) = residual (N, OC) + inp (N, C) @ weight^T: a projection added to the residual
     // stream in one op, so that a device backend takes the residual as the GEMM's accumulate input
-    // instead of writing the product and reading it back. The product is rounded to the storage
-    // type, then the sum (what cuBLASLt does with a bf16 C input: docs/GPU.md, "Tolerances"): the
-    // roundings of matmul_forward followed by add_forward. out aliases neither residual nor inp.
+    // instead of writing the product and reading it back. residual + product is taken in fp32 and
+    // rounded to the storage type once (cuBLASLt's fp32 epilogue reading a bf16 C, its split-K
+    // reduction kept out of the output type: docs/GPU.md, "Tolerances"), one rounding fewer than
+    // matmul_forward followed by add_forward. out aliases neither residual nor inp.
     void (*matmul_residual_forward)(float *out, const float *residual, const float *inp, const float *weight,
                                     int N, int C, int OC);
 

@@ -87,11 +87,12 @@ static void emu_matmul_backward(float *dinp, float *dweight, const float *dout, 
     if (dinp) round_n(dinp, (size_t)N * C);
 }
 
-// the product rounded, then the sum (backend/backend.h: cuBLASLt's bf16 accumulate input)
+// residual + product in fp32, rounded once (backend/backend.h: cuBLASLt reads the bf16 C into its
+// fp32 epilogue)
 static void emu_matmul_residual_forward(float *out, const float *residual, const float *inp, const float *weight,
                                         int N, int C, int OC) {
-    emu_matmul_forward(out, inp, weight, N, C, OC);
-    emu_add_forward(out, residual, out, (size_t)(N > 0 ? N : 0) * (size_t)(OC > 0 ? OC : 0));
+    cpu_matmul_residual_forward(out, residual, inp, weight, N, C, OC);
+    round_n(out, (size_t)(N > 0 ? N : 0) * (size_t)(OC > 0 ? OC : 0));
 }
 
 // ---- RMSNorm: bf16 out and dinp, fp32 rstd and dweight ----

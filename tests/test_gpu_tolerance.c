@@ -9,6 +9,9 @@
 // kernels/cuda_matmul.cu forbids it); the update rounded before the "+=" (matmul backward dinp).
 // faithful must pass (err/tol <= 1) and extra must fail (err/tol > 1). The attention bounds are
 // looser on purpose (the kernels round P and dS inside) and are not the subject here.
+// matmul_residual_forward's rounding is checked exactly instead (tests/gpu/rounding_case.h): the
+// cpu-bf16 emulation must give one rounding of residual + product on every element, on inputs
+// where a rounding of the product first changes some.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +19,7 @@
 #include "backend/backend.h"
 #include "backend/bf16.h"
 #include "common/rng.h"
+#include "tests/gpu/rounding_case.h"
 #include "tests/gpu/tolerance.h"
 #include "tests/lib/check.h"
 
@@ -83,6 +87,24 @@ int main(void) {
         }
         verdict("matmul_backward dinp (update rounded before +=)", dref, df, dx, (size_t)N * C);
         free(in); free(w); free(ref); free(f); free(x); free(dout); free(old); free(dref); free(df); free(dx); free(upd);
+    }
+    // matmul_residual_forward: cpu-bf16 rounds residual + product once, bit for bit
+    {
+        const int N = 300, C = 72, OC = 40;
+        float *in = malloc((size_t)N * C * sizeof(float)), *w = malloc((size_t)OC * C * sizeof(float));
+        float *res = malloc((size_t)N * OC * sizeof(float)), *out = malloc((size_t)N * OC * sizeof(float));
+        float *once = malloc((size_t)N * OC * sizeof(float)), *twice = malloc((size_t)N * OC * sizeof(float));
+        rounding_case_fill(in, w, res, N, C, OC, 7);
+        const size_t visible = rounding_case_expect(once, twice, in, w, res, N, C, OC);
+        backend_cpu_bf16()->matmul_residual_forward(out, res, in, w, N, C, OC);
+        size_t same = 0;
+        for (size_t i = 0; i < (size_t)N * OC; i++) same += out[i] == once[i];
+        printf("%-44s %zu of %zu elements tell one rounding from two; cpu-bf16 equals one rounding on %zu\n",
+               "matmul_residual_forward (rounds once)", visible, (size_t)N * OC, same);
+        CHECK(visible > 0, "matmul_residual_forward: no element tells one rounding from two");
+        CHECK(same == (size_t)N * OC, "matmul_residual_forward: cpu-bf16 is not one rounding on %zu elements",
+              (size_t)N * OC - same);
+        free(in); free(w); free(res); free(out); free(once); free(twice);
     }
     printf("test_gpu_tolerance: %s\n", failures ? "FAILED" : "ok");
     return failures ? 1 : 0;

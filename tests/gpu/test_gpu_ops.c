@@ -31,6 +31,7 @@
 #include "kernels/backend_cuda.h"
 #include "backend/bf16.h"
 #include "backend/backend.h"
+#include "tests/gpu/rounding_case.h"
 #include "tests/gpu/tolerance.h"
 
 static const Backend *cpu, *gpu;
@@ -380,13 +381,13 @@ static void test_matmul(int N, int C, int OC, size_t off) {
     gpu->matmul_forward(gp(&o, off), gp(&in, off), gp(&w, off), N, C, OC);
     snprintf(name, sizeof name, "matmul_forward %s", shape);
     compare(name, &o, TOL_ROUND);   // fp32 accumulation, one rounding (no bf16 split-K reduction)
-    // the residual as cuBLASLt's accumulate input: the product rounded, then the sum (two
-    // roundings, as matmul_forward then add_forward: backend/backend.h)
+    // the residual as cuBLASLt's accumulate input: residual + product in fp32, rounded once
+    // (backend/backend.h; test_matmul_residual_rounding below tells one rounding from two exactly)
     Buf r = buf_act(hd, no), ro = buf_act(hd, no);
     cpu->matmul_residual_forward(cp(&ro, off), cp(&r, off), cp(&in, off), cp(&w, off), N, C, OC);
     gpu->matmul_residual_forward(gp(&ro, off), gp(&r, off), gp(&in, off), gp(&w, off), N, C, OC);
     snprintf(name, sizeof name, "matmul_residual_forward %s", shape);
-    compare(name, &ro, TOL_SUM);
+    compare(name, &ro, TOL_ROUND);
     buf_free(&r); buf_free(&ro);
     cpu->matmul_backward(cp(&di, off), cp(&dw, off), cp(&d, off), cp(&in, off), cp(&w, off), N, C, OC);
     gpu->matmul_backward(gp(&di, off), gp(&dw, off), gp(&d, off), gp(&in, off), gp(&w, off), N, C, OC);
@@ -403,6 +404,39 @@ static void test_matmul(int N, int C, int OC, size_t off) {
     compare(name, &dw, TOL_F32);
     buf_free(&in); buf_free(&w); buf_free(&o); buf_free(&d); buf_free(&di); buf_free(&dw);
     free(hi); free(hw); free(hd); free(hdi); free(hdw);
+}
+
+// matmul_residual_forward on inputs where one rounding and two differ bit for bit
+// (tests/gpu/rounding_case.h): the device must return bf16(r + p) exactly. The fp32 CPU op gives
+// r + p exactly there, so its rounding must equal the expectation too (a check of the inputs; the
+// cpu-bf16 emulation's rounding is tests/test_gpu_tolerance.c's). The test means something only if
+// a double rounding would change some elements: it says how many.
+static void test_matmul_residual_rounding(int N, int C, int OC) {
+    const size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *hi = xalloc(ni * sizeof(float)), *hw = xalloc(nw * sizeof(float)), *hr = xalloc(no * sizeof(float));
+    float *once = xalloc(no * sizeof(float)), *twice = xalloc(no * sizeof(float));
+    rounding_case_fill(hi, hw, hr, N, C, OC, 0x5EEDull + (uint64_t)N * C * OC);
+    const size_t visible = rounding_case_expect(once, twice, hi, hw, hr, N, C, OC);
+    Buf in = buf_act(hi, ni), w = buf_act(hw, nw), r = buf_act(hr, no), o = buf_act(hr, no);
+    cpu->matmul_residual_forward(o.c, r.c, in.c, w.c, N, C, OC);
+    gpu->matmul_residual_forward(o.g, r.g, in.g, w.g, N, C, OC);
+    float *c, *g;
+    buf_get(&o, &c, &g);
+    size_t gpu_once = 0, gpu_twice = 0, cpu_once = 0;
+    for (size_t i = 0; i < no; i++) {
+        gpu_once += g[i] == once[i];
+        gpu_twice += g[i] == twice[i];
+        cpu_once += bf16r(c[i]) == once[i];
+    }
+    char name[128], detail[200];
+    snprintf(name, sizeof name, "matmul_residual_forward rounds once N=%d C=%d OC=%d", N, C, OC);
+    snprintf(detail, sizeof detail,
+             "%zu of %zu elements tell one rounding from two; gpu equals one rounding on %zu, two on %zu; "
+             "the fp32 CPU op's rounding on %zu", visible, no, gpu_once, gpu_twice, cpu_once);
+    result(name, visible > 0 && gpu_once == no && cpu_once == no, detail);
+    free(c); free(g);
+    buf_free(&in); buf_free(&w); buf_free(&r); buf_free(&o);
+    free(hi); free(hw); free(hr); free(once); free(twice);
 }
 
 static void test_rmsnorm(int N, int C) {
@@ -799,6 +833,7 @@ static void test_expert_matmul_both(int E, int C, int OC, const int *rows_per_ex
 // CPU op (the CPU side takes seconds on a GPU machine's cores).
 static void test_production(void) {
     test_matmul(8192, 2048, 5632, 0);          // dense ~1B: tokens x d_model x d_ff
+    test_matmul_residual_rounding(8192, 5632, 2048);   // its down projection into the residual stream
     test_attention_both(1, 2048, 4, 4, 64, 64, 0);
     test_attention_both(1, 2048, 4, 2, 128, 128, 0);
     test_attention_both(1, 2048, 2, 2, 160, 96, 0);    // MLA / CLLA: head 128 + rope 32, value 96
@@ -862,6 +897,9 @@ int main(int argc, char **argv) {
     test_matmul(64, 256, 384, 0);
     test_matmul(64, 256, 384, 1);     // 2-byte aligned bf16 operands
     test_matmul(33, 64, 96, 8);       // 16-byte aligned
+    test_matmul_residual_rounding(111, 72, 40);     // test_gpu_train's B x T, its down projection
+    test_matmul_residual_rounding(129, 200, 77);
+    test_matmul_residual_rounding(512, 256, 384);
 
     test_rmsnorm(1, 1);
     test_rmsnorm(5, 33);

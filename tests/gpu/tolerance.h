@@ -27,8 +27,7 @@ typedef struct Tol { double atol, rtol; } Tol;
 // "+=" into a bf16 buffer: cuBLASLt reads C, adds in fp32 and rounds once)
 static const Tol TOL_ROUND = {0x1p-16, 0x1p-8 + 0x1p-16};
 // sums whose terms are already rounded or that cancel (norm and loss backwards, MoE combine,
-// attention forward with bf16 P inside the P V product, accumulate of two rounded values: also
-// matmul_residual_forward, whose product is rounded before the residual is added)
+// attention forward with bf16 P inside the P V product, accumulate of two rounded values)
 static const Tol TOL_SUM = {1e-2, 0x1p-7};
 // attention backward: dS and P enter the gradient products as bf16 (a rounding inside a
 // cancelling sum)
