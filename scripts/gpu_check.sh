@@ -4,7 +4,7 @@
 # summary.jsonl, one JSON line per step {"step", "status": pass|fail|skipped, "reason", "seconds"}.
 #
 #   scripts/gpu_check.sh [--out DIR] [--bin DIR] [--dry-run] [--quick] [--budget S] [--bench-steps N]
-#                        [--moe LIST]                                       on the GPU machine
+#                        [--moe LIST] [--only LIST]                         on the GPU machine
 #   scripts/gpu_check.sh --bundle DIR [--build DIR]                          here: a portable bundle
 #
 # Binaries: --bin DIR (a bundle made with --bundle: bin/ and lib/), else ./gpu_bundle when it
@@ -32,12 +32,16 @@
 # Missing shared libraries (the CUDA ones a bundle does not carry) are looked for in the CUDA
 # toolkit and in the nvidia-* Python wheels of the machine and added to LD_LIBRARY_PATH.
 # Without a GPU (or with --dry-run) every step says it skipped and why, and the exit status is 0;
-# any failed step makes it 1. --quick: no sanitizers, benchmarks or profile. COMPUTE_SANITIZER
+# any failed step makes it 1. --quick: no sanitizers, benchmarks or profile. --only LIST: only the
+# steps named (comma-separated, the names of summary.jsonl: test_gpu_ops, test_gpu_train,
+# test_gpu_decode, production_shapes, bench_gpu_experts, bench_torch, sanitizer.memcheck,
+# sanitizer.initcheck, bench_gpu, profile_attention), the others skipped. COMPUTE_SANITIZER
 # names the sanitizer when it is not on PATH or in /usr/local/cuda/bin.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_check_out}
-BIN="" DRY=0 QUICK=0 BUNDLE="" BUILD=$ROOT/build-gpu-portable BUDGET=3600 BENCH_STEPS=10 MOE=clla
+BIN="" DRY=0 QUICK=0 BUNDLE="" BUILD=$ROOT/build-gpu-portable BUDGET=3600 BENCH_STEPS=10 MOE=clla ONLY=""
+STEPS="test_gpu_ops test_gpu_train test_gpu_decode production_shapes bench_gpu_experts bench_torch sanitizer.memcheck sanitizer.initcheck bench_gpu profile_attention"
 usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }   # the header above
 positive_int() {   # positive_int OPTION VALUE: the value, or exit 2 naming the option
     [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || { echo "gpu_check: $1 needs a positive integer, got '$2'" >&2; exit 2; }
@@ -56,6 +60,11 @@ while [ $# -gt 0 ]; do
                 { echo "gpu_check: --moe needs one or more names of configs/paper/*.json, comma-separated, got '$MOE'" >&2; exit 2; }
             for name in ${MOE//,/ }; do
                 [ -f "$ROOT/configs/paper/$name.json" ] || { echo "gpu_check: --moe: no configs/paper/$name.json (names: $(ls "$ROOT/configs/paper" | sed -n 's/\.json$//p' | paste -sd, -))" >&2; exit 2; }
+            done ;;
+        --only) ONLY=${2:-}; shift
+            [[ $ONLY =~ ^[a-z_.]+(,[a-z_.]+)*$ ]] || { echo "gpu_check: --only needs step names, comma-separated, got '$ONLY' (names: ${STEPS// /,})" >&2; exit 2; }
+            for name in ${ONLY//,/ }; do
+                [[ " $STEPS " == *" $name "* ]] || { echo "gpu_check: --only: no step '$name' (names: ${STEPS// /,})" >&2; exit 2; }
             done ;;
         --dry-run) DRY=1 ;;
         --quick) QUICK=1 ;;
@@ -77,9 +86,12 @@ if [ -n "$BUNDLE" ]; then
     if [ -e "$BUNDLE" ] && [ -n "$(ls -A "$BUNDLE" 2>/dev/null)" ]; then
         echo "gpu_check: $BUNDLE exists and is not empty: remove it or name another directory" >&2; exit 1
     fi
-    if [ ! -d "$BUILD/tests/gpu" ]; then
+    # a CMake tree is brought up to date every time (only what changed is rebuilt): one left from
+    # an earlier bundle would otherwise give binaries older than the sources. A directory of
+    # binaries that is no CMake tree is taken as it is.
+    if [ ! -d "$BUILD" ] || [ -f "$BUILD/CMakeCache.txt" ]; then
         NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-        [ -x "$NVCC" ] || { echo "gpu_check: no nvcc to build the CUDA binaries with (and no $BUILD)" >&2; exit 1; }
+        [ -x "$NVCC" ] || { echo "gpu_check: no nvcc to build the CUDA binaries with" >&2; exit 1; }
         bash "$ROOT/scripts/build.sh" "$BUILD" -DCLLA_CUDA=ON -DCLLA_NATIVE=OFF -DCMAKE_CUDA_COMPILER="$NVCC" || exit 1
     fi
     mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" || exit 1
@@ -91,7 +103,11 @@ if [ -n "$BUNDLE" ]; then
     for b in "$BUNDLE"/bin/*; do ldd "$b" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}'; done | sort -u |
         grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn[^/]*|libnvidia[^/]*)\.so' |
         while read -r lib; do cp -L "$lib" "$BUNDLE/lib/" || exit 1; done || exit 1
-    git -C "$ROOT" rev-parse HEAD > "$BUNDLE/COMMIT" 2>/dev/null || echo unknown > "$BUNDLE/COMMIT"
+    # the commit, and whether tracked files differed from it (the binaries hold those changes)
+    { git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown; } | tr -d '\n' > "$BUNDLE/COMMIT"
+    if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+        echo " with uncommitted changes" >> "$BUNDLE/COMMIT"
+    else echo >> "$BUNDLE/COMMIT"; fi
     echo "gpu_check: bundle in $BUNDLE: $(ls "$BUNDLE/bin" | wc -l) binaries, $(ls "$BUNDLE/lib" | wc -l) libraries, $(du -sh "$BUNDLE" | cut -f1)"
     exit 0
 fi
@@ -162,9 +178,13 @@ fi
 DEADLINE=$(( $(date +%s) + BUDGET ))
 # run_step NAME CAP CMD...: runs CMD with its output in OUT/NAME.log, for at most CAP seconds and
 # what is left of --budget; exit 77 = skipped (the binary's reason)
+wanted() {   # wanted STEP: not left out by --only (a .sync rerun goes with its step)
+    [ -z "$ONLY" ] || [[ ",$ONLY," == *",${1%.sync},"* ]]
+}
 run_step() {
     local name=$1 cap=$2; shift 2
     if [ -n "$SKIP_ALL" ]; then record "$name" skipped "$SKIP_ALL" 0; return 0; fi
+    if ! wanted "$name"; then record "$name" skipped "not in --only" 0; return 0; fi
     local t0 rc left
     t0=$(date +%s)
     left=$(( DEADLINE - t0 ))
@@ -186,17 +206,20 @@ run_step() {
 gpu_test() {
     local name=$1 cap=$2 prog=$3 bin
     shift 3
-    if [ -z "$SKIP_ALL" ] && ! bin=$(find_binary "$BIN" "$prog"); then record "$name" fail "$prog is not in $BIN" 0; return; fi
+    if [ -z "$SKIP_ALL" ] && wanted "$name" && ! bin=$(find_binary "$BIN" "$prog"); then
+        record "$name" fail "$prog is not in $BIN" 0; return
+    fi
     if ! run_step "$name" "$cap" "${bin:-$prog}" "$@"; then
         run_step "$name.sync" "$cap" env CLLA_CUDA_SYNC=1 "$bin" "$@"
     fi
 }
 sanitizer() {   # sanitizer TOOL
     local cs=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
-    if [ -z "$SKIP_ALL" ] && { [ $QUICK = 1 ] || [ ! -x "$cs" ]; }; then
+    if [ -z "$SKIP_ALL" ] && wanted "sanitizer.$1" && { [ $QUICK = 1 ] || [ ! -x "$cs" ]; }; then
         record "sanitizer.$1" skipped "$( [ $QUICK = 1 ] && echo '--quick' || echo 'compute-sanitizer not found')" 0; return
     fi
-    run_step "sanitizer.$1" 300 "$cs" --tool "$1" --error-exitcode 3 "${OPS:-test_gpu_ops}" --small
+    # every error printed and grouped, the known groups apart (scripts/sanitizer_run.sh)
+    run_step "sanitizer.$1" 300 bash "$ROOT/scripts/sanitizer_run.sh" "$cs" "$1" "${OPS:-test_gpu_ops}" --small
 }
 
 gpu_test test_gpu_ops 300 test_gpu_ops --small
@@ -205,7 +228,7 @@ gpu_test test_gpu_decode 300 test_gpu_decode
 gpu_test production_shapes 300 test_gpu_ops --production
 BG=$(find_binary "${BIN:-/nonexistent}" bench_gpu || echo bench_gpu)
 # the paper MoE config's expert matmuls alone, per expert and on the tensor-core grouped kernels
-# (CLLA_MOE_GROUPED=1, not yet the default: docs/GPU.md, "MoE"), in one process, for their ratio:
+# (the default: docs/GPU.md, "MoE"), in one process, for their ratio:
 # seconds, so before the long benchmarks, where a short lease still reaches it
 [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ] || (cd "$ROOT" && run_step bench_gpu_experts 300 "$BG" --json \
     --steps "$BENCH_STEPS" --only experts) || FAILED=1

@@ -47,7 +47,8 @@ EOS
 printf '#!/bin/sh\necho "40 passed, 0 failed"\n' > fake/bin/test_gpu_train
 printf '#!/bin/sh\necho "skipped: no CUDA device (fake: decode needs a second stream)"\nexit 77\n' > fake/bin/test_gpu_decode
 printf '#!/bin/sh\necho "{\\"bench\\":\\"bench_gpu\\",\\"tokens_per_s\\":1000}"\n' > fake/bin/bench_gpu
-printf '#!/bin/sh\necho "sanitizer $2" >> "%s/sanitizer.calls"\nshift 4\n"$@" > /dev/null\necho "========= ERROR SUMMARY: 0 errors"\n' "$PWD" > fake/sanitizer
+# the fake takes what scripts/sanitizer_run.sh passes: --tool T --print-limit 0 --error-exitcode 0 PROGRAM ARGS
+printf '#!/bin/sh\necho "sanitizer $2" >> "%s/sanitizer.calls"\nshift 6\n"$@" > /dev/null\necho "========= ERROR SUMMARY: 0 errors"\n' "$PWD" > fake/sanitizer
 chmod +x fake/bin/* fake/sanitizer
 COMPUTE_SANITIZER=$PWD/fake/sanitizer bash "$GC" --bin fake --out run > run.log 2>&1
 rc=$?
@@ -64,6 +65,42 @@ s=$(status bench_gpu_experts); [[ $s == pass*tokens_per_s* ]] && [ -s run/bench_
     ok "bench_gpu --only experts logged: $s" || fail "bench_gpu_experts: $s"
 s=$(status profile_attention); [[ $s == "skipped gpu_profile_attention: skipped: "* ]] && ok "the profile step, without ncu or a device: $s" ||
     fail "profile_attention: $s"
+
+# ---- --only; the sanitizer's errors grouped, a known group (scripts/sanitizer_run.sh) apart
+cat > fake/sanitizer_errors <<'EOS'
+#!/bin/sh
+shift 6
+"$@" > /dev/null
+for i in 1 2 3; do
+    printf '========= Uninitialized __global__ memory read of size 4 bytes\n=========     at add_f32_to_bf16_kernel(__nv_bfloat16 *, const float *, unsigned long)+0x180\n'
+    printf '=========     by thread (%s,0,0) in block (108,0,0)\n=========         Host Frame: cuda_add_f32_to_bf16(__nv_bfloat16*, float const*, unsigned long) [0x16f4d] in test_gpu_ops\n' $i
+    printf '=========         Host Frame: cuda_matmul_backward [0x224ca] in test_gpu_ops\n=========\n'
+done
+echo "========= ERROR SUMMARY: 3 errors"
+EOS
+chmod +x fake/sanitizer_errors
+COMPUTE_SANITIZER=$PWD/fake/sanitizer_errors bash "$GC" --bin fake --out only --only test_gpu_train,sanitizer.memcheck,sanitizer.initcheck > only.log 2>&1
+rc=$?
+so() { "$PY" -c 'import json,sys; print(next((r["status"] + " " + r["reason"]) for r in map(json.loads, open(sys.argv[1])) if r["step"] == sys.argv[2]))' only/summary.jsonl "$1" 2>/dev/null; }
+s1=$(so test_gpu_ops) s2=$(so test_gpu_train) s3=$(so bench_gpu)
+[[ $s1 == "skipped not in --only" && $s2 == pass* && $s3 == "skipped not in --only" ]] &&
+    ok "--only test_gpu_train,...: the others skipped ($s1)" || fail "--only: '$s1' '$s2' '$s3' $(cat only.log)"
+s=$(so sanitizer.initcheck)
+[[ $s == "pass initcheck: 3 errors, 0 outside the known groups"* ]] && grep -q "^known  *3  Uninitialized" only/sanitizer.initcheck.log &&
+    ok "initcheck: the known group counted, not failed: $s" || fail "known group: $s $(cat only/sanitizer.initcheck.log)"
+s=$(so sanitizer.memcheck)
+[ $rc -eq 1 ] && [[ $s == "fail exit 3: memcheck: 3 errors, 3 outside the known groups"* ]] &&
+    ok "memcheck: the same errors are no known group there: $s" || fail "memcheck group: rc $rc $s"
+# errors counted in the summary but not printed belong to no known group
+printf '#!/bin/sh\nshift 6\nprintf "========= Uninitialized __global__ memory read of size 4 bytes\\n=========     at add_f32_to_bf16_kernel(float)+0x10\\n=========         Host Frame: cuda_matmul_backward [0x1]\\n=========\\n========= ERROR SUMMARY: 5 errors\\n"\n' > fake/sanitizer_short
+chmod +x fake/sanitizer_short
+out=$(bash "$SRC/scripts/sanitizer_run.sh" fake/sanitizer_short initcheck true); rc=$?
+[ $rc -eq 3 ] && [[ $(echo "$out" | tail -n 1) == "initcheck: 5 errors, 4 outside the known groups"* ]] &&
+    ok "errors counted and not printed are not known: $(echo "$out" | tail -n 1)" || fail "unprinted errors: rc $rc $out"
+for bad in "--only nosuch" "--only" "--only test_gpu_ops,,bench_gpu"; do
+    bash "$GC" --dry-run $bad > bad.log 2>&1; rc=$?
+    [ $rc -eq 2 ] && grep -q "^gpu_check: --only" bad.log && ok "$bad refused: $(cat bad.log)" || fail "$bad: rc $rc $(cat bad.log)"
+done
 
 # ---- --budget: a step that outlives what is left is stopped and fails; later steps are skipped
 mkdir -p slow/bin
