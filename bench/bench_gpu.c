@@ -236,7 +236,7 @@ static void run(const char *label, const char *path, const Config *cfg, int B, i
 }
 
 // --only experts: the MoE config's grouped expert matmuls alone, both ways the CUDA backend has
-// (one cuBLASLt product per expert; the tensor-core grouped kernels, CLLA_MOE_GROUPED=1) on the
+// (one cuBLASLt product per expert; the tensor-core grouped kernels, the default) on the
 // same rows and weights, in one process: T tokens routed top-K to distinct experts uniformly at
 // random, then per iteration what model/moe.c runs per layer: forward gate|up (C -> 2I) and down
 // (I -> C), backward of down and of gate|up with dinp and dW. Prints each way's time, TFLOP/s,
@@ -292,7 +292,7 @@ static void run_experts(const ModelConfig *c, int T, int steps, int json) {
         be->moe_expert_matmul_forward(gu, xs, pg, d_off, E, R, C, 2 * I);
         be->act_to_host(fwd[way], gu, (size_t)R * 2 * I);
     }
-    cuda_moe_use_grouped(0);
+    cuda_moe_use_grouped(-1);
     double diff = 0.0, big = 0.0;
     for (size_t i = 0; i < (size_t)R * 2 * I; i++) {
         const double d = fabs((double)fwd[0][i] - fwd[1][i]), v = fabs((double)fwd[0][i]);

@@ -53,9 +53,9 @@ void cuda_attention_use_tensor_cores(int on);
 #define CUDA_ATTENTION_TC_MAX_DV 128
 
 // MoE's grouped expert matmuls: 1 the tensor-core grouped kernels, which read the row offsets on
-// the device (kernels/cuda_moe_grouped.cu; also CLLA_MOE_GROUPED=1), where the shape allows; 0
-// one cuBLASLt product per expert, the offsets copied to the host first (the default, also
-// CLLA_MOE_GROUPED=0). The op tests run both against the CPU.
+// the device (kernels/cuda_moe_grouped.cu), where the shape allows; 0 one cuBLASLt product per
+// expert, the offsets copied to the host first; -1 back to CLLA_MOE_GROUPED, whose default is 1.
+// The op tests run both against the CPU.
 void cuda_moe_use_grouped(int on);
 
 #ifdef __cplusplus

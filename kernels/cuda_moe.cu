@@ -298,21 +298,23 @@ extern "C" void cuda_moe_combine_backward(float *dexpert_out, float *dtopk_w, co
 
 // ---- grouped expert matmuls ----
 // Two ways, one contract (backend/backend.h: the row offsets in device memory):
-//  - the tensor-core grouped kernels (kernels/cuda_moe_grouped.cu): one launch per product for
-//    all experts, sized on the device, no host round trip. Chosen by CLLA_MOE_GROUPED=1 or
-//    cuda_moe_use_grouped(1), where the shape qualifies (cuda_moe_grouped_fits). Not yet the
-//    default: they have not run on a GPU (docs/GPU.md, "MoE"), and scripts/gpu_check.sh's op
-//    tests compare both ways with the CPU.
-//  - one cuBLASLt product per non-empty expert (the default, measured): the offsets come to the
-//    host first, a synchronizing copy per call.
+//  - the tensor-core grouped kernels (kernels/cuda_moe_grouped.cu), the default where the shape
+//    qualifies (cuda_moe_grouped_fits): one launch per product for all experts, sized on the
+//    device, no host round trip. Slower than cuBLASLt per product, faster for the layer: on the
+//    H100 the paper MoE config trained at 1.35x the tokens/s of the per-expert way (docs/GPU.md,
+//    "MoE", run 10), the host no longer waiting on each layer's offsets.
+//  - one cuBLASLt product per non-empty expert (CLLA_MOE_GROUPED=0 or cuda_moe_use_grouped(0),
+//    and every shape the grouped kernels decline): the offsets come to the host first, a
+//    synchronizing copy per call.
+// scripts/gpu_check.sh's op tests and test_gpu_train compare both ways with the CPU.
 
-static int g_grouped_mode = -1;   // -1: CLLA_MOE_GROUPED not read yet
+static int g_grouped_mode = -1;   // -1: CLLA_MOE_GROUPED (or the default) not read yet
 
-extern "C" void cuda_moe_use_grouped(int on) { g_grouped_mode = on ? 1 : 0; }
+extern "C" void cuda_moe_use_grouped(int on) { g_grouped_mode = on < 0 ? -1 : on ? 1 : 0; }
 
 static int grouped_wanted(void) {
     if (g_grouped_mode < 0)
-        g_grouped_mode = env_switch("CLLA_MOE_GROUPED", 0, "one cuBLASLt product per expert",
+        g_grouped_mode = env_switch("CLLA_MOE_GROUPED", 1, "one cuBLASLt product per expert",
                                     "the tensor-core grouped kernels, offsets read on the device");
     return g_grouped_mode;
 }

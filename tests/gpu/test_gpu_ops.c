@@ -818,7 +818,7 @@ static void test_expert_matmul(int E, int C, int OC, const int *rows_per_expert,
         buf_free(&w[e]);
         buf_free(&dw[e]);
     }
-    cuda_moe_use_grouped(0);
+    cuda_moe_use_grouped(-1);
     buf_free(&in); buf_free(&out); buf_free(&dout); buf_free(&din); buf_free(&doff);
     free(off); free(hi); free(ho); free(hdi); free(hdw); free(w); free(dw); free(wc); free(wg); free(dwc); free(dwg);
 }

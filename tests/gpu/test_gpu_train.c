@@ -256,13 +256,13 @@ int main(void) {
         return 77;
     }
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) compare_step(&CASES[i]);
-    // the MoE case again on the tensor-core grouped expert kernels (offsets read on the device;
-    // kernels/cuda_moe_grouped.cu), which the default per-expert products do not exercise
+    // the MoE case again with one cuBLASLt product per expert (the offsets read on the host),
+    // which the default grouped kernels (kernels/cuda_moe_grouped.cu) do not exercise
     const Case *moe = &CASES[sizeof CASES / sizeof CASES[0] - 1];
-    const Case grouped = {"gqa + moe, grouped expert kernels", moe->json};
-    cuda_moe_use_grouped(1);
-    compare_step(&grouped);
+    const Case per_expert = {"gqa + moe, per-expert products", moe->json};
     cuda_moe_use_grouped(0);
+    compare_step(&per_expert);
+    cuda_moe_use_grouped(-1);
     compare_curves();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
