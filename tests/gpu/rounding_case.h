@@ -3,11 +3,11 @@
 // on the CPU; docs/GPU.md, "Tolerances").
 //
 // inp (N, C): row n holds one nonzero, a bf16 value in [1, 2), at column n % C; W (OC, C) and the
-// residual (N, OC) are bf16, W in [1, 2), the residual in [-8, 8). Each product of two 8-bit
-// significands is exact in fp32, the zeros add nothing, and residual + product (|.| < 12, ulps
-// 2^-14 and 2^-5 apart) is exact in fp32: an op that rounds once returns bf16(r + p) in any
-// summation order, one that rounds the product first returns bf16(r + bf16(p)), and the two differ
-// on a few percent of the elements.
+// residual (N, OC) are bf16, W in [1, 2], the residual in [-8, 8]. Each product of two 8-bit
+// significands is exact in fp32, the zeros add nothing, and residual + product is exact too (every
+// term a multiple of 2^-15, the sum below 16 in magnitude: 19 bits of fp32's 24): an op that
+// rounds once returns bf16(r + p) in any summation order, one that rounds the product first
+// returns bf16(r + bf16(p)), and the two differ on about a quarter of the elements.
 #ifndef CLLA_TESTS_GPU_ROUNDING_CASE_H
 #define CLLA_TESTS_GPU_ROUNDING_CASE_H
 
