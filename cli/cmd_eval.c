@@ -90,6 +90,19 @@ static void layout_from_args(CacheLayout *layout, const ModelDir *md, const Args
 // the papers store them) amortized over the tokens this evaluation stored, and as the codec's
 // paper counts (codec_bits_paper); the fitted values a part's codec keeps over all its streams,
 // and over all parts as stored: as JSON members, or as text lines.
+// ,"LOSS":x,"PPL":exp(x) (no comma first when `first`): JSON has no NaN or Infinity, so a value
+// that is not finite is null, the loss when the model diverged (the exit status says so), the
+// perplexity also when exp overflows (a finite loss above about 709)
+static void print_json_loss(const char *loss_key, const char *ppl_key, double loss, int first) {
+    const double ppl = exp(loss);
+    printf(first ? "\"%s\":" : ",\"%s\":", loss_key);
+    if (isfinite(loss)) printf("%.6f", loss);
+    else printf("null");
+    printf(",\"%s\":", ppl_key);
+    if (isfinite(ppl)) printf("%.4f", ppl);
+    else printf("null");
+}
+
 static void print_bits(const CacheLayout *cl, int json, const CacheLoss *acc) {
     long long elements = 0;
     double bytes = 0;
@@ -138,8 +151,9 @@ static int eval_cache(Model *model, const ModelDir *md, const Args *a, DataLoade
     double bpt = cache_layout_bytes_per_token(&layout);
     int finite = isfinite(full) && isfinite(dec);
     if (json) {
-        if (finite) printf("{\"loss\":%.6f,\"perplexity\":%.4f,\"loss_decoded\":%.6f,\"perplexity_decoded\":%.4f", full, exp(full), dec, exp(dec));
-        else printf("{\"loss\":null,\"perplexity\":null,\"loss_decoded\":null,\"perplexity_decoded\":null");
+        printf("{");
+        print_json_loss("loss", "perplexity", full, 1);
+        print_json_loss("loss_decoded", "perplexity_decoded", dec, 0);
         printf(",\"cache_bytes_per_token\":%.10g,\"cache\":\"%s\",\"tokens\":%lld,\"windows\":%lld,\"batches\":%lld", bpt, codecs,
                cs.acc.count, r.windows, r.batches);
         print_bits(&layout, 1, &cs.acc);
@@ -274,10 +288,12 @@ static int eval_ppl(const Args *a, const char *dir) {
     char codecs[512] = "";
     if (through) model_dir_describe_cache(&layout, codecs, sizeof(codecs));
     if (json) {
-        if (finite) printf("{\"loss\":%.6f,\"perplexity\":%.4f", r.loss, exp(r.loss));
-        else printf("{\"loss\":null,\"perplexity\":null");
-        if (through && finite) printf(",\"loss_decoded\":%.6f,\"perplexity_decoded\":%.4f,\"cache\":\"%s\"", dec, exp(dec), codecs);
-        else if (through) printf(",\"loss_decoded\":null,\"perplexity_decoded\":null,\"cache\":\"%s\"", codecs);
+        printf("{");
+        print_json_loss("loss", "perplexity", r.loss, 1);
+        if (through) {
+            print_json_loss("loss_decoded", "perplexity_decoded", dec, 0);
+            printf(",\"cache\":\"%s\"", codecs);
+        }
         printf(",\"tokens\":%lld,\"windows\":%lld,\"seq\":%d,\"stride\":%d", r.tokens, r.windows, T, S);
         if (through) print_bits(&layout, 1, &acc);
         printf("}\n");
@@ -669,9 +685,8 @@ int cmd_eval(int argc, char **argv) {
     if (r.failed) die("%s", r.err);
     int finite = isfinite(r.loss);
     if (json) {
-        // JSON has no NaN or Infinity: a non-finite loss is null (and the exit status says so)
-        if (finite) printf("{\"loss\":%.6f,\"perplexity\":%.4f", r.loss, exp(r.loss));
-        else printf("{\"loss\":null,\"perplexity\":null");
+        printf("{");
+        print_json_loss("loss", "perplexity", r.loss, 1);
         printf(",\"tokens\":%lld,\"windows\":%lld,\"batches\":%lld}\n", r.tokens, r.windows, r.batches);
     } else {
         printf("loss %.4f | perplexity %.3f | %lld tokens in %lld windows of %d (%lld batches of up to %d)\n", r.loss,

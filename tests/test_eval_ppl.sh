@@ -75,6 +75,26 @@ else fail "fp32 cache: plain $l0, full $l1, decoded $d1" c1.err; fi
 if near "$l2" "$d2" 1e-4 && ! near "$l2" "$l0" 1e-4 && near "$l3" "$d3" 1e-5 && ! near "$l3" "$l0" 1e-5; then
     ok "--ppl through 2-bit caches: int_group $l2 = $d2, kivi $l3 = $d3 (plain $l0)"
 else fail "2-bit caches: int_group $l2 / $d2, kivi $l3 / $d3, plain $l0" c2.err; fi
+# a finite loss past exp's range (about 709): --json stays JSON, the perplexity null, in every mode
+/usr/bin/python3 - <<'PY'
+import array, json, os, shutil, struct
+b = open("m/model.safetensors", "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); d = bytearray(b[8 + n:])
+lo, hi = h["model.norm.weight"]["data_offsets"]
+x = array.array("f"); x.frombytes(bytes(d[lo:hi])); d[lo:hi] = array.array("f", [v * 3000 for v in x]).tobytes()
+os.makedirs("big", exist_ok=True); shutil.copy("m/config.json", "big")
+open("big/model.safetensors", "wb").write(b[:8 + n] + bytes(d))
+PY
+bad_json=""
+for mode in "--data t65.bin --batch 2" "--ppl t65.bin" "--ppl t65.bin --through-cache" "--data t65.bin --through-cache"; do
+    "$CLLA" eval --checkpoint big --json --seq 16 $mode > big.json 2> big.err
+    /usr/bin/python3 -c '
+import json, math, sys
+o = json.loads(open(sys.argv[1]).read(), parse_constant=lambda c: sys.exit("not JSON: " + c))
+assert o["loss"] > 709 and math.isfinite(o["loss"]) and o["perplexity"] is None
+assert o.get("perplexity_decoded", None) is None' big.json 2>> big.err || bad_json="$bad_json [$mode: $(cat big.json big.err)]"
+done
+[ -z "$bad_json" ] && ok "a loss of $(field big.json loss): perplexity null, valid JSON, in all four modes" || fail "overflowing perplexity:$bad_json"
 refused "--cache-codec without --through-cache" "applies with --through-cache" -- "${E[@]}" --ppl t50.bin --cache-codec fp32
 refused "stride longer than the window" "stride 17 is longer" -- "${E[@]}" --ppl t50.bin --seq 16 --stride 17
 refused "--ppl with --data" "does not apply to --ppl" -- "${E[@]}" --ppl t50.bin --data t50.bin
