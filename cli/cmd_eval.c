@@ -267,6 +267,9 @@ static int eval_ppl(const Args *a, const char *dir) {
     Model model;
     ModelDir md;
     model_source_load(&md, &model, &cfg, dir, device_backend(args_get(a, SPECS, N_SPECS, "device")));
+    // the model as it serves: an MoE layer without its training capacity, whose drops would
+    // depend on how many windows share a forward (--batch); no gradient buffers
+    model.inference = 1;
     if (!B) B = cfg.train.micro_batch;
     if (!T) T = cfg.train.seq_len;
     if (T > cfg.model.max_position_embeddings) die("--seq %d exceeds max_position_embeddings %d", T, cfg.model.max_position_embeddings);

@@ -44,6 +44,19 @@ for sw in "16 4" "5 8" "1 34" "3 12"; do   # windows: ceil((49 - 16) / S) + 1
         ok "stride $1: 49 tokens scored once in $2 windows; batch 3 = batch 1 ($(field s.json loss))"
     else fail "stride $1: $(cat s.json s.err) vs batch 1 $(cat s1.json)"; fi
 done
+# an MoE model with a training capacity (1.0, top-1 of 4): --ppl scores it as it serves, without
+# the capacity, so the batch changes nothing; --data keeps training's capacity per forward (it
+# reproduces val_loss), so there the batch moves the loss
+sed 's/"initializer_range": 0.2,/"initializer_range": 0.2, "n_routed_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 16, "moe_capacity_factor": 1.0,/' m.json > moe.json
+"$CLLA" init --config moe.json --out mm >> setup.log 2>&1
+EM=("$CLLA" eval --checkpoint mm --json)
+"${EM[@]}" --ppl t50.bin --seq 16 --stride 8 --batch 3 > m3.json 2> m3.err
+"${EM[@]}" --ppl t50.bin --seq 16 --stride 8 --batch 1 > m1.json 2> m1.err
+"${EM[@]}" --data t50.bin --seq 16 --batch 3 > md3.json 2> md3.err
+"${EM[@]}" --data t50.bin --seq 16 --batch 1 > md1.json 2> md1.err
+if near "$(field m3.json loss)" "$(field m1.json loss)" 1e-6 && ! near "$(field md3.json loss)" "$(field md1.json loss)" 1e-6; then
+    ok "MoE with capacity: --ppl batch 3 = batch 1 ($(field m3.json loss)); --data moves with the batch as training's validation does ($(field md3.json loss) / $(field md1.json loss))"
+else fail "MoE --ppl: batch 3 $(cat m3.json m3.err), batch 1 $(cat m1.json); --data $(cat md3.json) / $(cat md1.json)"; fi
 
 python3 -c '
 import json, sys
