@@ -355,7 +355,7 @@ typedef struct BenchJob {
     char **prompts;  // per scored item
 } BenchJob;
 
-static void prepare_bench(BenchJob *j, const char *path, int K, uint64_t seed, long long limit, int skip_bad) {
+static void prepare_bench(BenchJob *j, BenchScorer *sc, const char *path, int K, uint64_t seed, long long limit, int skip_bad) {
     char err[1024];
     if (bench_load(&j->b, path, skip_bad, err, sizeof(err)) != 0) die("%s", err);
     j->scored = xmalloc((size_t)j->b.n_items * sizeof(int));
@@ -365,6 +365,11 @@ static void prepare_bench(BenchJob *j, const char *path, int K, uint64_t seed, l
     j->prompts = xmalloc((size_t)j->n * sizeof(char *));
     for (long long i = 0; i < j->n; i++)
         if (!(j->prompts[i] = bench_prompt(&j->b, j->scored[i], K, seed, err, sizeof(err)))) die("%s", err);
+    // every item tokenized once here too, so that one the model cannot read stops the run now
+    for (long long i = 0; i < j->n; i++) {
+        const BenchItem *it = &j->b.items[j->scored[i]];
+        if (bench_check_item(sc, it, j->prompts[i], err, sizeof(err)) != 0) die("%s:%d: %s", path, it->line, err);
+    }
 }
 
 // Items in batches: sorted by prompt and longest choice length (bytes; ties by file order), cut into
@@ -527,7 +532,7 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     BenchScorer *sc = bench_scorer_new(model, &layout, tok, full);
     BenchRun *runs = xcalloc((size_t)n_bench, sizeof(BenchRun));
     BenchJob *jobs = xcalloc((size_t)n_bench, sizeof(BenchJob));
-    for (int i = 0; i < n_bench; i++) prepare_bench(&jobs[i], paths[i], K, seed, limit, skip_bad);
+    for (int i = 0; i < n_bench; i++) prepare_bench(&jobs[i], sc, paths[i], K, seed, limit, skip_bad);
     for (int i = 0; i < n_bench; i++) {
         BenchRun *r = &runs[i];
         run_bench(sc, &jobs[i], dist, tty && dist->rank == 0, items, r);

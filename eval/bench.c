@@ -323,9 +323,10 @@ static int build_seqs(BenchScorer *s, const BenchItem *it, const char *prompt, S
             if (eot == TOK_NONE) { set_err(err, n, "the context is empty and the tokenizer has no <|endoftext|> to stand for it"); return -1; }
             u32vec_push(&q->ctx[c], eot);
         }
-        // the model reads context + continuation minus its last token: keep the last max_len of them
+        // the model reads context + continuation minus its last token: keep the last max_len of
+        // them, at least one context token, so a continuation of max_len tokens still fits
         size_t need = q->ctx[c].n + q->cont[c].n - 1;
-        if (q->cont[c].n >= (size_t)s->max_len) {
+        if (q->cont[c].n > (size_t)s->max_len) {
             set_err(err, n, "choice %d's continuation has %zu tokens, the model's context is %d: it cannot be scored", c, q->cont[c].n, s->max_len);
             return -1;
         }
@@ -489,6 +490,14 @@ int bench_score_batch(BenchScorer *s, int n, const BenchItem *const *items, char
     for (int i = 0; i < n; i++)
         for (int c = 0; c < BENCH_MAX_CHOICES; c++) { free(qs[i].ctx[c].v); free(qs[i].cont[c].v); }
     free(qs);
+    return rc;
+}
+
+int bench_check_item(BenchScorer *s, const BenchItem *it, const char *prompt, char *err, size_t errlen) {
+    Seqs q = {0};
+    BenchScores out;
+    int rc = build_seqs(s, it, prompt, &q, &out, err, errlen);
+    for (int c = 0; c < BENCH_MAX_CHOICES; c++) { free(q.ctx[c].v); free(q.cont[c].v); }
     return rc;
 }
 

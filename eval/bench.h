@@ -78,9 +78,12 @@ typedef struct BenchScorer BenchScorer;
 // prefill runs the full forward with the model's codecs: they must be the layout's).
 BenchScorer *bench_scorer_new(Model *m, const CacheLayout *layout, const Tokenizer *tok, int full_forward);
 void bench_scorer_free(BenchScorer *s);
+// Whether item it with prompt context `prompt` (from bench_prompt) can be scored, before any
+// forward: 0, or -1 with one line in err (a continuation longer than the model's context, a
+// context with no token and no <|endoftext|> to stand in for it).
+int bench_check_item(BenchScorer *s, const BenchItem *it, const char *prompt, char *err, size_t errlen);
 // Scores item it with prompt context `prompt` (from bench_prompt). Returns 0, or -1 with one line
-// in err (a continuation longer than the model's context, a context with no token and no
-// <|endoftext|> to stand in for it).
+// in err (bench_check_item's).
 int bench_score_item(BenchScorer *s, const BenchItem *it, const char *prompt, BenchScores *out, char *err, size_t errlen);
 // The same for n items at once, their choices (at most BENCH_BATCH_SEQS in all) prefilled together
 // and decoded side by side. On an error *bad (may be NULL) is the index of the item it names.

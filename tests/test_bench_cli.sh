@@ -153,6 +153,20 @@ else fail "long context: $(cat long_dec.items long.err) ${msg:-}"; fi
 echo '{"context": "a", "choices": [" one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen", " b"], "label": 1}' > longcont.jsonl
 if "${B[@]}" --checkpoint short --bench longcont.jsonl > x.out 2> x.err; then fail "a continuation longer than the context accepted"
 else [ "$(wc -l < x.err)" -eq 1 ] && grep -q "continuation has" x.err && ok "a continuation longer than the model's context: $(cat x.err)" || fail "long continuation: $(cat x.err)"; fi
+# a continuation of exactly max_position_embeddings (32) tokens fits: the model reads one context
+# token and all but the last of it; 33 do not, and a later file holding such an item stops the run
+# before the first file is scored or printed
+c32=$(printf ' a%.0s' $(seq 32))
+n32=$("$CLLA" tokenizer encode --tokenizer tok.tok --text "$c32" | wc -w)
+printf '{"context": "b", "choices": ["%s", " b"], "label": 0}\n' "$c32" > c32.jsonl
+printf '{"context": "b", "choices": ["%s a", " b"], "label": 0}\n' "$c32" > c33.jsonl
+if [ "$n32" = 32 ] && "${B[@]}" --checkpoint short --bench c32.jsonl --json > c32.out 2> c32.err && grep -q '"items":1,' c32.out; then
+    ok "a continuation of max_position_embeddings (32) tokens is scored"
+else fail "a 32-token continuation ($n32 tokens): $(cat c32.out c32.err)"; fi
+if "${B[@]}" --checkpoint short --bench c32.jsonl --bench c33.jsonl --json > c2.out 2> c2.err; then fail "a 33-token continuation accepted"
+elif [ ! -s c2.out ] && [ "$(wc -l < c2.err)" -eq 1 ] && grep -q "c33.jsonl:1: choice 0's continuation has 33 tokens" c2.err; then
+    ok "a too long continuation in the second file stops the run before the first is scored: $(cat c2.err)"
+else fail "33-token continuation in a second file: $(cat c2.out c2.err)"; fi
 
 # ---------------------------------------------------------------- the shipped benchmark's construction
 MK="$SRC/eval/make_heldout_bench.py"
