@@ -120,6 +120,8 @@ head -c 4 t50.bin > one.bin
 refused "one token" "at least 2" -- "${E[@]}" --ppl one.bin
 printf '{"text": "a"}\nnot json\n' > bad.jsonl
 refused "a bad JSONL line" "line 2" -- "${E[@]}" --ppl bad.jsonl
+printf '{"text": "a"}\n\n\n{"text": 5}\n' > blank.jsonl
+refused "a bad JSONL line after blank lines: its own number" "line 4: not a JSON object" -- "${E[@]}" --ppl blank.jsonl
 refused "a missing file" "cannot read" -- "${E[@]}" --ppl nothere.txt
 # a batch whose activations exceed the memory left (CLLA_TEST_MEM_AVAILABLE stands in for
 # MemAvailable): refused at model_set_batch in one line, not killed by the kernel
