@@ -70,6 +70,10 @@ static int parse_item(const cJSON *o, int format, BenchItem *it, char *err, size
     if (!cJSON_IsString(ctx)) { set_err(err, n, "\"%s\" must be a string", ck); return -1; }
     if (!cJSON_IsArray(ch)) { set_err(err, n, "\"%s\" must be an array of strings", chk); return -1; }
     int nc = cJSON_GetArraySize(ch);
+    if (format && nc != 4) {   // a HellaSwag file with other counts is a broken one (docs/BENCHMARKS.md)
+        set_err(err, n, "\"endings\" has %d entries: a HellaSwag item has 4 (other choice counts go in the generic format)", nc);
+        return -1;
+    }
     if (nc < 2 || nc > BENCH_MAX_CHOICES) { set_err(err, n, "\"%s\" has %d entries: 2 to %d are accepted", chk, nc, BENCH_MAX_CHOICES); return -1; }
     it->choices = xcalloc((size_t)nc, sizeof(char *));
     int i = 0;

@@ -217,6 +217,8 @@ bad "a label out of range" "range.jsonl:1: label 2 is out of range" --bench rang
 echo '{"context": "c", "choices": [" a", ""], "label": 0}' > empty.jsonl
 bad "a bad second file stops the run before the first is scored" "range.jsonl:1: label 2" --bench two.jsonl --bench range.jsonl --json
 bad "an empty choice" "empty.jsonl:1: choices\[1\] is empty" --bench empty.jsonl
+echo '{"ctx": "x", "endings": ["a", "b", "c"], "label": "2"}' > hs3.jsonl
+bad "a HellaSwag item with 3 endings" "hs3.jsonl:1: \"endings\" has 3 entries: a HellaSwag item has 4" --bench hs3.jsonl
 echo '{"question": "q", "answers": ["a", "b"], "label": 0}' > unknown.jsonl
 bad "an unknown format" "unknown benchmark format" --bench unknown.jsonl
 bad "more shots than the dev split holds" "needs 3 examples but the dev split holds 2" --bench "$FX/generic.jsonl" --shots 3
