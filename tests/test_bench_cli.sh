@@ -221,6 +221,12 @@ echo '{"ctx": "x", "endings": ["a", "b", "c"], "label": "2"}' > hs3.jsonl
 bad "a HellaSwag item with 3 endings" "hs3.jsonl:1: \"endings\" has 3 entries: a HellaSwag item has 4" --bench hs3.jsonl
 echo '{"question": "q", "answers": ["a", "b"], "label": 0}' > unknown.jsonl
 bad "an unknown format" "unknown benchmark format" --bench unknown.jsonl
+cp two.jsonl self.jsonl
+if "${B[@]}" --checkpoint gqa --bench self.jsonl --items-out self.jsonl --overwrite > self.out 2> self.err; then
+    fail "--items-out naming the --bench file accepted"
+elif [ "$(wc -l < self.err)" -eq 1 ] && grep -q "items-out 'self.jsonl' is the --bench file 'self.jsonl'" self.err && cmp -s two.jsonl self.jsonl; then
+    ok "--items-out naming the --bench file, even with --overwrite, and the file as it was: $(cat self.err)"
+else fail "--items-out onto its --bench input: $(cat self.err)"; fi
 bad "more shots than the dev split holds" "needs 3 examples but the dev split holds 2" --bench "$FX/generic.jsonl" --shots 3
 bad "a missing benchmark file" "cannot read benchmark" --bench nothere.jsonl
 bad "--shots without --bench" "applies with --bench" --shots 1 --data x.bin
