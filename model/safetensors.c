@@ -24,9 +24,11 @@ size_t st_dtype_size(int dtype) { return (dtype >= 0 && dtype < N_DTYPES) ? DTYP
 const char *st_dtype_name(int dtype) { return (dtype >= 0 && dtype < N_DTYPES) ? DTYPE_NAMES[dtype] : "?"; }
 
 
+// by begin, then end: an empty tensor at an offset sorts before a tensor starting there
 static int cmp_begin(const void *a, const void *b) {
     const StEntry *x = *(const StEntry *const *)a, *y = *(const StEntry *const *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end ? 1 : 0;
 }
 
 static void free_entries(StFile *sf) {
@@ -45,8 +47,16 @@ int st_parse_header(StFile *sf, const char *hdr, uint64_t hdr_len, uint64_t file
     if (file_size < 8 || hdr_len > file_size - 8) return fail_with(err, errlen, "header length %llu runs past the end of the file (%llu bytes)", (unsigned long long)hdr_len, (unsigned long long)file_size);
     sf->data_start = 8 + hdr_len;
     sf->data_size = file_size - sf->data_start;
-    cJSON *root = cJSON_ParseWithLength(hdr, (size_t)hdr_len);
+    const char *json_end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)hdr_len, &json_end, 0);
     if (!root || !cJSON_IsObject(root)) { cJSON_Delete(root); return fail_with(err, errlen, "header is not a JSON object"); }
+    // after the object only the spaces that pad the data area to alignment (the format's rule)
+    for (const char *p = json_end; p && p < hdr + hdr_len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(root);
+            return fail_with(err, errlen, "header has text after its JSON object (at byte %llu of %llu): not a safetensors header",
+                             (unsigned long long)(p - hdr), (unsigned long long)hdr_len);
+        }
     int count = cJSON_GetArraySize(root);
     sf->e = xcalloc((size_t)count + 1, sizeof(StEntry));
     int rc = 0;
@@ -90,7 +100,11 @@ int st_parse_header(StFile *sf, const char *hdr, uint64_t hdr_len, uint64_t file
             break;
         }
         double b = off->child->valuedouble, en = off->child->next->valuedouble;
-        if (b < 0 || en < b || b != floor(b) || en != floor(en) || en > (double)sf->data_size) {
+        if (b != floor(b) || en != floor(en)) {
+            rc = fail_with(err, errlen, "tensor '%s': data_offsets [%.17g, %.17g] are not whole numbers", it->string, b, en);
+            break;
+        }
+        if (b < 0 || en < b || en > (double)sf->data_size) {
             rc = fail_with(err, errlen, "tensor '%s': data_offsets [%.0f, %.0f] outside the data area of %llu bytes (truncated file?)", it->string, b, en, (unsigned long long)sf->data_size);
             break;
         }
@@ -104,13 +118,24 @@ int st_parse_header(StFile *sf, const char *hdr, uint64_t hdr_len, uint64_t file
         sf->n++;
     }
     cJSON_Delete(root);
-    if (!rc && sf->n > 1) {
-        StEntry **order = xmalloc((size_t)sf->n * sizeof(StEntry *));
+    if (!rc) {
+        // the tensors tile the data area: no overlap, no hole, nothing after the last (the
+        // format's rule; the reference library refuses such files too)
+        StEntry **order = xmalloc((size_t)(sf->n ? sf->n : 1) * sizeof(StEntry *));
         for (int i = 0; i < sf->n; i++) order[i] = &sf->e[i];
         qsort(order, (size_t)sf->n, sizeof(StEntry *), cmp_begin);
-        for (int i = 1; i < sf->n && !rc; i++)
-            if (order[i]->begin < order[i - 1]->end)
+        uint64_t at = 0;
+        for (int i = 0; i < sf->n && !rc; i++) {
+            if (order[i]->begin < at)
                 rc = fail_with(err, errlen, "tensors '%s' and '%s' overlap in the data area", order[i - 1]->name, order[i]->name);
+            else if (order[i]->begin > at)
+                rc = fail_with(err, errlen, "bytes [%llu, %llu) of the data area belong to no tensor (before '%s'): a safetensors file has no holes",
+                               (unsigned long long)at, (unsigned long long)order[i]->begin, order[i]->name);
+            else at = order[i]->end;
+        }
+        if (!rc && at != sf->data_size)
+            rc = fail_with(err, errlen, "%llu bytes after the last tensor's data (the data area holds %llu): a safetensors file has no trailing bytes",
+                           (unsigned long long)(sf->data_size - at), (unsigned long long)sf->data_size);
         free(order);
     }
     if (rc) free_entries(sf);

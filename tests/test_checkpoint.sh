@@ -291,6 +291,15 @@ forge forged.safetensors "{$T1,$T1}" 16;                         bad_model "a na
 forge forged.safetensors '{"__metadata__":[1],"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}' 4
                                                                  bad_model "metadata not an object" "__metadata__"
 forge forged.safetensors "{$T1}" 16;                             bad_model "a tensor of another model" "does not belong"
+forge forged.safetensors "{$T1}garbage" 16;                      bad_model "text after the header's JSON" "text after its JSON object"
+forge forged.safetensors "{$T1}      " 16;                       bad_model "spaces after the header's JSON (alignment padding)" "does not belong"
+forge forged.safetensors "{$T1}" 20;                             bad_model "bytes after the last tensor" "4 bytes after the last tensor"
+forge forged.safetensors '{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[4,20]}}' 20
+                                                                 bad_model "a hole before a tensor" "bytes \[0, 4) of the data area belong to no tensor"
+forge forged.safetensors '{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0.5,16.5]}}' 17
+                                                                 bad_model "fractional offsets" "data_offsets \[0.5, 16.5\] are not whole numbers"
+forge forged.safetensors "{$T1,\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}" 16
+                                                                 bad_model "an empty tensor at offset 0 after a tensor there" "does not belong"
 # Edits of the real file's header of the same length keep every offset valid, so the
 # checks against the model's tensor table are reached.
 len=$(od -An -tu8 -N8 "$GOOD/model.safetensors" | tr -d ' ')
