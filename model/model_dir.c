@@ -66,9 +66,10 @@ const char *model_dir_kind_name(ModelDirKind k) {
     return k == MODEL_DIR_PACKAGE ? "package" : k == MODEL_DIR_CHECKPOINT ? "checkpoint" : "run directory";
 }
 
-// The "package" object: format, version, and the tokenizer file name (a plain name inside the
-// package, or null). Returns the tokenizer path or NULL.
-static char *read_package(const char *dir, const char *cp, const cJSON *pk) {
+// The "package" object: format, version, dtype (into *dtype: ST_F32, ST_BF16, or -1 when absent)
+// and the tokenizer file name (a plain name inside the package, or null). Returns the tokenizer
+// path or NULL.
+static char *read_package(const char *dir, const char *cp, const cJSON *pk, int *dtype) {
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(pk, "format");
     const cJSON *ver = cJSON_GetObjectItemCaseSensitive(pk, "version");
     const cJSON *tok = cJSON_GetObjectItemCaseSensitive(pk, "tokenizer");
@@ -82,6 +83,7 @@ static char *read_package(const char *dir, const char *cp, const cJSON *pk) {
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(pk, "dtype");
     if (dt && !(cJSON_IsString(dt) && (!strcmp(dt->valuestring, "fp32") || !strcmp(dt->valuestring, "bf16"))))
         die("'%s': package.dtype must be \"fp32\" or \"bf16\" (what clla export writes): export it again", cp);
+    *dtype = !dt ? -1 : !strcmp(dt->valuestring, "bf16") ? ST_BF16 : ST_F32;
     if (!tok || cJSON_IsNull(tok)) return NULL;
     if (!cJSON_IsString(tok) || !tok->valuestring[0] || strchr(tok->valuestring, '/') || !strcmp(tok->valuestring, "..") ||
         !strcmp(tok->valuestring, "."))
@@ -89,6 +91,21 @@ static char *read_package(const char *dir, const char *cp, const cJSON *pk) {
     if (!is_file(dir, tok->valuestring))
         die("package '%s' names tokenizer '%s' but does not hold it: export it again", dir, tok->valuestring);
     return path_join(dir, tok->valuestring);
+}
+
+// package.dtype names how clla export stored the weights: every tensor of the package's files so
+// (weights stored otherwise load the same, but the package says something false about itself).
+static void check_package_dtype(const char *dir, const char *cp, int dtype) {
+    StSet s;
+    char err[512];
+    if (st_set_open(&s, dir, err, sizeof(err)) != 0) die("'%s': %s", dir, err);
+    for (int r = 0; r < s.n; r++) {
+        const StEntry *e = st_set_entry(&s, r);
+        if (e->dtype != dtype)
+            die("'%s': package.dtype is \"%s\" but tensor '%s' is stored as %s: the config and the weights are not one export",
+                cp, dtype == ST_BF16 ? "bf16" : "fp32", e->name, st_dtype_name(e->dtype));
+    }
+    st_set_close(&s);
 }
 
 // A fitted state's tensor name: layers.<layer>.<part>.<codec>
@@ -185,11 +202,12 @@ void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, co
     md->kind = kind_of(dir, root);
     md->dir = xstrdup(dir);
     cJSON *cache = NULL;
+    int package_dtype = -1;
     if (md->kind == MODEL_DIR_PACKAGE) {
         // the package's own sections are not config keys: take them out before the config reader
         cJSON *pk = cJSON_DetachItemFromObjectCaseSensitive(root, "package");
         cache = cJSON_DetachItemFromObjectCaseSensitive(root, "cache");
-        md->tokenizer = read_package(dir, cp, pk);
+        md->tokenizer = read_package(dir, cp, pk, &package_dtype);
         cJSON_Delete(pk);
         if (!cJSON_IsObject(cache)) die("'%s': a package needs a \"cache\" object (codec per payload part): export it again", cp);
         char *rest = cJSON_PrintUnformatted(root);
@@ -203,6 +221,7 @@ void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, co
     free(text);
     model_build(model, &cfg->model, be);
     model_load(model, dir);   // model.safetensors or its HF shards (model/safetensors.h)
+    if (package_dtype >= 0) check_package_dtype(dir, cp, package_dtype);
     if (cache) {
         char err[512];
         if (cache_layout_from_json(&md->cache, &cfg->model, cache, err, sizeof(err)) != 0)

@@ -189,6 +189,11 @@ EOF
 else
     echo "skip the bf16 rounding check: python3 not found"
 fi
+# a package whose config says fp32 over bf16 weights (files of two exports mixed): refused
+rm -rf pkgmix && cp -r pkg32 pkgmix && cp pkg16/model.safetensors pkgmix/
+if "$CLLA" generate --model pkgmix --prompt "the cat" --max-new-tokens 2 > mix.out 2> mix.err; then fail "a package whose dtype its weights contradict: accepted"
+else [ "$(grep -c . mix.err)" -eq 1 ] && grep -q 'package.dtype is "fp32" but tensor .* is stored as BF16' mix.err &&
+    ok "a package whose dtype its weights contradict: $(cat mix.err)" || fail "mixed package: $(cat mix.err)"; fi
 "$CLLA" eval --checkpoint run --data shards/train --max-batches 2 --json > eval_run.json 2> /dev/null &&
 "$CLLA" eval --checkpoint pkg32 --data shards/train --max-batches 2 --json > eval_pkg.json 2> /dev/null &&
 [ -s eval_run.json ] && cmp -s eval_run.json eval_pkg.json
