@@ -278,6 +278,17 @@ int qet_fit(QetState *st, const QetSettings *s, const float *x, int64_t n, char 
             kmeans_fit(cur + i * w, n, w, d, NULL, g->k, s->iters, s->init,
                        s->seed + (uint64_t)(stage * m + i), g->codebook + (int64_t)i * g->k * w, NULL, NULL);
         quantize_codebook(s, g, nval);
+        // stored in fp16 (in_bits 16), a codebook, its CQO minimum or step past 65504 becomes
+        // infinite and decodes to NaN: refused here, before anything is written
+        int finite = (!s->cb_bits || (isfinite(g->cb_min) && isfinite(g->cb_step)));
+        for (int64_t i = 0; i < nval && finite; i++) finite = isfinite(g->codebook[i]);
+        if (!finite) {
+            snprintf(err, errlen, "qet: stage %d's codebook reaches beyond the %s range (|x| > %s): scale the activations "
+                     "or use in_bits=32", stage + 1, s->in_bits == 16 ? "fp16" : "fp32", s->in_bits == 16 ? "65504" : "3.4e38");
+            free(cur); free(rec); free(flags);
+            qet_free(st);
+            return -1;
+        }
         int codes[QET_MAX_DIM];
         for (int64_t r = 0; r < n; r++) stage_row(st, stage, cur + r * d, codes, rec + r * d);
         if (stage == 0) {

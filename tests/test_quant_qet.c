@@ -408,6 +408,19 @@ static void test_bad_settings(void) {
     x[33] = INFINITY;
     err[0] = 0; refused(qet_fit(&st, &s, x, 200, err, sizeof(err)), err, "an infinite value");
     free(x);
+    // finite rows whose codebook (or its CQO minimum and step) outgrow fp16: they would decode to NaN
+    x = gaussian(200, 16, 6);
+    for (int i = 0; i < 200 * 16; i++) x[i] *= 3e5f;
+    s = qet_settings_default(16);
+    err[0] = 0; refused(qet_fit(&st, &s, x, 200, err, sizeof(err)), err, "a codebook beyond fp16 (CQO)");
+    s.cb_bits = 0;
+    err[0] = 0; refused(qet_fit(&st, &s, x, 200, err, sizeof(err)), err, "a codebook beyond fp16 (stored values)");
+    s.in_bits = 32;
+    err[0] = 0;
+    int fp32_ok = qet_fit(&st, &s, x, 200, err, sizeof(err)) == 0;
+    check(fp32_ok, "the same rows fit with in_bits=32");
+    if (fp32_ok) qet_free(&st);
+    free(x);
 }
 
 int main(void) {
