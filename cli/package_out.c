@@ -37,8 +37,10 @@ static int remove_flat_dir(const char *dir) {
 }
 
 // An existing --out may be replaced only when it is a package (config.json with "package")
-// holding nothing but files: never a directory that is something else, nor a link (the old
-// package is moved aside and removed: through a link that would empty the target).
+// holding nothing but the files a package is made of (write_package's): never a directory that
+// is something else, nor a link (the old package is moved aside and removed: through a link that
+// would empty the target), nor one holding a file of the user's (--overwrite replaces only what
+// the command writes: docs/COMMANDS.md, "Outputs").
 static void check_replaceable(const char *out) {
     struct stat sb;
     if (lstat(out, &sb) == 0 && S_ISLNK(sb.st_mode))
@@ -58,9 +60,12 @@ static void check_replaceable(const char *out) {
         struct stat fs;
         int plain = lstat(p, &fs) == 0 && S_ISREG(fs.st_mode);
         free(p);
-        if (!plain) {
+        static const char *const PACKAGE_FILES[] = {MODEL_DIR_CONFIG, MODEL_DIR_WEIGHTS, PACKAGE_TOKENIZER, PACKAGE_CACHE_CODECS};
+        int ours = 0;
+        for (size_t i = 0; i < sizeof(PACKAGE_FILES) / sizeof(PACKAGE_FILES[0]); i++) ours |= !strcmp(de->d_name, PACKAGE_FILES[i]);
+        if (!plain || !ours) {
             closedir(d);
-            die("refusing to replace '%s' with --overwrite: it holds '%s', which is not a package file: remove it yourself", out, de->d_name);
+            die("refusing to replace '%s' with --overwrite: it holds '%s', which is not a package file: move it out first", out, de->d_name);
         }
     }
     closedir(d);
@@ -119,6 +124,7 @@ void package_out_begin(PackageOut *po, const char *out, int overwrite, const cha
     po->exists = lstat(po->out, &sb) == 0;
     if (po->exists && !overwrite) die("'%s' already exists: pass --overwrite to replace it, or choose another --out", po->out);
     if (po->exists) check_replaceable(po->out);
+    output_parent_check(po->out, "--out");   // now, not after the work
     const char *tok_path = tok_arg ? tok_arg : model_tok;
     if (!tok_path) {
         warn("the model names no tokenizer (train.tokenizer is empty) and --tokenizer was not given: the package holds none, "

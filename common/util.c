@@ -253,6 +253,11 @@ void output_file_check(const char *path, int overwrite, const char *option) {
         if (S_ISDIR(st.st_mode)) die("%s '%s' is a directory: give a file name", option, path);
         if (!overwrite) die("%s '%s' already exists: give another file name, or replace it with --overwrite", option, path);
     }
+    output_parent_check(path, option);
+}
+
+void output_parent_check(const char *path, const char *option) {
+    struct stat st;
     char *dir = xstrdup(path), *slash = strrchr(dir, '/');
     if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
     else strcpy(dir, ".");

@@ -104,6 +104,22 @@ expect_error "(3) export --overwrite onto a link to a package" "refusing to repl
 (cd real_pkg && find . -type f -exec md5sum {} + | sort) | cmp -s - pkg.before && [ -L link_pkg ] && ! ls -d link_pkg.* > /dev/null 2>&1 &&
     ok "(3) the package the link points to is untouched" || fail "(3) real_pkg: $(ls real_pkg | tr '\n' ' '), $(ls -d link_pkg* | tr '\n' ' ')"
 
+# (3b) --overwrite replaces a package's own files only: a note of the user's inside stops it
+echo "mine" > real_pkg/NOTES.md
+(cd real_pkg && find . -type f -exec md5sum {} + | sort) > pkg.before
+expect_error "(3b) export --overwrite onto a package holding a file of the user's" \
+    "refusing to replace 'real_pkg' with --overwrite: it holds 'NOTES.md', which is not a package file" -- \
+    "$CLLA" export r --out real_pkg --overwrite --dtype bf16
+(cd real_pkg && find . -type f -exec md5sum {} + | sort) | cmp -s - pkg.before && ok "(3b) the package and the note are untouched" ||
+    fail "(3b) real_pkg: $(ls real_pkg | tr '\n' ' ')"
+rm real_pkg/NOTES.md
+"$CLLA" export r --out real_pkg --overwrite > /dev/null 2>&1 && ok "(3b) without the note, --overwrite replaces the package" ||
+    fail "(3b) export --overwrite of a plain package"
+# (3c) a package --out in a directory that does not exist: refused before the work
+expect_error "(3c) export --out in a missing directory" "--out 'no/such/pkg': its directory 'no/such' does not exist" -- \
+    "$CLLA" export r --out no/such/pkg
+[ ! -e no ] && ok "(3c) nothing created" || fail "(3c) left: $(find no)"
+
 echo "# (4) prep --overwrite over a corpus laid out as train/ and val/"
 mkdir -p data/train data/val
 cp "$CORPUS" data/train/corpus.jsonl
