@@ -138,6 +138,11 @@ int cmd_calibrate(int argc, char **argv) {
     ModelDir md;
     package_load_source(&md, &model, &cfg, src, specs, n_specs);
     CacheLayout *cl = &md.cache;
+    // a part named by --cache-codec is fitted anew, also when the source package already holds
+    // a fit of the same codec (a re-fit on other data or more tokens); the others keep theirs
+    for (int i = 0; i < n_specs; i++)
+        for (int s = 0; s < cl->n_streams; s++)
+            if (cache_spec_names_part(cl, specs[i], cl->streams[s].part) && cl->fit && cl->fit[s]) cache_layout_set_fit(cl, s, NULL);
     int to_fit = 0;
     for (int s = 0; s < cl->n_streams; s++) to_fit += codec_needs_fit(&cl->part[cl->streams[s].part].codec) && !(cl->fit && cl->fit[s]);
     if (!to_fit) die("no cache codec to fit: --cache-codec names none that learns from data (cq, qet and kvquant do): use clla export for the others");
@@ -216,8 +221,13 @@ int cmd_calibrate(int argc, char **argv) {
     package_out_write(&po, &model, &cfg, cl, dtype);
     char codecs[512];
     model_dir_describe_cache(cl, codecs, sizeof(codecs));
-    printf("wrote %s: cache %s fitted on %lld tokens of %s%s; %.10g cache bytes/token\n", po.out, codecs, c.have, data,
+    printf("wrote %s: cache %s fitted on %lld tokens of %s%s; %.10g cache bytes/token", po.out, codecs, c.have, data,
            c.fisher ? " (Fisher-weighted)" : "", cache_layout_bytes_per_token(cl));
+    int kept = 0;
+    for (int s = 0; s < cl->n_streams; s++) kept += codec_needs_fit(&cl->part[cl->streams[s].part].codec) && !c.x[s];
+    if (kept) printf(" (%d of the %d fitted streams kept the fits of '%s': only the parts --cache-codec names are fitted anew)",
+                     kept, kept + done, src);
+    printf("\n");
     for (int p = 0; p < N_PARTS; p++) {
         if (!cl->part[p].present) continue;
         const Codec *codec = &cl->part[p].codec;

@@ -390,10 +390,23 @@ static int set_part_codec(CacheLayout *cl, int p, const Codec *given, char *err,
     return 0;
 }
 
-int cache_layout_apply_spec(CacheLayout *cl, const char *spec, char *err, size_t errlen) {
+// "PART=..." with PART before any ':' (a codec's own settings hold '=' after its ':')
+static int spec_has_part(const char *spec) {
     const char *eq = strchr(spec, '='), *colon = strchr(spec, ':');
+    return eq && !(colon && colon < eq);
+}
+
+int cache_spec_names_part(const CacheLayout *cl, const char *spec, int p) {
+    if (!cl->part[p].present) return 0;
+    if (!spec_has_part(spec)) return 1;
+    size_t n = (size_t)(strchr(spec, '=') - spec);
+    return strlen(PART_NAMES[p]) == n && !strncmp(PART_NAMES[p], spec, n);
+}
+
+int cache_layout_apply_spec(CacheLayout *cl, const char *spec, char *err, size_t errlen) {
+    const char *eq = strchr(spec, '=');
     Codec c;
-    if (!eq || (colon && colon < eq)) {   // one codec for every present part
+    if (!spec_has_part(spec)) {   // one codec for every present part
         if (codec_parse(&c, spec, err, errlen) != 0) return -1;
         for (int p = 0; p < N_PARTS; p++)
             if (cl->part[p].present && set_part_codec(cl, p, &c, err, errlen) != 0) return -1;

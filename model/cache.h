@@ -235,6 +235,9 @@ const char *cache_part_name(int part);
 // Applies "CODEC" (every present part) or "PART=CODEC" to a layout; a codec must fit the part's
 // width (int_group: the group divides it). 0 on success; -1 with a message in err.
 int cache_layout_apply_spec(CacheLayout *cl, const char *spec, char *err, size_t errlen);
+// Whether a spec that cache_layout_apply_spec took names part p: "CODEC" names every present
+// part, "PART=CODEC" that one.
+int cache_spec_names_part(const CacheLayout *cl, const char *spec, int p);
 // The layout's codecs as a JSON object {"part": "spec", ...} (present parts only); caller frees.
 struct cJSON *cache_layout_to_json(const CacheLayout *cl);
 // Reads such an object over the layout of m: every present part must be named, nothing else.

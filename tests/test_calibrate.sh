@@ -73,6 +73,22 @@ full=$(field pg.json loss) dec=$(field pg.json loss_decoded)
 if near "$full" "$dec" 1e-4 && grep -q '"cache":"k=cq:bits=4,c=2,iters=8 v=cq:bits=4,c=2,iters=8"' pg.json; then
     ok "gqa cq on k and v: full forward $full = decoded $dec"
 else fail "gqa cq: full $full vs decoded $dec" pg.jerr; fi
+# re-fitting the package's own codec on other tokens: the part named is fitted anew, the other keeps its codebooks
+"$CLLA" calibrate pg --data shards/val --tokens 256 --seq 16 --batch 4 --cache-codec k=cq:bits=4,c=2,iters=8 --out pgr > pgr.out 2> pgr.err
+/usr/bin/python3 - pg/cache_codecs.safetensors pgr/cache_codecs.safetensors > pgr.cmp 2>&1 <<'PY'
+import json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in h.items() if k != "__metadata__"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert set(a) == set(b), (sorted(a), sorted(b))
+k = [n for n in a if ".k." in n]; v = [n for n in a if ".v." in n]
+assert k and v and all(a[n] != b[n] for n in k) and all(a[n] == b[n] for n in v), "k changed %s, v kept %s" % (
+    [a[n] != b[n] for n in k], [a[n] == b[n] for n in v])
+print("%d k codebooks refitted, %d v codebooks kept" % (len(k), len(v)))
+PY
+[ $? -eq 0 ] && grep -q "kept" pgr.out && ok "calibrate a cq package again with k's own spec: $(cat pgr.cmp); $(head -n 1 pgr.out)" ||
+    fail "re-fit of a package's codec: $(cat pgr.out pgr.err pgr.cmp)"
 
 # ---- qet (QET's swap tree, product quantization and residual stage) on K and V
 "$CLLA" calibrate run_gqa --data shards/train --tokens 512 --seq 16 --batch 4 --cache-codec qet:levels=1,width=4,k1=16,k2=4,iters=5 \
