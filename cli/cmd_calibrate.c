@@ -31,7 +31,7 @@
 static const ArgSpec SPECS[] = {
     {"data", 1, "calibration data: a token file or shards made with the model's tokenizer (required)", "PATH"},
     {"cache-codec", ARG_REPEAT, "cache codec, CODEC or PART=CODEC (repeatable), e.g. latent=cq:bits=8,c=4 (required)", "SPEC"},
-    {"out", 1, "the package directory to write (required; must not exist unless --overwrite)", "DIR"},
+    {"out", 1, "the package directory to write (required; must not exist unless --overwrite)", "PACKAGE"},
     {"tokens", 1, "calibration tokens to collect (default 4096)", "N"},
     {"batch", 1, "sequences per forward (default: train.micro_batch)", "B"},
     {"seq", 1, "tokens per sequence (default: train.seq_len)", "T"},

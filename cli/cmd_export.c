@@ -11,7 +11,7 @@
 #include "cli/package_out.h"
 
 static const ArgSpec SPECS[] = {
-    {"out", 1, "the package directory to write (required; must not exist unless --overwrite)", "DIR"},
+    {"out", 1, "the package directory to write (required; must not exist unless --overwrite)", "PACKAGE"},
     {"dtype", 1, "weights in the package: fp32 (default) or bf16 (round to nearest even)", "fp32|bf16"},
     {"cache-codec", ARG_REPEAT, "cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G, kivi:bits=B,group=G,residual=R, qjl:m=M,... (cq, qet, kvquant: clla calibrate)", "SPEC"},
     {"tokenizer", 1, "tokenizer file to include (default: the model's train.tokenizer)", "FILE"},

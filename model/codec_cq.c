@@ -1,8 +1,7 @@
 // The cq cache codec: quant/cq.c (coupled quantization, docs/QUANTIZERS.md "CQ") behind the
 // codec interface of model/cache.h. A part of width W is one CQ vector: every c contiguous
-// channels share one b-bit code, so a group never crosses a head (c divides the head width when
-// it divides W and the head width, which the caller's widths guarantee: W is a multiple of it)
-// and each group has its own codebook. The codebooks are the codec's fitted state, one per cache
+// channels share one b-bit code; a group never crosses a head (c must divide the head width the
+// layout gives: cq_codec_check) and each group has its own codebook. The codebooks are the codec's fitted state, one per cache
 // stream (a layer's K, V, latent or k_rope), learned by `clla calibrate`; stored in a package as
 // one fp32 tensor per stream of shape [W / c, 2^b, c] (values exact in fp16).
 #include <math.h>
@@ -70,7 +69,14 @@ static void cq_codec_defaults(Codec *c) {
 
 static int cq_codec_check(const Codec *c, int W, char *err, size_t errlen) {
     CqSettings s = settings(c, W);
-    return cq_settings_check(&s, err, errlen);
+    if (cq_settings_check(&s, err, errlen) != 0) return -1;
+    // a group never crosses a head: the head width is the layout's (0 before it sets it)
+    if (c->head > 0 && c->head % c->group != 0) {
+        snprintf(err, errlen, "cq: c=%d does not divide the head width %d: a group would span two heads; use a c that divides %d",
+                 c->group, c->head, c->head);
+        return -1;
+    }
+    return 0;
 }
 
 static void cq_codec_format(const Codec *c, char *buf, size_t n) { snprintf(buf, n, "bits=%d,c=%d,iters=%d", c->bits, c->group, c->iters); }

@@ -334,11 +334,12 @@ int kvq_fit(KvqCodec *c, const KvqSettings *s, KvqPart part, const float *x, con
     int rc = 0;
     if (m < c->k) {
         snprintf(err, errlen, "kvquant: %lld non-outlier calibration elements for a %d-entry datatype: the "
-                 "calibration set is smaller than the codebook, give more tokens", (long long)m, c->k);
+                 "calibration set is smaller than the codebook, or its channels hold one value each (no range to "
+                 "normalize by): give more, or more varied, tokens", (long long)m, c->k);
         rc = -1;
     } else if (kvq_kmeans_1d(xs, ws, m, c->k, s->kmeans_iters, c->lut)) {
-        snprintf(err, errlen, "kvquant: the Fisher weights of the calibration elements sum to 0: pass the squared "
-                 "gradients of the loss, or none for unweighted k-means");
+        snprintf(err, errlen, "kvquant: the Fisher weights of the calibration elements sum to 0 (the loss does not "
+                 "depend on these values): fit without them, unweighted (clla calibrate --no-fisher)");
         rc = -1;
     } else {
         if (kvq_qnorm_on(s)) kvq_qnorm(c->lut, c->k, xs, m, c->lut);

@@ -128,6 +128,8 @@ refused "another tokenizer's data" "tokenizer" pt -- "$CLLA" calibrate run_clla 
 refused "bits out of range" "bits=13" pt -- "$CLLA" calibrate run_clla --data shards/train --cache-codec latent=cq:bits=13 --out pt
 refused "unknown setting" "no setting 'd'" pt -- "$CLLA" calibrate run_clla --data shards/train --cache-codec latent=cq:d=3 --out pt
 refused "c not dividing the width" "c=3 does not divide" pt -- "$CLLA" calibrate run_clla --data shards/train --cache-codec latent=cq:c=3 --out pt
+refused "c spanning two heads (head 8, K width 16)" "c=16 does not divide the head width 8" pt -- \
+    "$CLLA" calibrate run_gqa --data shards/train --cache-codec k=cq:c=16 --out pt
 refused "nothing to fit" "no cache codec to fit" pt -- "$CLLA" calibrate run_clla --data shards/train --cache-codec bf16 --out pt
 "${C[@]}" --cache-codec latent=cq:bits=4,c=4,iters=8 --cache-codec k_rope=cq:bits=4,c=2,iters=8 --out pc4 > /dev/null 2>&1
 cp pc4/cache_codecs.safetensors pk2/cache_codecs.safetensors
