@@ -150,17 +150,20 @@ static void take_token(const Gen *g, Seq *s, int32_t id) {
     int special;
     const uint8_t *b = tok_bytes(g->tok, (uint32_t)id, &blen, &special);
     if (b) bytevec_append(&s->text, b, blen);
+    // the earliest match of any stop string wins, whatever order the strings were given in: cut
+    // it and what follows
+    size_t cut = SIZE_MAX;
     for (int i = 0; i < g->n_stops && s->text.n > before; i++) {
         size_t sl = strlen(g->stops[i]);
         if (sl > s->text.n) continue;
         // a match must end in the new bytes: start searching sl - 1 bytes before them
         size_t from = before >= sl - 1 ? before - (sl - 1) : 0;
-        for (size_t p = from; p + sl <= s->text.n; p++)
-            if (!memcmp(s->text.v + p, g->stops[i], sl)) {
-                s->text.n = p;   // the earliest match wins; cut it and what follows
-                s->stop = STOP_STRING;
-                break;
-            }
+        for (size_t p = from; p + sl <= s->text.n && p < cut; p++)
+            if (!memcmp(s->text.v + p, g->stops[i], sl)) { cut = p; break; }
+    }
+    if (cut != SIZE_MAX) {
+        s->text.n = cut;
+        s->stop = STOP_STRING;
     }
     if (s->stop == RUNNING && s->n_gen >= g->max_new) s->stop = STOP_LENGTH;
     if (s->stop == RUNNING) s->pending = id;

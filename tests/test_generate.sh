@@ -118,6 +118,12 @@ fi
 "$CLLA" generate --model run --prompt "the cat" --max-new-tokens 16 --stop " mat" --json > stop.json 2> /dev/null
 grep -q '"completion":" sat on the"' stop.json && grep -q '"stop_reason":"stop_string"' stop.json
 check $? "--stop in JSON: completion and stop_reason stop_string"
+# two stops completed by the same token: the earlier match cuts, in either order of the options
+for order in '--stop _mat --stop on_the_mat' '--stop on_the_mat --stop _mat'; do
+    set -- $order
+    "$CLLA" generate --model run --prompt "the cat" --max-new-tokens 16 "$1" "${2//_/ }" "$3" "${4//_/ }" > stop3.out 2> /dev/null
+    [ "$(cat stop3.out)" = " sat " ]; check $? "two stops, the earliest match wins ($order): '$(cat stop3.out)'"
+done
 dot=$("$CLLA" tokenizer encode --tokenizer tok.tok --text ".")
 "$CLLA" generate --model run --prompt "the cat" --max-new-tokens 16 --stop-token "$dot" --json > stoptok.json 2> /dev/null
 ids=$(ids_of stoptok.json)
