@@ -5,6 +5,7 @@
 // from its own RNG stream (the seed mixed with the prompt's index), so its tokens do not
 // depend on which prompts share its batch.
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,9 +266,23 @@ int cmd_generate(int argc, char **argv) {
     const char *v;
     int max_new = (v = OPT("max-new-tokens")) ? (int)args_int("max-new-tokens", v, 0, 1 << 24) : 64;
     SamplerParams sp = {0.0f, 0, 1.0f};
-    if ((v = OPT("temperature"))) sp.temperature = (float)args_double("temperature", v);
+    // read as doubles and refused where the sampler's float would change their meaning (a
+    // temperature that underflows to greedy or overflows, a top-p that rounds to 0 or to 1 = off)
+    if ((v = OPT("temperature"))) {
+        const double t = args_double("temperature", v);
+        sp.temperature = (float)t;
+        if (t > 0 && !(sp.temperature > 0 && isfinite(sp.temperature)))
+            die("--temperature %s is out of range: a positive temperature lies between 1e-37 and 3e38 (0 is greedy)", v);
+    }
     if ((v = OPT("top-k"))) sp.top_k = (int)args_int("top-k", v, -2147483647LL, 2147483647LL);
-    if ((v = OPT("top-p"))) sp.top_p = (float)args_double("top-p", v);
+    if ((v = OPT("top-p"))) {
+        const double p = args_double("top-p", v);
+        sp.top_p = (float)p;
+        if (p > 0 && p <= 1 && (!(sp.top_p > 0) || (sp.top_p == 1.0f && p < 1)))
+            die("--top-p %s is too close to %s for the sampler's float: use a value in [1e-37, 0.9999999], or 1 for off", v,
+                sp.top_p > 0 ? "1" : "0");
+        if (!(p > 0 && p <= 1)) die("--top-p %s is out of range: use a value in (0, 1] (1 = off)", v);
+    }
     char err[1024];
     if (sampler_check(&sp, err, sizeof(err)) != 0) die("%s", err);
     unsigned long long seed = (v = OPT("seed")) ? (unsigned long long)args_int("seed", v, 0, 9223372036854775807LL) : 0;
