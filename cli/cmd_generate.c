@@ -2,8 +2,8 @@
 // Prompts are decoded together: free decoder slots are filled by one batched prefill of the
 // waiting prompts, then every active sequence advances one token per decoder_step; a sequence
 // that stops frees its slot for the next prompt (continuous batching). Each prompt samples
-// from its own RNG stream (the seed mixed with the prompt's index), so its tokens do not
-// depend on which prompts share its batch.
+// from its own RNG stream (the seed mixed with the prompt's index), so its random draws do not
+// depend on which prompts share its batch (its logits can, in their last bits: docs/INFERENCE.md).
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

@@ -151,7 +151,7 @@ for i in 0 1 2; do
         [ "$a" = "$(grep "\"index\":$i," $f | grep -o '"tokens":\[[^]]*\]')" ] || batch_same=0
     done
 done
-[ "$batch_same" -eq 1 ]; check $? "a prompt's sampled tokens do not depend on --batch (1, 2, 3)"
+[ "$batch_same" -eq 1 ]; check $? "a prompt draws from its own RNG stream: the same sampled tokens at --batch 1, 2, 3 (on this model, whose logits the batch leaves alone: docs/INFERENCE.md)"
 
 # ---------------------------------------------------------------- (e) export
 "$CLLA" export "$CKPT" --out pkg32 > e32.out 2> e32.err
