@@ -290,7 +290,7 @@ ShardLoader *shards_open(char **paths, int n_paths, const LoaderOptions *opt) {
     }
     sl->per_epoch = sl->n_windows / sl->gb * sl->gb;
     if (sl->per_epoch == 0)
-        die("data '%s'%s holds %llu windows of T+1 = %d tokens, fewer than one global batch of %llu sequences (the tokens of a step / T): use more data, a smaller train.global_batch_tokens or train.micro_batch, or a shorter sequence",
+        die("data '%s'%s holds %llu windows of T+1 = %d tokens, fewer than one global batch of %llu sequences (the rows a step reads): use more data, a smaller batch (train.global_batch_tokens or train.micro_batch when training, --batch in the other commands) or a shorter sequence",
             paths[0], n_paths > 1 ? " (and the other shards)" : "", (unsigned long long)sl->n_windows, opt->T + 1,
             (unsigned long long)sl->gb);
     Producer *pr = &sl->pr;
