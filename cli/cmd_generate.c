@@ -297,6 +297,8 @@ int cmd_generate(int argc, char **argv) {
         if (!stops[i][0]) die("--stop '': a stop string must not be empty");
         if (strlen(stops[i]) > max_stop_len) max_stop_len = strlen(stops[i]);
     }
+    if (n_prompt_args && OPT("prompts"))
+        die("--prompt and --prompts both given: put every prompt in the file, or give them all with --prompt");
     PromptList pl = {0};
     for (int i = 0; i < n_prompt_args; i++) {
         char origin[64];

@@ -258,6 +258,8 @@ expect_error "JSONL line without \"prompt\"" "nokey.jsonl line 1" "${G[@]}" --pr
 expect_error "--prompts file missing" "missing.txt" "${G[@]}" --prompts missing.txt
 expect_error "no prompt" "no prompt" "${G[@]}"
 expect_error "temperature < 0" "temperature" "${G[@]}" --prompt a --temperature -0.5
+echo "a prompt" > one.txt
+expect_error "--prompt and --prompts together (the usage's either/or)" "--prompt and --prompts both given" "${G[@]}" --prompt a --prompts one.txt
 expect_error "temperature not a number" "temperature" "${G[@]}" --prompt a --temperature warm
 expect_error "top-p 0" "top-p" "${G[@]}" --prompt a --temperature 1 --top-p 0
 expect_error "top-p > 1" "top-p" "${G[@]}" --prompt a --temperature 1 --top-p 1.5
