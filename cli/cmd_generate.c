@@ -337,6 +337,9 @@ int cmd_generate(int argc, char **argv) {
             warn("%s is not valid UTF-8 (byte %zu of %zu): its bytes are encoded as they are", p->origin, bad + 1, p->len);
         U32Vec ids = {0};
         tok_encode(enc, p->text, p->len, 1, &ids);
+        if ((long long)ids.n > ctx)
+            die("%s is %zu tokens, more than the model's context of %d (max_position_embeddings): shorten the prompt",
+                p->origin, ids.n, ctx);
         if ((long long)ids.n + max_new > ctx)
             die("%s is %zu tokens; with --max-new-tokens %d that makes %lld, more than the model's context of %d "
                 "(max_position_embeddings): shorten the prompt or lower --max-new-tokens",
