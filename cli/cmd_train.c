@@ -72,9 +72,11 @@ static int int_option(const Args *a, const char *name, int fallback) {
 //  pending: a checkpoint saved outside a skip streak whose weights have not yet given a
 //           finite loss: it becomes `safe` when the next step is finite, and is dropped when
 //           that step is not (its weights are the ones that diverged);
-//  safe:    the newest checkpoint saved before the loss went non-finite.
+//  safe:    the newest checkpoint saved before the loss went non-finite;
+//  resumed: the checkpoint this run resumed from (the run knows nothing of the ones before it:
+//           the advice then points to them instead of to --overwrite, which would delete them).
 typedef struct KnownCkpts {
-    char saved[2048], pending[2048], safe[2048];
+    char saved[2048], pending[2048], safe[2048], resumed[2048];
     int saved_step;
 } KnownCkpts;
 
@@ -214,6 +216,7 @@ int cmd_train(int argc, char **argv) {
         if (rank0) ckpt_compare_config(&saved, &cfg, ckpt);   // dies on a model change: mpirun ends the job
         snprintf(kc.saved, sizeof(kc.saved), "%s", ckpt);
         snprintf(kc.pending, sizeof(kc.pending), "%s", ckpt);
+        snprintf(kc.resumed, sizeof(kc.resumed), "%s", ckpt);
     }
     if (tc->threads > 0) omp_set_num_threads(tc->threads);
 
@@ -283,6 +286,12 @@ int cmd_train(int argc, char **argv) {
         st.seed = tc->seed;
         loader_set_state(train_dl, &st.data);
         kc.saved_step = st.step;
+        // the resumed checkpoint is pending (safe once the next step is finite) unless it was
+        // saved inside a skip streak; what was safe before it is not known here
+        if (st.consecutive_skips > 0) kc.pending[0] = '\0';
+        if (st.step > tc->max_steps)
+            die("%s is at step %d, past train.max_steps %d: a run does not go back; give --set train.max_steps=%d or more, "
+                "or resume an earlier checkpoint with --resume PATH", ckpt, st.step, tc->max_steps, st.step);
         if (st.step >= tc->max_steps) {
             // the run ended here; its final model may be missing or older when the end's write
             // failed (full disk) or the process was killed during it: written again, from the
@@ -486,6 +495,10 @@ int cmd_train(int argc, char **argv) {
         if (st.consecutive_skips >= tc->max_consecutive_skips || (last && st.consecutive_skips > 0)) {
             char safe[4400];
             if (kc.safe[0]) snprintf(safe, sizeof(safe), "the newest checkpoint saved before the loss went non-finite is %s (resume from it with --resume %s and a lower train.lr, or check the data)", kc.safe, kc.safe);
+            else if (kc.resumed[0])
+                snprintf(safe, sizeof(safe), "no checkpoint saved since the resume from %s gave a finite step after it; one saved before "
+                         "that may have (metrics.jsonl shows which steps were finite): resume it with --resume PATH and a lower train.lr",
+                         kc.resumed);
             else snprintf(safe, sizeof(safe), "%s", kc.saved[0] ? "no checkpoint is safe: each was saved after the weights had diverged; start over with a lower train.lr (--overwrite)"
                                                                : "no checkpoint was saved before it: start over with a lower train.lr (--overwrite), and set --save-every");
             die("step %d: the loss or gradient norm is not finite (loss %g, norm %g; %d such step%s in a row, train.max_consecutive_skips = %d): stopping; %s",

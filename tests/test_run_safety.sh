@@ -311,6 +311,20 @@ fi
 last=$(tail -n 1 r8b.err)
 echo "$last" | grep -q "step 6: .*not finite.*the newest checkpoint saved before the loss went non-finite is $WORK/r8b/checkpoints/step_00000004" &&
     ok "(8) the advice names the checkpoint before the divergence: $last" || fail "(8) advice: $last"
+# a resume whose very next step diverges: the run knows nothing of the checkpoints before the one
+# it resumed, so the advice points to them, never to --overwrite (which would delete them)
+"$CLLA" train --config c.json --out r8c --quiet --save-every 1 --stop-at 3 2> /dev/null
+"$CLLA" train --config c.json --out r8c --quiet --save-every 1 --stop-at 4 --resume auto --set train.lr=1e30 --set train.min_lr=0 2> /dev/null
+"$CLLA" train --config c.json --out r8c --quiet --save-every 1 --resume auto --set train.lr=1e30 --set train.min_lr=0 2> r8c.err
+last=$(tail -n 1 r8c.err)
+echo "$last" | grep -q "step 5: .*not finite.*no checkpoint saved since the resume from $WORK/r8c/checkpoints/step_00000004 .*one saved before" &&
+    ! echo "$last" | grep -q -- "--overwrite" && [ -d r8c/checkpoints/step_00000003 ] &&
+    ok "(8) diverging right after a resume: the advice points before it, not to --overwrite: $last" || fail "(8) after a resume: $last"
+# a checkpoint past train.max_steps: refused (a run does not go back), not "nothing to do" with no final model
+"$CLLA" train --config c.json --out r8d --quiet --save-every 2 --stop-at 4 2> /dev/null
+if "$CLLA" train --config c.json --out r8d --quiet --resume auto --set train.max_steps=3 2> r8d.err; then fail "(8) resume past max_steps: exit 0"
+else grep -q "step_00000004 is at step 4, past train.max_steps 3" r8d.err && ok "(8) resume past train.max_steps: $(tail -n 1 r8d.err)" ||
+    fail "(8) resume past max_steps: $(cat r8d.err)"; fi
 "$CLLA" eval --checkpoint r8b/checkpoints/step_00000005 --data tok.bin --json --max-batches 2 > ev8.json 2> ev8.err
 rc=$?
 if [ "$rc" -eq 1 ] && grep -q '"loss":null' ev8.json && ! grep -qi nan ev8.json; then
