@@ -1,9 +1,10 @@
 // The cq cache codec: quant/cq.c (coupled quantization, docs/QUANTIZERS.md "CQ") behind the
 // codec interface of model/cache.h. A part of width W is one CQ vector: every c contiguous
 // channels share one b-bit code; a group never crosses a head (c must divide the head width the
-// layout gives: cq_codec_check) and each group has its own codebook. The codebooks are the codec's fitted state, one per cache
-// stream (a layer's K, V, latent or k_rope), learned by `clla calibrate`; stored in a package as
-// one fp32 tensor per stream of shape [W / c, 2^b, c] (values exact in fp16).
+// layout gives: cq_codec_check) and each group has its own codebook. The codebooks are the
+// codec's fitted state, one per cache stream (a layer's K, V, latent or k_rope), learned by
+// `clla calibrate`; stored in a package as one fp32 tensor per stream of shape [W / c, 2^b, c]
+// (values exact in fp16).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
