@@ -25,6 +25,11 @@ if [ ! -s "$TOK" ]; then
   TOK=$W/gpt2.tok
   "$CLLA" tokenizer import-gpt2 --encoder "$ENC/encoder.json" --bpe "$ENC/vocab.bpe" --out "$TOK" >/dev/null
 fi
+# a blank line among the merges is no merge: refused naming its line (the real file's last newline is fine)
+awk 'NR == 100 { print "" } { print }' "$ENC/vocab.bpe" > "$W/blank.bpe"
+out=$("$CLLA" tokenizer import-gpt2 --encoder "$ENC/encoder.json" --bpe "$W/blank.bpe" --out "$W/blank.tok" 2>&1); rc=$?
+[ $rc -ne 0 ] && echo "$out" | grep -q "line 100: an empty line among the merges" && [ ! -e "$W/blank.tok" ]
+check $? "a blank line among vocab.bpe's merges is refused, naming its line: $out"
 
 # Every 37th English document (Brown samples and fortunes) up to 300k characters, every
 # 11th Chinese fortune up to 60k characters.
