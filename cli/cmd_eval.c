@@ -220,10 +220,8 @@ static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, 
     if (ends_with(path, ".jsonl") || ends_with(path, ".json")) {   // as prep reads a corpus
         uint32_t eot = tok_special_id(tok, "<|endoftext|>");
         long long line = 0, docs = 0;
-        for (char *l = buf, *next; l < buf + len; l = next) {   // every line counted, blank ones too
-            char *nl = memchr(l, '\n', (size_t)(buf + len - l));
-            next = nl ? nl + 1 : buf + len;
-            if (nl) *nl = 0;
+        size_t pos = 0, ln;
+        for (char *l; (l = buf_next_line(buf, len, &pos, &ln));) {
             line++;
             if (!l[strspn(l, " \t\r")]) continue;
             char jerr[256];

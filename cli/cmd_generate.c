@@ -88,12 +88,9 @@ static void read_prompts_file(PromptList *pl, const char *path) {
     if (!buf) die("cannot read --prompts '%s': %s", path, strerror(errno));
     const int jsonl = ends_with(path, ".jsonl") || ends_with(path, ".json");   // as prep reads a corpus
     long line_no = 0;
-    for (char *line = buf, *next; line < buf + len; line = next) {
-        char *nl = memchr(line, '\n', (size_t)(buf + len - line));
-        size_t n = nl ? (size_t)(nl - line) : (size_t)(buf + len - line);
-        next = line + n + 1;
+    size_t pos = 0, n;
+    for (char *line; (line = buf_next_line(buf, len, &pos, &n));) {
         line_no++;
-        if (n && line[n - 1] == '\r') n--;
         if (n == 0) continue;
         char origin[256];
         snprintf(origin, sizeof(origin), "%s line %ld", path, line_no);

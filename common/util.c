@@ -256,6 +256,17 @@ void output_file_check(const char *path, int overwrite, const char *option) {
     output_parent_check(path, option);
 }
 
+char *buf_next_line(char *buf, size_t len, size_t *pos, size_t *n) {
+    if (*pos >= len) return NULL;
+    char *line = buf + *pos, *nl = memchr(line, '\n', len - *pos);
+    size_t k = nl ? (size_t)(nl - line) : len - *pos;
+    *pos += k + (nl ? 1 : 0);
+    if (k && line[k - 1] == '\r') k--;
+    line[k] = '\0';
+    *n = k;
+    return line;
+}
+
 void output_parent_check(const char *path, const char *option) {
     struct stat st;
     char *dir = xstrdup(path), *slash = strrchr(dir, '/');

@@ -33,6 +33,10 @@ double now_seconds(void);
 // (excluding the NUL). Returns NULL (errno set) when the file cannot be read; a directory
 // fails with EISDIR (see fopen_read).
 char *read_file(const char *path, size_t *len);
+// The lines of a buffer from read_file, one at a time: the line at *pos (NUL-terminated in
+// place, its "\n" and a trailing "\r" dropped, its length in *n), *pos moved past it; NULL at
+// the end. Every line counts, blank ones too, so a caller's line numbers are the file's.
+char *buf_next_line(char *buf, size_t len, size_t *pos, size_t *n);
 
 // rename(2) that never replaces: -1 with errno EEXIST when `to` exists, file or directory
 // (renameat2 RENAME_NOREPLACE; on a filesystem without it, link + unlink for a file and a

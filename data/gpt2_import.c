@@ -69,10 +69,8 @@ Tokenizer *gpt2_import(const char *encoder_json, const char *vocab_bpe) {
     char *bpe = read_file(vocab_bpe, &len);
     if (!bpe) die("cannot read '%s': %s (run scripts/setup.sh)", vocab_bpe, strerror(errno));
     long line = 0, merges = 0;
-    for (char *l = bpe, *next; l < bpe + len; l = next) {   // every line counted: a blank one is no merge
-        char *nl = memchr(l, '\n', (size_t)(bpe + len - l));
-        next = nl ? nl + 1 : bpe + len;
-        if (nl) *nl = 0;
+    size_t pos = 0, n;
+    for (char *l; (l = buf_next_line(bpe, len, &pos, &n));) {   // every line counted: a blank one is no merge
         line++;
         if (!*l) die("'%s' line %ld: an empty line among the merges: expected 'A B' (GPT-2's vocab.bpe has none)", vocab_bpe, line);
         if (line == 1 && !strncmp(l, "#version", 8)) continue;  // "# #" further down is a real merge

@@ -121,15 +121,9 @@ int bench_load(Bench *b, const char *path, int skip_bad, char *err, size_t errle
     if (!text) { set_err(err, errlen, "cannot read benchmark '%s': %s", path, strerror(errno)); return -1; }
     int format = -2, cap = 0, line = 0;
     char why[400];
-    for (char *p = text, *end = text + len; p < end;) {
-        char *nl = memchr(p, '\n', (size_t)(end - p));
-        char *stop = nl ? nl : end;
+    size_t pos = 0, n;
+    for (char *s; (s = buf_next_line(text, len, &pos, &n));) {
         line++;
-        size_t n = (size_t)(stop - p);
-        if (n && p[n - 1] == '\r') n--;
-        char *s = p;
-        s[n] = '\0';   // the blank-line test below reads to a NUL
-        p = nl ? nl + 1 : end;
         if (strspn(s, " \t") >= n) continue;   // blank line
         BenchItem it = {0};
         it.line = line;
