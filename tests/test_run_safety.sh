@@ -2,7 +2,9 @@
 # What a run wrote is never lost or mixed with another run's files, and a wrong result is never
 # reported as a right one (issue 12; docs/CHECKPOINTS.md "Run directories", docs/COMMANDS.md):
 #  (1) train into a directory that holds another run, and init over one: refused without
-#      --overwrite (files untouched), cleared with it;
+#      --overwrite (files untouched), cleared with it; a user's config.json in --out and a
+#      train.metrics file no run wrote are refused even with --overwrite; train.metrics holding
+#      another run's records is refused without it (also with --resume auto);
 #  (2) a finished run continues with --resume auto --set train.max_steps=N from its final
 #      checkpoint; without any checkpoint it is refused with the reason; at max_steps: nothing to do,
 #      unless the end's final model was not written (written then from the last checkpoint);
@@ -83,6 +85,27 @@ expect_error "(1) train.metrics naming the user's own file, with --overwrite" "'
     "$CLLA" train --config c.json --out r_notes --quiet --overwrite --set train.metrics=notes.txt
 [ "$(cat notes.txt)" = "my notes" ] && [ ! -e r_notes ] && ok "(1) the user's file is left as it was, no run directory made" ||
     fail "(1) notes.txt now: $(head -c 80 notes.txt); $(ls r_notes 2>&1)"
+# a config.json in --out without a model beside it is the user's (the config being trained
+# from, say): a run writes its own with the final model; refused in every mode, never replaced
+mkdir r_cfg && cp c.json r_cfg/config.json
+for mode in "" "--resume auto" "--overwrite"; do
+    # shellcheck disable=SC2086
+    expect_error "(1) --out holding the user's config.json ${mode:-(new run)}" "r_cfg/config.json is not a run's" -- \
+        "$CLLA" train --config r_cfg/config.json --out r_cfg --quiet $mode
+done
+expect_error "(1) init --overwrite over the user's config.json" "r_cfg/config.json is not a run's" -- \
+    "$CLLA" init --config r_cfg/config.json --out r_cfg --overwrite
+cmp -s c.json r_cfg/config.json && [ "$(ls r_cfg)" = "config.json" ] && ok "(1) the user's config.json is left as it was" ||
+    fail "(1) r_cfg now: $(ls r_cfg | tr '\n' ' ')"
+# train.metrics outside --out holding another run's step records, into an empty --out: refused
+# (a fresh start and --resume auto would have emptied r1's metrics), taken with --overwrite only
+cp r1/metrics.jsonl r1_metrics.before
+expect_error "(1) train.metrics = another run's metrics, a new --out" "train.metrics '$WORK/r1/metrics.jsonl' already holds a run's step records" -- \
+    "$CLLA" train --config c.json --out r_other --quiet --set train.metrics=r1/metrics.jsonl
+expect_error "(1) the same with --resume auto" "no checkpoint in .*train.metrics '$WORK/r1/metrics.jsonl' already holds step records" -- \
+    "$CLLA" train --config c.json --out r_other --quiet --set train.metrics=r1/metrics.jsonl --resume auto
+cmp -s r1/metrics.jsonl r1_metrics.before && [ ! -e r_other ] && ok "(1) the other run's metrics are left as they were" ||
+    fail "(1) r1/metrics.jsonl changed or r_other made: $(steps_of r1/metrics.jsonl)"
 if "$CLLA" train --config c.json --out r1 --quiet --overwrite --set train.max_steps=3 2> r1o.err &&
    [ "$(steps_of r1/metrics.jsonl)" = "1 2 3 " ] && [ "$(ls r1/checkpoints)" = "step_00000003" ]; then
     ok "(1) --overwrite clears the earlier run: $(ls r1/checkpoints | tr '\n' ' ')"

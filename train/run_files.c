@@ -30,6 +30,9 @@ void run_dir_inspect(const char *dir, const char *metrics_path, RunDirContents *
     memset(c, 0, sizeof(*c));
     c->model = exists_in(dir, "model.safetensors") || exists_in(dir, "model.safetensors.index.json");
     c->config = exists_in(dir, "config.json");
+    // a run writes config.json with its final model (run_files_save_model), clla init with its
+    // initial one: a config.json alone is a file of the user's (the config this run reads, say)
+    c->foreign_config = c->config && !c->model;
     char *mp = run_metrics_path(dir, metrics_path), *dflt = path_join(dir, "metrics.jsonl");
     struct stat sb;
     c->metrics = stat(mp, &sb) == 0 && sb.st_size > 0;
@@ -54,6 +57,16 @@ void run_dir_inspect(const char *dir, const char *metrics_path, RunDirContents *
         closedir(d);
     }
     free(cp);
+}
+
+void run_dir_refuse_foreign(const RunDirContents *c, const char *dir) {
+    // never taken for a run's output, not even with --overwrite: the user's file stays as it is
+    if (c->foreign_metrics)
+        die("train.metrics: '%s' holds a file that no run wrote (it does not start with a step record): point train.metrics at a new file (or leave it unset for %s/metrics.jsonl)",
+            c->metrics_elsewhere, dir);
+    if (c->foreign_config)
+        die("%s/config.json is not a run's (a run writes it beside its final model, and there is none): it is not replaced or removed, not even with --overwrite: keep your config outside --out, or give another --out",
+            dir);
 }
 
 int run_dir_is_empty(const RunDirContents *c) { return !c->model && !c->config && !c->metrics && !c->checkpoints; }

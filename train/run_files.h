@@ -22,6 +22,7 @@ typedef struct RunFiles {
 typedef struct RunDirContents {
     int model, config, metrics;   // model.safetensors, config.json, the metrics file exist
     int foreign_metrics;          // train.metrics names a file outside dir that no run wrote (no step record first)
+    int foreign_config;           // config.json without a model beside it: a run writes them together, so the user's
     int checkpoints;              // entries in checkpoints/ (step_*, temporaries, abandoned-*)
     char metrics_elsewhere[512];  // the metrics file's path when train.metrics puts it outside dir, else ""
 } RunDirContents;
@@ -29,6 +30,9 @@ typedef struct RunDirContents {
 // The metrics file of a run: metrics_path, or dir/metrics.jsonl when empty (a new string).
 char *run_metrics_path(const char *dir, const char *metrics_path);
 void run_dir_inspect(const char *dir, const char *metrics_path, RunDirContents *c);
+// Dies naming a file in (or named for) the run directory that no run wrote: a train.metrics
+// file without step records, a config.json without a model. --overwrite never removes those.
+void run_dir_refuse_foreign(const RunDirContents *c, const char *dir);
 int run_dir_is_empty(const RunDirContents *c);
 // "model.safetensors, metrics.jsonl, 3 entries in checkpoints/" for messages.
 void run_dir_describe(const RunDirContents *c, char *buf, size_t len);

@@ -30,10 +30,10 @@ int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, c
     run_dir_inspect(out, tc->metrics, &c);
     char what[1024], err[2048];
     run_dir_describe(&c, what, sizeof(what));
-    // never taken for a run's output, not even with --overwrite: the user's file stays as it is
-    if (c.foreign_metrics)
-        die("train.metrics: '%s' holds a file that no run wrote (it does not start with a step record): point train.metrics at a new file (or leave it unset for %s/metrics.jsonl)",
-            c.metrics_elsewhere, out);
+    run_dir_refuse_foreign(&c, out);
+    // train.metrics outside the run directory, holding step records while the directory holds
+    // nothing: another run's metrics, or this run's from before its first checkpoint
+    const int only_metrics_elsewhere = c.metrics && c.metrics_elsewhere[0] && !c.model && !c.config && !c.checkpoints;
     if (resume && !strcmp(resume, "auto")) {
         int r = ckpt_find_newest(out, ckpt, ckpt_len, err, sizeof(err));
         if (r == -2)
@@ -43,6 +43,9 @@ int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, c
         if (c.model)
             die("--resume auto: %s holds a finished model but no checkpoint to continue from (its optimizer state was not kept): start a new run from its weights with --set train.init_from=%s/model.safetensors --out NEW_DIR, or start over with --overwrite",
                 out, out);
+        if (only_metrics_elsewhere)
+            die("--resume auto: no checkpoint in %s/%s, and train.metrics '%s' already holds step records (another run's, or this one's from before its first checkpoint): point train.metrics at a new file, or start over with --overwrite instead of --resume auto (it empties that file)",
+                out, CKPT_SUBDIR, c.metrics_elsewhere);
         // a run killed before its first checkpoint left at most its metrics: they start over
         fprintf(stderr, "clla train: no checkpoint in %s/%s: starting from step 0\n", out, CKPT_SUBDIR);
         ckpt[0] = '\0';
@@ -63,6 +66,9 @@ int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, c
     }
     ckpt[0] = '\0';
     if (run_dir_is_empty(&c)) return 0;
+    if (!overwrite && only_metrics_elsewhere)
+        die("train.metrics '%s' already holds a run's step records: point train.metrics at a new file, continue that run with --resume auto and its own --out, or start over with --overwrite (it empties that file)",
+            c.metrics_elsewhere);
     if (!overwrite)
         die("run directory %s already holds a run (%s): continue it with --resume auto, start it over with --overwrite, or train into another --out",
             out, what);
