@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/args.h"
 #include "common/num.h"
 #include "common/unfinished.h"
 #include "common/util.h"
@@ -64,11 +65,6 @@ static void usage(FILE *f) {
             "The output is written into DIR/.prep.tmp.<pid> and moved into place at the end: a run that\n"
             "fails leaves DIR as it was.\n",
             SHARD_DEFAULT_CHUNK_TOKENS);
-}
-
-static const char *need_value(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) die("option %s needs a value: see 'clla prep --help'", argv[*i]);
-    return argv[++*i];
 }
 
 // One output split (train or val): numbered shard files rolled at shard_tokens.
@@ -343,17 +339,17 @@ int cmd_prep(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); free(files); return 0; }
-        else if (!strcmp(a, "--tokenizer")) o.tokenizer = need_value(argc, argv, &i);
-        else if (!strcmp(a, "--out")) o.out = need_value(argc, argv, &i);
-        else if (!strcmp(a, "--verify")) o.verify = need_value(argc, argv, &i);
-        else if (!strcmp(a, "--val-fraction")) o.val_fraction = opt_f64("--val-fraction", need_value(argc, argv, &i), 0, 1);
-        else if (!strcmp(a, "--split-seed")) o.split_seed = opt_u64("--split-seed", need_value(argc, argv, &i), UINT64_MAX);
-        else if (!strcmp(a, "--text-key")) o.doc.text_key = need_value(argc, argv, &i);
-        else if (!strcmp(a, "--doc-separator")) o.doc.separator = need_value(argc, argv, &i);
-        else if (!strcmp(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)opt_u64("--chunk-tokens", need_value(argc, argv, &i), SHARD_MAX_CHUNK_TOKENS);
-        else if (!strcmp(a, "--shard-tokens")) o.shard_tokens = opt_u64("--shard-tokens", need_value(argc, argv, &i), UINT64_MAX);
-        else if (!strcmp(a, "--threads")) o.threads = (int)opt_i64("--threads", need_value(argc, argv, &i), 0, CLLA_MAX_THREADS);
-        else if (!strcmp(a, "--level")) o.level = (int)opt_i64("--level", need_value(argc, argv, &i), 1, 19);
+        else if (!strcmp(a, "--tokenizer")) o.tokenizer = args_next_value(argc, argv, &i, "prep", 1);
+        else if (!strcmp(a, "--out")) o.out = args_next_value(argc, argv, &i, "prep", 1);
+        else if (!strcmp(a, "--verify")) o.verify = args_next_value(argc, argv, &i, "prep", 1);
+        else if (!strcmp(a, "--val-fraction")) o.val_fraction = opt_f64("--val-fraction", args_next_value(argc, argv, &i, "prep", 0), 0, 1);
+        else if (!strcmp(a, "--split-seed")) o.split_seed = opt_u64("--split-seed", args_next_value(argc, argv, &i, "prep", 0), UINT64_MAX);
+        else if (!strcmp(a, "--text-key")) o.doc.text_key = args_next_value(argc, argv, &i, "prep", 0);
+        else if (!strcmp(a, "--doc-separator")) o.doc.separator = args_next_value(argc, argv, &i, "prep", 0);
+        else if (!strcmp(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)opt_u64("--chunk-tokens", args_next_value(argc, argv, &i, "prep", 0), SHARD_MAX_CHUNK_TOKENS);
+        else if (!strcmp(a, "--shard-tokens")) o.shard_tokens = opt_u64("--shard-tokens", args_next_value(argc, argv, &i, "prep", 0), UINT64_MAX);
+        else if (!strcmp(a, "--threads")) o.threads = (int)opt_i64("--threads", args_next_value(argc, argv, &i, "prep", 0), 0, CLLA_MAX_THREADS);
+        else if (!strcmp(a, "--level")) o.level = (int)opt_i64("--level", args_next_value(argc, argv, &i, "prep", 0), 1, 19);
         else if (!strcmp(a, "--overwrite")) o.overwrite = 1;
         else if (a[0] == '-' && a[1]) die("unknown option '%s' for 'clla prep': see 'clla prep --help'", a);
         else files[n_files++] = argv[i];

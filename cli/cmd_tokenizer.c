@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/args.h"
 #include "common/num.h"
 #include "common/util.h"
 #include "data/bpe_train.h"
@@ -40,11 +41,6 @@ static void usage(FILE *f) {
             "\n"
             "An existing --out FILE is refused unless --overwrite.\n",
             (unsigned)TOK_MAX_ID, pretok_known_names());
-}
-
-static const char *need_value(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) die("option %s needs a value: see 'clla tokenizer --help'", argv[*i]);
-    return argv[++*i];
 }
 
 static char *read_all(FILE *f, const char *name, size_t *len) {
@@ -102,14 +98,14 @@ static int do_train(int argc, char **argv) {
     char **files = xmalloc((size_t)argc * sizeof(*files));
     int n_files = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--vocab-size")) vocab = parse_vocab_size(need_value(argc, argv, &i));
-        else if (!strcmp(argv[i], "--pattern")) pattern = need_value(argc, argv, &i);
-        else if (!strcmp(argv[i], "--out")) out = need_value(argc, argv, &i);
+        if (!strcmp(argv[i], "--vocab-size")) vocab = parse_vocab_size(args_next_value(argc, argv, &i, "tokenizer", 0));
+        else if (!strcmp(argv[i], "--pattern")) pattern = args_next_value(argc, argv, &i, "tokenizer", 0);
+        else if (!strcmp(argv[i], "--out")) out = args_next_value(argc, argv, &i, "tokenizer", 1);
         else if (!strcmp(argv[i], "--overwrite")) overwrite = 1;
-        else if (!strcmp(argv[i], "--text-key")) dopt.text_key = need_value(argc, argv, &i);
-        else if (!strcmp(argv[i], "--doc-separator")) dopt.separator = need_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--text-key")) dopt.text_key = args_next_value(argc, argv, &i, "tokenizer", 0);
+        else if (!strcmp(argv[i], "--doc-separator")) dopt.separator = args_next_value(argc, argv, &i, "tokenizer", 0);
         else if (!strcmp(argv[i], "--special")) {
-            const char *s = need_value(argc, argv, &i);
+            const char *s = args_next_value(argc, argv, &i, "tokenizer", 0);
             if (!strcmp(s, "none")) no_special = 1;
             else if (n_specials < 64) specials[n_specials++] = s;
             else die("at most 64 special tokens");
@@ -172,9 +168,9 @@ static int do_encode(int argc, char **argv) {
     const char *tok_path = NULL, *text = NULL, *file = NULL;
     int allow_special = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer")) tok_path = need_value(argc, argv, &i);
-        else if (!strcmp(argv[i], "--text")) text = need_value(argc, argv, &i);
-        else if (!strcmp(argv[i], "--file")) file = need_value(argc, argv, &i);
+        if (!strcmp(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (!strcmp(argv[i], "--text")) text = args_next_value(argc, argv, &i, "tokenizer", 0);
+        else if (!strcmp(argv[i], "--file")) file = args_next_value(argc, argv, &i, "tokenizer", 1);
         else if (!strcmp(argv[i], "--allow-special")) allow_special = 1;
         else die("unknown argument '%s' for 'clla tokenizer encode': see --help", argv[i]);
     }
@@ -223,8 +219,8 @@ static int do_decode(int argc, char **argv) {
     U32Vec ids = {0};
     int have_args = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer")) tok_path = need_value(argc, argv, &i);
-        else if (!strcmp(argv[i], "--file")) file = need_value(argc, argv, &i);
+        if (!strcmp(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (!strcmp(argv[i], "--file")) file = args_next_value(argc, argv, &i, "tokenizer", 1);
         else if (argv[i][0] == '-') die("unknown option '%s' for 'clla tokenizer decode': see --help", argv[i]);
         else { parse_ids(argv[i], "argument", &ids); have_args = 1; }
     }
@@ -251,7 +247,7 @@ static int do_decode(int argc, char **argv) {
 static int do_info(int argc, char **argv) {
     const char *tok_path = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer")) tok_path = need_value(argc, argv, &i);
+        if (!strcmp(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
         else die("unknown argument '%s' for 'clla tokenizer info': see --help", argv[i]);
     }
     if (!tok_path) die("'clla tokenizer info' needs --tokenizer FILE");
@@ -273,9 +269,9 @@ static int do_import_gpt2(int argc, char **argv) {
     const char *enc = NULL, *bpe = NULL, *out = NULL;
     int overwrite = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--encoder")) enc = need_value(argc, argv, &i);
-        else if (!strcmp(argv[i], "--bpe")) bpe = need_value(argc, argv, &i);
-        else if (!strcmp(argv[i], "--out")) out = need_value(argc, argv, &i);
+        if (!strcmp(argv[i], "--encoder")) enc = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (!strcmp(argv[i], "--bpe")) bpe = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (!strcmp(argv[i], "--out")) out = args_next_value(argc, argv, &i, "tokenizer", 1);
         else if (!strcmp(argv[i], "--overwrite")) overwrite = 1;
         else die("unknown argument '%s' for 'clla tokenizer import-gpt2': see --help", argv[i]);
     }

@@ -58,6 +58,9 @@ void args_parse(Args *a, int argc, char **argv, const ArgSpec *specs, int n_spec
             if (eq) value = eq + 1;
             else if (i + 1 < argc) value = argv[++i];
             else die("option --%s needs a value", specs[found].name);
+            // an empty value names no file, number or text: "--out ''" would write into the
+            // current directory, and an empty path reads as the file system's root
+            if (!value[0]) die("option --%s is empty: give %s (see --help)", specs[found].name, specs[found].metavar ? specs[found].metavar : "a value");
         } else if (eq) {
             die("option --%s takes no value", specs[found].name);
         }
@@ -108,4 +111,11 @@ double args_double(const char *name, const char *v) {
     char opt[96];
     snprintf(opt, sizeof(opt), "--%s", name);
     return opt_f64(opt, v, -HUGE_VAL, HUGE_VAL);
+}
+
+const char *args_next_value(int argc, char **argv, int *i, const char *cmd, int nonempty) {
+    if (*i + 1 >= argc) die("option %s needs a value: see 'clla %s --help'", argv[*i], cmd);
+    const char *opt = argv[*i], *v = argv[++*i];
+    if (nonempty && !v[0]) die("option %s is empty: give a path (see 'clla %s --help')", opt, cmd);
+    return v;
 }

@@ -199,6 +199,10 @@ void atomic_abort(AtomicFile *af) {
 }
 
 int make_dirs(const char *path) {
+    if (!path[0]) {   // names no directory (and p + 1 below would start past its end)
+        errno = ENOENT;
+        return -1;
+    }
     char *p = xstrdup(path);
     for (char *s = p + 1; *s; s++) {
         if (*s != '/') continue;

@@ -304,6 +304,14 @@ expect_error "first_k_dense_layers leaving no MoE layer" "first_k_dense_layers =
     --set n_routed_experts=4 --set num_experts_per_tok=2 --set moe_intermediate_size=32 --set first_k_dense_layers=2
 expect_error "--stop-at 0" "--stop-at 0: give the step to stop after" "run_s0" -- "$CLLA" train --config m.json --out run_s0 --stop-at 0
 expect_error "export --out ''" "--out is empty" "" -- "$CLLA" export r11 --out '' --tokenizer t11.tok
+# an empty path names no directory: train and init wrote into the current one, prep read past
+# the string's end (make_dirs); every option's empty value is refused before anything is read
+expect_error "train --out ''" "option --out is empty" "" -- "$CLLA" train --config m.json --out ''
+expect_error "init --out=" "option --out is empty" "" -- "$CLLA" init --config m.json --out=
+expect_error "prep --out ''" "option --out is empty" "" -- "$CLLA" prep --tokenizer t11.tok --out '' tok.bin
+expect_error "tokenizer encode --file ''" "option --file is empty" "" -- "$CLLA" tokenizer encode --tokenizer t11.tok --file ''
+[ ! -e checkpoints ] && [ ! -e metrics.jsonl ] && [ ! -e model.safetensors ] && ok "nothing written into the current directory" ||
+    fail "an empty --out wrote into the current directory: $(ls)"
 "$CLLA" export r11 --out pkg_ok --tokenizer t11.tok > /dev/null 2>&1 || fail "export r11"
 sed -i 's/"version":[[:space:]]*1/"version": "1"/' pkg_ok/config.json
 expect_error "a package's config given to info" "key 'cache' makes this an inference package's config" "" -- "$CLLA" info --config pkg_ok/config.json
