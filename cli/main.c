@@ -1,7 +1,10 @@
 // clla: one binary, one subcommand per job (docs/DESIGN.md section 5).
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "common/unfinished.h"
@@ -27,6 +30,18 @@ static const Subcommand SUBCOMMANDS[] = {
 };
 static const int N_SUBCOMMANDS = (int)(sizeof(SUBCOMMANDS) / sizeof(SUBCOMMANDS[0]));
 
+// At exit, after every other handler (registered first, so run last): what the command printed
+// must have reached stdout's file. A full disk or a failing device (> /dev/full) otherwise left a
+// truncated ids file or table behind an exit status of 0. _exit is allowed in a handler; the
+// status becomes 1 and the message says why.
+static void check_stdout_at_exit(void) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return;
+    const int e = errno;
+    fprintf(stderr, "clla: error: writing the output to stdout failed: %s: what was printed is incomplete\n",
+            e ? strerror(e) : "write error");
+    _exit(1);
+}
+
 static void usage(FILE *out) {
     fprintf(out, "usage: clla <command> [options]   (clla <command> --help for its options; clla --version)\n\ncommands:\n");
     for (int i = 0; i < N_SUBCOMMANDS; i++)
@@ -38,6 +53,7 @@ int main(int argc, char **argv) {
     // command's checked writes report in one line and clean up after, instead of killing the
     // process with its temporary files left behind.
     signal(SIGXFSZ, SIG_IGN);
+    atexit(check_stdout_at_exit);
     // an output not finished when the process ends (an error, Ctrl-C, a kill by SIGTERM) is
     // removed, not left half-written beside the user's files (common/unfinished.h)
     unfinished_install();

@@ -310,6 +310,14 @@ expect_error "train --out ''" "option --out is empty" "" -- "$CLLA" train --conf
 expect_error "init --out=" "option --out is empty" "" -- "$CLLA" init --config m.json --out=
 expect_error "prep --out ''" "option --out is empty" "" -- "$CLLA" prep --tokenizer t11.tok --out '' tok.bin
 expect_error "tokenizer encode --file ''" "option --file is empty" "" -- "$CLLA" tokenizer encode --tokenizer t11.tok --file ''
+# printed output that never reached its file (a full device) is a failure, not exit 0
+for cmd in "tokenizer encode --tokenizer t11.tok --text hello" "tokenizer decode --tokenizer t11.tok 1 2" "info --config m.json"; do
+    # shellcheck disable=SC2086
+    "$CLLA" $cmd > /dev/full 2> err.txt
+    rc=$?
+    [ "$rc" -eq 1 ] && grep -q "writing the output to stdout failed" err.txt && ok "$cmd > /dev/full: exit 1, said so" ||
+        fail "$cmd > /dev/full: exit $rc: $(cat err.txt)"
+done
 [ ! -e checkpoints ] && [ ! -e metrics.jsonl ] && [ ! -e model.safetensors ] && ok "nothing written into the current directory" ||
     fail "an empty --out wrote into the current directory: $(ls)"
 "$CLLA" export r11 --out pkg_ok --tokenizer t11.tok > /dev/null 2>&1 || fail "export r11"
