@@ -169,10 +169,26 @@ static int is_shard_name(const char *s) {
     return 1;
 }
 
-// Dies unless out/train and out/val, where they exist, hold nothing but the shards prep names
-// (shard_NNNNNN.bin): --overwrite removes them, and a directory of the user's (a corpus laid out
-// as train/ and val/) is not an earlier prep's output.
+// A plain file (not followed when a link: a link prep never writes is not its output).
+static int is_plain_file(const char *dir, const char *name) {
+    char *p = path_join(dir, name);
+    struct stat st;
+    const int plain = lstat(p, &st) == 0 && S_ISREG(st.st_mode);
+    free(p);
+    return plain;
+}
+
+// Dies unless out/train and out/val, where they exist, hold nothing but the shard files prep
+// names (shard_NNNNNN.bin), and out/tokenizer.tok, where it exists, is a file: --overwrite removes
+// them, and a directory of the user's (a corpus laid out as train/ and val/, a folder under a
+// shard's or the tokenizer's name) is not an earlier prep's output.
 static void check_earlier_is_prep(const char *out) {
+    char *tok = path_join(out, "tokenizer.tok");
+    struct stat tst;
+    if (lstat(tok, &tst) == 0 && !S_ISREG(tst.st_mode))
+        die("'%s' is not a file, so clla prep did not write it: it is not an earlier prep's output (--overwrite would remove it): "
+            "give another --out", tok);
+    free(tok);
     const char *splits[] = {"train", "val"};
     for (int i = 0; i < 2; i++) {
         char *p = path_join(out, splits[i]);
@@ -185,7 +201,7 @@ static void check_earlier_is_prep(const char *out) {
         char name[300] = "";
         while (d && !foreign && (de = readdir(d))) {
             if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-            if (is_shard_name(de->d_name)) continue;
+            if (is_shard_name(de->d_name) && is_plain_file(p, de->d_name)) continue;
             snprintf(name, sizeof(name), "%s", de->d_name);
             foreign = name;
         }

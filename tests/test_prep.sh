@@ -53,6 +53,16 @@ $CLLA prep --tokenizer "$W/tok.tok" --out "$W/p1" --val-fraction 0 --overwrite "
 [ "$(ls "$W/p1/train" | wc -l)" = 1 ] && [ ! -e "$W/p1/val" ] && [ "$(ls -A "$W/p1" | tr '\n' ' ')" = "tokenizer.tok train " ]
 check $? "prep --overwrite replaces the earlier shards, val/ included ($(ls -A "$W/p1" | tr '\n' ' '))"
 
+# --overwrite removes what prep wrote, never a directory of the user's under one of its names
+mkdir -p "$W/p3/tokenizer.tok/notes" "$W/p4/train/shard_000099.bin/photos"
+echo precious > "$W/p3/tokenizer.tok/notes/a.txt"; echo x > "$W/p4/train/shard_000099.bin/photos/a.jpg"
+expect_error "prep --overwrite over a directory named tokenizer.tok" "tokenizer.tok' is not a file, so clla prep did not write it" \
+  $CLLA prep --tokenizer "$W/tok.tok" --out "$W/p3" --val-fraction 0 --overwrite "$FIX/english.jsonl"
+expect_error "prep --overwrite over a directory named like a shard" "holds 'shard_000099.bin', which clla prep did not write" \
+  $CLLA prep --tokenizer "$W/tok.tok" --out "$W/p4" --val-fraction 0 --overwrite "$FIX/english.jsonl"
+[ -f "$W/p3/tokenizer.tok/notes/a.txt" ] && [ -f "$W/p4/train/shard_000099.bin/photos/a.jpg" ]
+check $? "the user's directories are left as they were"
+
 # encode/decode: any bytes come back, invalid UTF-8 included.
 { head -c 3000 "$FIX/chinese.jsonl"; printf '\xff\xfe\xc0\xaf\xed\xa0\x80 \x80abc\x00z<|endoftext|>'; } > "$W/bytes.bin"
 $CLLA tokenizer encode --tokenizer "$W/tok.tok" --file "$W/bytes.bin" > "$W/ids" &&
