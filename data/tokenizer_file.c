@@ -27,6 +27,8 @@ static long b64_decode(const char *s, size_t n, uint8_t *out, size_t cap) {
             if (v[k] < 0) return -1;
         }
         uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        // canonical only: the bits a padded group leaves over are zero ("QUJ=" is not "AB")
+        if (pad && (w & ((1u << (8 * pad)) - 1))) return -1;
         uint8_t b[3] = {(uint8_t)(w >> 16), (uint8_t)(w >> 8), (uint8_t)w};
         for (int k = 0; k < 3 - pad; k++) {
             if (o >= cap) return -1;
@@ -95,6 +97,10 @@ Tokenizer *tok_parse(const char *buf, size_t len, const char *name, char *err, s
                 snprintf(err, errlen, "%s:%zu: '#pattern' needs a name (one of gpt2 cl100k llama3)", name, ln.no);
                 return NULL;
             }
+            if (pattern[0]) {   // which one was meant is not ours to guess
+                snprintf(err, errlen, "%s:%zu: a second '#pattern' line: a tokenizer file names its pattern once", name, ln.no);
+                return NULL;
+            }
             memcpy(pattern, ln.s + 9, k);
             pattern[k] = 0;
         }
@@ -126,6 +132,17 @@ Tokenizer *tok_parse(const char *buf, size_t len, const char *name, char *err, s
                 tok_free(t);
                 return NULL;
             }
+            for (const char *c = ln.s + 9; c < last - 1; c++)
+                if (*c == ' ' || *c == '\t' || *c == '\v' || *c == '\f' || *c == '\r') {
+                    snprintf(err, errlen, "%s:%zu: a special token's text holds white space (docs/FORMAT.md): '#special TEXT ID' with TEXT without it", name, ln.no);
+                    tok_free(t);
+                    return NULL;
+                }
+            if (id >= TOK_MAX_ID) {
+                snprintf(err, errlen, "%s:%zu: id %lld is too large: ids are below %u", name, ln.no, id, (unsigned)TOK_MAX_ID);
+                tok_free(t);
+                return NULL;
+            }
             if (tok_add(t, (uint32_t)id, (const uint8_t *)ln.s + 9, tn - 1, 1, perr, sizeof(perr)) != 0) {
                 snprintf(err, errlen, "%s:%zu: %s", name, ln.no, perr);
                 tok_free(t);
@@ -138,6 +155,11 @@ Tokenizer *tok_parse(const char *buf, size_t len, const char *name, char *err, s
         long blen = sp ? b64_decode(ln.s, (size_t)(sp - ln.s), bytes, sizeof(bytes)) : -1;
         if (id < 0 || blen <= 0) {
             snprintf(err, errlen, "%s:%zu: expected 'BASE64 RANK' (standard base64 of the token bytes, a space, a decimal rank)", name, ln.no);
+            tok_free(t);
+            return NULL;
+        }
+        if (id >= TOK_MAX_ID) {
+            snprintf(err, errlen, "%s:%zu: rank %lld is too large: ranks are below %u", name, ln.no, id, (unsigned)TOK_MAX_ID);
             tok_free(t);
             return NULL;
         }

@@ -212,6 +212,15 @@ static void expect_parse_error(const char *file, const char *needle, const char 
     tok_free(t);
 }
 
+// s with the first `from` replaced by `to` (a new string).
+static char *replaced(const char *s, const char *from, const char *to) {
+    const char *at = strstr(s, from);
+    size_t a = (size_t)(at - s), n = strlen(s) - strlen(from) + strlen(to) + 1;
+    char *r = malloc(n);
+    snprintf(r, n, "%.*s%s%s", (int)a, s, to, at + strlen(from));
+    return r;
+}
+
 static void test_file_errors(void) {
     // A valid 256-byte vocabulary to damage.
     ByteVec f = {0};
@@ -255,6 +264,22 @@ static void test_file_errors(void) {
     bad = strdup(s);
     *strstr(bad, "/w== 255") = 0;  // drop the last line: byte 0xff then has no rank
     expect_parse_error(bad, "byte 0xff has no rank", "missing byte");
+    free(bad);
+    // a rank of 2^32 + 65 was cast to 65 and loaded as byte 'A''s
+    bad = replaced(s, "QQ== 65\n", "QQ== 4294967361\n");
+    expect_parse_error(bad, "rank 4294967361 is too large", "a rank past 32 bits");
+    free(bad);
+    bad = replaced(s, "QQ== 65\n", "QR== 65\n");   // 'A' with a stray low bit: not canonical base64
+    expect_parse_error(bad, ":68:", "base64 whose padding leaves bits set");
+    free(bad);
+    bad = replaced(s, "#pattern gpt2\n", "#pattern gpt2\n#pattern cl100k\n");
+    expect_parse_error(bad, "a second '#pattern' line", "two pattern lines");
+    free(bad);
+    bad = replaced(s, "#pattern gpt2\n", "#pattern gpt2\n#special end of text 300\n");
+    expect_parse_error(bad, "holds white space", "a special token with a space");
+    free(bad);
+    bad = replaced(s, "#pattern gpt2\n", "#pattern gpt2\n#special <|x|> 4294967296\n");
+    expect_parse_error(bad, "id 4294967296 is too large", "a special id past 32 bits");
     free(bad);
     free(f.v);
 }
