@@ -40,6 +40,12 @@ static void print_cache_table(const ModelConfig *base) {
             printf("%-24s %14s   (set kv_lora_rank and qk_rope_head_dim to see latent rows)\n", presets[i], "n/a");
             continue;
         }
+        if (m.latent_quant_bits && (m.latent_quant_group <= 0 || m.kv_lora_rank % m.latent_quant_group)) {
+            // the preset's config would be refused (config_validate): no figure for it
+            printf("%-24s %14s   (latent_quant_group = %d does not divide kv_lora_rank = %d)\n", presets[i], "n/a",
+                   m.latent_quant_group, m.kv_lora_rank);
+            continue;
+        }
         if (!latent) m.kv_lora_rank = 0, m.latent_quant_bits = 0;
         if (!strcmp(presets[i], "mha") || !strcmp(presets[i], "cla")) m.num_key_value_heads = m.num_attention_heads;
         if (!strcmp(presets[i], "mqa")) m.num_key_value_heads = 1;

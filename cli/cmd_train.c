@@ -1,5 +1,6 @@
 // clla train: the training loop. AdamW with warmup + cosine schedule, gradient
 // accumulation to a global batch in tokens, global-norm clipping, validation, metrics.
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -230,7 +231,12 @@ int cmd_train(int argc, char **argv) {
     if (tc->global_batch_tokens && tc->global_batch_tokens % (bt * dist.world) != 0)
         die("train.global_batch_tokens = %lld is not a multiple of micro_batch * seq_len * ranks = %d * %d * %d = %lld: change the global batch, micro_batch or the number of ranks",
             tc->global_batch_tokens, B, T, dist.world, bt * dist.world);
-    int n_micro = tc->global_batch_tokens ? (int)(tc->global_batch_tokens / (bt * dist.world)) : 1;
+    const long long micro_per_rank = tc->global_batch_tokens ? tc->global_batch_tokens / (bt * dist.world) : 1;
+    // the loader's global batch (rows of every rank's micro-steps) is an int, as are its products
+    if (micro_per_rank > INT_MAX / ((long long)B * dist.world))
+        die("train.global_batch_tokens = %lld is %lld micro-steps of %d rows on each of %d ranks a step, more than %d rows a step: use a smaller global batch",
+            tc->global_batch_tokens, micro_per_rank, B, dist.world, INT_MAX);
+    int n_micro = (int)micro_per_rank;
     const int n_total = n_micro * dist.world;   // micro-batches per optimizer step, all ranks
 
     // One loader call per step and rank reads the rank's n_micro micro-batches: rank r gets

@@ -140,9 +140,13 @@ static void set_value(void *base, const KeyDef *k, const cJSON *v, const char *o
         int64_t x = 0;
         int rc = num_f64_to_i64(v->valuedouble, lo, hi, &x);
         if (rc == NUM_SYNTAX) die("%s: key '%s%s' must be a whole number, got %s", origin, prefix, name, json_snippet(v, val, sizeof(val)));
-        if (rc != NUM_OK)
-            die("%s: key '%s%s' = %s is out of range: use %lld..%lld", origin, prefix, name, json_snippet(v, val, sizeof(val)),
-                (long long)(lo < -9007199254740992LL ? -9007199254740992LL : lo), (long long)(hi > 9007199254740992LL ? 9007199254740992LL : hi));
+        if (rc != NUM_OK) {   // the key's own range is checked later (config_validate): say which side this one left
+            if (v->valuedouble > 0)
+                die("%s: key '%s%s' = %s is too large: at most %lld", origin, prefix, name, json_snippet(v, val, sizeof(val)),
+                    (long long)(hi > 9007199254740992LL ? 9007199254740992LL : hi));
+            die("%s: key '%s%s' = %s is %s", origin, prefix, name, json_snippet(v, val, sizeof(val)),
+                lo == 0 ? "negative: it must be >= 0" : "too small");
+        }
         if (k->type == K_INT) *(int *)dst = (int)x;
         else if (k->type == K_LLONG) *(long long *)dst = (long long)x;
         else *(unsigned long long *)dst = (unsigned long long)x;
@@ -313,7 +317,11 @@ static void apply_set(cJSON *root, const char *assignment) {
         if (strcmp(key, "train") != 0)
             die("--set '%s': only train.<key> may be dotted; model keys are top-level (e.g. --set hidden_size=256)", assignment);
         obj = cJSON_GetObjectItemCaseSensitive(root, "train");
-        if (!cJSON_IsObject(obj)) {
+        if (obj && !cJSON_IsObject(obj) && !cJSON_IsNull(obj)) {   // left for read_config to refuse, naming the file
+            free(key);
+            return;
+        }
+        if (!obj || cJSON_IsNull(obj)) {
             cJSON_DeleteItemFromObjectCaseSensitive(root, "train");
             obj = cJSON_AddObjectToObject(root, "train");
         }
@@ -335,6 +343,8 @@ static void apply_set(cJSON *root, const char *assignment) {
         const Preset *p = find_preset(val->valuestring);
         if (p) drop_preset_keys(root, p);
     }
+    // the override replaces the knob under either of its names (head_dim, qk_nope_head_dim)
+    if (def && def->alias) cJSON_DeleteItemFromObjectCaseSensitive(obj, strcmp(leaf, def->name) ? def->name : def->alias);
     if (cJSON_GetObjectItemCaseSensitive(obj, leaf)) cJSON_ReplaceItemInObjectCaseSensitive(obj, leaf, val);
     else cJSON_AddItemToObject(obj, leaf, val);
     free(key);
@@ -425,6 +435,7 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
     }
     // 2. every key
     int seen_nkv = 0, seen_head_dim = 0, seen_v_head_dim = 0;
+    char seen_key[N_MODEL_KEYS] = {0};
     char ignored[512] = "";
     for (const cJSON *it = root->child; it; it = it->next) {
         if (!strcmp(it->string, "attention")) continue;
@@ -455,6 +466,10 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
                         "see docs/CONFIG.md for the model keys (run settings go under \"train\")");
         }
         if (cJSON_IsNull(it)) continue;
+        // parse_config refuses a key given twice; a knob under both of its names is the same thing
+        if (seen_key[k - MODEL_KEYS])
+            die("%s: '%s' and '%s' are two names of one knob: keep one", origin, k->name, k->alias);
+        seen_key[k - MODEL_KEYS] = 1;
         if (!strcmp(k->name, "num_key_value_heads")) seen_nkv = 1;
         if (!strcmp(k->name, "head_dim")) seen_head_dim = 1;
         if (!strcmp(k->name, "v_head_dim")) seen_v_head_dim = 1;
@@ -548,11 +563,26 @@ void config_validate(const Config *cfg, const char *origin) {
         NEED(m->share != SHARE_KV, "%s: share = kv is for plain K/V (cla presets); latent models share latent, latent_krope or latent_kvproj", origin);
         NEED(m->qk_rope_head_dim > 0 && m->qk_rope_head_dim % 2 == 0, "%s: latent models need an even qk_rope_head_dim > 0", origin);
         NEED(m->q_lora_rank >= 0, "%s: q_lora_rank must be >= 0", origin);
+        NEED(m->num_key_value_heads == m->num_attention_heads,
+             "%s: num_key_value_heads = %d: latent models (preset %s) have a key and a value per query head (num_attention_heads = %d); remove it, or use preset gqa for fewer kv heads",
+             origin, m->num_key_value_heads, p->name, m->num_attention_heads);
         if (m->latent_quant_bits) {
             NEED(m->latent_quant_bits >= 2 && m->latent_quant_bits <= 8, "%s: latent_quant_bits must be 0 (off) or 2..8", origin);
             NEED(m->latent_quant_group > 0 && m->kv_lora_rank % m->latent_quant_group == 0,
                  "%s: latent_quant_group = %d must divide kv_lora_rank = %d", origin, m->latent_quant_group, m->kv_lora_rank);
         }
+    }
+    if (m->n_routed_experts == 0) {
+        // knobs of the MoE FFN on a dense model would be taken and ignored: a user who set them
+        // expects experts (the values clla writes for a dense model are the defaults, 0 and 1)
+        const struct { const char *name; int value, dflt; } moe[] = {
+            {"n_shared_experts", m->n_shared_experts, 0}, {"moe_intermediate_size", m->moe_intermediate_size, 0},
+            {"shared_expert_intermediate_size", m->shared_expert_intermediate_size, 0},
+            {"num_experts_per_tok", m->num_experts_per_tok, 1}, {"first_k_dense_layers", m->first_k_dense_layers, 0}};
+        for (size_t i = 0; i < sizeof(moe) / sizeof(moe[0]); i++)
+            NEED(moe[i].value == moe[i].dflt,
+                 "%s: %s = %d shapes the MoE FFN, and n_routed_experts = 0 makes the model dense: set n_routed_experts, or remove %s",
+                 origin, moe[i].name, moe[i].value, moe[i].name);
     }
     if (m->n_routed_experts > 0) {
         NEED(m->num_experts_per_tok >= 1 && m->num_experts_per_tok <= m->n_routed_experts,
@@ -596,7 +626,9 @@ void config_validate(const Config *cfg, const char *origin) {
     NEED(t->save_every >= 0 && t->keep_checkpoints >= 0, "%s: train.save_every and train.keep_checkpoints must be >= 0 (0 = off / keep all)", origin);
     NEED(t->max_consecutive_skips >= 1, "%s: train.max_consecutive_skips must be >= 1", origin);
     NEED(t->zero_stage == 0 || t->zero_stage == 1, "%s: train.zero_stage must be 0 (replicated AdamW state) or 1 (ZeRO-1, sharded)", origin);
-    NEED(t->dist_timeout_s >= 0, "%s: train.dist_timeout_s must be >= 0 (0 = no timeout)", origin);
+    // its milliseconds are a long long: 1e9 s (31 years) stands for "never" as well as 0 does
+    NEED(t->dist_timeout_s >= 0 && t->dist_timeout_s <= 1e9f, "%s: train.dist_timeout_s = %g is out of range: give 0 (no timeout) to 1e9 seconds",
+         origin, (double)t->dist_timeout_s);
     NEED(t->grad_bucket_elements >= 1 && t->grad_bucket_elements <= 2147483647,
          "%s: train.grad_bucket_elements must be 1 to 2147483647 (MPI's int counts); the default is 1048576", origin);
     config_check_sizes(cfg, origin);

@@ -73,7 +73,7 @@ expect_error "--set train.grad_bucket_elements=0" "train.grad_bucket_elements mu
 expect_error "--set train.lr=1e999" "'train.lr'.*inf.*finite" "" -- "$CLLA" info --config m.json --set train.lr=1e999
 expect_error "--set rms_norm_eps=1e999" "'rms_norm_eps'.*finite" "" -- "$CLLA" info --config m.json --set rms_norm_eps=1e999
 expect_error "--set train.lr=nan" "'train.lr'.*nan" "" -- "$CLLA" info --config m.json --set train.lr=nan
-expect_error "--set hidden_size=4294967328" "'hidden_size' = 4294967328 is out of range" "" -- "$CLLA" info --config m.json --set hidden_size=4294967328
+expect_error "--set hidden_size=4294967328" "'hidden_size' = 4294967328 is too large: at most 2147483647" "" -- "$CLLA" info --config m.json --set hidden_size=4294967328
 expect_error "--set hidden_size=32.5" "'hidden_size' must be a whole number, got 32.5" "" -- "$CLLA" info --config m.json --set hidden_size=32.5
 expect_error "float beyond fp32 in a file" "'initializer_range'.*finite" "" -- "$CLLA" info --config m.json --set initializer_range=1e39
 expect_error "eval --seq 4294967328" "--seq 4294967328" "" -- "$CLLA" eval --checkpoint nothere --data tok.bin --seq 4294967328
@@ -123,6 +123,9 @@ if "$CLLA" info --config m.json --set attention=cla --set share_factor=214748364
 else fail "share_factor = 2147483647: $(head -c 400 out.txt err.txt)"; fi
 expect_error "micro_batch x seq_len beyond int" "train.micro_batch x train.seq_len" "" -- \
     "$CLLA" info --config m.json --set train.micro_batch=2147483647 --set train.seq_len=16
+# 32 x (2^32 + 1) tokens: the micro-step count was cast to an int (one micro-step, exit 0)
+expect_error "global_batch_tokens past an int of rows a step" "is 4294967297 micro-steps of 2 rows on each of 1 ranks a step, more than 2147483647" "gb_run" -- \
+    "$CLLA" train --config m.json --out gb_run --set train.global_batch_tokens=137438953504
 expect_error "negative knob" "n_shared_experts = -1 must not be negative" "" -- "$CLLA" info --config m.json --set n_shared_experts=-1
 
 echo "# 4. big tables (plan-only tables: no entry stored, no name formatted)"
@@ -157,10 +160,25 @@ expect_ok "inactive sliding window (use_sliding_window false)" "$CLLA" info --co
 expect_error "attention_bias true" "key 'attention_bias' = true" "" -- "$CLLA" info --config "$HF/llama2_7b.json" --set attention_bias=true
 expect_error "mlp_bias true" "key 'mlp_bias' = true" "" -- "$CLLA" info --config "$HF/llama2_7b.json" --set mlp_bias=true
 expect_error "hidden_act gelu" "key 'hidden_act' = \"gelu\"" "" -- "$CLLA" info --config "$HF/llama2_7b.json" --set hidden_act=gelu
+# --cache-table: no figure for a preset whose config would be refused (the int4 latent rows of a
+# kv_lora_rank that latent_quant_group does not divide)
+"$CLLA" info --config m.json --set attention=mla --set kv_lora_rank=48 --set qk_rope_head_dim=4 --cache-table > ct.txt 2>&1
+grep -q "^clla_quant .*n/a.*latent_quant_group = 32 does not divide kv_lora_rank = 48" ct.txt && grep -q "^clla  .*[0-9]" ct.txt &&
+    ok "--cache-table: n/a for the int4 rows of kv_lora_rank 48" || fail "--cache-table with kv_lora_rank 48: $(cat ct.txt)"
+# a knob given under both of its names, or accepted and ignored, is refused
+printf '{"vocab_size":256,"hidden_size":32,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":64,"head_dim":16,"qk_nope_head_dim":8}' > alias2.json
+expect_error "head_dim and qk_nope_head_dim in one file" "'head_dim' and 'qk_nope_head_dim' are two names of one knob" "" -- "$CLLA" info --config alias2.json
+expect_ok "--set qk_nope_head_dim over a file's head_dim replaces it" "$CLLA" info --config m.json --set head_dim=8 --set qk_nope_head_dim=8
+expect_error "MoE knobs on a dense model" "n_shared_experts = 2 shapes the MoE FFN, and n_routed_experts = 0 makes the model dense" "" -- "$CLLA" info --config m.json --set n_shared_experts=2
+expect_error "num_key_value_heads on a latent preset" "num_key_value_heads = 2: latent models" "" -- "$CLLA" info --config m.json \
+    --set attention=mla --set kv_lora_rank=16 --set qk_rope_head_dim=4 --set num_key_value_heads=2
+expect_error "train.dist_timeout_s = 1e30" "train.dist_timeout_s = 1e\+30 is out of range" "" -- "$CLLA" info --config m.json --set train.dist_timeout_s=1e30
+printf '{"vocab_size":256,"hidden_size":32,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":64,"train":"oops"}' > trs.json
+expect_error "a string train section, with --set train.lr" "key 'train' must be an object" "" -- "$CLLA" info --config trs.json --set train.lr=1e-3
 expect_error "misspelled key: did you mean" "unknown key 'hiden_size' \(did you mean 'hidden_size'\?\)" "" -- "$CLLA" info --config m.json --set hiden_size=32
 expect_error "misspelled train key: did you mean" "unknown key 'train.warmup_step' \(did you mean 'train.warmup_steps'\?\)" "" -- "$CLLA" info --config m.json --set train.warmup_step=3
 expect_error "unknown key far from any" "unknown key 'frobnicate': see docs" "" -- "$CLLA" info --config m.json --set frobnicate=1
-DS=(--set rope_scaling=null --set vocab_size=64 --set hidden_size=32 --set num_hidden_layers=2 --set num_attention_heads=2
+DS=(--set rope_scaling=null --set vocab_size=64 --set hidden_size=32 --set num_hidden_layers=2 --set num_attention_heads=2 --set num_key_value_heads=2
     --set kv_lora_rank=16 --set qk_rope_head_dim=8 --set qk_nope_head_dim=8 --set v_head_dim=8 --set intermediate_size=48
     --set n_routed_experts=4 --set n_shared_experts=1 --set num_experts_per_tok=2 --set moe_intermediate_size=16
     --set max_position_embeddings=64 --set train.data="$WORK/tok.bin" --set train.seq_len=16 --set train.micro_batch=2
