@@ -230,6 +230,35 @@ expect_refusal "grid values that are the same number" "'0.001' and '1e-3' are th
 expect_refusal "a slurm --time with a line break" "--time .* holds a line break" E8 -- \
     "$SWEEP" --out E8 --launcher slurm gqa.json --max-steps 4 --time $'1:00\necho injected'
 expect_refusal "a slurm --out with a space" "has white space in its path" 'E 9' -- "$SWEEP" --out 'E 9' --launcher slurm gqa.json --max-steps 4
+expect_refusal "a seed clla cannot read exactly" "--seeds: 9007199254740993 is larger than 9007199254740992" E10 -- \
+    "$SWEEP" --out E10 gqa.json --seeds 9007199254740993 --max-steps 4
+expect_refusal "--max-steps past train.max_steps' range" "--max-steps 3000000000: train.max_steps is at most 2147483647" E11 -- \
+    "$SWEEP" --out E11 gqa.json --max-steps 3000000000
+expect_refusal "--tokens making more steps than train.max_steps holds" "--tokens 300000000000: .* more than train.max_steps" E12 -- \
+    "$SWEEP" --out E12 gqa.json --tokens 300000000000
+expect_refusal "train.metrics in --set" "train.metrics: every run of a sweep writes OUT/runs/NAME/metrics.jsonl" E13 -- \
+    "$SWEEP" --out E13 gqa.json --set train.metrics=m.jsonl --max-steps 4
+# a config's own train.metrics: each run still writes its own (every run's records went into one
+# file outside OUT, and the sweep never saw a run finish); a null train section reads as absent,
+# a whole 2.0 as 2, as clla reads them; an unknown key of the file is the file's, not --set's
+python3 - gqa.json << 'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["train"]["metrics"] = "shared_metrics.jsonl"; json.dump(c, open("met.json", "w"))
+c["train"]["micro_batch"] = float(c["train"]["micro_batch"]); del c["train"]["metrics"]; json.dump(c, open("mbf.json", "w"))
+c["train"] = None; json.dump(c, open("tnull.json", "w"))
+c["hiden_size"] = 8; json.dump(c, open("unk.json", "w"))
+PY
+"$SWEEP" --out M met.json --seeds 1,2 --max-steps 2 --no-plots > m.out 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && [ ! -e shared_metrics.jsonl ] && [ "$(grep -c '"step":2' M/runs/met__s1/metrics.jsonl M/runs/met__s2/metrics.jsonl | grep -c ':1$')" -eq 2 ]
+check $? "a config's train.metrics: every run writes its own metrics.jsonl in OUT (rc $rc)"
+[ "$rc" -eq 0 ] || indent m.out
+"$SWEEP" --out N1 mbf.json --tokens 100 --dry-run > n1.out 2>&1 && "$SWEEP" --out N2 tnull.json --set train.seq_len=16 --max-steps 2 --dry-run > n2.out 2>&1
+check $? "a whole float micro_batch (2.0) and a null train section are read as clla reads them"
+"$SWEEP" --out N3 unk.json --max-steps 2 --dry-run > n3.out 2>&1
+[ $? -eq 1 ] && grep -q "invalid config point unk: unk.json: unknown key 'hiden_size'" n3.out && ! grep -q -- "--set hiden_size" n3.out
+check $? "an unknown key in a config file: that point is invalid, and --set is not blamed ($(head -n 1 n3.out))"
 # one sweep at a time in an OUT: a second one, while the first runs, is refused (even one of the
 # same definition: it would remove the first one's runs that have no checkpoint yet); a training
 # a killed sweep left running is never removed nor started beside
@@ -254,7 +283,7 @@ rc=$?
 s=F/slurm/gqa__s1.sbatch
 [ "$rc" -eq 0 ] && [ "$(grep -c '^sbatch .*/F/slurm/gqa__s[12].sbatch$' f.out)" -eq 2 ] && bash -n "$s" &&
     grep -q '^#SBATCH --ntasks=2$' "$s" && grep -q '^#SBATCH --gpus-per-task=1$' "$s" &&
-    grep -q '^srun .* train --config gqa.json --out [^ ]*/F/runs/gqa__s1 .*--set train.seed=1 --set train.max_steps=4 --resume auto' "$s" &&
+    grep -q '^srun .* train --config gqa.json --out [^ ]*/F/runs/gqa__s1 .*--set train.seed=1 --set train.max_steps=4 --set train.metrics= --resume auto' "$s" &&
     [ ! -e F/runs/gqa__s1 ]
 check $? "--launcher slurm writes one sbatch script per run (ranks, extra #SBATCH lines, --resume auto), prints the sbatch commands, trains nothing (rc $rc)"
 [ "$rc" -eq 0 ] || indent f.out f.err
