@@ -329,6 +329,11 @@ static void encode_ordinary(TokEncoder *e, const char *text, size_t len, U32Vec 
 void tok_encode(TokEncoder *e, const char *text, size_t len, int allow_special, U32Vec *out) {
     const Tokenizer *t = e->t;
     if (!allow_special || t->n_specials == 0) { encode_ordinary(e, text, len, out); return; }
+    // next[i]: where special i next occurs at or after pos (len: nowhere). A search starts where
+    // the last one of the same special left off, so the text is scanned once per special: asking
+    // every special again from each hit was quadratic in the text for a special that is absent.
+    size_t *next = xmalloc((size_t)t->n_specials * sizeof(size_t));
+    for (int i = 0; i < t->n_specials; i++) next[i] = SIZE_MAX;   // not searched yet
     size_t pos = 0;
     while (pos < len) {
         // The earliest occurrence of any special token (longest on a tie) ends the ordinary run.
@@ -336,9 +341,12 @@ void tok_encode(TokEncoder *e, const char *text, size_t len, int allow_special, 
         int bi = -1;
         for (int i = 0; i < t->n_specials; i++) {
             const Special *s = &t->specials[i];
-            const char *hit = memmem(text + pos, len - pos, t->arena.v + s->off, s->len);
-            if (!hit) continue;
-            size_t at = (size_t)(hit - text);
+            if (next[i] == SIZE_MAX || (next[i] < pos && next[i] != len)) {
+                const char *hit = memmem(text + pos, len - pos, t->arena.v + s->off, s->len);
+                next[i] = hit ? (size_t)(hit - text) : len;
+            }
+            const size_t at = next[i];
+            if (at == len) continue;
             if (at < best || (at == best && bi >= 0 && s->len > t->specials[bi].len)) { best = at; bi = i; }
         }
         encode_ordinary(e, text + pos, best - pos, out);
@@ -346,6 +354,7 @@ void tok_encode(TokEncoder *e, const char *text, size_t len, int allow_special, 
         u32vec_push(out, t->specials[bi].id);
         pos = best + t->specials[bi].len;
     }
+    free(next);
 }
 
 int tok_decode(const Tokenizer *t, const uint32_t *ids, size_t n, ByteVec *out, size_t *bad) {

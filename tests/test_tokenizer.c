@@ -284,6 +284,68 @@ static void test_file_errors(void) {
     free(f.v);
 }
 
+// The special-token split by its definition: the earliest occurrence of any special (the longest
+// on a tie) ends an ordinary run, searched again from each cut (tokenizer.c keeps every special's
+// next occurrence instead of searching again).
+static void naive_special_encode(TokEncoder *e, const char *const *sp, const uint32_t *sid, int ns, const char *text, size_t len,
+                                 U32Vec *out) {
+    size_t pos = 0;
+    while (pos < len) {
+        size_t best = len, blen = 0;
+        int bi = -1;
+        for (int i = 0; i < ns; i++) {
+            const char *hit = memmem(text + pos, len - pos, sp[i], strlen(sp[i]));
+            if (!hit) continue;
+            size_t at = (size_t)(hit - text);
+            if (at < best || (at == best && strlen(sp[i]) > blen)) { best = at; bi = i; blen = strlen(sp[i]); }
+        }
+        tok_encode(e, text + pos, best - pos, 0, out);
+        if (bi < 0) break;
+        u32vec_push(out, sid[bi]);
+        pos = best + blen;
+    }
+}
+
+static void test_special_split(void) {
+    // the 256 bytes as ranks, and specials that overlap each other and share prefixes
+    ByteVec f = {0};
+    const char *head = "#clla-tokenizer 1\n#pattern gpt2\n#special <|a|> 256\n#special <|a|>b 257\n#special b<|c|> 258\n#special <|c|> 259\n";
+    bytevec_append(&f, head, strlen(head));
+    static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int b = 0; b < 256; b++) {
+        char line[32];
+        snprintf(line, sizeof(line), "%c%c== %d\n", B64[b >> 2], B64[(b & 3) << 4], b);
+        bytevec_append(&f, line, strlen(line));
+    }
+    char err[256];
+    Tokenizer *t = tok_parse((const char *)f.v, f.n, "specials.tok", err, sizeof(err));
+    if (!t) { printf("FAIL %s\n", err); n_failed++; free(f.v); return; }
+    TokEncoder *e = tok_encoder_new(t);
+    const char *sp[] = {"<|a|>", "<|a|>b", "b<|c|>", "<|c|>"};
+    const uint32_t sid[] = {256, 257, 258, 259};
+    const char *pieces[] = {"<|a|>", "b", "<|c|>", "x", "<|", "|>", "a", " ", "<|a", "c|>"};
+    uint64_t r = 12345;
+    int same = 1, texts = 0;
+    for (int k = 0; k < 400 && same; k++, texts++) {
+        char text[512] = "";
+        for (int j = 0; j < 40; j++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            strcat(text, pieces[(r >> 33) % 10]);
+        }
+        U32Vec a = {0}, b = {0};
+        tok_encode(e, text, strlen(text), 1, &a);
+        naive_special_encode(e, sp, sid, 4, text, strlen(text), &b);
+        same = a.n == b.n && !memcmp(a.v, b.v, a.n * sizeof(uint32_t));
+        if (!same) printf("     differs on: %s\n", text);
+        free(a.v);
+        free(b.v);
+    }
+    check(same, "special tokens split where the naive search splits (overlapping specials, %s random texts)", "400");
+    tok_encoder_free(e);
+    tok_free(t);
+    free(f.v);
+}
+
 static void test_gpt2(void) {
     char *cache = data_cache_dir();
     char *p = path_join(cache, "gpt2.tok");
@@ -310,6 +372,7 @@ int main(void) {
     test_roundtrips();
     test_trained();
     test_file_errors();
+    test_special_split();
     test_gpt2();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
