@@ -3,6 +3,7 @@
 // into a Tokenizer with the gpt2 pattern. GPT-2 writes token bytes through a reversible
 // byte -> printable code point table ("bytes_to_unicode"); we invert it here.
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -52,11 +53,15 @@ Tokenizer *gpt2_import(const char *encoder_json, const char *vocab_bpe) {
     Tokenizer *t = tok_new("gpt2", err, sizeof(err));
     if (!t) die("%s", err);
     uint8_t bytes[TOK_MAX_TOKEN_BYTES];
+    long n_ordinary = 0;   // tokens other than <|endoftext|>: the 256 bytes, then one per merge
     for (cJSON *it = root->child; it; it = it->next) {
         if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= TOK_MAX_ID)
             die("'%s': token '%s' has no valid id", encoder_json, it->string);
+        if (it->valuedouble != floor(it->valuedouble))   // 0.9 would be read as id 0
+            die("'%s': token '%s' has id %g, which is not a whole number", encoder_json, it->string, it->valuedouble);
         uint32_t id = (uint32_t)it->valuedouble;
         int special = !strcmp(it->string, "<|endoftext|>");
+        n_ordinary += !special;
         long n = special ? (long)strlen(it->string) : to_bytes(it->string, cp_to_byte, bytes, sizeof(bytes));
         if (n <= 0) die("'%s': token '%s' (id %u) is not in GPT-2's byte encoding", encoder_json, it->string, id);
         if (tok_add(t, id, special ? (const uint8_t *)it->string : bytes, (size_t)n, special, err, sizeof(err)) != 0)
@@ -87,6 +92,10 @@ Tokenizer *gpt2_import(const char *encoder_json, const char *vocab_bpe) {
         merges++;
     }
     if (merges == 0) die("'%s' has no merges: expected GPT-2's vocab.bpe", vocab_bpe);
+    // a file cut short (a partial download) proves the order of only the merges it holds
+    if (merges != n_ordinary - 256)
+        die("'%s' has %ld merges, but '%s' has %ld tokens beyond the 256 bytes: one of the files is cut short (download it again)",
+            vocab_bpe, merges, encoder_json, n_ordinary - 256);
     free(bpe);
     cJSON_Delete(root);
     free(js);

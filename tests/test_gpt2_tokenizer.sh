@@ -30,6 +30,16 @@ awk 'NR == 100 { print "" } { print }' "$ENC/vocab.bpe" > "$W/blank.bpe"
 out=$("$CLLA" tokenizer import-gpt2 --encoder "$ENC/encoder.json" --bpe "$W/blank.bpe" --out "$W/blank.tok" 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q "line 100: an empty line among the merges" && [ ! -e "$W/blank.tok" ]
 check $? "a blank line among vocab.bpe's merges is refused, naming its line: $out"
+# a vocab.bpe cut short (a partial download) proved the order of only the merges it held, and an
+# id 0.9 in encoder.json was read as 0: both refused
+head -n 3 "$ENC/vocab.bpe" > "$W/short.bpe"
+out=$("$CLLA" tokenizer import-gpt2 --encoder "$ENC/encoder.json" --bpe "$W/short.bpe" --out "$W/short.tok" 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "has 2 merges, but .* has 50000 tokens beyond the 256 bytes" <<< "$out" && [ ! -e "$W/short.tok" ]
+check $? "a vocab.bpe cut short is refused: $out"
+sed 's/"!": 0,/"!": 0.9,/' "$ENC/encoder.json" > "$W/frac.json"
+out=$("$CLLA" tokenizer import-gpt2 --encoder "$W/frac.json" --bpe "$ENC/vocab.bpe" --out "$W/frac.tok" 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "token '!' has id 0.9, which is not a whole number" <<< "$out" && [ ! -e "$W/frac.tok" ]
+check $? "a fractional id in encoder.json is refused: $out"
 
 # Every 37th English document (Brown samples and fortunes) up to 300k characters, every
 # 11th Chinese fortune up to 60k characters.
