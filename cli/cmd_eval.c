@@ -17,6 +17,7 @@
 #include "common/json_strict.h"
 #include "common/num.h"
 #include "common/util.h"
+#include "data/corpus.h"
 #include "eval/bench.h"
 #include "eval/evaluate.h"
 #include "eval/perplexity.h"
@@ -187,10 +188,6 @@ static void show_progress(long long done, long long total, void *ctx) {
 
 // ---------------------------------------------------------------- --ppl
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
-}
 
 // The token ids of --ppl FILE: a .bin file of little-endian uint32 ids, else text encoded with
 // the model's tokenizer (.jsonl: each line's "text", documents joined by <|endoftext|> when the
@@ -200,7 +197,7 @@ static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, 
     char *buf = read_file(path, &len);
     if (!buf) die("cannot read --ppl '%s': %s", path, strerror(errno));
     int32_t *ids;
-    if (ends_with(path, ".bin")) {
+    if (path_has_ext(path, ".bin")) {
         if (len % 4) die("--ppl '%s': %zu bytes is not a whole number of uint32 token ids", path, len);
         *n = (long long)(len / 4);
         ids = xmalloc((len ? len : 4));
@@ -217,7 +214,7 @@ static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, 
     Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, vocab, model_hash);
     TokEncoder *enc = tok_encoder_new(tok);
     U32Vec out = {0};
-    if (ends_with(path, ".jsonl") || ends_with(path, ".json")) {   // as prep reads a corpus
+    if (corpus_path_is_jsonl(path)) {   // as prep reads a corpus
         uint32_t eot = tok_special_id(tok, "<|endoftext|>");
         long long line = 0, docs = 0;
         size_t pos = 0, ln;
@@ -498,7 +495,7 @@ static int bench_files(const Args *a, char ***out) {
         int first = m;
         for (struct dirent *e; (e = readdir(dir));) {
             size_t len = strlen(e->d_name);
-            if (len <= 6 || strcmp(e->d_name + len - 6, ".jsonl") || e->d_name[0] == '.') continue;
+            if (len <= 6 || !path_has_ext(e->d_name, ".jsonl") || e->d_name[0] == '.') continue;
             if (m == cap) files = xrealloc(files, (size_t)(cap *= 2) * sizeof(char *));
             files[m++] = path_join(paths[i], e->d_name);
         }

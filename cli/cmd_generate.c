@@ -17,6 +17,7 @@
 #include "common/json_strict.h"
 #include "common/util.h"
 #include "data/bytes.h"
+#include "data/corpus.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "model/decode.h"
@@ -75,10 +76,6 @@ static void add_prompt(PromptList *pl, const char *text, size_t len, const char 
     snprintf(p->origin, sizeof(p->origin), "%s", origin);
 }
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
 
 // One prompt per line (empty lines skipped), or with a .jsonl name one JSON object with a
 // "prompt" string per non-empty line.
@@ -86,7 +83,7 @@ static void read_prompts_file(PromptList *pl, const char *path) {
     size_t len;
     char *buf = read_file(path, &len);
     if (!buf) die("cannot read --prompts '%s': %s", path, strerror(errno));
-    const int jsonl = ends_with(path, ".jsonl") || ends_with(path, ".json");   // as prep reads a corpus
+    const int jsonl = corpus_path_is_jsonl(path);   // as prep reads a corpus
     long line_no = 0;
     size_t pos = 0, n;
     for (char *line; (line = buf_next_line(buf, len, &pos, &n));) {

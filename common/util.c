@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -213,6 +214,11 @@ int make_dirs(const char *path) {
     int rc = (mkdir(p, 0755) != 0 && errno != EEXIST) ? -1 : 0;
     free(p);
     return rc;
+}
+
+int path_has_ext(const char *path, const char *ext) {
+    size_t n = strlen(path), k = strlen(ext);
+    return n >= k && !strcasecmp(path + n - k, ext);
 }
 
 char *path_join(const char *dir, const char *name) {

@@ -74,6 +74,8 @@ int remove_tree(const char *path);
 
 // Joins a directory and a file name into a new string.
 char *path_join(const char *dir, const char *name);
+// Does path end with ext (".jsonl", ".bin"), in any letter case?
+int path_has_ext(const char *path, const char *ext);
 // A command's output file, checked before any work: dies with one line when path is a directory,
 // when its directory does not exist, or when path exists and overwrite is 0 (naming the option
 // that gave it, e.g. "--out", and the flag that replaces it). A user's file is never replaced

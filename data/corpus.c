@@ -27,17 +27,15 @@ struct DocReader {
     int done;
 };
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
+// In any letter case: UP.JSONL read as text put its braces and quotes into the training data.
+int corpus_path_is_jsonl(const char *path) { return path_has_ext(path, ".jsonl") || path_has_ext(path, ".json"); }
 
 DocReader *doc_open(const char *path, const DocOptions *opt) {
     DocReader *r = xcalloc(1, sizeof(*r));
     r->f = fopen_read(path);   // a directory fails here with EISDIR, not as a read error
     if (!r->f) die("cannot read corpus file '%s': %s", path, strerror(errno));
     r->path = xstrdup(path);
-    r->jsonl = ends_with(path, ".jsonl") || ends_with(path, ".json");
+    r->jsonl = corpus_path_is_jsonl(path);
     r->opt = *opt;
     if (!r->opt.text_key) r->opt.text_key = "text";
     if (r->opt.separator && strpbrk(r->opt.separator, "\r\n"))

@@ -15,6 +15,8 @@ typedef struct DocOptions {
 typedef struct DocReader DocReader;
 
 // Dies with a message naming the file when it cannot be read.
+// Is path read as JSONL (one JSON object per line): .jsonl or .json, in any letter case.
+int corpus_path_is_jsonl(const char *path);
 DocReader *doc_open(const char *path, const DocOptions *opt);
 // Returns 1 and the next document (valid until the next call), 0 at the end of the file.
 // Dies naming file, line and byte offset on malformed JSONL.

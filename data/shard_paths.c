@@ -11,10 +11,6 @@
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
 
 // The *.bin files of a directory, sorted by name.
 static char **list_dir(const char *dir, int *n) {
@@ -24,7 +20,7 @@ static char **list_dir(const char *dir, int *n) {
     int cap = 0;
     *n = 0;
     for (struct dirent *e; (e = readdir(d));) {
-        if (e->d_name[0] == '.' || !ends_with(e->d_name, ".bin")) continue;
+        if (e->d_name[0] == '.' || !path_has_ext(e->d_name, ".bin")) continue;
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;
             v = realloc(v, (size_t)cap * sizeof(*v));

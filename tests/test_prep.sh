@@ -63,6 +63,16 @@ expect_error "prep --overwrite over a directory named like a shard" "holds 'shar
 [ -f "$W/p3/tokenizer.tok/notes/a.txt" ] && [ -f "$W/p4/train/shard_000099.bin/photos/a.jpg" ]
 check $? "the user's directories are left as they were"
 
+# a corpus file's kind by its extension in any letter case: UP.JSONL is JSONL (read as text, its
+# braces and quotes became tokens)
+printf '{"text":"hello"}\n' > "$W/UP.JSONL"
+$CLLA prep --tokenizer "$W/tok.tok" --out "$W/p5" --val-fraction 0 "$W/UP.JSONL" 2> /dev/null | grep -q "train [0-9]* tokens (1 documents"
+upper=$?
+printf '{"text":"hello"}\n' > "$W/lower.jsonl"
+$CLLA prep --tokenizer "$W/tok.tok" --out "$W/p6" --val-fraction 0 "$W/lower.jsonl" > /dev/null 2>&1
+[ $upper = 0 ] && cmp -s "$W/p5/train/shard_000000.bin" "$W/p6/train/shard_000000.bin"
+check $? "a .JSONL corpus is read as JSONL (the same shard as .jsonl)"
+
 # encode/decode: any bytes come back, invalid UTF-8 included.
 { head -c 3000 "$FIX/chinese.jsonl"; printf '\xff\xfe\xc0\xaf\xed\xa0\x80 \x80abc\x00z<|endoftext|>'; } > "$W/bytes.bin"
 $CLLA tokenizer encode --tokenizer "$W/tok.tok" --file "$W/bytes.bin" > "$W/ids" &&
