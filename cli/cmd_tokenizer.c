@@ -72,9 +72,9 @@ static long long parse_vocab_size(const char *v) {
     char *end;
     errno = 0;
     long long x = (v[0] >= '0' && v[0] <= '9') ? strtoll(v, &end, 10) : -1;
-    if (x < 0 || *end || errno == ERANGE)
+    if (x < 0 || *end)
         die("--vocab-size '%s' is not a whole number: give the number of ids, e.g. 32000", v);
-    if (x < 1 || x > (long long)TOK_MAX_ID)
+    if (errno == ERANGE || x < 1 || x > (long long)TOK_MAX_ID)   // digits alone: a whole number, past the range
         die("--vocab-size %s is outside 1..%u (the largest vocabulary a tokenizer file holds): give at most %u",
             v, (unsigned)TOK_MAX_ID, (unsigned)TOK_MAX_ID);
     return x;
@@ -123,6 +123,13 @@ static int do_train(int argc, char **argv) {
             die("--special '%s': a special token must be non-empty and without whitespace", specials[i]);
         for (int j = 0; j < i; j++)
             if (!strcmp(specials[i], specials[j])) die("--special '%s' is given twice: give each special token once", specials[i]);
+        if (strlen(specials[i]) > TOK_MAX_TOKEN_BYTES)
+            die("--special '%.24s...' has %zu bytes: a token holds at most %d", specials[i], strlen(specials[i]), TOK_MAX_TOKEN_BYTES);
+    }
+    for (int f = 0; f < n_files; f++) {   // all there before the first is read (a long count lost to a typo)
+        FILE *probe = fopen_read(files[f]);
+        if (!probe) die("cannot read corpus file '%s': %s", files[f], strerror(errno));
+        fclose(probe);
     }
     if (vocab < 256 + n_specials)
         die("--vocab-size %lld is too small: the 256 byte tokens and the %d special token%s need at least %d ids", vocab, n_specials,

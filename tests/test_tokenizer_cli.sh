@@ -29,11 +29,16 @@ train() { "$CLLA" tokenizer train --pattern gpt2 --out x.tok "$@" "$FIX/english.
 
 expect_error "--vocab-size 1000000000 is refused, not clamped" "outside 1..4194304" train --vocab-size 1000000000
 expect_error "--vocab-size 4194305 (one above the maximum) is refused" "outside 1..4194304" train --vocab-size 4194305
-expect_error "--vocab-size 99999999999999999999 (overflow) is refused" "not a whole number" train --vocab-size 99999999999999999999
+expect_error "--vocab-size 99999999999999999999 (overflow) is refused" "outside 1..4194304" train --vocab-size 99999999999999999999
 expect_error "--vocab-size 300k is refused" "not a whole number" train --vocab-size 300k
 expect_error "--vocab-size -5 is refused" "not a whole number" train --vocab-size -5
 expect_error "--special none --special X is refused" "--special none and --special <|x|>" train --vocab-size 300 --special none --special '<|x|>'
 expect_error "--special X --special none is refused" "--special none and --special <|x|>" train --vocab-size 300 --special '<|x|>' --special none
+# checked before the corpus is read: a special longer than a token may be, a corpus file missing
+expect_error "a --special longer than 4096 bytes is refused" "has 5000 bytes: a token holds at most 4096" \
+    train --vocab-size 300 --special "$(head -c 5000 /dev/zero | tr '\0' x)"
+expect_error "a missing corpus file after a real one is refused before reading" "cannot read corpus file 'nothere.txt'" \
+    "$CLLA" tokenizer train --pattern gpt2 --out x.tok --vocab-size 300 "$FIX/english.jsonl" nothere.txt
 [ -e x.tok ] && { FAIL=$((FAIL + 1)); echo "FAIL a refused train wrote x.tok"; }
 
 if train --vocab-size 300 > train.log 2>&1; then ok "tokenizer train --vocab-size 300"
