@@ -362,8 +362,8 @@ int cmd_prep(int argc, char **argv) {
         else if (!strcmp(a, "--split-seed")) o.split_seed = opt_u64("--split-seed", args_next_value(argc, argv, &i, "prep", 0), UINT64_MAX);
         else if (!strcmp(a, "--text-key")) o.doc.text_key = args_next_value(argc, argv, &i, "prep", 0);
         else if (!strcmp(a, "--doc-separator")) o.doc.separator = args_next_value(argc, argv, &i, "prep", 0);
-        else if (!strcmp(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)opt_u64("--chunk-tokens", args_next_value(argc, argv, &i, "prep", 0), SHARD_MAX_CHUNK_TOKENS);
-        else if (!strcmp(a, "--shard-tokens")) o.shard_tokens = opt_u64("--shard-tokens", args_next_value(argc, argv, &i, "prep", 0), UINT64_MAX);
+        else if (!strcmp(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)opt_i64("--chunk-tokens", args_next_value(argc, argv, &i, "prep", 0), 1, SHARD_MAX_CHUNK_TOKENS);
+        else if (!strcmp(a, "--shard-tokens")) o.shard_tokens = (uint64_t)opt_i64("--shard-tokens", args_next_value(argc, argv, &i, "prep", 0), 1, INT64_MAX);
         else if (!strcmp(a, "--threads")) o.threads = (int)opt_i64("--threads", args_next_value(argc, argv, &i, "prep", 0), 0, CLLA_MAX_THREADS);
         else if (!strcmp(a, "--level")) o.level = (int)opt_i64("--level", args_next_value(argc, argv, &i, "prep", 0), 1, 19);
         else if (!strcmp(a, "--overwrite")) o.overwrite = 1;
@@ -381,6 +381,9 @@ int cmd_prep(int argc, char **argv) {
     char *builtin[2] = {path_join(cache, "corpus/english.jsonl"), path_join(cache, "corpus/chinese.jsonl")};
     if (!o.tokenizer) o.tokenizer = default_tok;
     if (!o.out) o.out = default_out;
+    struct stat ost;
+    if (stat(o.out, &ost) == 0 && !S_ISDIR(ost.st_mode))
+        die("--out '%s' is a file, not a directory: give the directory to write train/, val/ and tokenizer.tok into", o.out);
     char *earlier = earlier_output(o.out);
     if (earlier) check_earlier_is_prep(o.out);
     if (earlier && !o.overwrite)
@@ -473,6 +476,9 @@ int cmd_prep(int argc, char **argv) {
         doc_close(r);
     }
     pg.done = done_before;
+    if (train.docs == 0 && val.docs > 0)
+        die("every one of the corpus' %llu documents fell into the validation split (--val-fraction %g): lower --val-fraction or add documents",
+            (unsigned long long)val.docs, o.val_fraction);
     if (train.docs == 0)
         die("the corpus (%s%s) holds no documents for training: give non-empty text files (JSONL: a \"%s\" field per line)",
             files[0], n_files > 1 ? ", ..." : "", o.doc.text_key);

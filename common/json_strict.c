@@ -80,6 +80,18 @@ static size_t key_offset(const char *text, size_t len, const char *name) {
 
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
+// The value of 4 hex digits at p, or -1.
+static int hex4(const char *p) {
+    int v = 0;
+    for (int k = 0; k < 4; k++) {
+        const char c = p[k];
+        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
 // What cJSON lets through and JSON (RFC 8259) does not, found before it parses: a number it
 // would read by strtod's looser rules (032, 32., .5, +1, 1.e3), an integer beyond 2^53 (it keeps
 // doubles only, so 2^53 + 1 would silently become 2^53), a control character outside a string
@@ -97,6 +109,21 @@ static size_t lexical_problem(const char *text, size_t len, const char **what) {
                     if (i + 5 < len && text[i + 1] == 'u' && !strncmp(text + i + 2, "0000", 4)) {
                         *what = "\\u0000 in a string: a NUL cannot be held here; remove it";
                         return i;
+                    }
+                    // a UTF-16 surrogate must come as a pair, high then low: alone it stands for
+                    // no character (cJSON's error for it was a bare "syntax error")
+                    const int u = i + 5 < len && text[i + 1] == 'u' ? hex4(text + i + 2) : -1;
+                    if (u >= 0xDC00 && u <= 0xDFFF) {
+                        *what = "a lone UTF-16 low surrogate (\\uDC00..\\uDFFF) in a string: it stands for no character; remove it";
+                        return i;
+                    }
+                    if (u >= 0xD800 && u <= 0xDBFF) {
+                        const int lo = i + 11 < len && text[i + 6] == '\\' && text[i + 7] == 'u' ? hex4(text + i + 8) : -1;
+                        if (lo < 0xDC00 || lo > 0xDFFF) {
+                            *what = "a lone UTF-16 high surrogate (\\uD800..\\uDBFF) in a string, not followed by a low one: it stands for no character; remove it";
+                            return i;
+                        }
+                        i += 6;   // the pair's low half
                     }
                     i++;
                 }

@@ -73,6 +73,16 @@ $CLLA prep --tokenizer "$W/tok.tok" --out "$W/p6" --val-fraction 0 "$W/lower.jso
 [ $upper = 0 ] && cmp -s "$W/p5/train/shard_000000.bin" "$W/p6/train/shard_000000.bin"
 check $? "a .JSONL corpus is read as JSONL (the same shard as .jsonl)"
 
+python3 -c "import json; open('$W/m50.jsonl','w').write(''.join(json.dumps({'text':'doc %d'%i})+'\n' for i in range(50)))"
+expect_error "every document in the validation split" "every one of the corpus' 50 documents fell into the validation split (--val-fraction 0.999999)" \
+  $CLLA prep --tokenizer "$W/tok.tok" --out "$W/p7" --val-fraction 0.999999 "$W/m50.jsonl"
+
+echo hi > "$W/afile"
+expect_error "prep --out naming a file" "--out '$W/afile' is a file, not a directory" \
+  $CLLA prep --tokenizer "$W/tok.tok" --out "$W/afile" "$W/m50.jsonl"
+expect_error "--chunk-tokens 0 names the range it is refused by" "--chunk-tokens 0: out of range, use 1..16777216" \
+  $CLLA prep --tokenizer "$W/tok.tok" --out "$W/p9" --chunk-tokens 0 "$W/m50.jsonl"
+
 # encode/decode: any bytes come back, invalid UTF-8 included.
 { head -c 3000 "$FIX/chinese.jsonl"; printf '\xff\xfe\xc0\xaf\xed\xa0\x80 \x80abc\x00z<|endoftext|>'; } > "$W/bytes.bin"
 $CLLA tokenizer encode --tokenizer "$W/tok.tok" --file "$W/bytes.bin" > "$W/ids" &&
@@ -123,6 +133,14 @@ printf '{"text": "a"}{"text": "more text"}\n' > "$W/two.jsonl"
 expect_error "two JSON objects on one JSONL line" "two.jsonl:1 (byte offset 0): column" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/two.jsonl"
 printf '{"text": "a\\u0000b"}\n' > "$W/nul.jsonl"
 expect_error "\\u0000 in a JSONL text" "u0000 in a string" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/nul.jsonl"
+# a lone UTF-16 surrogate is named as such (it was a bare "JSON syntax error"); a pair is a character
+printf '{"text": "a\\ud800b"}\n' > "$W/sur.jsonl"
+expect_error "a lone high surrogate in a JSONL text" "a lone UTF-16 high surrogate" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/sur.jsonl"
+printf '{"text": "a\\udc00b"}\n' > "$W/sur.jsonl"
+expect_error "a lone low surrogate in a JSONL text" "a lone UTF-16 low surrogate" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$W/sur.jsonl"
+printf '{"text": "a\\ud83d\\ude00b"}\n' > "$W/pair.jsonl"
+$CLLA prep --tokenizer "$W/tok.tok" --out "$W/p8" --val-fraction 0 "$W/pair.jsonl" > /dev/null 2>&1
+check $? "a surrogate pair in a JSONL text is read"
 f=$(ls "$W"/p2/train/*.bin | head -1)
 expect_error "a token shard given as a text corpus" "holds a NUL byte" $CLLA prep --tokenizer "$W/tok.tok" --out "$W/e" "$f"
 printf '{"body": "x"}\n' > "$W/nokey.jsonl"
