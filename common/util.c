@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,10 +102,34 @@ double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// A stream that cannot seek (a pipe, /dev/stdin, <(...)): read in growing steps to its end.
+static char *read_stream(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap + 1);
+    for (size_t got; (got = fread(buf + n, 1, cap - n, f)) > 0;) {
+        n += got;
+        if (n == cap) {
+            if (cap > SIZE_MAX / 2 - 1) { free(buf); fclose(f); errno = EFBIG; return NULL; }
+            cap *= 2;
+            buf = xrealloc(buf, cap + 1);
+        }
+    }
+    const int err = ferror(f);
+    fclose(f);
+    if (err) { free(buf); errno = EIO; return NULL; }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
 char *read_file(const char *path, size_t *len) {
     FILE *f = fopen_read(path);
     if (!f) return NULL;
-    if (fseeko(f, 0, SEEK_END) != 0) { fclose(f); return NULL; }
+    if (fseeko(f, 0, SEEK_END) != 0) {
+        if (errno == ESPIPE) return read_stream(f, len);
+        fclose(f);
+        return NULL;
+    }
     off_t size = ftello(f);
     if (size < 0 || fseeko(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
     char *buf = xmalloc((size_t)size + 1);

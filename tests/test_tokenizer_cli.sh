@@ -56,5 +56,10 @@ a=$("$CLLA" tokenizer encode --tokenizer x.tok --file in.txt) && b=$("$CLLA" tok
 "$CLLA" tokenizer train --pattern gpt2 --out n.tok --vocab-size 300 --special none "$FIX/english.jsonl" > /dev/null 2>&1 &&
     ! "$CLLA" tokenizer info --tokenizer n.tok | grep -q '=' && ok "--special none alone gives no special tokens" || fail "--special none alone"
 
+# a pipe (stdin, <(...)) is read to its end like a file (it failed with "Illegal seek")
+a=$(printf 'from the file' | "$CLLA" tokenizer encode --tokenizer <(cat x.tok) --file /dev/stdin) &&
+    [ -n "$a" ] && [ "$a" = "$("$CLLA" tokenizer encode --tokenizer x.tok --file in.txt)" ] &&
+    ok "encode reads --file and --tokenizer from pipes" || fail "encode from pipes: '$a'"
+
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
