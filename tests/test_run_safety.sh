@@ -152,6 +152,15 @@ expect_error "(2) a finished run without checkpoints" "no checkpoint to continue
     "$CLLA" train --config c.json --out r2 --quiet --resume auto --set train.max_steps=12
 snapshot r2 | cmp -s - r2.before && ok "(2) the refused resume left r2 untouched" || fail "(2) r2 changed"
 
+# a path setting written another way that names the same file is not a change (the quickstart's
+# absolute --set train.data against its config's configs/../ path was reported as one)
+mkdir -p sub
+"$CLLA" train --config c.json --out r_path --quiet --save-every 2 --set train.max_steps=2 2> /dev/null
+"$CLLA" train --config c.json --out r_path --quiet --resume auto --set train.max_steps=4 --set train.data="$WORK/sub/../tok.bin" 2> rp.err
+rc=$?
+[ "$rc" -eq 0 ] && grep -q "train.max_steps changed" rp.err && ! grep -q "train.data changed" rp.err &&
+    ok "(2) a resume with train.data spelled another way reports only the real change" || fail "(2) path spelled another way: rc $rc: $(cat rp.err)"
+
 # ---------------------------------------------------------------- (3) two trainings at once
 cat > long.json <<EOF
 {$MODEL, "train": {"data": "tok.bin", "max_steps": 100000, "micro_batch": 2, $TRAIN}}

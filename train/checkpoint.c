@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -722,6 +723,14 @@ void ckpt_read_config(const char *dir, Config *saved) {
 
 static char *json_text(const cJSON *v) { return v ? cJSON_PrintUnformatted(v) : xstrdup("(absent)"); }
 
+// Two path strings that name the same existing file or directory ("a/../b" and "b", a link and
+// its target): not a change of the setting.
+static int same_existing_path(const cJSON *x, const cJSON *y) {
+    if (!cJSON_IsString(x) || !cJSON_IsString(y) || !x->valuestring[0] || !y->valuestring[0]) return 0;
+    char a[PATH_MAX], b[PATH_MAX];
+    return realpath(x->valuestring, a) && realpath(y->valuestring, b) && !strcmp(a, b);
+}
+
 int ckpt_compare_config(const Config *saved, const Config *cur, const char *dir) {
     cJSON *a = config_to_json(saved), *b = config_to_json(cur);
     for (const cJSON *x = b->child; x; x = x->next) {
@@ -736,7 +745,7 @@ int ckpt_compare_config(const Config *saved, const Config *cur, const char *dir)
     const cJSON *ta = cJSON_GetObjectItemCaseSensitive(a, "train"), *tb = cJSON_GetObjectItemCaseSensitive(b, "train");
     for (const cJSON *x = tb ? tb->child : NULL; x; x = x->next) {
         const cJSON *y = cJSON_GetObjectItemCaseSensitive(ta, x->string);
-        if (y && cJSON_Compare(x, y, 1)) continue;
+        if (y && (cJSON_Compare(x, y, 1) || same_existing_path(x, y))) continue;
         char *was = json_text(y), *now = json_text(x);
         fprintf(stderr, "clla: resume: train.%s changed from %s (checkpoint) to %s; the new value applies from here on\n",
                 x->string, was, now);
