@@ -311,35 +311,66 @@ static int is_val(const Block *b, size_t i, const PrepOptions *o) {
     return (double)(h >> 11) * (1.0 / 9007199254740992.0) < o->val_fraction;
 }
 
-static int verify(const PrepOptions *o) {
-    uint64_t want = 0;
-    if (o->tokenizer) {
-        Tokenizer *t = tok_load(o->tokenizer);
-        want = tok_hash(t);
-        tok_free(t);
-    }
+// Reads every chunk of the shards at path (checksums, decompression), each checked against the
+// tokenizer hash want (0: any); the shards and tokens found are added to *n_shards, *tokens.
+static void verify_shards(const char *path, uint64_t want, const char *tok_path, ShardReadBuf *rb, int *n_shards, uint64_t *tokens) {
     int n = 0;
-    char **paths = shard_list(o->verify, &n);
-    ShardReadBuf *rb = shard_readbuf_new();
-    uint64_t tokens = 0;
+    char **paths = shard_list(path, &n);
     char err[512];
     for (int i = 0; i < n; i++) {
         Shard s;
         if (shard_open(&s, paths[i], err, sizeof(err)) != 0) die("%s", err);
         if (want && s.tokenizer_hash != want)
             die("shard '%s' was made with another tokenizer (hash %016llx at offset 32, '%s' has %016llx): re-run clla prep with it",
-                paths[i], (unsigned long long)s.tokenizer_hash, o->tokenizer, (unsigned long long)want);
+                paths[i], (unsigned long long)s.tokenizer_hash, tok_path, (unsigned long long)want);
         uint32_t *buf = xmalloc((size_t)s.chunk_tokens * sizeof(uint32_t));
         for (uint32_t c = 0; c < s.n_chunks; c++)
             if (shard_read_chunk(&s, c, rb, buf, err, sizeof(err)) != 0) die("%s", err);
-        tokens += s.n_tokens;
+        *tokens += s.n_tokens;
         free(buf);
         shard_close(&s);
         free(paths[i]);
     }
     free(paths);
+    *n_shards += n;
+}
+
+// --verify PATH: a shard file, a directory of shards or a glob; or a prep output directory (its
+// train/ and val/, against its tokenizer.tok unless --tokenizer names another).
+static int verify(const PrepOptions *o) {
+    char *train = path_join(o->verify, "train"), *val = path_join(o->verify, "val"), *own_tok = path_join(o->verify, "tokenizer.tok");
+    struct stat st;
+    const int prep_dir = stat(train, &st) == 0 && S_ISDIR(st.st_mode);
+    const char *tok_path = o->tokenizer ? o->tokenizer : prep_dir && access(own_tok, R_OK) == 0 ? own_tok : NULL;
+    uint64_t want = 0;
+    if (tok_path) {
+        Tokenizer *t = tok_load(tok_path);
+        want = tok_hash(t);
+        tok_free(t);
+    }
+    ShardReadBuf *rb = shard_readbuf_new();
+    int n = 0;
+    uint64_t tokens = 0;
+    if (!prep_dir) {
+        verify_shards(o->verify, want, tok_path, rb, &n, &tokens);
+    } else {
+        const char *splits[] = {train, val};
+        for (int k = 0; k < 2; k++) {
+            if (k == 1 && stat(val, &st) != 0) continue;   // prep made no validation split
+            int ns = 0;
+            uint64_t nt = 0;
+            verify_shards(splits[k], want, tok_path, rb, &ns, &nt);
+            printf("ok: %s: %d shard%s, %llu tokens\n", splits[k], ns, ns == 1 ? "" : "s", (unsigned long long)nt);
+            n += ns;
+            tokens += nt;
+        }
+    }
     shard_readbuf_free(rb);
-    printf("ok: %d shard%s, %llu tokens\n", n, n == 1 ? "" : "s", (unsigned long long)tokens);
+    printf("ok: %d shard%s, %llu tokens%s%s\n", n, n == 1 ? "" : "s", (unsigned long long)tokens, tok_path ? ", made with " : "",
+           tok_path ? tok_path : "");
+    free(train);
+    free(val);
+    free(own_tok);
     return 0;
 }
 

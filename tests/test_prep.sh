@@ -41,6 +41,9 @@ n_train=$(ls "$W/p1/train" | wc -l)
 ok=0; for f in "$W"/p1/train/*.bin "$W"/p1/val/*.bin; do cmp -s "$f" "${f/p1/p2}" || ok=1; done
 check $ok "shards are identical for 1 and 2 threads (split by content, order kept)"
 $CLLA prep --verify "$W/p1/train" --tokenizer "$W/tok.tok" > "$W/v.log" 2>&1; check $? "prep --verify accepts its shards"
+$CLLA prep --verify "$W/p1" > "$W/v2.log" 2>&1 && grep -q "^ok: .*/p1/train: " "$W/v2.log" && grep -q "^ok: .*/p1/val: " "$W/v2.log" &&
+  grep -q "made with .*/p1/tokenizer.tok" "$W/v2.log"
+check $? "prep --verify of a prep output directory checks train/ and val/ against its tokenizer.tok"
 cmp -s "$W/p1/tokenizer.tok" "$W/tok.tok"; check $? "prep stores the tokenizer beside the shards"
 
 # An earlier prep's output is not replaced without --overwrite; with it, a second run with bigger
