@@ -54,7 +54,7 @@ static const ArgSpec SPECS[] = {
 typedef struct Prompt {
     char *text;
     size_t len;
-    char origin[256];    // "--prompt 2", "FILE line 7": for messages
+    char origin[320];    // "prompt [1] (--prompt 2)", "prompt [6] (FILE line 7)": for messages, with the index of the output
 } Prompt;
 
 typedef struct PromptList {
@@ -73,7 +73,8 @@ static void add_prompt(PromptList *pl, const char *text, size_t len, const char 
     memcpy(p->text, text, len);
     p->text[len] = 0;
     p->len = len;
-    snprintf(p->origin, sizeof(p->origin), "%s", origin);
+    // the index the output gives it ("[1] text", "index": 1), then where it came from
+    snprintf(p->origin, sizeof(p->origin), "prompt [%d] (%.256s)", pl->n - 1, origin);
 }
 
 

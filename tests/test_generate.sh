@@ -289,8 +289,9 @@ expect_error "package with an unknown codec in its cache section" "bf17" "$CLLA"
 cp -r pkg32 pkgver
 sed -i -E 's/("version":[[:space:]]*)1/\12/' pkgver/config.json
 expect_error "package of another format version" "version" "$CLLA" generate --model pkgver --prompt a
-"${G[@]}" --prompt $'the \xff\xfe cat' --max-new-tokens 4 > utf.out 2> utf.err
-[ $? -eq 0 ] && grep -q 'warning: .*not valid UTF-8' utf.err
+"${G[@]}" --prompt the --prompt $'the \xff\xfe cat' --max-new-tokens 4 > utf.out 2> utf.err
+# the message numbers the prompt as the output does ([1], the second), and names its option
+[ $? -eq 0 ] && grep -q 'warning: prompt \[1\] (--prompt 2) is not valid UTF-8' utf.err && grep -q '^\[1\] ' utf.out
 check $? "a prompt that is not valid UTF-8: its bytes are encoded, with a warning: $(head -n 1 utf.err)"
 
 # export: nothing may appear at --out, nor a temporary beside it
