@@ -505,8 +505,11 @@ int cmd_train(int argc, char **argv) {
                 snprintf(safe, sizeof(safe), "no checkpoint saved since the resume from %s gave a finite step after it; one saved before "
                          "that may have (metrics.jsonl shows which steps were finite): resume it with --resume PATH and a lower train.lr",
                          kc.resumed);
-            else snprintf(safe, sizeof(safe), "%s", kc.saved[0] ? "no checkpoint is safe: each was saved after the weights had diverged; start over with a lower train.lr (--overwrite)"
-                                                               : "no checkpoint was saved before it: start over with a lower train.lr (--overwrite), and set --save-every");
+            else if (kc.saved[0])
+                snprintf(safe, sizeof(safe), "no checkpoint is safe: each was saved after the weights had diverged; start over with a lower train.lr (--overwrite)");
+            else   // with checkpoints on, the run stopped before the first one: --save-every is set
+                snprintf(safe, sizeof(safe), "no checkpoint was saved before it: start over with a lower train.lr (--overwrite)%s",
+                         tc->save_every ? "" : ", and set --save-every to keep checkpoints");
             die("step %d: the loss or gradient norm is not finite (loss %g, norm %g; %d such step%s in a row, train.max_consecutive_skips = %d): stopping; %s",
                 step + 1, loss, norm, st.consecutive_skips, st.consecutive_skips == 1 ? "" : "s", tc->max_consecutive_skips, safe);
         }

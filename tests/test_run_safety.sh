@@ -338,6 +338,12 @@ if [ "$rc" -eq 1 ] && echo "$last" | grep -q "step 2: the loss or gradient norm 
 else
     fail "(8) NaN at step 2: exit $rc: $last ($(wc -l < r8/metrics.jsonl) metrics lines)"
 fi
+# no checkpoint yet when it diverged: --save-every is advised only when it is off
+"$CLLA" train --config c.json --out r8s --quiet --save-every 5 --set train.lr=1e30 --set train.min_lr=0 --set train.warmup_steps=0 2> r8s.err
+"$CLLA" train --config c.json --out r8n --quiet --set train.lr=1e30 --set train.min_lr=0 --set train.warmup_steps=0 2> r8n.err
+grep -q "no checkpoint was saved before it: start over with a lower train.lr (--overwrite)$" r8s.err &&
+    grep -q "no checkpoint was saved before it: .*, and set --save-every to keep checkpoints" r8n.err &&
+    ok "(8) --save-every advised only when it is off: $(tail -n 1 r8s.err | cut -c1-60)..." || fail "(8) --save-every advice: $(tail -n 1 r8s.err) | $(tail -n 1 r8n.err)"
 "$CLLA" train --config c.json --out r8b --quiet --save-every 2 --stop-at 4 2> /dev/null
 "$CLLA" train --config c.json --out r8b --quiet --save-every 1 --resume auto --set train.lr=1e30 --set train.min_lr=0 2> r8b.err
 last=$(tail -n 1 r8b.err)
