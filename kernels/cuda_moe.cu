@@ -177,8 +177,10 @@ __global__ void moe_aux_kernel(float *out, const float *probs, const float *lse,
 
 extern "C" void cuda_moe_aux_forward(float *out, const float *probs, const float *lse, const int *counts, int N,
                                      int E, int K, float aux_coef, float z_coef) {
-    moe_aux_kernel<<<1, 256, (size_t)E * sizeof(double)>>>(out, probs, lse, counts, N > 0 ? N : 0, E, K, aux_coef,
-                                                            z_coef);
+    const size_t bytes = (size_t)E * sizeof(double);
+    // past the default 48 KiB (E > 6144) the kernel opts in to more, as the attention kernels do
+    if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(moe_aux_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    moe_aux_kernel<<<1, 256, bytes>>>(out, probs, lse, counts, N > 0 ? N : 0, E, K, aux_coef, z_coef);
     CUDA_LAUNCHED();
 }
 

@@ -38,7 +38,9 @@ __global__ void xent_backward_kernel(bf16 *dlogits, const bf16 *logits, const in
     bf16 *dl = dlogits + row * V;
     float m, sum;
     row_stats(l, V, sh, &m, &sum);
-    const float shift = m + logf(sum);
+    // a target outside [0, V) (never from checked data) gets NaN here as its loss did in the
+    // forward, instead of a gradient without its one-hot term (the CPU op asserts)
+    const float shift = (tgt >= 0 && tgt < V) ? m + logf(sum) : __int_as_float(0x7FC00000);
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
         const float p = expf(ld(l + i) - shift);
         dl[i] = to_bf16(ld(dl + i) + dloss * (p - (i == tgt ? 1.0f : 0.0f)));

@@ -833,6 +833,7 @@ static void test_expert_matmul_both(int E, int C, int OC, const int *rows_per_ex
 // CPU op (the CPU side takes seconds on a GPU machine's cores).
 static void test_production(void) {
     test_matmul(8192, 2048, 5632, 0);          // dense ~1B: tokens x d_model x d_ff
+    test_matmul(8193, 2048, 512, 0);           // dinp past the 64 MiB fp32 scratch: two chunks
     test_matmul_residual_rounding(8192, 5632, 2048);   // its down projection into the residual stream
     test_attention_both(1, 2048, 4, 4, 64, 64, 0);
     test_attention_both(1, 2048, 4, 2, 128, 128, 0);
@@ -925,6 +926,7 @@ int main(int argc, char **argv) {
     test_attention(1, 70, 4, 2, 96, 64);    // tensor cores: the 128 / 64 instantiation (kernels/cuda_attention_tc.cu)
     test_attention(1, 90, 2, 2, 176, 48);   // the 192 / 64 one
     test_attention(1, 80, 2, 1, 64, 144);   // values wider than 128: the warp kernels take it
+    test_attention_both(1, 2, 65552, 1, 16, 16, 0);   // B NH past the tensor-core grid's 65535: the warp kernels take it
 
     test_xent(1, 5);
     test_xent(7, 1001);
@@ -943,6 +945,7 @@ int main(int argc, char **argv) {
     test_moe(37, 40, 8, 2, 0, 1);
     test_moe(64, 33, 6, 2, 12, 1);    // capacity drops
     test_moe(50, 96, 16, 4, 9, 0);
+    test_moe(300, 40, 8, 2, 40, 1);   // N K = 600 > 256: the block scans' later chunks, drops across them
     test_expert_matmul_both(4, 40, 56, (const int[]){7, 0, 33, 1}, 0);
     test_expert_matmul_both(3, 64, 96, (const int[]){0, 65, 0}, 5);
     // several 128-row tiles per expert, the last one short; C and OC past one 128 tile and
