@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/args.h"
 #include "common/num.h"
@@ -126,10 +127,12 @@ static int do_train(int argc, char **argv) {
         if (strlen(specials[i]) > TOK_MAX_TOKEN_BYTES)
             die("--special '%.24s...' has %zu bytes: a token holds at most %d", specials[i], strlen(specials[i]), TOK_MAX_TOKEN_BYTES);
     }
-    for (int f = 0; f < n_files; f++) {   // all there before the first is read (a long count lost to a typo)
-        FILE *probe = fopen_read(files[f]);
-        if (!probe) die("cannot read corpus file '%s': %s", files[f], strerror(errno));
-        fclose(probe);
+    // all there before the first is read (a long count lost to a typo); stat and access, not an
+    // open, which would wait on a FIFO for its writer
+    for (int f = 0; f < n_files; f++) {
+        struct stat st;
+        if (stat(files[f], &st) != 0 || access(files[f], R_OK) != 0) die("cannot read corpus file '%s': %s", files[f], strerror(errno));
+        if (S_ISDIR(st.st_mode)) die("corpus file '%s' is a directory: give the text files in it", files[f]);
     }
     if (vocab < 256 + n_specials)
         die("--vocab-size %lld is too small: the 256 byte tokens and the %d special token%s need at least %d ids", vocab, n_specials,

@@ -164,7 +164,9 @@ int moe_capacity(const ModelConfig *c, int N) {
     if (c->n_routed_experts <= 0 || c->moe_capacity_factor <= 0.0f) return 0;
     // in double from the float knob: the PyTorch twin computes the same expression
     double cap = ceil((double)N * c->num_experts_per_tok / c->n_routed_experts * (double)c->moe_capacity_factor);
-    return cap < 1.0 ? 1 : (int)cap;
+    // an expert receives each token at most once: a capacity of N drops nothing, as any larger
+    // one would (and a factor of 1e30 does not overflow the int)
+    return cap < 1.0 ? 1 : cap >= (double)N ? N : (int)cap;
 }
 
 long long moe_inactive_params(const Model *m) {

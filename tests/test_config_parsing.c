@@ -10,6 +10,7 @@
 #include "common/num.h"
 #include "model/config_hf.h"
 #include "model/mem_plan.h"
+#include "model/moe.h"
 #include "model/tensor_table.h"
 #include "tests/lib/check.h"
 
@@ -164,8 +165,25 @@ static void test_table(void) {
     table_free(&plan);
 }
 
+// The expert capacity: ceil(N K / E * factor), at least 1, and at most N (an expert receives each
+// token once, so N drops nothing; a factor of 1e30 converted to int was undefined behaviour).
+static void test_moe_capacity(void) {
+    ModelConfig c = {0};
+    c.n_routed_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_capacity_factor = 1.5f;
+    CHECK(moe_capacity(&c, 100) == 38, "capacity(100 tokens, 2 of 8, 1.5) = %d, want ceil(37.5) = 38", moe_capacity(&c, 100));
+    c.moe_capacity_factor = 1e-9f;
+    CHECK(moe_capacity(&c, 100) == 1, "a tiny factor gives capacity %d, want 1", moe_capacity(&c, 100));
+    c.moe_capacity_factor = 1e30f;
+    CHECK(moe_capacity(&c, 100) == 100, "factor 1e30 gives capacity %d, want N = 100", moe_capacity(&c, 100));
+    c.moe_capacity_factor = 0.0f;
+    CHECK(moe_capacity(&c, 100) == 0, "factor 0 (no dropping) gives capacity %d, want 0", moe_capacity(&c, 100));
+}
+
 int main(void) {
     test_integers();
+    test_moe_capacity();
     test_floats();
     test_checked();
     test_json();
