@@ -9,7 +9,7 @@
 # the command: one that is finished says so and exits 0 at once.
 # Ctrl-C or SIGTERM: the command (in a session of its own, so that the terminal's Ctrl-C does not
 # reach it a second time) gets one SIGTERM, saves a checkpoint and stops, and this script stops
-# with it instead of restarting.
+# with it instead of restarting. Under mpirun the ranks get the signal, not mpirun.
 # CLLA_MAX_ATTEMPTS (default 100) bounds the restarts; CLLA_RETRY_SLEEP (10 s) spaces them;
 # CLLA_MAX_STALLS (default 3) ends it after that many attempts in a row that saved no new
 # checkpoint: a bad config or a missing file fails the same way every time, and a hundred
@@ -37,10 +37,23 @@ finished() {
     [ -n "$max" ] && [ "$max" -eq "$step" ]
 }
 stop="" child=""
+# SIGTERM to the command's processes (its session, made by setsid below), but not to an MPI
+# launcher among them: mpirun passes a SIGTERM on only after about two seconds and kills the
+# ranks right after, which cuts a longer save off (docs/DISTRIBUTED.md, "Signal the ranks, not
+# mpirun"); a signal to one rank is enough. A plain command gets the signal itself.
+signal_command() {
+    local p comm sent=0
+    for p in $(pgrep -s "$child" 2> /dev/null); do
+        comm=$(cat "/proc/$p/comm" 2> /dev/null) || continue
+        case $comm in mpirun | mpiexec | orterun | prterun | prte | orted | prted | srun | bash | sh | dash) continue ;; esac
+        kill -TERM "$p" 2> /dev/null && sent=1
+    done
+    [ "$sent" = 1 ] || kill -TERM "$child" 2> /dev/null
+}
 forward() {
     [ -n "$stop" ] && return   # one signal for the command: a second one would end it before its save
     stop=$1
-    [ -n "$child" ] && kill -TERM "$child" 2> /dev/null
+    [ -n "$child" ] && signal_command
 }
 trap 'forward INT' INT
 trap 'forward TERM' TERM

@@ -18,6 +18,8 @@ APT_PACKAGES=(
   libopenblas-dev python3 python3-numpy python3-torch
   # data-parallel training over MPI (tests/test_dist.sh, launch/)
   libopenmpi-dev openmpi-bin
+  # pgrep/pkill (launch/resume_until_done.sh signals the ranks of its command, not mpirun)
+  procps
   # the plots of launch/sweep (docs/SWEEPS.md), for Debian's python3
   python3-matplotlib
 )

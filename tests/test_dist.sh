@@ -287,6 +287,27 @@ if [ -f hang.rc ]; then
     fi
 fi
 
+# ---------------------------------------------------------------- (c1) a stop under resume_until_done
+# SIGTERM to launch/resume_until_done.sh running launch/run_single_node.sh: the ranks get it, not
+# mpirun (which kills them about 2 s after it passes a SIGTERM on), so a save that takes 3 s
+# completes: the newest checkpoint is the step the stop was asked after, and no .tmp is left.
+( CLLA="$CLLA" CLLA_BIND=none CLLA_MAP=slot CLLA_RETRY_SLEEP=0 CLLA_TEST_CKPT_PAUSE_MS=3000 \
+    bash "$SRC/launch/resume_until_done.sh" rud bash "$SRC/launch/run_single_node.sh" 2 dense.json --out rud --quiet \
+    --set train.max_steps=100000000 --save-every 100000 > rud.log 2>&1 ) &
+rud_pid=$!
+for ((i = 0; i < 300; i++)); do grep -q '"step":20' rud/metrics.jsonl 2> /dev/null && break; sleep 0.1; done
+pkill -TERM -f "resume_until_done.sh rud" 2> /dev/null
+for ((i = 0; i < 300; i++)); do kill -0 "$rud_pid" 2> /dev/null || break; sleep 0.1; done
+kill -KILL "$rud_pid" 2> /dev/null
+newest=$(ls rud/checkpoints 2> /dev/null | grep '^step_' | tail -n 1)
+stopped=$(grep -o 'stopped after step [0-9]*' rud.log | grep -o '[0-9]*$')
+if [ -n "$stopped" ] && [ "$newest" = "$(printf 'step_%08d' "$stopped")" ] && ! ls -a rud/checkpoints | grep -q '^\.tmp' &&
+   grep -q "resume_until_done: SIGTERM: stopped after attempt 1" rud.log; then
+    ok "(c1) SIGTERM to resume_until_done over mpirun: a 3 s save completes ($newest), no restart"
+else
+    fail "(c1) SIGTERM to resume_until_done over mpirun: newest '$newest', stopped '$stopped': $(tail -n 4 rud.log | tr '\n' '|')"
+fi
+
 # ---------------------------------------------------------------- (d) refusals
 awk 'BEGIN { for (i = 0; i < 3000; i++) printf "%c%c%c%c", 65 + i % 50, 0, 0, 0 }' > plain.bin
 run 2 plain --config dense.json --set train.data=plain.bin
