@@ -17,9 +17,10 @@ CLLA=${CLLA:-$HERE/../build/clla}
 ROOT=(); [ "$(id -u)" = 0 ] && ROOT=(--allow-run-as-root)
 MAP=${CLLA_MAP:-slot}
 if [ -z "${CLLA_MAP:-}" ] && [ -n "${CLLA_PER_NODE:-}" ]; then MAP=ppr:$CLLA_PER_NODE:node; fi
-# -x passes only what is set (mpirun warns about a variable it cannot find)
+# -x passes only what is set (mpirun warns about a variable it cannot find): every NCCL_* of this
+# environment (env.sh's NCCL_NET_GDR_LEVEL among them), so that every node runs NCCL alike
 PASS=()
-for v in OMP_NUM_THREADS NCCL_SOCKET_IFNAME NCCL_IB_DISABLE NCCL_DEBUG PATH LD_LIBRARY_PATH; do
+for v in OMP_NUM_THREADS PATH LD_LIBRARY_PATH $(compgen -e | grep '^NCCL_'); do
     [ -n "${!v+x}" ] && PASS+=(-x "$v")
 done
 exec mpirun "${ROOT[@]}" --hostfile "$HOSTFILE" -np "$N" --map-by "$MAP" --bind-to none "${PASS[@]}" \

@@ -11,7 +11,9 @@
 #      rank, and the last checkpoint loads; a stopped (hung) rank: the watchdog ends the job;
 #  (d) refusals: a plain token file with 2 ranks, a global batch that does not divide;
 #  (e) two "hosts" as network namespaces joined over TCP with a hostfile
-#      (launch/netns_two_hosts.sh), when run as root with `ip netns` available.
+#      (launch/netns_two_hosts.sh), when run as root with `ip netns` available;
+#  (f) the launch scripts' environment: run_multi_node.sh passes NCCL_* to other nodes,
+#      slurm.sbatch finds launch/ when SLURM runs a spooled copy of it.
 # Skips (77) when the binary has no MPI or mpirun is missing. Prints "N passed, M failed".
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -376,6 +378,29 @@ if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then
 else
     echo "     (two-host case skipped: needs root and ip netns)"
 fi
+
+# ---------------------------------------------------------------- (f) the launch scripts' environment
+# run_multi_node.sh: every NCCL_* of this environment reaches the ranks of other nodes. The remote
+# side is started by a stand-in for ssh with a clean environment, as ssh does; each "rank" prints
+# what it got. slurm.sbatch as SLURM runs it: a copy in a spool directory, found launch/ through
+# SLURM_SUBMIT_DIR (it looked beside the copy), srun a stand-in that prints its command.
+printf 'localhost slots=1\nnodeb slots=1\n' > hosts2.txt
+printf '#!/bin/sh\nhost=$1; shift\nexec env -i PATH=/usr/bin:/bin HOME=/root sh -c "$*"\n' > fakessh.sh
+printf '#!/bin/sh\necho "rank $OMPI_COMM_WORLD_RANK: GDR=${NCCL_NET_GDR_LEVEL-unset} IB=${NCCL_IB_DISABLE-unset}"\n' > showenv.sh
+chmod +x fakessh.sh showenv.sh
+CLLA_IB=1 CLLA="$PWD/showenv.sh" OMPI_MCA_plm_rsh_agent="$PWD/fakessh.sh" timeout 60 bash "$SRC/launch/run_multi_node.sh" hosts2.txt 2 dense.json > mn.out 2>&1
+[ "$(grep -c 'GDR=PHB IB=0' mn.out)" = 2 ] && ok "run_multi_node.sh: NCCL_NET_GDR_LEVEL and NCCL_IB_DISABLE reach the other node's rank" ||
+    fail "run_multi_node.sh environment: $(tr '\n' '|' < mn.out | head -c 300)"
+mkdir -p spool/job42 fakebin
+cp "$SRC/launch/slurm.sbatch" spool/job42/slurm_script
+printf '#!/bin/sh\necho "srun $*"\n' > fakebin/srun
+chmod +x spool/job42/slurm_script fakebin/srun
+(cd "$SRC" && PATH="$WORK/fakebin:$PATH" SLURM_SUBMIT_DIR="$SRC" SLURM_CPUS_PER_TASK=1 "$WORK/spool/job42/slurm_script" c.json runs/x) > sb.out 2>&1
+grep -q "^srun --mpi=pmix --kill-on-bad-exit=1 .*/build/clla train --config c.json --out runs/x --resume auto" sb.out &&
+    ok "slurm.sbatch run from a spool directory finds launch/ through SLURM_SUBMIT_DIR" || fail "slurm.sbatch from a spool copy: $(cat sb.out)"
+PATH="$WORK/fakebin:$PATH" "$WORK/spool/job42/slurm_script" > sb2.out 2>&1
+[ $? -eq 2 ] && grep -q "usage: sbatch launch/slurm.sbatch CONFIG OUT" sb2.out && ok "slurm.sbatch without arguments prints its usage" ||
+    fail "slurm.sbatch without arguments: $(cat sb2.out)"
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
