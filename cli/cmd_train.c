@@ -209,9 +209,11 @@ int cmd_train(int argc, char **argv) {
         clear_run_dir = run_start_choose(tc, resume, overwrite, ckpt, sizeof(ckpt));
     }
     dist_bcast(&dist, ckpt, sizeof(ckpt), 0);
+    TrainConfig saved_train = {0};   // the checkpoint's run settings (its global batch, below)
     if (ckpt[0]) {
         Config saved;
         ckpt_read_config(ckpt, &saved);
+        saved_train = saved.train;
         // the checkpoint's data tokenizer is what this run's data must have
         if (!tc->tokenizer_hash[0]) snprintf(tc->tokenizer_hash, sizeof(tc->tokenizer_hash), "%s", saved.train.tokenizer_hash);
         if (rank0) ckpt_compare_config(&saved, &cfg, ckpt);   // dies on a model change: mpirun ends the job
@@ -290,6 +292,19 @@ int cmd_train(int argc, char **argv) {
     if (ckpt[0]) {
         ckpt_load(ckpt, &model, &opt, &st);
         st.seed = tc->seed;
+        // the data position is a place in the order of global batches: another global batch
+        // (rows a step) reads other windows. Said here with the numbers; with
+        // train.global_batch_tokens 0 it follows the rank count, which is easy to miss.
+        if (rank0 && saved_train.seq_len == T) {
+            const long long had = saved_train.global_batch_tokens ? saved_train.global_batch_tokens / T
+                                                                   : (long long)saved_train.micro_batch * st.saved_world;
+            const long long now = (long long)B * n_micro * dist.world;
+            if (had != now)
+                die("cannot resume from '%s': it was saved with a global batch of %lld sequences a step (%s%lld on %d rank%s) and this run's is %lld (%d rank%s): give the same global batch, train.global_batch_tokens = %lld, or resume on %d rank%s",
+                    ckpt, had, saved_train.global_batch_tokens ? "train.global_batch_tokens / seq_len, " : "train.global_batch_tokens 0: micro_batch ",
+                    saved_train.global_batch_tokens ? had : (long long)saved_train.micro_batch, st.saved_world, st.saved_world == 1 ? "" : "s",
+                    now, dist.world, dist.world == 1 ? "" : "s", had * T, st.saved_world, st.saved_world == 1 ? "" : "s");
+        }
         loader_set_state(train_dl, &st.data);
         kc.saved_step = st.step;
         // the resumed checkpoint is pending (safe once the next step is finite) unless it was

@@ -318,6 +318,15 @@ grep -q 'plain uint32 token file.*clla prep' plain.err && ok "2 ranks on a plain
 run 4 odd --config dense.json --set train.global_batch_tokens=128
 grep -q 'not a multiple of micro_batch \* seq_len \* ranks' odd.err && ok "global batch of 2 micro-batches on 4 ranks: refused" ||
     fail "global batch not divisible: $(tail -n 3 odd.err | tr '\n' ' ')"
+# train.global_batch_tokens 0 (one micro-batch a rank): the global batch follows the rank count,
+# so a resume on another count reads other windows: refused with the numbers and the setting that
+# keeps the global batch, with which it resumes
+run 2 gb0 --config dense.json --set train.global_batch_tokens=0 --stop-at 2
+run 1 gb0 --config dense.json --set train.global_batch_tokens=0 --resume auto
+grep -q "global batch of 4 sequences a step (train.global_batch_tokens 0: micro_batch 2 on 2 ranks) and this run's is 2 (1 rank): give the same global batch, train.global_batch_tokens = 128" gb0.err &&
+    run 1 gb0 --config dense.json --set train.global_batch_tokens=128 --resume auto &&
+    ok "a resume on another rank count with global_batch_tokens 0: refused naming both batches; resumes with the setting given" ||
+    fail "global_batch_tokens 0 across rank counts: $(tail -n 2 gb0.err | tr '\n' ' ')"
 # ranks that do not agree (rank 1 started with other settings or other data: a config edited
 # while the job started, node-local files): one line from rank 0, not drifting replicas, a
 # crash in a collective of another size or a hang
