@@ -26,6 +26,7 @@
 #include "model/model_dir.h"
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/one_process.h"
 #include "cli/cache_codec_args.h"
 #include "cli/model_source.h"
 #include "cli/open_tokenizer.h"
@@ -657,6 +658,7 @@ int cmd_eval(int argc, char **argv) {
         dist_finalize(&dist);
         return rc;
     }
+    cli_one_process("clla eval --data or --ppl (--bench splits its items over the ranks)");
     if (args_get(&a, SPECS, N_SPECS, "ppl")) return eval_ppl(&a, dir);
     if (args_get(&a, SPECS, N_SPECS, "stride")) die("--stride applies with --ppl: add --ppl FILE, or drop --stride");
     for (size_t i = 0; i < sizeof(BENCH_ONLY) / sizeof(BENCH_ONLY[0]); i++)

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/one_process.h"
 #include "common/unfinished.h"
 #include "common/version.h"
 
@@ -14,19 +15,20 @@ typedef struct Subcommand {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *summary;
+    int ranks;   // 1: runs data parallel under mpirun (train; eval checks its own modes); 0: one process only
 } Subcommand;
 
 static const Subcommand SUBCOMMANDS[] = {
-    {"prep", cmd_prep, "tokenize corpus files into train/validation token shards"},
-    {"tokenizer", cmd_tokenizer, "train a BPE vocabulary, encode/decode text, import GPT-2's"},
-    {"train", cmd_train, "train a model from a config on token data"},
-    {"eval", cmd_eval, "loss and perplexity of a saved model on token data"},
-    {"info", cmd_info, "parameter counts, memory and KV-cache bytes of a config"},
-    {"generate", cmd_generate, "generate text from a model: batched prompts, greedy or sampled, through the KV cache"},
-    {"export", cmd_export, "write an inference package (weights fp32/bf16, cache codecs, tokenizer) from a checkpoint"},
-    {"calibrate", cmd_calibrate, "fit learned cache codecs (cq, kvquant, qet) on data and write a package that carries them"},
-    {"init", cmd_init, "write a freshly initialized model (config.json + model.safetensors)"},
-    {"debug-step", cmd_debug_step, "one forward+backward on a batch, dumped for the PyTorch twin"},
+    {"prep", cmd_prep, "tokenize corpus files into train/validation token shards", 0},
+    {"tokenizer", cmd_tokenizer, "train a BPE vocabulary, encode/decode text, import GPT-2's", 0},
+    {"train", cmd_train, "train a model from a config on token data", 1},
+    {"eval", cmd_eval, "loss and perplexity of a saved model on token data", 1},
+    {"info", cmd_info, "parameter counts, memory and KV-cache bytes of a config", 0},
+    {"generate", cmd_generate, "generate text from a model: batched prompts, greedy or sampled, through the KV cache", 0},
+    {"export", cmd_export, "write an inference package (weights fp32/bf16, cache codecs, tokenizer) from a checkpoint", 0},
+    {"calibrate", cmd_calibrate, "fit learned cache codecs (cq, kvquant, qet) on data and write a package that carries them", 0},
+    {"init", cmd_init, "write a freshly initialized model (config.json + model.safetensors)", 0},
+    {"debug-step", cmd_debug_step, "one forward+backward on a batch, dumped for the PyTorch twin", 0},
 };
 static const int N_SUBCOMMANDS = (int)(sizeof(SUBCOMMANDS) / sizeof(SUBCOMMANDS[0]));
 
@@ -66,8 +68,15 @@ int main(int argc, char **argv) {
         version_print(stdout);
         return 0;
     }
-    for (int i = 0; i < N_SUBCOMMANDS; i++)
-        if (!strcmp(argv[1], SUBCOMMANDS[i].name)) return SUBCOMMANDS[i].run(argc - 1, argv + 1);
+    for (int i = 0; i < N_SUBCOMMANDS; i++) {
+        if (strcmp(argv[1], SUBCOMMANDS[i].name)) continue;
+        if (!SUBCOMMANDS[i].ranks) {
+            char what[64];
+            snprintf(what, sizeof(what), "clla %s", SUBCOMMANDS[i].name);
+            cli_one_process(what);
+        }
+        return SUBCOMMANDS[i].run(argc - 1, argv + 1);
+    }
     fprintf(stderr, "clla: error: unknown command '%s': run 'clla --help' for the list\n", argv[1]);
     return 2;
 }

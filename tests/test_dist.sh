@@ -327,6 +327,14 @@ grep -q "global batch of 4 sequences a step (train.global_batch_tokens 0: micro_
     run 1 gb0 --config dense.json --set train.global_batch_tokens=128 --resume auto &&
     ok "a resume on another rank count with global_batch_tokens 0: refused naming both batches; resumes with the setting given" ||
     fail "global_batch_tokens 0 across rank counts: $(tail -n 2 gb0.err | tr '\n' ' ')"
+# one-process commands under mpirun: refused by every rank, nothing written (export raced on its
+# package, eval --data printed its JSON once per rank)
+timeout 60 "${MPIRUN[@]}" -np 2 "$CLLA" export dense_1 --out pkg_mpi > exp_mpi.err 2>&1
+timeout 60 "${MPIRUN[@]}" -np 2 "$CLLA" eval --checkpoint dense_1 --data shards/train --json > ev_mpi.out 2> ev_mpi.err
+[ "$(grep -c 'clla export runs as one process, and this one is one of 2 ranks' exp_mpi.err)" = 2 ] && ! ls -d pkg_mpi* > /dev/null 2>&1 &&
+    grep -q 'clla eval --data or --ppl .* runs as one process' ev_mpi.err && ! grep -q '"loss"' ev_mpi.out &&
+    ok "export and eval --data under mpirun -np 2: refused by each rank, nothing written" ||
+    fail "one-process commands under mpirun: $(tr '\n' '|' < exp_mpi.err | head -c 300) $(head -c 200 ev_mpi.out)"
 # ranks that do not agree (rank 1 started with other settings or other data: a config edited
 # while the job started, node-local files): one line from rank 0, not drifting replicas, a
 # crash in a collective of another size or a hang
