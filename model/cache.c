@@ -607,9 +607,12 @@ int cache_layout_has_blocks(const CacheLayout *cl) {
 }
 
 int cache_layout_block_tokens(const CacheLayout *cl, char *err, size_t errlen) {
-    int bt = CACHE_MIN_BLOCK_TOKENS;
+    // the largest block of the layout's block codecs (a kivi residual of 4 is a window of 4 tokens,
+    // not of 16), else CACHE_MIN_BLOCK_TOKENS
+    int bt = 1;
     for (int p = 0; p < N_PARTS; p++)
         if (cl->part[p].present && codec_block_tokens(&cl->part[p].codec) > bt) bt = codec_block_tokens(&cl->part[p].codec);
+    if (bt == 1) bt = CACHE_MIN_BLOCK_TOKENS;
     for (int p = 0; p < N_PARTS; p++) {
         if (!cl->part[p].present) continue;
         int b = codec_block_tokens(&cl->part[p].codec);

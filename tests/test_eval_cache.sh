@@ -52,6 +52,17 @@ want = 8 * (16 * 4 * 2 + 16 * 16 * 2 // 8 + 8 * 16 * 2) / (24 * 16)
 assert abs(lat["stored"] - want) < 1e-3, (lat, want)
 assert lat["paper"] == 2.0, lat
 PY
+# a residual below 16 is its own window (the cache block was at least 16 tokens: residual=8 scored
+# as residual=16, and its bits counted a 16-token window)
+"${E[@]}" --through-cache --cache-codec latent=kivi:bits=2,group=8,residual=8 > kv8.json 2> kv8.err
+k8=$(field kv8.json loss) k8d=$(field kv8.json loss_decoded)
+if near "$k8" "$k8d" 1e-4 && ! near "$k8" "$kf" 1e-6; then ok "kivi residual=8: its own window ($k8, residual=16 $kf), both passes agree"
+else fail "kivi residual=8: chunked $k8 decoded $k8d, residual=16 $kf ($(cat kv8.err))"; fi
+# parts of other residuals: the smaller keeps the larger's window, and a warning says so
+"$CLLA" eval --checkpoint m --data shards/val --max-batches 1 --json --through-cache --cache-codec 'latent=kivi:bits=2,group=8,residual=16' \
+    --cache-codec 'k_rope=kivi:bits=4,group=4,residual=8' > kvm.json 2> kvm.err
+grep -q "part k_rope encodes blocks of 8 tokens, but the cache's blocks are 16 tokens .*its full-precision window is 16 tokens" kvm.err &&
+    ok "a part with a smaller residual than the layout's block: warned" || fail "mixed residuals: $(cat kvm.err)"
 # qjl on the latent: the keys' signs scored by the estimator, the values' records summed
 "${E[@]}" --through-cache --cache-codec latent=qjl:m=64,group=8,buffer=16,bits=2 > qj.json 2> qj.err
 jf=$(field qj.json loss) jd=$(field qj.json loss_decoded)
