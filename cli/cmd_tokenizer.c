@@ -132,7 +132,7 @@ static int do_train(int argc, char **argv) {
     for (int f = 0; f < n_files; f++) {
         struct stat st;
         if (stat(files[f], &st) != 0 || access(files[f], R_OK) != 0) die("cannot read corpus file '%s': %s", files[f], strerror(errno));
-        if (S_ISDIR(st.st_mode)) die("corpus file '%s' is a directory: give the text files in it", files[f]);
+        if (S_ISDIR(st.st_mode)) die("cannot read corpus file '%s': %s: give the text files in it", files[f], strerror(EISDIR));
     }
     if (vocab < 256 + n_specials)
         die("--vocab-size %lld is too small: the 256 byte tokens and the %d special token%s need at least %d ids", vocab, n_specials,

@@ -352,6 +352,7 @@ int cmd_train(int argc, char **argv) {
         }
         if (rank0) fprintf(stderr, "clla train: resuming from %s at step %d (%lld steps skipped so far)\n", ckpt, st.step, st.skipped_total);
     } else if (tc->init_from[0]) {
+        if (rank0) run_start_compare_init_config(&cfg);
         model_load(&model, tc->init_from);
     } else {
         model_init_weights(&model, tc->seed);

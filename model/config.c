@@ -434,7 +434,7 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
         die("%s: unknown attention preset '%s': use one of %s", origin, preset, list);
     }
     // 2. every key
-    int seen_nkv = 0, seen_head_dim = 0, seen_v_head_dim = 0;
+    int seen_nkv = 0, seen_head_dim = 0, seen_v_head_dim = 0, seen_seq_len = 0;
     char seen_key[N_MODEL_KEYS] = {0};
     char ignored[512] = "";
     for (const cJSON *it = root->child; it; it = it->next) {
@@ -446,6 +446,7 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
                 const KeyDef *k = find_key(TRAIN_KEYS, N_TRAIN_KEYS, t->string);
                 if (!k) die_unknown(TRAIN_KEYS, N_TRAIN_KEYS, t->string, origin, "train.", "see docs/CONFIG.md for the run settings");
                 if (cJSON_IsNull(t)) continue;
+                if (!strcmp(k->name, "seq_len")) seen_seq_len = 1;
                 set_value(&cfg->train, k, t, origin, "train.");
             }
             continue;
@@ -486,6 +487,10 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
             die("%s: preset '%s' needs num_key_value_heads (a divisor of num_attention_heads = %d)", origin, p->name, m->num_attention_heads);
     }
     if (!seen_v_head_dim) m->v_head_dim = m->head_dim;
+    // train.seq_len's default is 256, or the model's whole context when that is shorter (an HF
+    // config.json of max_position_embeddings 128 has no train section to lower it in)
+    if (!seen_seq_len && m->max_position_embeddings > 0 && cfg->train.seq_len > m->max_position_embeddings)
+        cfg->train.seq_len = m->max_position_embeddings;
     config_validate(cfg, origin);
 }
 
@@ -603,7 +608,9 @@ void config_validate(const Config *cfg, const char *origin) {
     NEED(m->initializer_range > 0, "%s: initializer_range must be > 0", origin);
 
     NEED(t->seq_len > 0, "%s: train.seq_len must be > 0", origin);
-    NEED(t->seq_len <= m->max_position_embeddings, "%s: train.seq_len = %d exceeds max_position_embeddings = %d", origin, t->seq_len, m->max_position_embeddings);
+    NEED(t->seq_len <= m->max_position_embeddings,
+         "%s: train.seq_len = %d exceeds max_position_embeddings = %d: lower train.seq_len (--set train.seq_len=N) or raise max_position_embeddings",
+         origin, t->seq_len, m->max_position_embeddings);
     NEED(t->micro_batch > 0, "%s: train.micro_batch must be > 0", origin);
     long long bt = (long long)t->micro_batch * t->seq_len;
     NEED(t->global_batch_tokens >= 0, "%s: train.global_batch_tokens = %lld is negative: give 0 (one micro-batch a step) or a positive multiple of micro_batch * seq_len = %lld",

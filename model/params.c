@@ -270,10 +270,19 @@ void model_load(Model *m, const char *path) {
     StSet ss;
     char err[1024];
     if (st_set_open(&ss, path, err, sizeof(err)) != 0) die("cannot load weights: %s", err);
-    for (int r = 0; r < ss.n; r++)
-        if (table_find(tt, ss.refs[r].name) < 0)
-            die("weights '%s': tensor '%s' does not belong to this config (attention '%s', tie_word_embeddings %d): use the config.json saved with the weights",
-                path, ss.refs[r].name, m->cfg.attention, m->cfg.tie_word_embeddings);
+    for (int r = 0; r < ss.n; r++) {
+        const char *name = ss.refs[r].name;
+        if (table_find(tt, name) >= 0) continue;
+        // RoPE's inverse frequencies, which older HF checkpoints save and HF itself recomputes
+        // (clla computes them from rope_theta): not a weight
+        const size_t n = strlen(name), k = strlen(".rotary_emb.inv_freq");
+        if (n > k && !strcmp(name + n - k, ".rotary_emb.inv_freq")) continue;
+        if (!strcmp(name, "lm_head.weight") && m->cfg.tie_word_embeddings)
+            die("weights '%s' hold lm_head.weight, and the config ties the output head to the embedding (tie_word_embeddings true): "
+                "set tie_word_embeddings false to use that head, or remove the tensor", path);
+        die("weights '%s': tensor '%s' does not belong to this config (attention '%s', tie_word_embeddings %d): use the config.json saved with the weights",
+            path, name, m->cfg.attention, m->cfg.tie_word_embeddings);
+    }
     float *host = xcalloc(tt->bytes_f32 / 4, sizeof(float));
     for (int i = 0; i < tt->n; i++) {
         const TensorInfo *ti = &tt->t[i];

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "backend/bf16.h"
+#include "common/json_strict.h"
 #include "common/unfinished.h"
 #include "common/util.h"
 
@@ -303,8 +304,12 @@ static int index_read(const char *path, cJSON **out, char ***files, int *n_files
     size_t len = 0;
     char *text = read_file(path, &len);
     if (!text) return fail_with(err, errlen, "cannot read index '%s': %s", path, strerror(errno));
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    // strict, as a config is read: text after the object, or a key twice (cJSON keeps the first
+    // copy, Python's json the last), would make two readers see two indexes
+    char jerr[256];
+    cJSON *root = json_parse_strict(text, len, jerr, sizeof(jerr));
     free(text);
+    if (!root) return fail_with(err, errlen, "index '%s': %s", path, jerr);
     if (!cJSON_IsObject(root)) { cJSON_Delete(root); return fail_with(err, errlen, "index '%s' is not a JSON object", path); }
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");

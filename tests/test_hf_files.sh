@@ -123,8 +123,14 @@ damage "shards of two saves are refused" "another save" \
     "rm -rf ../other && '$CLLA' init --config ../m.json --out ../other --shard-size 10KB --set train.seed=9 > /dev/null && cp ../other/$second $second"
 damage "both layouts in one directory are refused" "both model.safetensors and model.safetensors.index.json" \
     "cp ../one/model.safetensors ."
-damage "an index that is not JSON is named" "model.safetensors.index.json.*not a JSON object" \
+damage "an index that is not JSON is named" "model.safetensors.index.json.*JSON syntax error" \
     "echo '{\"weight_map\": ' > model.safetensors.index.json"
+# read strictly, as a config is: a second weight_map (cJSON kept the first, Python's json the last)
+# or text after the object
+damage "an index with weight_map twice is refused" "model.safetensors.index.json.*duplicate key 'weight_map'" \
+    "python3 -c 'import json; p=\"model.safetensors.index.json\"; t=open(p).read().rstrip(); open(p, \"w\").write(t[:-1] + \", \\\"weight_map\\\": {}}\")'"
+damage "an index with text after it is refused" "model.safetensors.index.json.*text after the end of the JSON value" \
+    "echo 'x' >> model.safetensors.index.json"
 expect_error "a directory without weights is named" "without model.safetensors or model.safetensors.index.json" \
     "$CLLA" train --config m.json --quiet --set train.init_from="$WORK" --out r3
 for bad in 1.5GB 0 5XB GB -1 99999999999999999999; do
@@ -210,6 +216,39 @@ expect_error "a directory named like a shard" "x.bin" "$CLLA" prep --verify shar
 mkdir -p sh_dirshard && cp sh/config.json sh/model.safetensors.index.json sh/model-*.safetensors sh_dirshard/ && rm sh_dirshard/"$second" && mkdir sh_dirshard/"$second"
 expect_error "a directory where a shard is expected" "$second.*Is a directory" "$CLLA" eval --checkpoint sh_dirshard --data tok.bin
 [ -n "$(ls -d r_* 2> /dev/null)" ] && fail "a refused train left a run directory: $(ls -d r_*)"
+
+# ---------------------------------------------------------------- (d) train.init_from's own config.json
+# a model directory's config is the one inside it (without a trailing slash the parent's, or the
+# current directory's, was read: here a config.json of the current directory that names another
+# tokenizer would refuse the data, one of an unrelated shape would fail to parse)
+mkdir -p idir && cp one/model.safetensors idir/ && sed 's/"rope_theta":[^,]*/"rope_theta": 500/' one/config.json > idir/config.json
+echo '{"hello": 1}' > config.json
+"$CLLA" train --config m.json --quiet --set train.init_from=idir --out r_idir > /dev/null 2> idir.err
+rc=$?
+rm -f config.json
+[ "$rc" -eq 0 ] && grep -q "train.init_from: the config.json of its model (.*/idir/config.json) differs from this config in rope_theta (500 there, 10000 here)" idir.err &&
+    ok "init_from a directory: its own config.json is read, and a differing rope_theta is said" || fail "init_from a directory: rc $rc" idir.err
+rm -rf r_idir
+# an HF config.json without a train section and a context below 256: train.seq_len defaults to it
+sed 's/"max_position_embeddings":[^,]*/"max_position_embeddings": 32/' one/config.json | python3 -c 'import json,sys; c=json.load(sys.stdin); c.pop("train"); print(json.dumps(c))' > hf32.json
+mkdir -p hf32 && cp hf32.json hf32/config.json && cp one/model.safetensors hf32/
+"$CLLA" eval --checkpoint hf32 --data tok.bin --seq 16 --batch 2 --json > hf32.out 2> hf32.err && grep -q '"loss"' hf32.out &&
+    ok "an HF config.json with max_position_embeddings 32 and no train section loads (seq_len defaults to 32)" || fail "max_position_embeddings 32" hf32.err
+# HF's recomputed RoPE buffers in a weights file are not weights; a tied config beside an lm_head says what to do
+python3 - one/model.safetensors inv.safetensors <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; hdr = json.loads(raw[8:8 + n]); data = raw[8 + n:]
+end = max(v["data_offsets"][1] for k, v in hdr.items() if k != "__metadata__")
+hdr["model.layers.0.self_attn.rotary_emb.inv_freq"] = {"dtype": "F32", "shape": [4], "data_offsets": [end, end + 16]}
+h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + data[:end] + b"\0" * 16)
+PY
+mkdir -p inv && cp one/config.json inv/ && mv inv.safetensors inv/model.safetensors
+a=$(loss_of one | grep -o '"loss":[0-9.]*') b=$(loss_of inv | grep -o '"loss":[0-9.]*')
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "rotary_emb.inv_freq in a weights file is skipped ($b)" || fail "inv_freq: '$a' vs '$b'"
+mkdir -p tied && cp one/model.safetensors tied/ && sed 's/"tie_word_embeddings":[^,]*/"tie_word_embeddings": true/' one/config.json > tied/config.json
+expect_error "lm_head.weight with a tied config" "hold lm_head.weight, and the config ties the output head.*set tie_word_embeddings false" \
+    "$CLLA" eval --checkpoint tied --data tok.bin
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

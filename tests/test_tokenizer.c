@@ -221,10 +221,10 @@ static char *replaced(const char *s, const char *from, const char *to) {
     return r;
 }
 
-static void test_file_errors(void) {
-    // A valid 256-byte vocabulary to damage.
+// A tokenizer file of the 256 single bytes as ranks 0..255 after the header lines `head`,
+// NUL-terminated (f.n counts the NUL).
+static ByteVec byte_vocabulary(const char *head) {
     ByteVec f = {0};
-    const char *head = "#clla-tokenizer 1\n#pattern gpt2\n";
     bytevec_append(&f, head, strlen(head));
     static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     for (int b = 0; b < 256; b++) {
@@ -233,6 +233,12 @@ static void test_file_errors(void) {
         bytevec_append(&f, line, strlen(line));
     }
     bytevec_append(&f, "", 1);
+    return f;
+}
+
+static void test_file_errors(void) {
+    // A valid 256-byte vocabulary to damage.
+    ByteVec f = byte_vocabulary("#clla-tokenizer 1\n#pattern gpt2\n");
     char err[256];
     Tokenizer *t = tok_parse((const char *)f.v, f.n - 1, "ok.tok", err, sizeof(err));
     check(t && tok_vocab_size(t) == 256, "a 256-byte rank file parses%s", "");
@@ -308,17 +314,9 @@ static void naive_special_encode(TokEncoder *e, const char *const *sp, const uin
 
 static void test_special_split(void) {
     // the 256 bytes as ranks, and specials that overlap each other and share prefixes
-    ByteVec f = {0};
-    const char *head = "#clla-tokenizer 1\n#pattern gpt2\n#special <|a|> 256\n#special <|a|>b 257\n#special b<|c|> 258\n#special <|c|> 259\n";
-    bytevec_append(&f, head, strlen(head));
-    static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (int b = 0; b < 256; b++) {
-        char line[32];
-        snprintf(line, sizeof(line), "%c%c== %d\n", B64[b >> 2], B64[(b & 3) << 4], b);
-        bytevec_append(&f, line, strlen(line));
-    }
+    ByteVec f = byte_vocabulary("#clla-tokenizer 1\n#pattern gpt2\n#special <|a|> 256\n#special <|a|>b 257\n#special b<|c|> 258\n#special <|c|> 259\n");
     char err[256];
-    Tokenizer *t = tok_parse((const char *)f.v, f.n, "specials.tok", err, sizeof(err));
+    Tokenizer *t = tok_parse((const char *)f.v, f.n - 1, "specials.tok", err, sizeof(err));
     if (!t) { printf("FAIL %s\n", err); n_failed++; free(f.v); return; }
     TokEncoder *e = tok_encoder_new(t);
     const char *sp[] = {"<|a|>", "<|a|>b", "b<|c|>", "<|c|>"};

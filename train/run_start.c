@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "common/util.h"
 #include "data/loader.h"
@@ -75,6 +79,50 @@ int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, c
     return 1;
 }
 
+char *run_start_init_config_path(const TrainConfig *tc) {
+    if (!tc->init_from[0]) return NULL;
+    struct stat st;
+    char *cp;
+    if (stat(tc->init_from, &st) == 0 && S_ISDIR(st.st_mode)) {
+        cp = path_join(tc->init_from, "config.json");   // a model directory: its own config
+    } else {   // a weights file or an index: the config beside it
+        char *dir = xstrdup(tc->init_from), *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        cp = path_join(slash ? dir : ".", "config.json");
+        free(dir);
+    }
+    if (access(cp, F_OK) == 0) return cp;
+    free(cp);
+    return NULL;
+}
+
+void run_start_compare_init_config(const Config *cfg) {
+    char *cp = run_start_init_config_path(&cfg->train);
+    if (!cp) return;
+    Config init;
+    config_load(&init, cp, 0, NULL);
+    cJSON *a = config_model_to_json(&init.model), *b = config_model_to_json(&cfg->model);
+    char diff[1024] = "";
+    for (const cJSON *x = b->child; x; x = x->next) {
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(a, x->string);
+        if (y && cJSON_Compare(x, y, 1)) continue;
+        char *was = y ? cJSON_PrintUnformatted(y) : NULL, *now = cJSON_PrintUnformatted(x);
+        size_t n = strlen(diff);
+        if (n + 160 < sizeof(diff))
+            snprintf(diff + n, sizeof(diff) - n, "%s%s (%.40s there, %.40s here)", n ? ", " : "", x->string, was ? was : "absent", now);
+        free(was);
+        free(now);
+    }
+    // rope_theta or an epsilon may change on purpose (a longer context): said, not refused; a
+    // change of shape fails at the load that follows, naming the tensor
+    if (diff[0])
+        warn("train.init_from: the config.json of its model (%s) differs from this config in %s: the weights are used with this config's values",
+             cp, diff);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    free(cp);
+}
+
 unsigned long long run_start_tokenizer_hash(const TrainConfig *tc, char *from, size_t from_len) {
     unsigned long long h = 0;
     if (tc->tokenizer_hash[0]) {
@@ -83,13 +131,8 @@ unsigned long long run_start_tokenizer_hash(const TrainConfig *tc, char *from, s
         snprintf(from, from_len, "train.tokenizer_hash");
         return h;
     }
-    if (!tc->init_from[0]) return 0;
-    char *dir = xstrdup(tc->init_from), *slash = strrchr(dir, '/');
-    if (slash) *slash = '\0';
-    char *cp = path_join(slash ? dir : ".", "config.json");
-    FILE *f = fopen(cp, "r");
-    if (f) {
-        fclose(f);
+    char *cp = run_start_init_config_path(tc);
+    if (cp) {
         Config init;
         config_load(&init, cp, 0, NULL);
         if (init.train.tokenizer_hash[0] && loader_parse_tokenizer_hash(init.train.tokenizer_hash, &h) != 0)
@@ -97,6 +140,5 @@ unsigned long long run_start_tokenizer_hash(const TrainConfig *tc, char *from, s
         snprintf(from, from_len, "the model train.init_from starts from (%s)", cp);
     }
     free(cp);
-    free(dir);
     return h;
 }

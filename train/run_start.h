@@ -17,6 +17,13 @@
 // start costs nothing.
 int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, char *ckpt, size_t ckpt_len);
 
+// The config.json of the model train.init_from names: inside it when it is a directory, beside
+// it when a weights file or an index (a new string), or NULL when there is none.
+char *run_start_init_config_path(const TrainConfig *tc);
+// Warns naming every model key in which that config.json differs from cfg (rope_theta,
+// rms_norm_eps, ...: the weights are used with cfg's values).
+void run_start_compare_init_config(const Config *cfg);
+
 // The tokenizer hash the run's data must have (0: not known): train.tokenizer_hash (set by a
 // resumed checkpoint's config or by the user), else the one recorded in the config.json beside
 // train.init_from. from names where it came from, for the message.
