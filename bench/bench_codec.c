@@ -27,7 +27,7 @@
 #include "bench/bench_common.h"
 
 static const ArgSpec SPECS[] = {
-    {"codecs", 1, "semicolon-separated codec specs (default: fp32;bf16;int_group:bits=4,group=32;int_group:bits=2,group=32;cq:bits=8,c=2;cq:bits=8,c=4;cq:bits=8,c=8)", "LIST"},
+    {"codecs", 1, "semicolon-separated codec specs (default: fp32;bf16;int_group:bits=4,group=32;int_group:bits=2,group=32;cq:bits=8,c=2;cq:bits=8,c=4;cq:bits=8,c=8;k=kivi:bits=2;v=kivi:bits=2;k=qjl;v=qjl;k=kvquant:bits=3;v=kvquant:bits=3)", "LIST"},
     {"width", 1, "values per token (default 512: the K of an 8-head, 64-wide MHA layer)", "W"},
     {"head", 1, "channels per attention head, for the codecs that work per head (qjl; default 64)", "D"},
     {"tokens", 1, "tokens per pass (default 16384)", "N"},
@@ -88,6 +88,7 @@ int main(int argc, char **argv) {
     int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
     char list[1024];
     snprintf(list, sizeof(list), "%s", cs ? cs : DEFAULT_CODECS);
+    if (strspn(list, "; ") == strlen(list)) die("--codecs '%s' names no codec: give semicolon-separated specs, e.g. fp32;bf16", list);
 
     double bw = bench_copy_bandwidth(1);   // one thread, as on 2026-11-24 (docs/QUANTIZERS.md)
     float *x = bench_normal((size_t)N, W, 1), *y = xmalloc((size_t)N * W * sizeof(float));

@@ -57,14 +57,16 @@ static const ArgSpec SPECS[] = {
 
 static const char *ALL_PRESETS = "mha,gqa,mqa,mla,cla,gqa_cla,clla,clla_share_krope,clla_share_kvproj,clla_quant,clla_quant_share_kvproj";
 
-static int parse_list(const char *s, int *out, int max, const char *what) {
+#define MAX_BATCH 64   // sequences decoded together at most (generate's --batch limit too)
+
+static int parse_list(const char *s, int *out, int max, int hi, const char *what) {
     int n = 0;
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", s);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int64_t v;
-        if (num_parse_i64(t, 1, 1 << 20, &v) != NUM_OK || n == max)
-            die("--%s: '%s' is not a list of at most %d whole numbers from 1 to %d", what, s, max, 1 << 20);
+        if (num_parse_i64(t, 1, hi, &v) != NUM_OK || n == max)
+            die("--%s: '%s' is not a list of at most %d whole numbers from 1 to %d", what, s, max, hi);
         out[n++] = (int)v;
     }
     if (!n) die("--%s is empty", what);
@@ -132,9 +134,9 @@ int main(int argc, char **argv) {
     const char *th = args_get(&a, SPECS, N_SPECS, "threads");
     if (th) omp_set_num_threads((int)opt_i64("--threads", th, 1, CLLA_MAX_THREADS));
     int contexts[8], batches[8], steps = 3;
-    int nc = parse_list(args_get(&a, SPECS, N_SPECS, "contexts") ? args_get(&a, SPECS, N_SPECS, "contexts") : "1024,4096,16384", contexts, 8, "contexts");
-    int nb = parse_list(args_get(&a, SPECS, N_SPECS, "batches") ? args_get(&a, SPECS, N_SPECS, "batches") : "1,8", batches, 8, "batches");
-    if (args_get(&a, SPECS, N_SPECS, "steps")) { int s[1]; parse_list(args_get(&a, SPECS, N_SPECS, "steps"), s, 1, "steps"); steps = s[0]; }
+    int nc = parse_list(args_get(&a, SPECS, N_SPECS, "contexts") ? args_get(&a, SPECS, N_SPECS, "contexts") : "1024,4096,16384", contexts, 8, 1 << 20, "contexts");
+    int nb = parse_list(args_get(&a, SPECS, N_SPECS, "batches") ? args_get(&a, SPECS, N_SPECS, "batches") : "1,8", batches, 8, MAX_BATCH, "batches");
+    if (args_get(&a, SPECS, N_SPECS, "steps")) { int s[1]; parse_list(args_get(&a, SPECS, N_SPECS, "steps"), s, 1, 1 << 20, "steps"); steps = s[0]; }
     const char *codec_spec = args_get(&a, SPECS, N_SPECS, "cache-codec");
     int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
     int max_ctx = 0;
@@ -147,6 +149,7 @@ int main(int argc, char **argv) {
 
     char presets[512];
     snprintf(presets, sizeof(presets), "%s", args_get(&a, SPECS, N_SPECS, "presets") ? args_get(&a, SPECS, N_SPECS, "presets") : ALL_PRESETS);
+    if (!strpbrk(presets, "abcdefghijklmnopqrstuvwxyz")) die("--presets '%s' names no preset: give a comma-separated list, e.g. mha,clla_quant", presets);
     for (char *save = NULL, *preset = strtok_r(presets, ",", &save); preset; preset = strtok_r(NULL, ",", &save)) {
         char json_cfg[1024];
         snprintf(json_cfg, sizeof(json_cfg),
@@ -194,8 +197,8 @@ int main(int argc, char **argv) {
             for (int bi = 0; bi < nb; bi++) {
                 int ctx = contexts[ci], B = batches[bi];
                 d = decoder_new(&m, &cl, B, ctx + steps + 2);
-                int ids[64];
-                int32_t toks[64];
+                int ids[MAX_BATCH];
+                int32_t toks[MAX_BATCH];
                 for (int i = 0; i < B; i++) { ids[i] = i; toks[i] = (int32_t)(i + 1); decoder_fill_synthetic(d, i, ctx, 7 + (uint64_t)i); }
                 float *lgb = xmalloc((size_t)V * B * sizeof(float));
                 decoder_step(d, B, ids, toks, lgb);   // warm-up

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/args.h"
 #include "common/num.h"
 #include "common/util.h"
 #include "backend/backend.h"
@@ -60,17 +61,36 @@ static int cmp_double(const void *x, const void *y) {
     return (a > c) - (a < c);
 }
 
-static int arg_int(int argc, char **argv, const char *name, int def) {
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], name)) return (int)opt_i64(name, argv[i + 1], 1, 2147483647);
-    return def;
+static const ArgSpec SPECS[] = {
+    {"tokens", 1, "tokens routed (default 4096; a multiple of 256, or below it)", "N"},
+    {"hidden", 1, "model width C (default 512)", "C"},
+    {"inter", 1, "expert width I (default 512)", "I"},
+    {"topk", 1, "experts per token K (default 1)", "K"},
+    {"reps", 1, "timed runs of each model, alternated (default 7; the median is kept)", "R"},
+    {"experts-small", 1, "routed experts of the first model (default 16)", "E1"},
+    {"experts-large", 1, "routed experts of the second model (default 64)", "E2"},
+};
+#define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
+
+static int arg_int(const Args *a, const char *name, int def) {
+    const char *v = args_get(a, SPECS, N_SPECS, name);
+    return v ? (int)args_int(name, v, 1, 2147483647) : def;
 }
 
+// The median of n sorted values: the middle one, or the mean of the middle two.
+static double median(const double *t, int n) { return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]); }
+
 int main(int argc, char **argv) {
-    int N = arg_int(argc, argv, "--tokens", 4096), C = arg_int(argc, argv, "--hidden", 512);
-    int I = arg_int(argc, argv, "--inter", 512), K = arg_int(argc, argv, "--topk", 1);
-    int reps = arg_int(argc, argv, "--reps", 7);
-    int E1 = arg_int(argc, argv, "--experts-small", 16), E2 = arg_int(argc, argv, "--experts-large", 64);
+    Args args;
+    args_parse(&args, argc, argv, SPECS, N_SPECS,
+               "usage: bench_moe [--tokens N] [--hidden C] [--inter I] [--topk K] [--reps R] [--experts-small E1] [--experts-large E2]\n"
+               "Times one MoE layer's forward + backward with E1 and with E2 routed experts on the same routed work,\n"
+               "alternated rep by rep, and prints the medians and their ratio (target at most 1.3).",
+               NULL, NULL, 0);
+    int N = arg_int(&args, "tokens", 4096), C = arg_int(&args, "hidden", 512);
+    int I = arg_int(&args, "inter", 512), K = arg_int(&args, "topk", 1);
+    int reps = arg_int(&args, "reps", 7);
+    int E1 = arg_int(&args, "experts-small", 16), E2 = arg_int(&args, "experts-large", 64);
     if (N % (256 < N ? 256 : N)) die("--tokens must be a multiple of 256 (or below it)");
     Bench a, b;
     bench_build(&a, E1, K, C, I, N);
@@ -84,7 +104,7 @@ int main(int argc, char **argv) {
     }
     qsort(ta, (size_t)reps, sizeof(double), cmp_double);
     qsort(tb, (size_t)reps, sizeof(double), cmp_double);
-    double ma = ta[reps / 2], mb = tb[reps / 2];
+    double ma = median(ta, reps), mb = median(tb, reps);
     MoeStats sa, sb;
     moe_last_stats(&a.m, &sa);
     moe_last_stats(&b.m, &sb);
