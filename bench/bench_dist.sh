@@ -4,16 +4,20 @@
 # = tok/s(2 ranks) / (2 * tok/s(1 rank)), and the time per step spent in collectives
 # (metrics.jsonl "comm_ms": the reduce-scatter/all-gather and the step statistics, including
 # the wait for the slower rank). Also 1 rank x 2 threads: what the same cores give without MPI.
-#   bench/bench_dist.sh [CLLA] [STEPS]      (CLLA defaults to build/clla; needs an MPI build)
+#   bench/bench_dist.sh [CLLA] [STEPS]      (CLLA defaults to build/clla, built with MPI; STEPS 30, at least 6)
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
-CLLA=$(readlink -f "${1:-$HERE/../build/clla}")
+BENCH=bench_dist
+case ${1:-} in -h | --help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+source "$HERE/dist_runs.sh"
+CLLA=$(readlink -f "${1:-$HERE/../build/clla}") || bench_fail "'${1:-}' does not exist"
 STEPS=${2:-30}
+dist_check_clla "$CLLA"
+whole_number STEPS "$STEPS" 6   # the first five steps are warm-up, not measured
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_bench_dist.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-source "$HERE/dist_runs.sh"
 dist_shards "$CLLA"
 # ~1.6M parameters; a global batch of 4 sequences of 128 tokens (2 micro-steps per rank on 1 rank)
 cat > bench.json <<JSON
@@ -22,10 +26,10 @@ cat > bench.json <<JSON
  "train": {"data": "shards/train", "seq_len": 128, "micro_batch": 2, "global_batch_tokens": 1024,
            "max_steps": $STEPS, "warmup_steps": 2, "lr": 1e-3, "log_every": 1000, "threads": 0}}
 JSON
-OMP_NUM_THREADS=1 "$CLLA" train --config bench.json --out r1 --quiet 2> /dev/null
-OMP_NUM_THREADS=2 "$CLLA" train --config bench.json --out r1t2 --quiet 2> /dev/null
-OMP_NUM_THREADS=1 mpirun --bind-to none -np 2 "$CLLA" train --config bench.json --out r2 --quiet > r2.log 2>&1
-OMP_NUM_THREADS=1 mpirun --bind-to none -np 2 "$CLLA" train --config bench.json --out r2z --quiet --zero 1 > r2z.log 2>&1
+OMP_NUM_THREADS=1 run_logged r1 "$CLLA" train --config bench.json --out r1 --quiet
+OMP_NUM_THREADS=2 run_logged r1t2 "$CLLA" train --config bench.json --out r1t2 --quiet
+OMP_NUM_THREADS=1 run_logged r2 mpirun --bind-to none -np 2 "$CLLA" train --config bench.json --out r2 --quiet
+OMP_NUM_THREADS=1 run_logged r2z mpirun --bind-to none -np 2 "$CLLA" train --config bench.json --out r2z --quiet --zero 1
 t1=$(median r1 tokens_per_s); t1t2=$(median r1t2 tokens_per_s); t2=$(median r2 tokens_per_s); t2z=$(median r2z tokens_per_s)
 printf '%-28s %12s %10s %10s\n' "run" "tokens/s" "ms/step" "comm ms"
 printf '%-28s %12.0f %10.1f %10s\n' "1 rank x 1 thread" "$t1" "$(median r1 ms)" "-"

@@ -15,14 +15,20 @@
 # modes of one call only.
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
-CLLA=$(readlink -f "${1:-$HERE/../build/clla}")
+BENCH=bench_overlap
+case ${1:-} in -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+source "$HERE/dist_runs.sh"
+CLLA=$(readlink -f "${1:-$HERE/../build/clla}") || bench_fail "'${1:-}' does not exist"
 PAIRS=${2:-3}
 RATE=${3:-1gbit}
+dist_check_clla "$CLLA"
+whole_number PAIRS "$PAIRS" 1
+whole_number RANKS "${RANKS:-2}" 2
+case ${ZERO:-0} in 0 | 1) ;; *) bench_fail "ZERO '${ZERO}' is not 0 or 1 (train.zero_stage)" ;; esac
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_bench_overlap.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
-source "$HERE/dist_runs.sh"
 dist_shards "$CLLA"
 cat > bench.json <<JSON
 {"attention": "gqa", "vocab_size": 528, "hidden_size": 256, "num_hidden_layers": 6,
@@ -44,10 +50,10 @@ printf '%-6s %-5s %-24s %10s %10s\n' "link" "pair" "gradient sum" "ms/step" "com
 for p in $(seq "$PAIRS"); do
     for mode in on off; do
         if [ "$mode" = on ]; then args=("${ON[@]}"); label="during the backward"; else args=("${OFF[@]}"); label="after the backward"; fi
-        mpirun --bind-to none --oversubscribe -np "$RANKS" "$CLLA" train --config bench.json --out "shm_${mode}_$p" --quiet "${args[@]}" > /dev/null 2>&1
+        run_logged "shm_${mode}_$p" mpirun --bind-to none --oversubscribe -np "$RANKS" "$CLLA" train --config bench.json --out "shm_${mode}_$p" --quiet "${args[@]}"
         printf '%-6s %-5s %-24s %10.1f %10.1f\n' shm "$p" "$label" "$(median "shm_${mode}_$p" ms)" "$(median "shm_${mode}_$p" comm_ms)"
         if [ "$net" = 1 ]; then
-            NETNS_HOSTS=$RANKS NETNS_RATE=$RATE NETNS_DUPLEX=${DUPLEX:-0} bash "$HERE/../launch/netns_two_hosts.sh" "$CLLA" bench.json "net_${mode}_$p" --quiet "${args[@]}" > "net_${mode}_$p.log" 2>&1
+            NETNS_HOSTS=$RANKS NETNS_RATE=$RATE NETNS_DUPLEX=${DUPLEX:-0} run_logged "net_${mode}_$p" bash "$HERE/../launch/netns_two_hosts.sh" "$CLLA" bench.json "net_${mode}_$p" --quiet "${args[@]}"
             printf '%-6s %-5s %-24s %10.1f %10.1f\n' "$RATE" "$p" "$label" "$(median "net_${mode}_$p" ms)" "$(median "net_${mode}_$p" comm_ms)"
         fi
     done
@@ -56,4 +62,5 @@ same=1
 for f in shm_*/model.safetensors net_*/model.safetensors; do
     [ -e "$f" ] && { cmp -s "$f" shm_off_1/model.safetensors || same=0; }
 done
+[ -e shm_off_1/model.safetensors ] || bench_fail "no final model to compare (shm_off_1)"
 [ "$same" = 1 ] && echo "final weights of every run: bit for bit equal" || echo "final weights differ between runs (unexpected)"

@@ -8,7 +8,8 @@
 #  - bench_train at tiny sizes: the attention share, the activated parameters of a MoE model
 #    (counted by hand below); bench_torch_cpu.py runs the twin in fp32 and refuses MoE;
 #  - bench_decode at a tiny context (--json): the machine's rates first, every point against them;
-#  - bench/ab.sh at tiny shapes, and its refusals.
+#  - bench/ab.sh at tiny shapes, and its refusals;
+#  - bad arguments of bench_decode, bench_codec, bench_moe, bench_dist.sh and bench_overlap.sh.
 # Prints "N passed, M failed".
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -215,5 +216,27 @@ if git -C "$SRC" rev-parse --verify --quiet HEAD > /dev/null 2>&1; then
 else
     echo "     (ab.sh runs skipped: $SRC is not a git checkout)"
 fi
+# bad arguments of the benchmark tools: one line and a non-zero exit, before any run (bench_decode
+# overran its 64-row arrays at --batches 65; bench_moe ran on unknown options and on --help;
+# bench_dist.sh printed a table of zeros and NaN at STEPS <= 5 and exited 1 with no word on a
+# failed run; bench_overlap.sh claimed equal weights for zero pairs)
+bench_refuses() {   # NAME NEEDLE CMD...
+    local name=$1 needle=$2
+    shift 2
+    "$@" > "$WORK/br.out" 2> "$WORK/br.err"
+    local rc=$?
+    [ "$rc" -ne 0 ] && [ "$(wc -l < "$WORK/br.err")" -eq 1 ] && grep -qF -- "$needle" "$WORK/br.err" && ok "$name: $(cat "$WORK/br.err")" ||
+        fail "$name: exit $rc: $(head -c 300 "$WORK/br.err") $(head -c 200 "$WORK/br.out")"
+}
+bench_refuses "bench_decode --batches 65" "from 1 to 64" "$BUILD/bench/bench_decode" --presets mqa --contexts 16 --batches 65 --steps 1
+bench_refuses "bench_decode --presets ,," "names no preset" "$BUILD/bench/bench_decode" --presets ,, --contexts 16
+bench_refuses "bench_codec --codecs ';;'" "names no codec" "$BUILD/bench/bench_codec" --codecs ';;'
+bench_refuses "bench_moe --bogus" "unknown option '--bogus'" "$BUILD/bench/bench_moe" --bogus 3
+"$BUILD/bench/bench_moe" --help > "$WORK/moe_help.out" 2>&1 && grep -q "^usage: bench_moe" "$WORK/moe_help.out" && ! grep -q "^ratio " "$WORK/moe_help.out" &&
+    ok "bench_moe --help prints its usage, runs nothing" || fail "bench_moe --help: $(head -c 200 "$WORK/moe_help.out")"
+bench_refuses "bench_dist.sh with 3 steps" "STEPS 3 is below 6" bash bench/bench_dist.sh "$CLLA" 3
+bench_refuses "bench_dist.sh with a missing binary" "is not an executable" bash bench/bench_dist.sh "$WORK/no_clla" 10
+bench_refuses "bench_overlap.sh with 0 pairs" "PAIRS 0 is below 1" bash bench/bench_overlap.sh "$CLLA" 0
+
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
