@@ -36,7 +36,7 @@ case "$op" in
     paged) src=layers/cpu_paged_attention.c extra=(layers/cpu_memory.c) opflags=(-ffp-contract=fast) ;;   # as CMakeLists.txt builds it; caches from cpu_alloc
     *) echo "ab.sh: unknown op '$op': use attention, moe, matmul, matmul_rows or paged" >&2; exit 2 ;;
 esac
-case "$reps" in ''|*[!0-9]*) echo "ab.sh: REPS '$reps' is not a whole number" >&2; exit 2 ;; esac
+case "$reps" in ''|*[!0-9]*|0*) echo "ab.sh: REPS '$reps' is not a whole number of 1 or more (no leading zero)" >&2; exit 2 ;; esac
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 git rev-parse --verify --quiet "$old^{commit}" >/dev/null || { echo "ab.sh: '$old' is not a commit of this repository" >&2; exit 2; }

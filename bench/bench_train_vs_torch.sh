@@ -17,7 +17,8 @@ QUICK=0
 for a in "$@"; do
     case $a in
         --quick) QUICK=1 ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "bench_train_vs_torch: unknown option '$a': see --help" >&2; exit 2 ;;
         *) BUILD=$a ;;
     esac
 done
@@ -27,7 +28,7 @@ PY=/usr/bin/python3
 LENS="512 2048 8192"; STEPS=3; TSTEPS=2
 [ $QUICK = 1 ] && { LENS="512 2048"; STEPS=2; TSTEPS=1; }
 MEM_KB=$(awk '/MemTotal/ {print $2}' /proc/meminfo)
-field() { grep -o "\"$1\":[^,}]*" <<< "$2" | head -n 1 | cut -d: -f2; }
+field() { { grep -o "\"$1\":[^,}]*" <<< "$2" || true; } | head -n 1 | cut -d: -f2; }
 
 echo "| model | T | tokens/step | clla tokens/s | ratio to sgemm | attention share | PyTorch tokens/s | clla / PyTorch |"
 echo "|---|---|---|---|---|---|---|---|"
@@ -39,6 +40,8 @@ for model in mha clla_quant moe; do
         out=$("$BT" --config "$cfg" "${sets[@]}" --steps $STEPS --json 2>&1) || { echo "bench_train failed: $out" >&2; exit 1; }
         js=$(grep '^{' <<< "$out" | tail -n 1)
         tok=$(field tokens_per_s "$js") ratio=$(field ratio "$js") share=$(field attention_share "$js")
+        [ -n "$tok" ] && [ -n "$ratio" ] && [ -n "$share" ] ||
+            { echo "bench_train_vs_torch: bench_train printed no tokens_per_s, ratio or attention_share for $model at T = $T: ${js:0:200}" >&2; exit 1; }
         torch_tok="-" vs="-"
         # the twin's explicit attention keeps scores, probabilities and their masked copy per layer
         LNH=$("$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c["num_hidden_layers"] * c["num_attention_heads"])' "$cfg")
@@ -49,7 +52,9 @@ for model in mha clla_quant moe; do
             tout=$("$PY" "$ROOT/bench/bench_torch_cpu.py" --config "$cfg" "${sets[@]}" --steps $TSTEPS --json 2>&1) ||
                 { echo "bench_torch_cpu failed: $tout" >&2; exit 1; }
             tjs=$(grep '^{' <<< "$tout" | tail -n 1)
-            torch_tok=$(printf '%.1f' "$(field tokens_per_s "$tjs")")
+            torch_tok=$(field tokens_per_s "$tjs")
+            [ -n "$torch_tok" ] || { echo "bench_train_vs_torch: bench_torch_cpu.py printed no tokens_per_s for $model at T = $T: ${tjs:0:200}" >&2; exit 1; }
+            torch_tok=$(printf '%.1f' "$torch_tok")
             vs=$(awk -v a="$tok" -v b="$torch_tok" 'BEGIN { printf "%.2fx", a / b }')
         fi
         printf '| %s | %d | %d | %.1f | %.3f | %.1f%% | %s | %s |\n' "$model" "$T" $((B * T)) "$tok" "$ratio" \

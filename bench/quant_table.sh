@@ -21,6 +21,7 @@
 # (default data_cache/), QT_STEPS (training steps, default 300), QT_BATCHES (eval batches of 16
 # windows, default 4), QT_CAL_TOKENS (calibration tokens, default 4096).
 set -euo pipefail
+case ${1:-} in -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 BUILD=${CLLA_BUILD_DIR:-$ROOT/build}
@@ -54,6 +55,11 @@ evaluate() {
 
 for m in mha clla clla_quant; do
   RUN=$OUT/$m
+  # a model trained for another QT_STEPS is trained again: its config.json records the steps
+  if [ -s "$RUN/model.safetensors" ] && ! grep -q "\"max_steps\":[[:space:]]*$STEPS[,}[:space:]]" "$RUN/config.json" 2> /dev/null; then
+    echo "== $m in $RUN was trained for other than $STEPS steps (QT_STEPS): training it again"
+    rm -f "$RUN/model.safetensors"
+  fi
   if [ ! -s "$RUN/model.safetensors" ]; then
     echo "== training $m ($STEPS steps)"
     "$CLLA" train --config "bench/quant/$m.json" --out "$RUN" --overwrite --quiet --set "train.max_steps=$STEPS" \

@@ -22,6 +22,7 @@
 # Environment: CLLA_BUILD_DIR (default build/), CLLA_DATA_CACHE (default data_cache/), REPRO_SEEDS
 # (default 1,2,3), REPRO_OUT (default runs/repro).
 set -euo pipefail
+case ${1:-} in -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 BUILD=${CLLA_BUILD_DIR:-$ROOT/build}

@@ -112,6 +112,9 @@ def versus(points, a, b, label):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     out = sys.argv[1] if len(sys.argv) > 1 else "runs/repro"
     parts = {}
     for part in ("main", "t5", "s2"):

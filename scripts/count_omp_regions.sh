@@ -7,6 +7,7 @@
 #   OMP_NUM_THREADS=2 bash scripts/count_omp_regions.sh build/bench/bench_decode --presets mla --contexts 1024 --batches 1 --steps 101
 # The counts go to stderr as the command exits: "omp regions: N opened, M on one thread".
 set -euo pipefail
+case ${1:-} in -h | --help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 [ $# -ge 1 ] || { echo "usage: bash scripts/count_omp_regions.sh COMMAND [ARGS...]" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -114,6 +114,13 @@ fi
 
 # ---------------------------------------------------------------- the checks (GPU machine)
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || { echo "gpu_check: cannot create $OUT" >&2; exit 1; }
+# the logs of an earlier run into the same OUT go: beside this run's summary they would pass for
+# its own (a step this run skips would keep the earlier run's log)
+if [ -s "$OUT/summary.jsonl" ]; then
+    for f in build probe $STEPS; do rm -f "$OUT/$f.log"; done
+    rm -f "$OUT/machine.txt"
+    echo "gpu_check: removed the earlier run's step logs from $OUT"
+fi
 : > "$OUT/summary.jsonl" || exit 1
 FAILED=0
 MACHINE_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
@@ -139,7 +146,8 @@ if [ -z "$SKIP_ALL" ]; then
             else record build fail "see build.log" $(( $(date +%s) - t0 )); SKIP_ALL="the build failed"; fi
         else SKIP_ALL="no binaries: no --bin, no gpu_bundle/ and no nvcc to build with"; fi
     else
-        BIN=$(cd "$BIN" && pwd) || { echo "gpu_check: --bin $BIN is not a directory" >&2; exit 2; }
+        [ -d "$BIN" ] || { echo "gpu_check: --bin $BIN is not a directory" >&2; exit 2; }
+        BIN=$(cd "$BIN" && pwd)
         [ -d "$BIN/lib" ] && export LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         record binaries pass "$BIN$( [ -f "$BIN/COMMIT" ] && echo " (commit $(cat "$BIN/COMMIT"))")" 0
     fi
@@ -230,8 +238,8 @@ BG=$(find_binary "${BIN:-/nonexistent}" bench_gpu || echo bench_gpu)
 # the paper MoE config's expert matmuls alone, per expert and on the tensor-core grouped kernels
 # (the default: docs/GPU.md, "MoE"), in one process, for their ratio:
 # seconds, so before the long benchmarks, where a short lease still reaches it
-[ $QUICK = 1 ] && [ -z "$SKIP_ALL" ] || (cd "$ROOT" && run_step bench_gpu_experts 300 "$BG" --json \
-    --steps "$BENCH_STEPS" --only experts) || FAILED=1
+if [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ]; then record bench_gpu_experts skipped "--quick" 0
+else (cd "$ROOT" && run_step bench_gpu_experts 300 "$BG" --json --steps "$BENCH_STEPS" --only experts) || FAILED=1; fi
 if [ $QUICK = 1 ] && [ -z "$SKIP_ALL" ]; then
     record bench_torch skipped "--quick" 0; record bench_gpu skipped "--quick" 0
 else

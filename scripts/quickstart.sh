@@ -11,6 +11,7 @@
 # Environment: CLLA_BUILD_DIR (default build/), CLLA_DATA_CACHE (default data_cache/).
 # Extra arguments go to `clla train`, e.g. scripts/quickstart.sh --set train.max_steps=50
 set -euo pipefail
+case ${1:-} in -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 BUILD=${CLLA_BUILD_DIR:-$ROOT/build}
