@@ -10,7 +10,7 @@ CLLA=${CLLA:?set CLLA to the clla binary}
 . "$(dirname "${BASH_SOURCE[0]}")/lib/fuzz.sh"
 SECS=${FUZZ_SECONDS:-20}
 fuzz_begin test_fuzz_st
-"$CC" "${FLAGS[@]}" "$SRC/tests/fuzz/fuzz_safetensors.c" "$SRC/model/safetensors.c" "$SRC/common/util.c" "$SRC/common/unfinished.c" \
+"$CC" "${FLAGS[@]}" "$SRC/tests/fuzz/fuzz_safetensors.c" "$SRC/model/safetensors.c" "$SRC/common/util.c" "$SRC/common/unfinished.c" "$SRC/common/json_strict.c" \
   -lcjson -lm -o "$W/fuzz_safetensors" 2> "$W/cc.err"
 check $? "build fuzz_safetensors with -fsanitize=fuzzer,address,undefined"
 [ -s "$W/cc.err" ] && head -20 "$W/cc.err"
