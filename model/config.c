@@ -433,12 +433,17 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
         }
         die("%s: unknown attention preset '%s': use one of %s", origin, preset, list);
     }
-    // 2. every key
+    // 2. every key. transformers' DeepseekV3Config writes head_dim = qk_rope_head_dim beside
+    // qk_nope_head_dim: that head_dim is HF's, not this one (qk_nope_head_dim's alias), and is skipped
+    const cJSON *hd = cJSON_GetObjectItemCaseSensitive(root, "head_dim"), *nope = cJSON_GetObjectItemCaseSensitive(root, "qk_nope_head_dim");
+    const cJSON *rope_w = cJSON_GetObjectItemCaseSensitive(root, "qk_rope_head_dim");
+    const int hf_head_dim = cJSON_IsNumber(hd) && cJSON_IsNumber(nope) && cJSON_IsNumber(rope_w) && hd->valuedouble == rope_w->valuedouble;
     int seen_nkv = 0, seen_head_dim = 0, seen_v_head_dim = 0, seen_seq_len = 0;
     char seen_key[N_MODEL_KEYS] = {0};
     char ignored[512] = "";
     for (const cJSON *it = root->child; it; it = it->next) {
         if (!strcmp(it->string, "attention")) continue;
+        if (hf_head_dim && !strcmp(it->string, "head_dim")) continue;
         if (!strcmp(it->string, "train")) {
             if (cJSON_IsNull(it)) continue;
             if (!cJSON_IsObject(it)) die("%s: key 'train' must be an object of run settings", origin);

@@ -168,6 +168,12 @@ grep -q "^clla_quant .*n/a.*latent_quant_group = 32 does not divide kv_lora_rank
 # a knob given under both of its names, or accepted and ignored, is refused
 printf '{"vocab_size":256,"hidden_size":32,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":64,"head_dim":16,"qk_nope_head_dim":8}' > alias2.json
 expect_error "head_dim and qk_nope_head_dim in one file" "'head_dim' and 'qk_nope_head_dim' are two names of one knob" "" -- "$CLLA" info --config alias2.json
+# transformers' DeepseekV3Config writes head_dim = qk_rope_head_dim beside qk_nope_head_dim: read
+# as HF means it (skipped); another head_dim beside qk_nope_head_dim is refused
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['head_dim']=c['qk_rope_head_dim']; c['rope_scaling']=None; json.dump(c, open('ds_hd.json','w')); c['head_dim']=32; json.dump(c, open('ds_hd32.json','w'))" "$HF/deepseek_v2_lite.json"
+"$CLLA" info --config ds_hd.json --json 2> /dev/null > ds_hd.out && "$CLLA" info --config "$HF/deepseek_v2_lite.json" --set rope_scaling=null --json 2> /dev/null | cmp -s - ds_hd.out &&
+    ok "HF's head_dim = qk_rope_head_dim beside qk_nope_head_dim: skipped (the same model)" || fail "DeepSeek head_dim: $(head -c 200 ds_hd.out)"
+expect_error "head_dim 32 beside qk_nope_head_dim 128" "'head_dim' and 'qk_nope_head_dim' are two names of one knob" "" -- "$CLLA" info --config ds_hd32.json
 expect_ok "--set qk_nope_head_dim over a file's head_dim replaces it" "$CLLA" info --config m.json --set head_dim=8 --set qk_nope_head_dim=8
 expect_error "MoE knobs on a dense model" "n_shared_experts = 2 shapes the MoE FFN, and n_routed_experts = 0 makes the model dense" "" -- "$CLLA" info --config m.json --set n_shared_experts=2
 expect_error "num_key_value_heads on a latent preset" "num_key_value_heads = 2: latent models" "" -- "$CLLA" info --config m.json \
