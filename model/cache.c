@@ -377,16 +377,22 @@ static int set_part_codec(CacheLayout *cl, int p, const Codec *given, char *err,
         snprintf(err, errlen, "cache part %s (width %d): %s", PART_NAMES[p], cl->part[p].width, why);
         return -1;
     }
+    // compared without `iters`, which only shapes the fitting: a package's cq:bits=8,c=4 fitted with
+    // iters=10, named again as cq:bits=8,c=4, is the same codec and keeps its codebooks
+    Codec was = cl->part[p].codec, now = *c;
+    was.iters = now.iters = 0;
     char a[160], b[160];
-    codec_format(&cl->part[p].codec, a, sizeof(a));
-    codec_format(c, b, sizeof(b));
+    codec_format(&was, a, sizeof(a));
+    codec_format(&now, b, sizeof(b));
+    const int same = !strcmp(a, b), fitted_iters = cl->part[p].codec.iters;
     // another codec: the streams' fitted states no longer apply (freed by the codec they belong
     // to, so before the part changes codec)
-    if (cl->fit && strcmp(a, b))
+    if (cl->fit && !same)
         for (int s = 0; s < cl->n_streams; s++)
             if (cl->streams[s].part == p) cache_layout_set_fit(cl, s, NULL);
     cl->part[p].codec = *c;
     cl->part[p].codec.fit = NULL;
+    if (cl->fit && same) cl->part[p].codec.iters = fitted_iters;   // what the kept codebooks were fitted with
     return 0;
 }
 

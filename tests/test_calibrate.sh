@@ -54,6 +54,13 @@ if ! near "$full" "$bf" 1e-6; then ok "the codebooks change the loss (bf16 $bf, 
     --cache-codec latent=bf16 --cache-codec k_rope=bf16 > over.json 2> over.err
 if near "$(field over.json loss)" "$bf" 1e-6; then ok "the package's cq parts overridden by --cache-codec bf16: the states dropped, bf16's loss"
 else fail "override: $(cat over.json) vs bf16 $bf" over.err; fi
+# the package's codec named again without its fit-only iters: the same codec, its codebooks kept
+# (it was refused as a codec that needs calibrating), echoed with the iters they were fitted with
+"$CLLA" eval --checkpoint pk --data shards/val --max-batches 2 --batch 4 --seq 24 --through-cache --json \
+    --cache-codec latent=cq:bits=4,c=2 > again.json 2> again.err
+if near "$(field again.json loss)" "$full" 1e-6 && grep -q '"cache":"latent=cq:bits=4,c=2,iters=8' again.json; then
+    ok "the package's cq named again without iters: its codebooks kept ($full)"
+else fail "cq named again without iters: $(head -c 300 again.json)" again.err; fi
 "$CLLA" generate --model pk --prompt "The" --max-new-tokens 4 > gen.out 2> gen.err && [ -s gen.out ] &&
     ok "generate through the cq cache" || fail "generate" gen.err
 
