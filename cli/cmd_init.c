@@ -43,7 +43,7 @@ int cmd_init(int argc, char **argv) {
     // a trained run's files are never replaced by a fresh initialization without a word
     RunDirContents c;
     run_dir_inspect(out, NULL, &c);
-    run_dir_refuse_foreign(&c, out);
+    run_dir_refuse_foreign(&c, out, NULL);
     if (!run_dir_is_empty(&c) && !args_get(&a, SPECS, N_SPECS, "overwrite")) {
         char what[1024];
         run_dir_describe(&c, what, sizeof(what));

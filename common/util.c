@@ -286,6 +286,10 @@ void output_file_check(const char *path, int overwrite, const char *option) {
         die("%s '%s' is a symbolic link: give the path it points to", option, path);
     if (stat(path, &st) == 0) {
         if (S_ISDIR(st.st_mode)) die("%s '%s' is a directory: give a file name", option, path);
+        // the output replaces the name by a rename: a device (/dev/null), a FIFO or a socket would
+        // be swapped for a regular file, even with --overwrite
+        if (!S_ISREG(st.st_mode))
+            die("%s '%s' is not a regular file (a device, a FIFO or a socket), which the output would replace: give a file name", option, path);
         if (!overwrite) die("%s '%s' already exists: give another file name, or replace it with --overwrite", option, path);
     }
     output_parent_check(path, option);

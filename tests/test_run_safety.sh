@@ -85,6 +85,16 @@ expect_error "(1) train.metrics naming the user's own file, with --overwrite" "'
     "$CLLA" train --config c.json --out r_notes --quiet --overwrite --set train.metrics=notes.txt
 [ "$(cat notes.txt)" = "my notes" ] && [ ! -e r_notes ] && ok "(1) the user's file is left as it was, no run directory made" ||
     fail "(1) notes.txt now: $(head -c 80 notes.txt); $(ls r_notes 2>&1)"
+# an output that is a FIFO (or a device: /dev/null) is not a file to replace, even with
+# --overwrite (a rename swapped it for a regular file); nor a train.metrics that is a link
+mkfifo a_fifo
+expect_error "(1) debug-step --out a FIFO with --overwrite" "a_fifo' is not a regular file" -- \
+    "$CLLA" debug-step --model r1 --tokens tok.bin --out a_fifo --overwrite
+echo "real" > real_metrics.jsonl && ln -s real_metrics.jsonl link_metrics.jsonl
+expect_error "(1) train.metrics that is a symbolic link" "is a symbolic link or not a regular file" -- \
+    "$CLLA" train --config c.json --out r_link --quiet --set train.metrics=link_metrics.jsonl
+[ -p a_fifo ] && [ -L link_metrics.jsonl ] && [ "$(cat real_metrics.jsonl)" = real ] && [ ! -e r_link ] &&
+    ok "(1) the FIFO and the link are left as they were" || fail "(1) FIFO or link changed: $(ls -l a_fifo link_metrics.jsonl)"
 # a config.json in --out without a model beside it is the user's (the config being trained
 # from, say): a run writes its own with the final model; refused in every mode, never replaced
 mkdir r_cfg && cp c.json r_cfg/config.json

@@ -35,6 +35,9 @@ void run_dir_inspect(const char *dir, const char *metrics_path, RunDirContents *
     c->foreign_config = c->config && !c->model;
     char *mp = run_metrics_path(dir, metrics_path), *dflt = path_join(dir, "metrics.jsonl");
     struct stat sb;
+    // the metrics file is rewritten by a rename on resume: a link or a device there would be
+    // replaced by a plain file
+    c->metrics_not_plain = lstat(mp, &sb) == 0 && !S_ISREG(sb.st_mode);
     c->metrics = stat(mp, &sb) == 0 && sb.st_size > 0;
     if (c->metrics && strcmp(mp, dflt)) {
         // train.metrics outside the run directory: a run's metrics file starts with its first
@@ -59,7 +62,12 @@ void run_dir_inspect(const char *dir, const char *metrics_path, RunDirContents *
     free(cp);
 }
 
-void run_dir_refuse_foreign(const RunDirContents *c, const char *dir) {
+void run_dir_refuse_foreign(const RunDirContents *c, const char *dir, const char *metrics_path) {
+    if (c->metrics_not_plain) {
+        char *mp = run_metrics_path(dir, metrics_path);
+        die("the metrics file '%s' is a symbolic link or not a regular file (a device, a FIFO), which a resume would replace by a plain file: point train.metrics at a regular file",
+            mp);
+    }
     // never taken for a run's output, not even with --overwrite: the user's file stays as it is
     if (c->foreign_metrics)
         die("train.metrics: '%s' holds a file that no run wrote (it does not start with a step record): point train.metrics at a new file (or leave it unset for %s/metrics.jsonl)",

@@ -23,6 +23,7 @@ typedef struct RunDirContents {
     int model, config, metrics;   // model.safetensors, config.json, the metrics file exist
     int foreign_metrics;          // train.metrics names a file outside dir that no run wrote (no step record first)
     int foreign_config;           // config.json without a model beside it: a run writes them together, so the user's
+    int metrics_not_plain;        // the metrics path is a symbolic link, a device or a FIFO
     int checkpoints;              // entries in checkpoints/ (step_*, temporaries, abandoned-*)
     char metrics_elsewhere[512];  // the metrics file's path when train.metrics puts it outside dir, else ""
 } RunDirContents;
@@ -31,8 +32,9 @@ typedef struct RunDirContents {
 char *run_metrics_path(const char *dir, const char *metrics_path);
 void run_dir_inspect(const char *dir, const char *metrics_path, RunDirContents *c);
 // Dies naming a file in (or named for) the run directory that no run wrote: a train.metrics
-// file without step records, a config.json without a model. --overwrite never removes those.
-void run_dir_refuse_foreign(const RunDirContents *c, const char *dir);
+// file without step records, or that is a link or a device, a config.json without a model.
+// --overwrite never removes those.
+void run_dir_refuse_foreign(const RunDirContents *c, const char *dir, const char *metrics_path);
 int run_dir_is_empty(const RunDirContents *c);
 // "model.safetensors, metrics.jsonl, 3 entries in checkpoints/" for messages.
 void run_dir_describe(const RunDirContents *c, char *buf, size_t len);

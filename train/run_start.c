@@ -34,7 +34,7 @@ int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, c
     run_dir_inspect(out, tc->metrics, &c);
     char what[1024], err[2048];
     run_dir_describe(&c, what, sizeof(what));
-    run_dir_refuse_foreign(&c, out);
+    run_dir_refuse_foreign(&c, out, tc->metrics);
     // train.metrics outside the run directory, holding step records while the directory holds
     // nothing: another run's metrics, or this run's from before its first checkpoint
     const int only_metrics_elsewhere = c.metrics && c.metrics_elsewhere[0] && !c.model && !c.config && !c.checkpoints;
