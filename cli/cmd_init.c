@@ -61,12 +61,17 @@ int cmd_init(int argc, char **argv) {
     const int out_slot = created ? unfinished_add(out, UNFINISHED_EMPTY_DIR) : -1;   // removed if left empty
     rf.dir = xstrdup(out);
     rf.shard_bytes = shard_bytes;
+    // the model, its config.json and (--overwrite) the clearing of the earlier run are one commit:
+    // a Ctrl-C between them left a trained run's config and checkpoints beside the new weights
+    sigset_t before;
+    unfinished_hold_stops(&before);
     run_files_save_model(&rf, &cfg, &model, model.master, NULL);
     free(rf.dir);
     unfinished_done(out_slot);
     // --overwrite: the earlier run's metrics and checkpoints go once the new model replaced its
     // (a failed write above leaves that run as it was)
     if (!run_dir_is_empty(&c)) run_dir_clear(out, NULL, 1);
+    unfinished_release_stops(&before);
     char *index = path_join(out, ST_INDEX_FILE);
     printf("wrote %s/config.json and %s/%s (%lld parameters)\n", out, out,
            access(index, F_OK) == 0 ? ST_INDEX_FILE " and its shards" : ST_SINGLE_FILE, model_num_params(&model));

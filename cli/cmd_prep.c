@@ -229,34 +229,62 @@ static char *earlier_output(const char *out) {
 // (--overwrite; checked before anything was written). Without --overwrite out held none at the
 // start: one that appeared since is another process's, so nothing replaces it; what this run
 // moved before finding it goes back to the staging directory, which the exit removes.
+// Where --overwrite keeps an earlier output of OUT while the new one moves in (a new string).
+static char *earlier_path(const char *staging, const char *name) {
+    char *p = path_join(staging, name), *e = xmalloc(strlen(p) + sizeof(".earlier"));
+    sprintf(e, "%s.earlier", p);
+    free(p);
+    return e;
+}
+
 static void publish(const char *out, const char *staging, int overwrite) {
     const char *names[] = {"train", "val", "tokenizer.tok"};
-    for (int i = 0; overwrite && i < 3; i++) {
-        char *p = path_join(out, names[i]);
-        if (remove_tree(p) != 0) die("--overwrite: cannot remove '%s': %s", p, strerror(errno));
+    // one commit, signals held: the earlier outputs (--overwrite) are moved aside into the staging
+    // directory first, so that a failure (one that cannot be moved) or an interruption leaves
+    // OUT as it was; they are removed once the new ones are in place
+    sigset_t before;
+    unfinished_hold_stops(&before);
+    int aside[3] = {0, 0, 0}, moved[3] = {0, 0, 0}, e = 0, failed = -1;
+    for (int i = 0; overwrite && i < 3 && failed < 0; i++) {
+        char *p = path_join(out, names[i]), *ea = earlier_path(staging, names[i]);
+        if (exists(p)) {
+            if (rename(p, ea) == 0) aside[i] = 1;
+            else e = errno, failed = i;
+        }
         free(p);
+        free(ea);
     }
-    int moved[3] = {0, 0, 0};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 3 && failed < 0; i++) {
         char *from = path_join(staging, names[i]), *to = path_join(out, names[i]);
-        moved[i] = exists(from);   // val is absent when prep made no validation split
-        if (moved[i] && rename_noreplace(from, to) != 0) {
-            int e = errno;
-            for (int k = 0; k < i; k++) {
-                if (!moved[k]) continue;
-                char *back_from = path_join(out, names[k]), *back_to = path_join(staging, names[k]);
-                rename(back_from, back_to);
-                free(back_from);
-                free(back_to);
-            }
-            if (e == EEXIST)
-                die("'%s' was created by another process while prep ran: it was left as it is, and nothing of this prep "
-                    "was kept: give another --out, or rerun with --overwrite", to);
-            die("cannot move '%s' to '%s': %s", from, to, strerror(e));
+        // val is absent when prep made no validation split
+        if (exists(from)) {
+            if (rename_noreplace(from, to) == 0) moved[i] = 1;
+            else e = errno, failed = 3 + i;
         }
         free(from);
         free(to);
     }
+    if (failed >= 0) {   // this prep's outputs back into staging, the earlier ones back into OUT
+        for (int k = 0; k < 3; k++) {
+            char *o = path_join(out, names[k]), *st = path_join(staging, names[k]), *ea = earlier_path(staging, names[k]);
+            if (moved[k]) rename(o, st);
+            if (aside[k]) rename(ea, o);
+            free(o), free(st), free(ea);
+        }
+        char *what = path_join(failed < 3 ? out : staging, names[failed % 3]);
+        if (failed < 3) die("--overwrite: cannot move the earlier '%s' aside: %s: nothing was changed", what, strerror(e));
+        if (e == EEXIST)
+            die("'%s/%s' was created by another process while prep ran: it was left as it is, and nothing of this prep "
+                "was kept: give another --out, or rerun with --overwrite", out, names[failed % 3]);
+        die("cannot move '%s' into '%s': %s: nothing was changed", what, out, strerror(e));
+    }
+    unfinished_release_stops(&before);
+    for (int i = 0; i < 3; i++)
+        if (aside[i]) {
+            char *ea = earlier_path(staging, names[i]);
+            if (remove_tree(ea) != 0) warn("cannot remove the replaced '%s': %s: remove it", ea, strerror(errno));
+            free(ea);
+        }
     if (rmdir(staging) != 0) warn("cannot remove the empty staging directory '%s': %s", staging, strerror(errno));
 }
 

@@ -174,12 +174,8 @@ void package_out_write(PackageOut *po, const Model *model, const Config *cfg, co
     }
     // no signal between moving the old package aside and the new one into place: out is never
     // missing when the process ends (a pending SIGINT/SIGTERM is handled after the second rename)
-    sigset_t stop_signals, before;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    sigaddset(&stop_signals, SIGHUP);
-    sigprocmask(SIG_BLOCK, &stop_signals, &before);
+    sigset_t before;
+    unfinished_hold_stops(&before);
     if (po->exists && rename(out, old) != 0) {
         int e = errno;
         remove_flat_dir(tmp);
@@ -201,7 +197,7 @@ void package_out_write(PackageOut *po, const Model *model, const Config *cfg, co
     unfinished_done(tmp_slot);
     // the replaced package, from here on only to be removed: also if a signal comes during it
     const int old_slot = po->exists ? unfinished_add(old, UNFINISHED_DIR) : -1;
-    sigprocmask(SIG_SETMASK, &before, NULL);
+    unfinished_release_stops(&before);
     fsync_dir_of(out);
     if (po->exists && remove_flat_dir(old) != 0) warn("the replaced package was left at '%s': remove it", old);
     unfinished_done(old_slot);

@@ -135,3 +135,14 @@ void unfinished_install(void) {
         sigaction(sigs[i], &sa, NULL);
     }
 }
+
+void unfinished_hold_stops(sigset_t *before) {
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGHUP);
+    sigprocmask(SIG_BLOCK, &stops, before);
+}
+
+void unfinished_release_stops(const sigset_t *before) { sigprocmask(SIG_SETMASK, before, NULL); }

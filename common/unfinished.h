@@ -15,6 +15,8 @@
 #ifndef CLLA_COMMON_UNFINISHED_H
 #define CLLA_COMMON_UNFINISHED_H
 
+#include <signal.h>
+
 typedef enum UnfinishedKind {
     UNFINISHED_FILE,        // unlinked
     UNFINISHED_DIR,         // removed with what is in it (a staging directory)
@@ -28,6 +30,11 @@ void unfinished_install(void);
 int unfinished_add(const char *path, UnfinishedKind kind);
 // The output of that slot is finished (renamed into place) or removed by its owner; -1 is ignored.
 void unfinished_done(int slot);
+// A commit of several renames that must not be cut in two (a package, a run's model and
+// config, prep's outputs): SIGINT, SIGTERM and SIGHUP are held from unfinished_hold_stops to
+// unfinished_release_stops, and one that came meanwhile is handled then.
+void unfinished_hold_stops(sigset_t *before);
+void unfinished_release_stops(const sigset_t *before);
 // For a handler of SIGINT/SIGTERM that is not this module's (train/signals.c): removes the
 // unfinished outputs, then ends the process by sig the default way.
 void unfinished_die_by_signal(int sig);
