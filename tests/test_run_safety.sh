@@ -230,6 +230,16 @@ expect_error "(3) a train.lock that is a hard link" "not a plain file of its own
 [ "$(cat important.txt)" = IMPORTANT ] && [ -L rl_sym/train.lock ] && ok "(3) the linked file is left as it was" ||
     fail "(3) important.txt now: $(head -c 40 important.txt)"
 
+# a SIGHUP (or a second Ctrl-C) during a checkpoint save ends the process at once: the save's
+# temporary directory goes with it (it was left behind, beside the lock)
+CLLA_TEST_CKPT_PAUSE_MS=1000 "$CLLA" train --config c.json --out r_hup --quiet --save-every 2 --set train.max_steps=100000 2> hup.err &
+hup=$!
+for ((i = 0; i < 100; i++)); do ls -a r_hup/checkpoints 2> /dev/null | grep -q '^\.tmp\.step' && break; sleep 0.05; done
+kill -HUP "$hup"; wait "$hup" 2> /dev/null
+left=$(ls -a r_hup/checkpoints 2> /dev/null | grep '^\.tmp' || true)
+[ -z "$left" ] && grep -q "stopped by a signal: removed the unfinished output .*\.tmp\.step_" hup.err &&
+    ok "(3) SIGHUP during a checkpoint save: its temporary directory removed" || fail "(3) SIGHUP mid-save left '$left': $(tail -n 1 hup.err)"
+
 # ---------------------------------------------------------------- (4) one timeline
 cat > c20.json <<EOF
 {$MODEL, "train": {"data": "tok.bin", "max_steps": 20, "micro_batch": 2, $TRAIN}}

@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/num.h"
+#include "common/unfinished.h"
 #include "common/util.h"
 #include "data/bytes.h"
 #include "model/safetensors.h"
@@ -374,7 +375,7 @@ int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const float 
     snprintf(files[0], sizeof(files[0]), "%s", CONFIG_FILE);
     snprintf(files[1], sizeof(files[1]), "%s", MODEL_FILE);
     for (int r = 0; r < n_files - 2; r++) optimizer_file_name(files[2 + r], sizeof(files[0]), r);
-    int rc = -1;
+    int rc = -1, tmp_slot = -1;
     cJSON *state = NULL;
     char *text = NULL, *p = NULL;
     RankReport mine, *reports = xcalloc((size_t)world, sizeof(RankReport));
@@ -388,6 +389,9 @@ int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const float 
         fsync_dir(run_dir);   // the first save creates checkpoints/ itself: make that name durable too
         remove_tree(tmp);   // a stale one of an earlier process that had our pid
         if (mkdir(tmp, 0755) != 0) { fail_with(status.msg, sizeof(status.msg), "cannot create '%s': %s", tmp, strerror(errno)); goto phase1; }
+        // removed if the process ends before the rename, by any signal too (a second Ctrl-C, a
+        // SIGHUP): train's own handlers only ask for a stop after the step
+        tmp_slot = unfinished_add(tmp, UNFINISHED_DIR);
 
         cJSON *cj = config_to_json(cfg);
         text = cJSON_Print(cj);
@@ -493,6 +497,8 @@ phase1:
             free(old);
             goto phase2;
         }
+        unfinished_done(tmp_slot);
+        tmp_slot = -1;
         if (old) { remove_tree(old); free(old); }
         if (fsync_dir(base) != 0) { fail_with(status.msg, sizeof(status.msg), "cannot flush '%s': %s", base, strerror(errno)); goto phase2; }
         snprintf(status.msg, sizeof(status.msg), "%s", final);
@@ -505,6 +511,7 @@ phase2:
     rc = 0;
 done:
     if (rc != 0 && rank == 0) remove_tree(tmp);
+    unfinished_done(tmp_slot);
     cJSON_Delete(state);
     free(text);
     free(p);
