@@ -230,6 +230,12 @@ expect_error "(3) a train.lock that is a hard link" "not a plain file of its own
 [ "$(cat important.txt)" = IMPORTANT ] && [ -L rl_sym/train.lock ] && ok "(3) the linked file is left as it was" ||
     fail "(3) important.txt now: $(head -c 40 important.txt)"
 
+# the lock file cannot be written (a file-size limit, a full disk): one line, and the directory
+# this run created goes with its lock (both were left behind)
+(ulimit -f 0; "$CLLA" train --config c.json --out r_nolock --quiet) 2> nolock.err
+rc=$?
+[ "$rc" -eq 1 ] && grep -q "cannot write the lock file" nolock.err && [ ! -e r_nolock ] &&
+    ok "(3) an unwritable lock file: one line, no run directory left" || fail "(3) unwritable lock: rc $rc, $(ls -a r_nolock 2>&1 | tr '\n' ' ')"
 # a SIGHUP (or a second Ctrl-C) during a checkpoint save ends the process at once: the save's
 # temporary directory goes with it (it was left behind, beside the lock)
 CLLA_TEST_CKPT_PAUSE_MS=1000 "$CLLA" train --config c.json --out r_hup --quiet --save-every 2 --set train.max_steps=100000 2> hup.err &

@@ -225,15 +225,17 @@ void run_lock_acquire(const char *dir) {
         }
         if (pid > 0 && pid != (long)getpid())
             fprintf(stderr, "clla train: taking over the lock %s left by process %ld, which is no longer running\n", path, pid);
-        char mine[32];
-        int n = snprintf(mine, sizeof(mine), "%ld\n", (long)getpid());
-        if (ftruncate(fd, 0) != 0 || pwrite(fd, mine, (size_t)n, 0) != n)
-            die("cannot write the lock file '%s': %s", path, strerror(errno));
+        // held from here: a failing write below (a full disk) still releases the lock and removes
+        // the directory this call created
         held.path = path;
         held.dir = xstrdup(dir);
         held.fd = fd;
         held.created_dir = !existed;
         atexit(release_lock);
+        char mine[32];
+        int n = snprintf(mine, sizeof(mine), "%ld\n", (long)getpid());
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, mine, (size_t)n, 0) != n)
+            die("cannot write the lock file '%s': %s", path, strerror(errno));
         return;
     }
 }
