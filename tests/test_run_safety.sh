@@ -232,8 +232,9 @@ expect_error "(3) a train.lock that is a hard link" "not a plain file of its own
 
 # the lock file cannot be written (a file-size limit, a full disk): one line, and the directory
 # this run created goes with its lock (both were left behind)
-(ulimit -f 0; "$CLLA" train --config c.json --out r_nolock --quiet) 2> nolock.err
-rc=$?
+# (the message through a pipe: under the limit, a file for stderr could not be written either)
+(ulimit -f 0; "$CLLA" train --config c.json --out r_nolock --quiet 2>&1) | cat > nolock.err
+rc=${PIPESTATUS[0]}
 [ "$rc" -eq 1 ] && grep -q "cannot write the lock file" nolock.err && [ ! -e r_nolock ] &&
     ok "(3) an unwritable lock file: one line, no run directory left" || fail "(3) unwritable lock: rc $rc, $(ls -a r_nolock 2>&1 | tr '\n' ' ')"
 # a SIGHUP (or a second Ctrl-C) during a checkpoint save ends the process at once: the save's
