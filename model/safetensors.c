@@ -563,11 +563,18 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
             snprintf(part, sizeof(part), "%s.partial.%ld", name, (long)getpid());
             names[k] = xstrdup(name);
             partial[k] = path_join(dir, part);
+            // tracked before it exists: st_save renames its temporary to this name, and a signal
+            // right after the rename would otherwise leave it behind
+            unfinished[k] = unfinished_add(partial[k], UNFINISHED_FILE);
             rc = st_save(partial[k], OUT_REPLACE, t + first, last - first, out_dtype, meta, err, errlen);
-            unfinished[k] = rc ? -1 : unfinished_add(partial[k], UNFINISHED_FILE);
+            if (rc) unfinished_done(unfinished[k]);
             if (!rc) written++;
             first = last;
         }
+        // the shards' renames (over a previous save's of the same names), the index and the
+        // removal of stale shards are one commit: a signal between them left shards of two saves
+        sigset_t before;
+        unfinished_hold_stops(&before);
         for (int k = 0; k < written && !rc; k++) {
             char *final = path_join(dir, names[k]);
             if (rename(partial[k], final) != 0) rc = fail_with(err, errlen, "cannot rename '%s' to '%s': %s", partial[k], final, strerror(errno));
@@ -607,6 +614,7 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
             remove_stale(dir, old, n_old, keep, n_shards + 1);
             free(keep);
         }
+        unfinished_release_stops(&before);
         for (int k = 0; k < n_shards; k++) { free(names[k]); free(partial[k]); }
         free(names);
         free(partial);
