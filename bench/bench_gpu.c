@@ -335,6 +335,13 @@ int main(int argc, char **argv) {
     if (seq_s && seq < 1) die("--seq must be a positive integer");
     if (only && strcmp(only, "dense") && strcmp(only, "moe") && strcmp(only, "experts"))
         die("--only %s: use dense, moe or experts", only);
+    // the configs too: a missing or bad one is refused before the device is asked for
+    {
+        Config probe;
+        const char *dp = args_get(&a, SPECS, N_SPECS, "dense"), *mp = args_get(&a, SPECS, N_SPECS, "moe");
+        if (!only || !strcmp(only, "dense")) config_load(&probe, dp ? dp : "bench/dense_1b.json", a.n_sets, a.sets);
+        if (!only || strcmp(only, "dense")) config_load(&probe, mp ? mp : "configs/paper/clla.json", a.n_sets, a.sets);
+    }
 #ifndef CLLA_HAVE_CUDA
     (void)peak_s;
     say(json, "skipped", "no CUDA device (this build has no CUDA backend: configure with -DCLLA_CUDA=ON)");

@@ -234,6 +234,7 @@ bench_refuses "bench_codec --codecs ';;'" "names no codec" "$BUILD/bench/bench_c
 bench_refuses "bench_moe --bogus" "unknown option '--bogus'" "$BUILD/bench/bench_moe" --bogus 3
 "$BUILD/bench/bench_moe" --help > "$WORK/moe_help.out" 2>&1 && grep -q "^usage: bench_moe" "$WORK/moe_help.out" && ! grep -q "^ratio " "$WORK/moe_help.out" &&
     ok "bench_moe --help prints its usage, runs nothing" || fail "bench_moe --help: $(head -c 200 "$WORK/moe_help.out")"
+bench_refuses "bench_gpu --dense naming no file (before the device is asked for)" "cannot read config" "$BUILD/bench/bench_gpu" --dense "$WORK/none.json"
 bench_refuses "bench_dist.sh with 3 steps" "STEPS 3 is below 6" bash bench/bench_dist.sh "$CLLA" 3
 bench_refuses "bench_dist.sh with a missing binary" "is not an executable" bash bench/bench_dist.sh "$WORK/no_clla" 10
 bench_refuses "bench_overlap.sh with 0 pairs" "PAIRS 0 is below 1" bash bench/bench_overlap.sh "$CLLA" 0
