@@ -248,11 +248,14 @@ int main(int argc, char **argv) {
         // over the read bandwidth: a step only reads its cache and weights
         const double roof = fmax(r->bytes / bw, r->flops / sg), read_roof = fmax(r->bytes / rd, r->flops / sg);
         if (json)
+            // the roofline's parts too (all bytes moved: the cache's and the weights'; the FLOPs), so
+            // that it can be recomputed from the printed rates
             printf("{\"preset\":\"%s\",\"context\":%d,\"batch\":%d,\"ms_per_step\":%.3f,\"cache_bytes_read\":%.0f,"
+                   "\"bytes_moved\":%.0f,\"flops\":%.0f,"
                    "\"roofline_ms\":%.3f,\"x_roofline\":%.3f,\"read_roofline_ms\":%.3f,\"x_read_roofline\":%.3f,"
                    "\"bytes_per_token\":%.10g}\n",
-                   r->preset, r->ctx, r->batch, r->step_s * 1e3, r->cache_read, roof * 1e3, r->step_s / roof, read_roof * 1e3,
-                   r->step_s / read_roof, r->bytes_per_token);
+                   r->preset, r->ctx, r->batch, r->step_s * 1e3, r->cache_read, r->bytes, r->flops, roof * 1e3, r->step_s / roof,
+                   read_roof * 1e3, r->step_s / read_roof, r->bytes_per_token);
         else
             printf("%-24s %6d %5d %9.2f %11.1f %11.2f %9.2f %11.10g %9.2f\n", r->preset, r->ctx, r->batch, r->step_s * 1e3,
                    r->cache_read / 1e6, roof * 1e3, r->step_s / roof, r->bytes_per_token, r->step_s / read_roof);

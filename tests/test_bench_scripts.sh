@@ -186,6 +186,11 @@ assert len(pts) == 4 and all(r["context"] == 32 for r in pts), pts
 for r in pts:
     assert abs(r["x_roofline"] - r["ms_per_step"] / r["roofline_ms"]) <= 2e-3 * r["x_roofline"], r
     assert r["roofline_ms"] >= r["cache_bytes_read"] / (rows[0]["machine"]["copy_GBps"] * 1e9) * 1e3 * 0.999, r
+    # the roofline from its printed parts: max(bytes moved / copy bandwidth, FLOPs / sgemm rate)
+    m = rows[0]["machine"]
+    want = max(r["bytes_moved"] / (m["copy_GBps"] * 1e9), r["flops"] / (m["sgemm_GFLOPs"] * 1e9)) * 1e3
+    assert abs(r["roofline_ms"] - want) <= 2e-3 * want + 1e-3, (r, want)
+    assert r["bytes_moved"] > r["cache_bytes_read"], r   # the weights too
 PY
     then ok "bench_decode --json at context 32: the machine first, 2 prefills, 4 points against its rates"
     else fail "bench_decode --json: $(head -c 600 "$WORK/dec.json")"; fi
