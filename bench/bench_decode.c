@@ -57,7 +57,7 @@ static const ArgSpec SPECS[] = {
 
 static const char *ALL_PRESETS = "mha,gqa,mqa,mla,cla,gqa_cla,clla,clla_share_krope,clla_share_kvproj,clla_quant,clla_quant_share_kvproj";
 
-#define MAX_BATCH 64   // sequences decoded together at most (generate's --batch limit too)
+#define MAX_BATCH 64   // sequences decoded together at most: the size of the step's id arrays below
 
 static int parse_list(const char *s, int *out, int max, int hi, const char *what) {
     int n = 0;

@@ -5,7 +5,7 @@
 #define CLLA_CLI_ONE_PROCESS_H
 
 // Dies naming `what` when the environment says this process is one of several ranks
-// (OpenMPI's OMPI_COMM_WORLD_SIZE, PMI's PMI_SIZE, SLURM's SLURM_STEP_NUM_TASKS above 1).
+// (train/dist.c's table of launcher variables: OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS).
 void cli_one_process(const char *what);
 
 #endif

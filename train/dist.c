@@ -1,6 +1,7 @@
 // The process group and its deterministic collectives (train/dist.h).
 #include "train/dist.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -10,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/num.h"
 #include "common/util.h"
 #include "train/dist_internal.h"
 
@@ -75,11 +77,33 @@ void dist_leave(Dist *d, double t0) {
 
 // ---------------------------------------------------------------- group
 
+// What launchers put in each rank's environment: the one table that both whether this process
+// is an MPI rank (dist_init) and how many ranks were started (dist_launched_ranks) are read from.
+static const struct {
+    const char *name;
+    int size;   // the value is the number of ranks (else a rank's index)
+    int mpi;    // set by an MPI launcher (SLURM's step size also for a step without MPI)
+} LAUNCHER_VARS[] = {
+    {"OMPI_COMM_WORLD_SIZE", 1, 1}, {"PMIX_RANK", 0, 1}, {"PMI_RANK", 0, 1}, {"PMI_SIZE", 1, 1}, {"SLURM_STEP_NUM_TASKS", 1, 0},
+};
+#define N_LAUNCHER_VARS (sizeof(LAUNCHER_VARS) / sizeof(LAUNCHER_VARS[0]))
+
+int dist_launched_ranks(const char **var) {
+    for (size_t i = 0; i < N_LAUNCHER_VARS; i++) {
+        const char *v = LAUNCHER_VARS[i].size ? getenv(LAUNCHER_VARS[i].name) : NULL;
+        uint64_t n = 0;
+        if (v && num_parse_u64(v, UINT64_MAX, &n) == NUM_OK && n > 1) {
+            if (var) *var = LAUNCHER_VARS[i].name;
+            return n > INT_MAX ? INT_MAX : (int)n;
+        }
+    }
+    return 1;
+}
+
 #ifdef CLLA_HAVE_MPI
 static int launched_by_mpi(void) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
-    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
-        if (getenv(vars[i])) return 1;
+    for (size_t i = 0; i < N_LAUNCHER_VARS; i++)
+        if (LAUNCHER_VARS[i].mpi && getenv(LAUNCHER_VARS[i].name)) return 1;
     return 0;
 }
 #endif

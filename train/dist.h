@@ -51,6 +51,9 @@ typedef struct Dist {
 // touches MPI. timeout_s > 0 starts a watchdog: a collective that waits longer than that
 // for the other ranks (a hung network, a rank stuck in I/O) prints a line naming this rank
 // and ends the process with status 3, and mpirun then ends the job.
+// The number of ranks the launcher started (1 when none says more), from the environment, with
+// the variable that said so in *var: for the commands that run as one process (cli/one_process.c).
+int dist_launched_ranks(const char **var);
 void dist_init(Dist *d, double timeout_s);
 void dist_finalize(Dist *d);
 // Ends the whole job with status code (MPI_Abort under MPI, exit otherwise).
