@@ -27,6 +27,7 @@ CODECS=(--cache-codec latent=cq:bits=8,c=8 --cache-codec k_rope=cq:bits=8,c=4 --
 mkdir -p "$OUT/codecs"
 RES=$OUT/codecs/results.jsonl
 : > "$RES.tmp"
+trap 'rm -f "$RES.tmp"' EXIT   # a failed eval or calibrate leaves no half-filled results behind
 record() {   # record MODEL SEED EVAL_JSON [INFO_JSON]: one line of results.jsonl (a plain model's
              # cache bytes per token from clla info, a coded one's as eval measured them)
     /usr/bin/python3 -c '
