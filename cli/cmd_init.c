@@ -50,7 +50,10 @@ int cmd_init(int argc, char **argv) {
         die("'%s' already holds a model or a run (%s): give another --out, or replace it with --overwrite", out, what);
     }
     // a training that runs in out holds its lock: its files are not cleared under it
-    if (!run_dir_is_empty(&c)) run_lock_acquire(out);
+    if (!run_dir_is_empty(&c)) {
+        run_lock_acquire(out);
+        run_dir_check_clearable(out, NULL);   // before the new model replaces the old one
+    }
     Model model;
     model_build(&model, &cfg.model, backend_cpu());
     model_init_weights(&model, cfg.train.seed);

@@ -277,6 +277,50 @@ int remove_tree(const char *path) {
     return -1;
 }
 
+static int dir_changeable(const char *dir) { return access(dir, W_OK | X_OK) == 0; }
+
+// the directory path is in: a copy with its last component cut ("." for a bare name)
+static char *parent_of(const char *path) {
+    char *copy = xstrdup(path), *p = xstrdup(dirname(copy));
+    free(copy);
+    return p;
+}
+
+static int tree_entries_removable(const char *path, char *blocker, size_t len) {
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
+    DIR *d = opendir(path);
+    if (!d) {
+        snprintf(blocker, len, "%s", path);
+        return -1;
+    }
+    int rc = 0, any = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        any = 1;
+        char *p = path_join(path, de->d_name);
+        rc = tree_entries_removable(p, blocker, len);
+        free(p);
+    }
+    closedir(d);
+    if (rc == 0 && any && !dir_changeable(path)) {
+        snprintf(blocker, len, "%s", path);
+        rc = -1;
+    }
+    return rc;
+}
+
+int tree_removable(const char *path, char *blocker, size_t len) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return 0;   // nothing to remove
+    char *parent = parent_of(path);
+    const int ok = dir_changeable(parent);
+    if (!ok) snprintf(blocker, len, "%s", parent);
+    free(parent);
+    return ok ? tree_entries_removable(path, blocker, len) : -1;
+}
+
 void output_file_check(const char *path, int overwrite, const char *option) {
     struct stat st;
     if (!path[0]) die("%s is empty: give a file name", option);

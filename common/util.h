@@ -71,6 +71,11 @@ int make_dirs(const char *path);
 // links (a link is removed, not its target). 0 on success or when path does not exist; -1 with
 // errno of the first failure (the rest is still tried).
 int remove_tree(const char *path);
+// Would remove_tree(path) stop at a directory it may not change? 0 when every directory holding
+// something under path (and path's own parent) can have entries removed (write and search
+// permission, a writable file system); else -1, the first such directory in blocker. A check made
+// before an irreversible step, so that a removal that would fail half-way fails before it.
+int tree_removable(const char *path, char *blocker, size_t len);
 
 // Joins a directory and a file name into a new string.
 char *path_join(const char *dir, const char *name);

@@ -5,6 +5,7 @@
 #      --overwrite (files untouched), cleared with it; a user's config.json in --out and a
 #      train.metrics file no run wrote are refused even with --overwrite; train.metrics holding
 #      another run's records is refused without it (also with --resume auto);
+#      an earlier run that --overwrite could not clear (read-only checkpoints) is refused first;
 #  (2) a finished run continues with --resume auto --set train.max_steps=N from its final
 #      checkpoint; without any checkpoint it is refused with the reason; at max_steps: nothing to do,
 #      unless the end's final model was not written (written then from the last checkpoint);
@@ -124,6 +125,24 @@ else
 fi
 "$CLLA" init --config c.json --out r1 --overwrite > /dev/null 2> init.err && [ ! -e r1/metrics.jsonl ] && [ ! -e r1/checkpoints ] &&
     ok "(1) init --overwrite replaces the run" || fail "(1) init --overwrite: $(cat init.err)"
+# an earlier run whose checkpoints cannot be removed (here a read-only mount of checkpoints/, in a
+# mount namespace of its own): init --overwrite and train --overwrite refuse before they change
+# anything (init wrote the new model first and then failed, leaving it beside the old checkpoints)
+"$CLLA" train --config c.json --out r_ro --quiet --set train.max_steps=2 2> /dev/null || fail "(1) r_ro run failed"
+cp r_ro/model.safetensors r_ro.model
+if unshare -m true 2> /dev/null; then
+    for cmd in init train; do
+        unshare -m bash -c 'mount --bind "$1/checkpoints" "$1/checkpoints" && mount -o remount,bind,ro "$1/checkpoints" &&
+            exec "$2" "$3" --config c.json --out "$1" --overwrite' _ "$WORK/r_ro" "$CLLA" "$cmd" > /dev/null 2> ro.err
+        rc=$?
+        [ $rc -ne 0 ] && grep -q "cannot be cleared: nothing may be removed from '$WORK/r_ro/checkpoints/step_00000002'.*nothing was changed" ro.err &&
+            cmp -s r_ro.model r_ro/model.safetensors && [ -e r_ro/metrics.jsonl ] && [ ! -e r_ro/train.lock ] &&
+            ok "(1) $cmd --overwrite over checkpoints it cannot remove: refused, nothing changed" ||
+            fail "(1) $cmd --overwrite, read-only checkpoints: rc $rc, $(cat ro.err), $(ls r_ro | tr '\n' ' ')"
+    done
+else
+    echo "skip (1) --overwrite over read-only checkpoints: this machine does not allow a mount namespace (unshare -m)"
+fi
 
 # ---------------------------------------------------------------- (2) continue a finished run
 "$CLLA" train --config c.json --out r2 --quiet 2> r2.err || fail "(2) run failed: $(tail -n 1 r2.err)"

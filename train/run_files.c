@@ -142,10 +142,29 @@ int run_dir_remove_temporaries(const char *dir, char *first, size_t first_len) {
     return n;
 }
 
+// the files of a run directory that --overwrite replaces (the metrics file and checkpoints/ aside)
+static const char *const RUN_MODEL_FILES[] = {"model.safetensors", "model.safetensors.index.json", "config.json"};
+#define N_RUN_MODEL_FILES (int)(sizeof(RUN_MODEL_FILES) / sizeof(RUN_MODEL_FILES[0]))
+
+void run_dir_check_clearable(const char *dir, const char *metrics_path) {
+    char *paths[N_RUN_MODEL_FILES + 2];
+    paths[0] = run_metrics_path(dir, metrics_path);
+    paths[1] = path_join(dir, "checkpoints");
+    for (int i = 0; i < N_RUN_MODEL_FILES; i++) paths[2 + i] = path_join(dir, RUN_MODEL_FILES[i]);
+    char blocker[1024];
+    int rc = 0;
+    for (int i = 0; i < N_RUN_MODEL_FILES + 2 && rc == 0; i++) rc = tree_removable(paths[i], blocker, sizeof(blocker));
+    for (int i = 0; i < N_RUN_MODEL_FILES + 2; i++) free(paths[i]);
+    if (rc != 0)
+        die("--overwrite: the earlier run in '%s' cannot be cleared: nothing may be removed from '%s' (permissions or a "
+            "read-only file system): make it writable, or give another --out; nothing was changed",
+            dir, blocker);
+}
+
 void run_dir_clear(const char *dir, const char *metrics_path, int keep_model) {
-    const char *names[] = {"model.safetensors", "model.safetensors.index.json", "config.json"};
-    for (int i = 0; i < 3 && !keep_model; i++) {
-        char *p = path_join(dir, names[i]);
+    run_dir_check_clearable(dir, metrics_path);   // fail before the first removal, not half-way
+    for (int i = 0; i < N_RUN_MODEL_FILES && !keep_model; i++) {
+        char *p = path_join(dir, RUN_MODEL_FILES[i]);
         if (unlink(p) != 0 && errno != ENOENT) die("--overwrite: cannot remove '%s': %s", p, strerror(errno));
         free(p);
     }

@@ -43,6 +43,9 @@ void run_dir_describe(const RunDirContents *c, char *buf, size_t len);
 // keep_model: config.json and the weights stay (the caller has just written new ones in their
 // place: an earlier run is not removed before its replacement is safely written).
 void run_dir_clear(const char *dir, const char *metrics_path, int keep_model);
+// The check run_dir_clear makes first, for a caller with a step to take before it (init writes
+// the new model, then clears): dies naming the first directory from which a removal would fail.
+void run_dir_check_clearable(const char *dir, const char *metrics_path);
 // Removes the temporaries of the run's own files that a killed process left in dir (its final
 // model's, config.json's, metrics.jsonl's "<name>.tmp.<pid>", a sharded save's parts): only
 // while holding the run's lock, when no other process can be writing them. Returns how many,
