@@ -77,9 +77,9 @@ static void remove_dir(const char *path) {
     rmdir(path);
 }
 
-// Removes this process's unfinished outputs: files, then directories emptied of them, then the
-// directories created for an output (removed only if empty). Returns how many were tracked and
-// the slot of the first, for the message.
+// Removes this process's unfinished outputs: files, then directories emptied of them, then a
+// run's lock, then the directories created for an output (removed only if empty). Returns how many
+// outputs were tracked and the slot of the first, for the message.
 static int remove_all(int *first) {
     const pid_t me = getpid();
     int n = 0;
@@ -87,11 +87,12 @@ static int remove_all(int *first) {
     for (int kind = UNFINISHED_FILE; kind <= UNFINISHED_EMPTY_DIR; kind++)
         for (int i = SLOTS - 1; i >= 0; i--) {
             if (atomic_load(&slots[i].state) != ACTIVE || slots[i].owner != me || (int)slots[i].kind != kind) continue;
-            if (kind == UNFINISHED_FILE) unlink(slots[i].path);
+            if (kind == UNFINISHED_FILE || kind == UNFINISHED_LOCK) unlink(slots[i].path);
             else if (kind == UNFINISHED_DIR) remove_dir(slots[i].path);
             else rmdir(slots[i].path);
-            if (kind != UNFINISHED_EMPTY_DIR && *first < 0) *first = i;
-            if (kind != UNFINISHED_EMPTY_DIR) n++;
+            const int named = kind == UNFINISHED_FILE || kind == UNFINISHED_DIR;
+            if (named && *first < 0) *first = i;
+            if (named) n++;
             // the slot stays ACTIVE: its path is still read for the message; the process ends
         }
     return n;

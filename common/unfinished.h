@@ -20,6 +20,7 @@
 typedef enum UnfinishedKind {
     UNFINISHED_FILE,        // unlinked
     UNFINISHED_DIR,         // removed with what is in it (a staging directory)
+    UNFINISHED_LOCK,        // unlinked after the outputs and not named in the message (a run's lock: not an output)
     UNFINISHED_EMPTY_DIR,   // removed only if empty (a directory the command created for its output)
 } UnfinishedKind;
 

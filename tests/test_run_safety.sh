@@ -257,7 +257,7 @@ rc=${PIPESTATUS[0]}
 [ "$rc" -eq 1 ] && grep -q "cannot write the lock file" nolock.err && [ ! -e r_nolock ] &&
     ok "(3) an unwritable lock file: one line, no run directory left" || fail "(3) unwritable lock: rc $rc, $(ls -a r_nolock 2>&1 | tr '\n' ' ')"
 # a SIGHUP (or a second Ctrl-C) during a checkpoint save ends the process at once: the save's
-# temporary directory goes with it (it was left behind, beside the lock)
+# temporary directory and the lock go with it (both were left behind)
 CLLA_TEST_CKPT_PAUSE_MS=1000 "$CLLA" train --config c.json --out r_hup --quiet --save-every 2 --set train.max_steps=100000 2> hup.err &
 hup=$!
 for ((i = 0; i < 100; i++)); do ls -a r_hup/checkpoints 2> /dev/null | grep -q '^\.tmp\.step' && break; sleep 0.05; done
@@ -265,6 +265,7 @@ kill -HUP "$hup"; wait "$hup" 2> /dev/null
 left=$(ls -a r_hup/checkpoints 2> /dev/null | grep '^\.tmp' || true)
 [ -z "$left" ] && grep -q "stopped by a signal: removed the unfinished output .*\.tmp\.step_" hup.err &&
     ok "(3) SIGHUP during a checkpoint save: its temporary directory removed" || fail "(3) SIGHUP mid-save left '$left': $(tail -n 1 hup.err)"
+[ ! -e r_hup/train.lock ] && ok "(3) SIGHUP: the lock goes with the run" || fail "(3) SIGHUP left r_hup/train.lock: $(cat hup.err)"
 
 # ---------------------------------------------------------------- (4) one timeline
 cat > c20.json <<EOF

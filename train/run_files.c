@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/unfinished.h"
 #include "common/util.h"
 
 char *run_metrics_path(const char *dir, const char *metrics_path) {
@@ -194,11 +195,12 @@ void run_dir_clear(const char *dir, const char *metrics_path, int keep_model) {
 // go also when die() ends the process. Set once by run_lock_acquire.
 static struct {
     char *path, *dir;
-    int fd, created_dir;
-} held = {NULL, NULL, -1, 0};
+    int fd, created_dir, unfinished_slot;
+} held = {NULL, NULL, -1, 0, -1};
 
 static void release_lock(void) {
     if (held.fd < 0) return;
+    unfinished_done(held.unfinished_slot);
     // unlink before unlocking: a process that opens the name afterwards gets a new file
     unlink(held.path);
     close(held.fd);
@@ -251,6 +253,9 @@ void run_lock_acquire(const char *dir) {
         held.fd = fd;
         held.created_dir = !existed;
         atexit(release_lock);
+        // a signal that ends the process without exit() (SIGHUP, a second Ctrl-C) removes it too
+        held.unfinished_slot = unfinished_add(path, UNFINISHED_LOCK);
+        if (!existed) unfinished_add(dir, UNFINISHED_EMPTY_DIR);   // and the directory, if that left it empty
         char mine[32];
         int n = snprintf(mine, sizeof(mine), "%ld\n", (long)getpid());
         if (ftruncate(fd, 0) != 0 || pwrite(fd, mine, (size_t)n, 0) != n)
