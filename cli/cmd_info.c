@@ -132,7 +132,7 @@ int cmd_info(int argc, char **argv) {
     if (mc->n_routed_experts > 0)
         printf("experts           %d routed (top-%d, %d wide) + %d shared, in layers %d..%d; capacity factor %g (%s)\n",
                mc->n_routed_experts, mc->num_experts_per_tok, mc->moe_intermediate_size, mc->n_shared_experts,
-               mc->first_k_dense_layers, mc->num_hidden_layers - 1, (double)mc->moe_capacity_factor,
+               mc->first_k_dense_layers, mc->num_hidden_layers - 1, mc->moe_capacity_factor,
                mc->moe_capacity_factor > 0 ? "drops over capacity" : "no dropping");
     printf("training memory   (B=%d, T=%d, %s storage)\n", cfg.train.micro_batch, cfg.train.seq_len, store == 2 ? "bf16" : "fp32");
     printf("  params          %10.1f MiB\n", mib(c.params));

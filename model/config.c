@@ -20,7 +20,7 @@
 #include "model/hf_config.h"
 
 // K_AUTO: true, false or "auto", stored as 1, 0 or -1
-typedef enum { K_INT, K_LLONG, K_ULLONG, K_FLOAT, K_BOOL, K_AUTO, K_STR, K_SHARE } KeyType;
+typedef enum { K_INT, K_LLONG, K_ULLONG, K_FLOAT, K_DOUBLE, K_BOOL, K_AUTO, K_STR, K_SHARE } KeyType;
 
 typedef struct KeyDef {
     const char *name;
@@ -58,7 +58,7 @@ static const KeyDef MODEL_KEYS[] = {
     {"first_k_dense_layers", "first_k_dense_replace", K_INT, M_(first_k_dense_layers), 0},
     {"moe_aux_loss_coef", "aux_loss_alpha", K_FLOAT, M_(moe_aux_loss_coef), 0},
     {"moe_z_loss_coef", NULL, K_FLOAT, M_(moe_z_loss_coef), 0},
-    {"moe_capacity_factor", NULL, K_FLOAT, M_(moe_capacity_factor), 0},
+    {"moe_capacity_factor", NULL, K_DOUBLE, M_(moe_capacity_factor), 0},
     {"norm_topk_prob", NULL, K_BOOL, M_(norm_topk_prob), 0},
     {"rms_norm_eps", NULL, K_FLOAT, M_(rms_norm_eps), 0},
     {"rope_theta", NULL, K_FLOAT, M_(rope_theta), 0},
@@ -160,6 +160,11 @@ static void set_value(void *base, const KeyDef *k, const cJSON *v, const char *o
                 json_snippet(v, val, sizeof(val)), (double)FLT_MAX);
         *(float *)dst = (float)v->valuedouble;
         break;
+    case K_DOUBLE:   // a value used in double arithmetic, where its float rounding would show (a capacity)
+        if (!cJSON_IsNumber(v)) die("%s: key '%s%s' must be a number, got %s", origin, prefix, name, json_snippet(v, val, sizeof(val)));
+        if (!isfinite(v->valuedouble)) die("%s: key '%s%s' = %s is not a finite number", origin, prefix, name, json_snippet(v, val, sizeof(val)));
+        *(double *)dst = v->valuedouble;
+        break;
     case K_BOOL:
         if (cJSON_IsBool(v)) *(int *)dst = cJSON_IsTrue(v);
         else if (cJSON_IsNumber(v) && (v->valuedouble == 0 || v->valuedouble == 1)) *(int *)dst = (int)v->valuedouble;
@@ -202,6 +207,7 @@ static cJSON *value_to_json(const void *base, const KeyDef *k) {
         }
         return cJSON_CreateNumber(strtod(buf, NULL));
     }
+    case K_DOUBLE: return cJSON_CreateNumber(*(const double *)src);
     case K_BOOL: return cJSON_CreateBool(*(const int *)src);
     case K_AUTO: return *(const int *)src < 0 ? cJSON_CreateString("auto") : cJSON_CreateBool(*(const int *)src);
     case K_STR: return cJSON_CreateString(src);
@@ -218,7 +224,7 @@ static void defaults(Config *cfg) {
     m->share = SHARE_KV;
     m->latent_quant_group = 32;
     m->num_experts_per_tok = 1;
-    m->moe_capacity_factor = 0.0f;
+    m->moe_capacity_factor = 0.0;
     m->rms_norm_eps = 1e-6f;
     m->rope_theta = 10000.0f;
     m->max_position_embeddings = 4096;

@@ -34,7 +34,7 @@ typedef struct ModelConfig {
     int first_k_dense_layers;
     float moe_aux_loss_coef;
     float moe_z_loss_coef;
-    float moe_capacity_factor;
+    double moe_capacity_factor;   // double: ceil(N K / E * cf) of a cf like 1.2 must not see its float rounding (model/moe.c)
     int norm_topk_prob;
     // numerics
     float rms_norm_eps;

@@ -161,9 +161,9 @@ void moe_free(Model *m) {
 }
 
 int moe_capacity(const ModelConfig *c, int N) {
-    if (c->n_routed_experts <= 0 || c->moe_capacity_factor <= 0.0f) return 0;
-    // in double from the float knob: the PyTorch twin computes the same expression
-    double cap = ceil((double)N * c->num_experts_per_tok / c->n_routed_experts * (double)c->moe_capacity_factor);
+    if (c->n_routed_experts <= 0 || c->moe_capacity_factor <= 0.0) return 0;
+    // in double, as Megatron's get_capacity (and the PyTorch twin) compute it
+    double cap = ceil((double)N * c->num_experts_per_tok / c->n_routed_experts * c->moe_capacity_factor);
     // an expert receives each token at most once: a capacity of N drops nothing, as any larger
     // one would (and a factor of 1e30 does not overflow the int)
     return cap < 1.0 ? 1 : cap >= (double)N ? N : (int)cap;

@@ -4,6 +4,7 @@
 // hashed tensor table (model/tensor_table.c). tests/test_config_strict.sh covers the binary.
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/json_strict.h"
@@ -171,14 +172,29 @@ static void test_moe_capacity(void) {
     ModelConfig c = {0};
     c.n_routed_experts = 8;
     c.num_experts_per_tok = 2;
-    c.moe_capacity_factor = 1.5f;
+    c.moe_capacity_factor = 1.5;
     CHECK(moe_capacity(&c, 100) == 38, "capacity(100 tokens, 2 of 8, 1.5) = %d, want ceil(37.5) = 38", moe_capacity(&c, 100));
-    c.moe_capacity_factor = 1e-9f;
+    c.moe_capacity_factor = 1e-9;
     CHECK(moe_capacity(&c, 100) == 1, "a tiny factor gives capacity %d, want 1", moe_capacity(&c, 100));
-    c.moe_capacity_factor = 1e30f;
+    c.moe_capacity_factor = 1e30;
     CHECK(moe_capacity(&c, 100) == 100, "factor 1e30 gives capacity %d, want N = 100", moe_capacity(&c, 100));
-    c.moe_capacity_factor = 0.0f;
+    c.moe_capacity_factor = 0.0;
     CHECK(moe_capacity(&c, 100) == 0, "factor 0 (no dropping) gives capacity %d, want 0", moe_capacity(&c, 100));
+    // the factor as a config gives it: 1.2 is 1.2, not its float rounding (1.2000000477), which
+    // made ceil(40 / 4 * 1.2) 13 where Megatron's get_capacity gives 12
+    Config cfg;
+    config_from_json(&cfg,
+                     "{\"vocab_size\":61,\"hidden_size\":24,\"num_attention_heads\":4,\"intermediate_size\":40,"
+                     "\"num_hidden_layers\":1,\"attention\":\"mha\",\"n_routed_experts\":4,\"num_experts_per_tok\":1,"
+                     "\"moe_intermediate_size\":10,\"moe_capacity_factor\":1.2}",
+                     "capacity test", 0, NULL);
+    CHECK(moe_capacity(&cfg.model, 40) == 12, "capacity(40 tokens, 1 of 4, 1.2) = %d, want 12", moe_capacity(&cfg.model, 40));
+    CHECK(moe_capacity(&cfg.model, 100) == 30, "capacity(100 tokens, 1 of 4, 1.2) = %d, want 30", moe_capacity(&cfg.model, 100));
+    cJSON *back = config_model_to_json(&cfg.model);
+    char *text = cJSON_PrintUnformatted(back);
+    CHECK(strstr(text, "\"moe_capacity_factor\":1.2,") != NULL, "the factor written back: %s", text);
+    free(text);
+    cJSON_Delete(back);
 }
 
 int main(void) {

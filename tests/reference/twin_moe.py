@@ -62,8 +62,8 @@ def moe_settings(raw):
         "E": E, "K": int(num("num_experts_per_tok", 1)), "Ie": Ie, "Is": Is,
         "aux_coef": float(num("moe_aux_loss_coef", 0.0, "aux_loss_alpha")),
         "z_coef": float(num("moe_z_loss_coef", 0.0)),
-        # the C side holds the factor as a float: round it the same way
-        "cf": float(np.float32(num("moe_capacity_factor", 0.0))),
+        # a double on the C side too (model/config.h): 1.2 is 1.2, not its float rounding
+        "cf": float(num("moe_capacity_factor", 0.0)),
         "norm_topk": bool(num("norm_topk_prob", False)),
         "first_k_dense": int(num("first_k_dense_layers", 0, "first_k_dense_replace")),
     }
