@@ -183,7 +183,7 @@ int cmd_train(int argc, char **argv) {
     dist_init(&dist, tc->dist_timeout_s);
     const int rank0 = dist.rank == 0;
     if (dist.world > 1) check_ranks_agree(&dist, &cfg, &a);
-    if (rank0) config_warn_schedule(&cfg, cfg_path);
+    if (rank0) config_warn_training(&cfg, cfg_path);
     if (!rank0) quiet = 1;
     // Resume: the checkpoint is chosen and its config checked before anything is written.
     const char *resume = args_get(&a, SPECS, N_SPECS, "resume");

@@ -448,7 +448,7 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
     char seen_key[N_MODEL_KEYS] = {0};
     char ignored[512] = "";
     for (const cJSON *it = root->child; it; it = it->next) {
-        if (!strcmp(it->string, "attention")) continue;
+        if (!strcmp(it->string, "attention") || !strcmp(it->string, "use_cla")) continue;   // use_cla: below
         if (hf_head_dim && !strcmp(it->string, "head_dim")) continue;
         if (!strcmp(it->string, "train")) {
             if (cJSON_IsNull(it)) continue;
@@ -488,6 +488,21 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
         set_value(m, k, it, origin, "");
     }
     if (ignored[0]) fprintf(stderr, "clla: %s: ignoring keys that do not change the model here: %s\n", origin, ignored);
+    // Hunyuan's use_cla turns its cla_share_factor on or off (vLLM's hunyuan_v1.py: cla_factor =
+    // cla_share_factor if use_cla else 1): with false, every layer has its own KV
+    const cJSON *use_cla = cJSON_GetObjectItemCaseSensitive(root, "use_cla");
+    if (use_cla && !cJSON_IsNull(use_cla)) {
+        if (!cJSON_IsBool(use_cla)) die("%s: key 'use_cla' must be true or false", origin);
+        if (cJSON_IsFalse(use_cla) && m->share_factor > 1) {
+            fprintf(stderr, "clla: %s: use_cla is false: share_factor (cla_share_factor) = %d is not applied, every layer keeps its own KV\n",
+                    origin, m->share_factor);
+            m->share_factor = 1;
+        }
+    }
+    // DeepSeek's seq_aux asks for the balance loss per sequence; clla's is per micro-batch
+    const cJSON *seq_aux = cJSON_GetObjectItemCaseSensitive(root, "seq_aux");
+    if (cJSON_IsTrue(seq_aux) && m->moe_aux_loss_coef > 0)
+        fprintf(stderr, "clla: %s: seq_aux = true: the balance loss is computed per micro-batch here, not per sequence (docs/MOE.md)\n", origin);
     // 3. knobs derived from the preset when the config leaves them out
     const Preset *p = find_preset(m->attention);
     if (m->num_attention_heads > 0) {
@@ -505,8 +520,15 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
     config_validate(cfg, origin);
 }
 
-void config_warn_schedule(const Config *cfg, const char *origin) {
+void config_warn_training(const Config *cfg, const char *origin) {
     const TrainConfig *t = &cfg->train;
+    const ModelConfig *m = &cfg->model;
+    // Megatron refuses top-1 softmax routing renormalized after the top-k (its issue #894)
+    if (m->n_routed_experts > 0 && m->num_experts_per_tok == 1 && m->norm_topk_prob)
+        warn("%s: num_experts_per_tok = 1 with norm_topk_prob = true: every combine weight is 1, so the router learns only from "
+             "the balance and z losses (moe_aux_loss_coef = %g, moe_z_loss_coef = %g), never from the language-model loss; "
+             "norm_topk_prob = false routes by the same experts and lets it learn",
+             origin, (double)m->moe_aux_loss_coef, (double)m->moe_z_loss_coef);
     if (t->warmup_steps > t->max_steps)
         warn("%s: train.warmup_steps = %d is longer than train.max_steps = %d: the learning rate never reaches train.lr = %g (lower train.warmup_steps)",
              origin, t->warmup_steps, t->max_steps, (double)t->lr);

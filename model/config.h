@@ -90,9 +90,10 @@ void config_load(Config *cfg, const char *path, int n_sets, char **sets);
 void config_set_out_dir(Config *cfg, const char *out);
 // Same, from JSON text (tests). `origin` names the source in error messages.
 void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets);
-// Warns (one line) when train.warmup_steps is longer than train.max_steps: the learning rate
-// never reaches train.lr. The trainer calls it; reading a config for info or eval does not.
-void config_warn_schedule(const Config *cfg, const char *origin);
+// Warns (one line each) when train.warmup_steps is longer than train.max_steps (the learning rate
+// never reaches train.lr) and when top-1 routing with norm_topk_prob leaves the router no gradient
+// from the loss. The trainer calls it; reading a config for info or eval does not.
+void config_warn_training(const Config *cfg, const char *origin);
 // Applies a preset's knobs (mha, gqa, mqa, ...). Returns 0 for an unknown name.
 int config_apply_preset(ModelConfig *m, const char *preset);
 // Checks every shape rule; dies with a message naming the key on failure.

@@ -15,7 +15,7 @@
 static const char *METADATA[] = {
     "architectures", "auto_map", "bos_token_id", "eos_token_id", "pad_token_id", "model_type",
     "torch_dtype", "dtype", "transformers_version", "use_cache", "pretraining_tp", "_name_or_path",
-    "ep_size", "seq_aux", "use_cla", "max_window_layers", "output_router_logits",
+    "ep_size", "seq_aux", "max_window_layers", "output_router_logits",
 };
 
 static int is_num(const cJSON *v, double x) { return cJSON_IsNumber(v) && v->valuedouble == x; }

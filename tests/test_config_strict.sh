@@ -14,7 +14,8 @@
 #     null = absent; metadata keys listed once; typos get a "did you mean";
 #  7. --set attention=X resets the knobs the preset owns;
 #  8. paths in a config resolve against its directory, --set paths against the cwd;
-#  9. a warmup longer than max_steps warns; clla --version; --help names every value;
+#  9. a warmup longer than max_steps warns, and top-1 routing with norm_topk_prob; use_cla false
+#     turns cla_share_factor off; clla --version; --help names every value;
 # 10. a run whose memory plan exceeds the available memory is refused with both numbers;
 # 11. what a probe of every command found (2026-11-27): a user's file is not replaced without
 #     --overwrite, a tokenizer other than the model's is refused, JSON that cJSON alone would
@@ -236,6 +237,26 @@ grep -q "warning: .*train.warmup_steps = 50 is longer than train.max_steps = 2" 
 ! grep -q warmup err.txt && ok "train: no warning for a warmup within max_steps" || fail "unexpected warning: $(cat err.txt)"
 "$CLLA" info --config m.json --set train.warmup_steps=50 > out.txt 2> err.txt
 [ ! -s err.txt ] && ok "info: no schedule warning (it does not train)" || fail "info warned: $(cat err.txt)"
+# top-1 routing renormalized: every combine weight is 1, the router never learns from the loss
+MOE1='--set n_routed_experts=4 --set num_experts_per_tok=1 --set moe_intermediate_size=16'
+# shellcheck disable=SC2086
+"$CLLA" train --config m.json --out run_k1 --quiet $MOE1 --set norm_topk_prob=true > out.txt 2> err.txt
+grep -q "warning: .*num_experts_per_tok = 1 with norm_topk_prob = true: every combine weight is 1" err.txt &&
+    ok "train: top-1 routing with norm_topk_prob warns" || fail "K=1 norm_topk_prob: $(cat err.txt)"
+# shellcheck disable=SC2086
+"$CLLA" train --config m.json --out run_k1b --quiet $MOE1 > out.txt 2> err.txt
+! grep -q "norm_topk_prob" err.txt && ok "train: no such warning without norm_topk_prob" || fail "unexpected: $(cat err.txt)"
+# Hunyuan's use_cla switches cla_share_factor (vLLM: cla_factor = cla_share_factor if use_cla else 1)
+for use in true false; do
+    sed "s/\"attention\": \"gqa\", //; s/\"intermediate_size\": 48,/\"intermediate_size\": 48, \"use_cla\": $use, \"cla_share_factor\": 2,/" m.json > hy_$use.json
+    "$CLLA" info --config hy_$use.json --json > info_$use.json 2> err_$use.txt || fail "info use_cla=$use: $(cat err_$use.txt)"
+done
+"$CLLA" info --config m.json --json > info_plain.json 2> /dev/null
+ratio() { /usr/bin/python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))["kv_cache_bytes_per_token"]["model"]; b=json.load(open(sys.argv[2]))["kv_cache_bytes_per_token"]["model"]; print(a / b)' "$1" "$2"; }
+[ "$(ratio info_false.json info_plain.json)" = 1.0 ] && grep -q "use_cla is false: share_factor (cla_share_factor) = 2 is not applied" err_false.txt &&
+    [ "$(ratio info_true.json info_plain.json)" = 0.5 ] && ! grep -q use_cla err_true.txt &&
+    ok "use_cla false: every layer its own KV (said); true: the factor applies" ||
+    fail "use_cla: false $(ratio info_false.json info_plain.json) ($(cat err_false.txt)), true $(ratio info_true.json info_plain.json) ($(cat err_true.txt))"
 if "$CLLA" --version > out.txt && grep -qE '^clla [0-9a-z.-]+' out.txt && grep -qE '^build: CUDA (yes|no), MPI (yes|no), NCCL (yes|no), PCRE2 (yes|no)' out.txt; then
     ok "clla --version: $(head -1 out.txt), $(sed -n 2p out.txt)"
 else fail "clla --version: $(cat out.txt)"; fi
