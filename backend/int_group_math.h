@@ -30,14 +30,24 @@ static inline CLLA_HD float bf16_round_up(float x) {
     return r;
 }
 
-// Scale of a group from its max |x|: bf16 rounded up, so |x / scale| <= Imax. 0 for a zero group.
-static inline CLLA_HD float int_group_scale(float absmax, int bits) {
-    return absmax > 0.0f ? bf16_round_up(absmax / (float)int_group_imax(bits)) : 0.0f;
+// One step of a group's max |x|, NaN kept (fmaxf would drop it, and a NaN among finite values
+// then decoded to a finite number, a different one in the cache than in the round trip).
+static inline CLLA_HD float int_group_absmax_step(float acc, float x) {
+    const float a = fabsf(x);
+    return a > acc || a != a ? a : acc;
 }
 
-// Code of one value given its group's scale (0 when the group is all zeros).
+// Scale of a group from its max |x|: bf16 rounded up, so |x / scale| <= Imax. 0 for a zero group;
+// NaN or inf (a group holding one) stays so.
+static inline CLLA_HD float int_group_scale(float absmax, int bits) {
+    return absmax > 0.0f ? bf16_round_up(absmax / (float)int_group_imax(bits)) : absmax == 0.0f ? 0.0f : absmax;
+}
+
+// Code of one value given its group's scale: 0 when the group is all zeros, and when its scale is
+// not finite (a group holding a NaN or an inf), so that every value of that group decodes to
+// code * scale = NaN in every path, instead of converting a NaN to int (undefined).
 static inline CLLA_HD int int_group_code(float x, float scale, int bits) {
-    if (scale == 0.0f) return 0;
+    if (!(scale > 0.0f) || isinf(scale)) return 0;
     int imax = int_group_imax(bits);
     float q = rintf(x / scale);
     if (q > (float)imax) q = (float)imax;

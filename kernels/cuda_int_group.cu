@@ -16,8 +16,9 @@ __global__ void int_group_roundtrip_kernel(bf16 *out, const bf16 *in, size_t ngr
     const bf16 *x = in + g * group;
     bf16 *y = out + g * group;
     float absmax = 0.0f;
-    for (int j = lane; j < group; j += 32) absmax = fmaxf(absmax, fabsf(ld(x + j)));
-    absmax = warp_max(absmax);
+    for (int j = lane; j < group; j += 32) absmax = int_group_absmax_step(absmax, ld(x + j));
+    const int nan_in_group = __any_sync(0xFFFFFFFFu, absmax != absmax);   // warp_max's fmaxf drops a NaN
+    absmax = nan_in_group ? __int_as_float(0x7FC00000) : warp_max(absmax);
     const float scale = int_group_scale(absmax, bits);
     for (int j = lane; j < group; j += 32) y[j] = to_bf16((float)int_group_code(ld(x + j), scale, bits) * scale);
 }

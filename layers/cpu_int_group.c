@@ -13,7 +13,7 @@ void cpu_int_group_roundtrip(float *out, const float *in, int N, int W, int bits
             const float *x = in + (size_t)n * W + (size_t)g * group;
             float *y = out + (size_t)n * W + (size_t)g * group;
             float absmax = 0.0f;
-            for (int j = 0; j < group; j++) absmax = fmaxf(absmax, fabsf(x[j]));
+            for (int j = 0; j < group; j++) absmax = int_group_absmax_step(absmax, x[j]);
             float scale = int_group_scale(absmax, bits);
             for (int j = 0; j < group; j++) y[j] = (float)int_group_code(x[j], scale, bits) * scale;
         }

@@ -31,7 +31,7 @@ static void int_group_encode(const Codec *c, uint8_t *dst, const float *src, int
         size_t bit = 0;
         for (int g = 0; g < G; g++) {
             float absmax = 0.0f;
-            for (int j = 0; j < c->group; j++) absmax = fmaxf(absmax, fabsf(x[g * c->group + j]));
+            for (int j = 0; j < c->group; j++) absmax = int_group_absmax_step(absmax, x[g * c->group + j]);
             float scale = int_group_scale(absmax, bits);
             uint16_t sb = (uint16_t)(((uint32_t)0) | sr_f32_to_bf16_rne(scale));   // exact: scale is a bf16 value
             o[2 * g] = (uint8_t)sb;
