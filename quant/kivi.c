@@ -82,8 +82,10 @@ int kivi_bytes(const KiviSettings *s, KiviPart part, int64_t T, int64_t H, int64
 }
 
 // One group: n values at x[i * stride]; writes (fp16 scale, fp16 min) at head and the codes at
-// code indices first + i * cstride of codes.
-static void quantize_group(const float *x, int64_t n, int64_t stride, int bits, uint8_t *head,
+// code indices first + i * cstride of codes. -1 (nothing written) when the scale overflows fp16:
+// at 1 bit, max - min up to 2 x 65504 is one level (the stored scale was inf, and every value of
+// the group decoded to NaN); from 2 bits on it cannot.
+static int quantize_group(const float *x, int64_t n, int64_t stride, int bits, uint8_t *head,
                            uint8_t *codes, int64_t first, int64_t cstride) {
     float mn = x[0], mx = x[0];
     for (int64_t i = 1; i < n; i++) {
@@ -101,6 +103,7 @@ static void quantize_group(const float *x, int64_t n, int64_t stride, int bits, 
     if ((double)wf < want) wf = nextafterf(wf, INFINITY);
     const uint16_t sc_h = want > 0 ? qp_f16_up(wf) : 0;
     const float sc = qp_f16_to_f32(sc_h);
+    if (isinf(sc)) return -1;
     qp_put_u16(head, sc_h);
     qp_put_u16(head + 2, mn_h);
     for (int64_t i = 0; i < n; i++) {
@@ -111,6 +114,7 @@ static void quantize_group(const float *x, int64_t n, int64_t stride, int bits, 
         }
         qp_put_code(codes, first + i * cstride, bits, (unsigned)q);
     }
+    return 0;
 }
 
 static void dequantize_group(float *x, int64_t n, int64_t stride, int bits, const uint8_t *head,
@@ -118,6 +122,16 @@ static void dequantize_group(float *x, int64_t n, int64_t stride, int bits, cons
     const float sc = qp_f16_to_f32(qp_get_u16(head)), mn = qp_f16_to_f32(qp_get_u16(head + 2));
     for (int64_t i = 0; i < n; i++)
         x[i * stride] = mn + (float)qp_get_code(codes, first + i * cstride, bits) * sc;
+}
+
+// the error of a group whose scale overflows fp16 (quantize_group): the group named, -1
+static int64_t scale_overflow(const KiviSettings *s, const char *along, int64_t at, const char *over, int64_t first,
+                              char *err, size_t errlen) {
+    snprintf(err, errlen, "kivi: the group of %s %lld over %s %lld to %lld spans more than fp16's largest scale "
+             "(max - min > %d x 65504 at %d bit%s); use more bits",
+             along, (long long)at, over, (long long)first, (long long)(first + s->group - 1), (1 << s->bits) - 1, s->bits,
+             s->bits == 1 ? "" : "s");
+    return -1;
 }
 
 int64_t kivi_encode(const KiviSettings *s, KiviPart part, const float *x, int64_t T, int64_t H,
@@ -143,12 +157,14 @@ int64_t kivi_encode(const KiviSettings *s, KiviPart part, const float *x, int64_
     if (part == KIVI_KEYS) {
         for (int64_t t0 = 0; t0 < nq; t0 += G, p += blk)
             for (int64_t c = 0; c < H; c++)   // channel c over the G tokens of the group
-                quantize_group(x + t0 * H + c, G, H, s->bits, p + 4 * c, p + 4 * H, c * G, 1);
+                if (quantize_group(x + t0 * H + c, G, H, s->bits, p + 4 * c, p + 4 * H, c * G, 1))
+                    return scale_overflow(s, "channel", c, "tokens", t0, err, errlen);
     } else {
         const int64_t ng = H / G;
         for (int64_t t = 0; t < nq; t++, p += blk)
             for (int64_t g = 0; g < ng; g++)
-                quantize_group(x + t * H + g * G, G, 1, s->bits, p + 4 * g, p + 4 * ng, g * G, 1);
+                if (quantize_group(x + t * H + g * G, G, 1, s->bits, p + 4 * g, p + 4 * ng, g * G, 1))
+                    return scale_overflow(s, "token", t, "channels", g * G, err, errlen);
     }
     for (int64_t i = nq * H; i < T * H; i++, p += 2) qp_put_u16(p, qp_f32_to_f16(x[i]));
     return bytes;

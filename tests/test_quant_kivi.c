@@ -235,6 +235,31 @@ static void test_bad_input(void) {
     float y[128];
     check(w > 0 && kivi_decode(&v, KIVI_VALUES, buf, w - 1, 2, 64, y, err, sizeof(err)) == -1,
           "kivi decode refuses a byte count that is not the layout's");
+    // 1 bit, a group spanning -40000 .. 40000 (each end within fp16): its scale, max - min, is past
+    // fp16's largest; it was stored as inf and the whole group decoded to NaN
+    KiviSettings one = {1, 32, 0};
+    for (int i = 0; i < 128; i++) x[i] = (float)(i % 5);
+    x[70] = -40000.0f, x[75] = 40000.0f;   // token 1, channels 6 and 11 (group 0 .. 31)
+    for (int part = 0; part < 2; part++) {
+        const KiviPart kp = part ? KIVI_VALUES : KIVI_KEYS;
+        float xt[32 * 64];   // keys group over 32 tokens: 32 tokens with the two outliers in channel 5
+        for (int i = 0; i < 32 * 64; i++) xt[i] = (float)(i % 3);
+        xt[3 * 64 + 5] = -40000.0f, xt[9 * 64 + 5] = 40000.0f;
+        uint8_t big[8192];
+        err[0] = 0;
+        const int64_t rc = kp == KIVI_KEYS ? kivi_encode(&one, kp, xt, 32, 64, big, sizeof(big), err, sizeof(err))
+                                           : kivi_encode(&one, kp, x, 2, 64, big, sizeof(big), err, sizeof(err));
+        char name[400];
+        snprintf(name, sizeof(name), "kivi 1-bit %s: a group whose scale overflows fp16 is refused: \"%s\"",
+                 kp == KIVI_KEYS ? "keys" : "values", err);
+        check(rc == -1 && strstr(err, kp == KIVI_KEYS ? "group of channel 5 over tokens 0 to 31" : "group of token 1 over channels 0 to 31"),
+              name);
+    }
+    x[70] = -30000.0f, x[75] = 30000.0f;   // 60000: one level still fits
+    w = kivi_encode(&one, KIVI_VALUES, x, 2, 64, buf, sizeof(buf), err, sizeof(err));
+    int finite = w > 0 && kivi_decode(&one, KIVI_VALUES, buf, w, 2, 64, y, err, sizeof(err)) == 0;
+    for (int i = 0; finite && i < 128; i++) finite = isfinite(y[i]);
+    check(finite, "kivi 1-bit: a group spanning 60000 encodes and decodes to finite values");
 }
 
 int main(void) {
