@@ -232,8 +232,13 @@ static inline float normalize(float x, float z, float r) {
     return v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
 }
 
-// Keys: x is an outlier of channel c iff it lies outside [zero - range, zero + range].
-static inline int key_outlier(float x, float z, float r) { return x < z - r || x > z + r; }
+// Keys: x is an outlier of channel ch iff the codec keeps a sparse part (outliers > 0) and x lies
+// outside [zero - range, zero + range]. With no sparse part (f = 0) the range is the calibration's
+// min and max, and a key outside it clamps to the edge code, as the paper's nuqX without sparsity
+// does (it was stored as a sparse fp16 entry, about 0.65% of the keys at 3 bits).
+static inline int key_outlier(const KvqCodec *c, float x, int64_t ch) {
+    return c->s.outliers > 0 && (x < c->zero[ch] - c->range[ch] || x > c->zero[ch] + c->range[ch]);
+}
 
 // Keys: calibrates each channel's zero and range (the f/2 and 1 - f/2 quantiles: the reference
 // code's t = 1 - f/2), then collects the normalized non-outliers of the calibration rows and
@@ -257,7 +262,7 @@ static int64_t key_samples(KvqCodec *c, const float *x, const float *fisher, con
     for (int64_t i = 0; i < ncal; i++)
         for (int64_t ch = 0; ch < H; ch++) {
             const float v = x[rows[i] * H + ch];
-            if (key_outlier(v, c->zero[ch], c->range[ch])) continue;
+            if (key_outlier(c, v, ch)) continue;
             xs[m] = normalize(v, c->zero[ch], c->range[ch]);
             ws[m++] = fisher ? fisher[rows[i] * H + ch] : 1.0f;
         }
@@ -395,7 +400,7 @@ int kvq_count(const KvqCodec *c, const float *x, int64_t T, int64_t pos0, int64_
         if (c->part == KVQ_VALUES)
             cnt += 2 * kvq_value_outliers_per_side(&c->s, c->H) * (c->H / kvq_value_group(&c->s, c->H));
         else
-            for (int64_t ch = 0; ch < c->H; ch++) cnt += key_outlier(x[t * c->H + ch], c->zero[ch], c->range[ch]);
+            for (int64_t ch = 0; ch < c->H; ch++) cnt += key_outlier(c, x[t * c->H + ch], ch);
     }
     *nnz = cnt;
     return 0;
@@ -440,7 +445,7 @@ int64_t kvq_encode(const KvqCodec *c, const float *x, int64_t T, int64_t pos0, u
             if (c->part == KVQ_KEYS) {
                 z = c->zero[ch];
                 rg = c->range[ch];
-                mask[ch] = (uint8_t)key_outlier(v[ch], z, rg);
+                mask[ch] = (uint8_t)key_outlier(c, v[ch], ch);
             } else if (ch % Gv == 0) {   // a new value group: its zero and range
                 z = qp_f16_to_f32(qp_get_u16(row + 4 * (ch / Gv)));
                 rg = qp_f16_to_f32(qp_get_u16(row + 4 * (ch / Gv) + 2));
