@@ -253,6 +253,14 @@ int codec_check_codebook(const float *data, size_t n, float max_abs, const char 
     return 0;
 }
 
+void codec_refuse_non_finite(const Codec *c, const float *src, int N, int W) {
+    for (size_t i = 0; i < (size_t)N * (size_t)W; i++)
+        if (!isfinite(src[i]))
+            die("%s: the cached value at token %zu, channel %zu is %g: the model's activations are not finite (a diverged or "
+                "damaged model), and %s would store it as a finite centroid",
+                codec_name(c), i / (size_t)W, i % (size_t)W, (double)src[i], codec_name(c));
+}
+
 const char *codec_name(const Codec *c) { return codec_traits(c->kind)->name; }
 size_t codec_bytes_per_token(const Codec *c, int W) {
     const CodecTraits *t = codec_traits(c->kind);

@@ -35,6 +35,7 @@ static size_t cq_codec_bytes(const Codec *c, int W) {
 }
 
 static void cq_codec_encode(const Codec *c, uint8_t *dst, const float *src, int N, int W) {
+    codec_refuse_non_finite(c, src, N, W);   // the nearest centroid of a NaN is centroid 0
     cq_encode(state_of(c), src, N, dst);
 }
 

@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "quant/cq.h"
 #include "quant/qet.h"
+#include "tests/lib/death.h"
 
 static int passed, failed;
 static void check(int ok, const char *what) {
@@ -146,6 +147,32 @@ static void test_model_latent_is_codec_output(void) {
     model_free(&m);
 }
 
+// A fitted codec (cq, qet) encoding a row that holds a NaN dies naming the value, instead of
+// storing its nearest centroid (centroid 0) as if the value were finite.
+typedef struct EncodeArgs {
+    const Codec *c;
+    const float *x;
+    int N, W;
+} EncodeArgs;
+
+static void encode_in_child(const void *arg) {
+    const EncodeArgs *a = arg;
+    uint8_t *bytes = malloc(codec_bytes_per_token(a->c, a->W) * (size_t)a->N);
+    codec_encode(a->c, bytes, a->x, a->N, a->W);
+    free(bytes);
+}
+
+static void check_non_finite_refused(const Codec *c, float *x, int N, int W) {
+    const float keep = x[W + 3];
+    x[W + 3] = NAN;   // token 1, channel 3
+    char msg[1024], name[1200];
+    const EncodeArgs a = {c, x, N, W};
+    const int ok = died_with(encode_in_child, &a, "token 1, channel 3 is nan", "not finite", msg, sizeof(msg));
+    x[W + 3] = keep;
+    snprintf(name, sizeof(name), "%s: a NaN to encode is refused: %s", codec_name(c), msg);
+    check(ok, name);
+}
+
 static void test_cq(void) {
     const int W = 16, N = 300;
     Codec c;
@@ -169,6 +196,7 @@ static void test_cq(void) {
     cq_encode(state, x, N, ref_bytes);
     cq_decode(state, ref_bytes, N, ref);
     check(!memcmp(bytes, ref_bytes, tb * N) && !memcmp(dec, ref, sizeof(float) * N * W), "cq: the codec stores and gives back quant/cq.c's codes");
+    check_non_finite_refused(&c, x, N, W);
     int64_t shape[4];
     int rank = t->fit_shape(&c, W, shape);
     check(rank == 3 && shape[0] == 8 && shape[1] == 16 && shape[2] == 2 && codec_fit_elements(&c, W) == 256,
@@ -246,6 +274,7 @@ static void test_qet(void) {
     codec_decode(&c, dec, bytes, N, W);
     qet_encode(state, x, N, ref);
     check(!memcmp(bytes, ref, tb * N), "qet: the codec stores quant/qet.c's rows");
+    check_non_finite_refused(&c, x, N, W);
     int64_t shape[4];
     check(t->fit_shape(&c, W, shape) == 1 && shape[0] == 20 * W, "qet: state tensor [(k1 + k2) * W]");
     float *saved = malloc(sizeof(float) * 20 * W);

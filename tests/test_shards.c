@@ -14,6 +14,7 @@
 #include "data/bytes.h"
 #include "data/loader.h"
 #include "data/shard.h"
+#include "tests/lib/death.h"
 
 static int n_passed, n_failed;
 static char dir[64];
@@ -197,56 +198,41 @@ static void test_plain(void) {
     free(p);
 }
 
-// Runs fn in a child; passes when it exits non-zero and stderr names the file and has
-// every needle.
-static void expect_death(void (*fn)(const char *), const char *arg, const char *n1, const char *n2, const char *what) {
-    int pfd[2];
-    if (pipe(pfd) != 0) { perror("pipe"); exit(1); }
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(pfd[1], 2);
-        close(pfd[0]);
-        fn(arg);
-        _exit(0);
-    }
-    close(pfd[1]);
+// Runs fn(arg) in a child; passes when it exits non-zero and stderr has every needle.
+static void expect_death(void (*fn)(const void *), const char *arg, const char *n1, const char *n2, const char *what) {
     char msg[2048];
-    size_t n = 0;
-    ssize_t r;
-    while (n < sizeof(msg) - 1 && (r = read(pfd[0], msg + n, sizeof(msg) - 1 - n)) > 0) n += (size_t)r;
-    msg[n] = 0;
-    close(pfd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    int ok = WIFEXITED(status) && WEXITSTATUS(status) != 0 && strstr(msg, n1) && (!n2 || strstr(msg, n2)) &&
-             strstr(msg, "clla: error:");
+    const int ok = died_with(fn, arg, n1, n2, msg, sizeof(msg));
     check(ok, what);
-    if (!ok) printf("     status %d, stderr: %s\n", status, msg);
+    if (!ok) printf("     stderr: %s\n", msg);
     else printf("     %s", msg);
 }
 
-static void open_and_read(const char *path) {
+static void open_and_read(const void *arg) {
+    const char *path = arg;
     DataLoader *dl = loader_open(path, &(LoaderOptions){.B = 2, .T = 16, .seed = 1, .rank = 0, .world = 1, .vocab_size = 60000});
     int32_t in[32], tg[32];
     for (long long k = 0; k < 2 * loader_num_batches(dl) + 2; k++) loader_next(dl, in, tg);
     loader_close(dl);
 }
 
-static void open_small_vocab(const char *path) {
+static void open_small_vocab(const void *arg) {
+    const char *path = arg;
     loader_open(path, &(LoaderOptions){.B = 2, .T = 16, .seed = 1, .rank = 0, .world = 1, .vocab_size = 999});
 }
 
-static void open_other_tokenizer(const char *path) {
+static void open_other_tokenizer(const void *arg) {
+    const char *path = arg;
     loader_open(path, &(LoaderOptions){.B = 2, .T = 16, .seed = 1, .rank = 0, .world = 1, .vocab_size = 60000,
                                        .tokenizer_hash = 0x1234});
 }
 
-static void open_big_batch(const char *path) {
+static void open_big_batch(const void *arg) {
+    const char *path = arg;
     loader_open(path, &(LoaderOptions){.B = 64, .T = 1024, .seed = 1, .rank = 0, .world = 1, .vocab_size = 60000});
 }
 
-static void resume_other(const char *path) {
+static void resume_other(const void *arg) {
+    const char *path = arg;
     DataLoader *dl = loader_open(path, &(LoaderOptions){.B = 2, .T = 16, .seed = 1, .rank = 0, .world = 1, .vocab_size = 60000});
     LoaderState st;
     loader_get_state(dl, &st);
