@@ -12,8 +12,11 @@
 // encoded random vectors (decoder_fill_synthetic) and `steps` decode steps are timed (after one
 // warm-up); printed: ms per step, the cache bytes each step reads, and the roofline
 //   max(bytes moved / copy bandwidth, FLOPs / sgemm rate)
-// where bytes moved = cache bytes read + the weights (read once a step) and FLOPs =
-// 2 x batch x (matmul weights) + the attention's dot products. Cache bytes read: each layer reads
+// where bytes moved = cache bytes read + the weights (read once a step; of the untied embedding
+// table only the batch's rows, which is all a step gathers: until 2026-11-28 the whole table was
+// counted, 12% of the weights' bytes, which loosened the memory-bound rooflines) and FLOPs =
+// 2 x batch x (matmul weights; a latent model's kv_b_proj only as its absorption, counted twice
+// until 2026-11-28) + the attention's dot products. Cache bytes read: each layer reads
 // the streams it attends over (cache_layout_read_bytes_per_token), so a slot shared by 2 layers
 // counts twice; until 2026-11-26 it counted once (the bytes stored), which put the memory side of
 // the CLA presets' roofline at half what their steps must move. Copy bandwidth: memcpy of 512 MiB
@@ -88,12 +91,19 @@ static double sgemm_rate(void) {
     return best;
 }
 
+// Is tensor i a kv_b_proj? A latent model's decode step never applies it to the latent: its
+// halves are folded into the query (W_UK) and applied to the attention output (W_UV), counted
+// as the absorption in step_flops, once per layer (a consumer uses its producer's).
+static int is_kv_b(const Model *m, int i) { return strstr(m->params.t[i].name, "kv_b_proj") != NULL; }
+
 // FLOPs of one decode step per sequence at context ctx: every weight matmul (2 per weight
-// element; the embedding is a gather), the absorption of the latent models, attention.
+// element; the embedding is a gather, kv_b_proj is absorbed), the absorption of the latent
+// models, attention.
 static double step_flops(const Model *m, int ctx) {
     const ModelConfig *c = &m->cfg;
     double w = 0;
-    for (int i = 0; i < m->params.n; i++) if (m->params.t[i].ndim == 2 && i != m->embed) w += (double)m->params.t[i].numel;
+    for (int i = 0; i < m->params.n; i++)
+        if (m->params.t[i].ndim == 2 && i != m->embed && !(config_is_latent(c) && is_kv_b(m, i))) w += (double)m->params.t[i].numel;
     if (m->lm_head == m->embed) w += (double)c->vocab_size * c->hidden_size;
     double f = 2.0 * w;
     int L = c->num_hidden_layers, NH = c->num_attention_heads;
@@ -170,7 +180,10 @@ int main(int argc, char **argv) {
         char err[256];
         if (codec_spec && cache_layout_apply_spec(&cl, codec_spec, err, sizeof(err)) != 0) die("--cache-codec: %s", err);
         bench_fit_synthetic(&cl);
-        double wbytes = (double)m.params.numel * 4.0;
+        // the weights a step reads: all of them but the embedding table, of which a step gathers
+        // one row per sequence; tied, the output head reads the table whole
+        const double embed_bytes = (double)m.params.t[m.embed].numel * 4.0, row_bytes = (double)cfg.model.hidden_size * 4.0;
+        const double wbytes_but_embedding = (double)m.params.numel * 4.0 - (m.lm_head == m.embed ? 0.0 : embed_bytes);
 
         // prefill of one 1024-token prompt: full forward, and chunked through the cache
         int P = PREFILL_TOKENS, V = cfg.model.vocab_size;
@@ -211,7 +224,8 @@ int main(int argc, char **argv) {
                 }
                 double cache_read = (double)B * (ctx + 2) * cache_layout_read_bytes_per_token(&cl);
                 res[n_res++] = (Result){.ctx = ctx, .batch = B, .step_s = best, .cache_read = cache_read,
-                                        .bytes = cache_read + wbytes, .flops = B * step_flops(&m, ctx + 2), .bytes_per_token = bpt};
+                                        .bytes = cache_read + wbytes_but_embedding + (m.lm_head == m.embed ? 0.0 : B * row_bytes),
+                                        .flops = B * step_flops(&m, ctx + 2), .bytes_per_token = bpt};
                 snprintf(res[n_res - 1].preset, sizeof(res[n_res - 1].preset), "%s", preset);
                 free(lgb);
                 decoder_free(d);

@@ -191,6 +191,11 @@ for r in pts:
     want = max(r["bytes_moved"] / (m["copy_GBps"] * 1e9), r["flops"] / (m["sgemm_GFLOPs"] * 1e9)) * 1e3
     assert abs(r["roofline_ms"] - want) <= 2e-3 * want + 1e-3, (r, want)
     assert r["bytes_moved"] > r["cache_bytes_read"], r   # the weights too
+# a step gathers one embedding row per sequence (d512: 2048 bytes), not the whole table: the
+# weights' bytes of batch 2 are batch 1's plus one row (the table of 16.8 MB was counted whole)
+for p in ("gqa", "clla"):
+    w = {r["batch"]: r["bytes_moved"] - r["cache_bytes_read"] for r in pts if r["preset"] == p}
+    assert abs(w[2] - w[1] - 2048) < 1, (p, w)
 PY
     then ok "bench_decode --json at context 32: the machine first, 2 prefills, 4 points against its rates"
     else fail "bench_decode --json: $(head -c 600 "$WORK/dec.json")"; fi
