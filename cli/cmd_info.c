@@ -85,7 +85,7 @@ int cmd_info(int argc, char **argv) {
         return 0;
     }
     MemPlan c;
-    mem_plan(&cfg, store, separate, &c);
+    mem_plan(&cfg, store, separate, grad_sync_sums_in_tree(dev ? dev : "cpu") ? ranks : 0, &c);
     CacheBytes kv;
     cache_bytes_per_token(&cfg.model, &kv);
     double mem_total = mem_plan_bytes(&c);
@@ -99,6 +99,7 @@ int cmd_info(int argc, char **argv) {
         cJSON_AddNumberToObject(mem, "params", c.params);
         cJSON_AddNumberToObject(mem, "master_weights", c.master);
         cJSON_AddNumberToObject(mem, "grads", c.grads);
+        cJSON_AddNumberToObject(mem, "grad_accumulation", c.grad_accum);
         cJSON_AddNumberToObject(mem, "adamw_m_v", c.adam);
         cJSON_AddNumberToObject(mem, "activations", c.acts);
         cJSON_AddNumberToObject(mem, "activation_grads", c.act_grads);
@@ -138,6 +139,10 @@ int cmd_info(int argc, char **argv) {
     printf("  params          %10.1f MiB\n", mib(c.params));
     if (c.master > 0) printf("  fp32 masters    %10.1f MiB\n", mib(c.master));
     printf("  grads (fp32)    %10.1f MiB\n", mib(c.grads));
+    if (c.grad_accum > 0)
+        printf("  grad tree       %10.1f MiB (%d fp32 gradient buffer%s summing %lld micro-steps%s)\n", mib(c.grad_accum),
+               mem_grad_tree_buffers(mem_micro_steps(&cfg, ranks)), mem_grad_tree_buffers(mem_micro_steps(&cfg, ranks)) > 1 ? "s" : "",
+               mem_micro_steps(&cfg, ranks), ranks_s ? " per rank" : "");
     printf("  AdamW m, v      %10.1f MiB\n", mib(c.adam));
     printf("  activations     %10.1f MiB\n", mib(c.acts));
     printf("  act. gradients  %10.1f MiB\n", mib(c.act_grads));

@@ -226,7 +226,7 @@ int cmd_train(int argc, char **argv) {
     const Backend *be = device_backend(args_get(&a, SPECS, N_SPECS, "device"));
     // CUDA: this rank's GPU (and the NCCL communicator) before the model allocates anything
     dist_attach_device(&dist, be);
-    mem_check_fits(&cfg, be);   // refuse a run that would be OOM-killed, before allocating (model/mem_plan.h)
+    mem_check_fits(&cfg, be, grad_sync_sums_in_tree(be->name) ? dist.world : 0);   // refuse a run that would be OOM-killed, before allocating (model/mem_plan.h)
     int B = tc->micro_batch, T = tc->seq_len;
     long long bt = (long long)B * T;
     // The global batch is fixed by the config; each rank runs n_micro micro-steps of B rows.

@@ -9,7 +9,19 @@
 #include "model/model.h"
 #include "model/moe.h"
 
-void mem_plan(const Config *cfg, size_t store_bytes, int separate_master, MemPlan *c) {
+long long mem_micro_steps(const Config *cfg, int ranks) {
+    const long long per = (long long)cfg->train.micro_batch * cfg->train.seq_len * (ranks > 0 ? ranks : 1);
+    if (!cfg->train.global_batch_tokens || per <= 0) return 1;
+    return (cfg->train.global_batch_tokens + per - 1) / per;
+}
+
+int mem_grad_tree_buffers(long long micro) {
+    int n = 0;
+    for (long long x = micro; x > 1; x >>= 1) n++;
+    return n;
+}
+
+void mem_plan(const Config *cfg, size_t store_bytes, int separate_master, int tree_ranks, MemPlan *c) {
     Model m;
     model_plan_table(&m, &cfg->model, store_bytes);   // sizes only: instant at 100,000 layers
     memset(c, 0, sizeof(*c));
@@ -22,6 +34,7 @@ void mem_plan(const Config *cfg, size_t store_bytes, int separate_master, MemPla
     c->master = separate_master ? (double)m.params.bytes_f32 : 0.0;
     c->grads = (double)m.params.bytes_f32;
     c->adam = 2.0 * (double)m.params.bytes_f32;
+    if (tree_ranks > 0) c->grad_accum = mem_grad_tree_buffers(mem_micro_steps(cfg, tree_ranks)) * (double)m.params.bytes_f32;
     c->numel_f32 = m.params.bytes_f32 / 4;
     model_layout_acts(&m, cfg->train.micro_batch, cfg->train.seq_len, store_bytes);
     c->acts = (double)m.acts.bytes_store;
@@ -29,7 +42,7 @@ void mem_plan(const Config *cfg, size_t store_bytes, int separate_master, MemPla
     model_free(&m);
 }
 
-double mem_plan_bytes(const MemPlan *p) { return p->params + p->master + p->grads + p->adam + p->acts + p->act_grads; }
+double mem_plan_bytes(const MemPlan *p) { return p->params + p->master + p->grads + p->grad_accum + p->adam + p->acts + p->act_grads; }
 
 // A small /proc or /sys file, NUL-terminated, into buf (their size reads as 0, so read_file
 // cannot be used). Returns 0 when it cannot be read.
@@ -175,13 +188,13 @@ void mem_check_fits_decode(const Config *cfg, const Backend *be, int batch, int 
             human(cache_bytes, c, sizeof(c)), human((double)avail, d, sizeof(d)), how);
 }
 
-void mem_check_fits(const Config *cfg, const Backend *be) {
+void mem_check_fits(const Config *cfg, const Backend *be, int tree_ranks) {
     if (!strcmp(be->name, "cuda")) return;   // the big buffers live on the GPU
     char how[256];
     const unsigned long long avail = available_for_check(how, sizeof(how));
     if (!avail) return;   // nothing readable: no check (not Linux, or /proc hidden)
     MemPlan p;
-    mem_plan(cfg, be->act_bytes, be->act_bytes != 4 || be->separate_master, &p);
+    mem_plan(cfg, be->act_bytes, be->act_bytes != 4 || be->separate_master, tree_ranks, &p);
     double need = mem_plan_bytes(&p);
     char a[32], b[32];
     if (need > (double)avail)

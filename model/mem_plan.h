@@ -12,12 +12,22 @@
 typedef struct MemPlan {
     long long total, embedding, activated;     // parameter counts
     double params, master, grads, adam, acts, act_grads;   // bytes by category
+    double grad_accum;                         // the micro-step tree's fp32 gradient buffers
     size_t numel_f32;                          // flat fp32 layout (ZeRO-1 shards it)
 } MemPlan;
 
 // Builds the tables (no allocation of the model) for train.micro_batch x train.seq_len.
-// store_bytes: 4 (fp32 storage) or 2 (bf16); separate_master: fp32 masters apart from storage.
-void mem_plan(const Config *cfg, size_t store_bytes, int separate_master, MemPlan *p);
+// store_bytes: 4 (fp32 storage) or 2 (bf16); separate_master: fp32 masters apart from storage;
+// tree_ranks: the rank count whose micro-steps (train.global_batch_tokens) a backend that sums
+// them in a tree of fp32 gradient buffers runs (train/grad_sync.h, grad_sync_sums_in_tree),
+// 0 for one that accumulates in place.
+void mem_plan(const Config *cfg, size_t store_bytes, int separate_master, int tree_ranks, MemPlan *p);
+// Micro-steps per rank of cfg's global batch on `ranks` ranks (1 without train.global_batch_tokens;
+// rounded up where the batch does not divide, which the trainer refuses).
+long long mem_micro_steps(const Config *cfg, int ranks);
+// Gradient buffers the micro-step tree holds beside the gradient over `micro` micro-steps: the
+// most partial sums alive at once, the largest popcount of 1 .. micro - 1 = floor(log2 micro).
+int mem_grad_tree_buffers(long long micro);
 double mem_plan_bytes(const MemPlan *p);   // the sum of the categories
 
 // Bytes of memory this process may still use: MemAvailable (/proc/meminfo), lowered to the
@@ -29,9 +39,9 @@ unsigned long long mem_available(char *how, size_t howlen);
 unsigned long long mem_parse_meminfo(const char *text);
 
 // Dies with the plan and the available memory when a run of cfg on be does not fit in host
-// memory (the CPU backends; CUDA keeps the big buffers on the GPU). CLLA_TEST_MEM_AVAILABLE
-// (bytes) stands in for the measured figure in tests.
-void mem_check_fits(const Config *cfg, const Backend *be);
+// memory (the CPU backends; CUDA keeps the big buffers on the GPU). tree_ranks as for mem_plan.
+// CLLA_TEST_MEM_AVAILABLE (bytes) stands in for the measured figure in tests.
+void mem_check_fits(const Config *cfg, const Backend *be, int tree_ranks);
 // Dies when bytes of activations for a forward of B rows of T tokens (model_set_batch) would not
 // fit in the memory still available (host-memory backends): every forward, the commands' own
 // checks above aside, is refused in one line rather than killed by the kernel.

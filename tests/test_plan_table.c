@@ -77,7 +77,7 @@ int main(void) {
     compare(path, &cfg.model, 4, cfg.train.micro_batch, cfg.train.seq_len);
     // what clla info reads: the plan's totals equal the full table's
     MemPlan p;
-    mem_plan(&cfg, 4, 0, &p);
+    mem_plan(&cfg, 4, 0, 0, &p);
     Model full;
     model_build_table(&full, &cfg.model, 4);
     CHECK(p.total == (long long)full.params.numel, "mem_plan total %lld, table %zu", p.total, full.params.numel);

@@ -7,16 +7,11 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "model/mem_plan.h"
 
 static void add_into(float *dst, const float *src, size_t n) {
     #pragma omp parallel for schedule(static) if (n >= ((size_t)1 << 16))
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
-}
-
-static int popcount(unsigned v) {
-    int c = 0;
-    for (; v; v &= v - 1) c++;
-    return c;
 }
 
 // The stripes of the overlapped ZeRO-1 sum (model/shard.h): ceil(bucket / world) elements rounded
@@ -88,17 +83,18 @@ void grad_sync_init(GradSync *g, Dist *d, Model *m, int zero, int micro, size_t 
     // The tree needs an fp32 add of gradient buffers, which only host memory has here; a
     // device backend accumulates in backward (results then agree across rank counts to
     // rounding, not bitwise).
-    g->tree = g->host_mem && micro > 1;
+    g->tree = grad_sync_sums_in_tree(g->be->name) && micro > 1;
     if (g->tree) {
-        // the stack before micro-step k+1 holds popcount(k+1) partial sums
-        for (int k = 1; k < micro; k++)
-            if (popcount((unsigned)k) > g->n_bufs) g->n_bufs = popcount((unsigned)k);
+        // the stack before micro-step k+1 holds popcount(k+1) partial sums: at most the plan's count
+        g->n_bufs = mem_grad_tree_buffers(micro);
         g->stack = xcalloc((size_t)g->n_bufs + 1, sizeof(float *));
         g->pool = xcalloc((size_t)g->n_bufs + 1, sizeof(float *));
         g->level = xcalloc((size_t)g->n_bufs + 1, sizeof(int));
         for (int i = 0; i < g->n_bufs; i++) g->pool[g->n_pool++] = g->be->alloc(m->params.bytes_f32);
     }
 }
+
+int grad_sync_sums_in_tree(const char *backend_name) { return !strcmp(backend_name, "cpu"); }
 
 void grad_sync_free(GradSync *g, Model *m) {
     grad_sync_params_ready(g, m);

@@ -105,6 +105,11 @@ int grad_sync_gather_is_refresh(const GradSync *g);
 // the gradient buffer after an all-gather (so only between steps). Collective: every rank calls it.
 const float *grad_sync_full_masters(GradSync *g, Model *m);
 
+// Does a trainer on this backend sum its micro-steps in a tree of fp32 gradient buffers (host
+// memory only: the CPU backend; a device backend accumulates in its backward)? The memory plan
+// counts the tree's buffers by this answer (model/mem_plan.h).
+int grad_sync_sums_in_tree(const char *backend_name);
+
 // Bytes of AdamW m and v one rank holds for a parameter layout of n fp32 elements.
 double grad_sync_optimizer_bytes(size_t n, int world, int zero);
 // Bytes of fp32 masters one rank holds: 0 where they are the storage (separate 0), else its
