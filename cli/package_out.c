@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend/bf16.h"
 #include "common/unfinished.h"
 #include "common/util.h"
 #include "data/tokenizer.h"
@@ -142,6 +143,20 @@ void package_out_begin(PackageOut *po, const char *out, int overwrite, const cha
     tok_free(tok);
 }
 
+// bf16's largest value is about 3.39e38: an fp32 weight past it rounds to infinity, which every
+// loader refuses as a damaged file, so such a package is refused before anything is written
+static void refuse_past_bf16(const Model *model, const float *host) {
+    for (int i = 0; i < model->params.n; i++) {
+        const TensorInfo *ti = &model->params.t[i];
+        const float *w = (const float *)((const char *)host + ti->off_f32);
+        for (size_t k = 0; k < ti->numel; k++)
+            if ((sr_f32_to_bf16_rne(w[k]) & 0x7FFFu) == 0x7F80u)
+                die("--dtype bf16: tensor '%s' holds %g at element %zu, beyond bf16's largest value (3.39e38), which would be "
+                    "stored as an infinity: export with --dtype fp32",
+                    ti->name, (double)w[k], k);
+    }
+}
+
 void package_out_write(PackageOut *po, const Model *model, const Config *cfg, const CacheLayout *layout, const char *dtype) {
     const char *out = po->out;
     int st_dtype = !strcmp(dtype, "bf16") ? ST_BF16 : ST_F32;
@@ -157,6 +172,7 @@ void package_out_write(PackageOut *po, const Model *model, const Config *cfg, co
     config_text[cl + 1] = 0;
     float *host = xmalloc(model->params.bytes_f32);
     model->be->download(host, model->master, model->params.bytes_f32);
+    if (st_dtype == ST_BF16) refuse_past_bf16(model, host);
 
     // ---- write PACKAGE.tmp.<pid>, then rename
     size_t tl = strlen(out) + 32;

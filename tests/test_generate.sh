@@ -172,6 +172,25 @@ sample pkg32 5 > gen_pkg32s.json
 check $? "fp32 package samples the run directory's tokens for a seed"
 "$CLLA" generate --model pkg16 --prompt "the cat" --max-new-tokens 16 > gen_pkg16.out 2> /dev/null
 grep -q '^ sat on the mat' gen_pkg16.out; check $? "bf16 package loads and generates: '$(head -c 40 gen_pkg16.out)'"
+# a weight past bf16's largest value (3.39e38) would be stored as an infinity, which every loader
+# refuses: export --dtype bf16 refuses it first, naming it (it wrote the package), fp32 takes it
+if [ "$have_python" -eq 1 ]; then
+    mkdir -p huge && cp "$CKPT/../../config.json" huge/ && cp pkg32/model.safetensors pkg32/tokenizer.tok huge/ 2> /dev/null
+    /usr/bin/python3 - huge/model.safetensors <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], "r+b")
+n = struct.unpack("<Q", f.read(8))[0]
+h = json.loads(f.read(n))
+name = sorted(k for k in h if k != "__metadata__")[0]
+f.seek(8 + n + h[name]["data_offsets"][0])
+f.write(struct.pack("<f", 3.4e38))
+PY
+    "$CLLA" export huge --out pkg_huge16 --dtype bf16 > /dev/null 2> huge.err
+    rc=$?
+    [ $rc -ne 0 ] && grep -q "beyond bf16's largest value.*export with --dtype fp32" huge.err && [ ! -e pkg_huge16 ] &&
+        "$CLLA" export huge --out pkg_huge32 > /dev/null 2>&1
+    check $? "export --dtype bf16 refuses a weight past bf16's range, fp32 exports it: $(cat huge.err)"
+fi
 if [ "$have_python" -eq 1 ]; then
     python3 - pkg32/model.safetensors pkg16/model.safetensors <<'EOF'
 import json, struct, sys
