@@ -192,14 +192,27 @@ void package_out_write(PackageOut *po, const Model *model, const Config *cfg, co
     // missing when the process ends (a pending SIGINT/SIGTERM is handled after the second rename)
     sigset_t before;
     unfinished_hold_stops(&before);
-    if (po->exists && rename(out, old) != 0) {
+    // --overwrite: the two packages swap names in one step, so that not even a SIGKILL finds out
+    // missing; the replaced one is then at tmp's name. Where the filesystem cannot swap, two
+    // renames, out missing between them (a window only SIGKILL or a crash can hit).
+    int swapped = 0;
+    if (po->exists) {
+        swapped = rename_exchange(tmp, out) == 0;
+        if (!swapped && errno != EINVAL && errno != ENOSYS) {
+            int e = errno;
+            remove_flat_dir(tmp);
+            die("cannot put the package in place of '%s': %s: nothing was changed", out, strerror(e));
+        }
+        if (swapped) snprintf(old, tl, "%s", tmp);
+    }
+    if (po->exists && !swapped && rename(out, old) != 0) {
         int e = errno;
         remove_flat_dir(tmp);
         die("cannot move the old package '%s' aside: %s: nothing was changed", out, strerror(e));
     }
     // without --overwrite out was absent at the start: one that appeared since is another
     // process's, left as it is, and this package kept beside it
-    if ((po->exists ? rename(tmp, out) : rename_noreplace(tmp, out)) != 0) {
+    if (!swapped && (po->exists ? rename(tmp, out) : rename_noreplace(tmp, out)) != 0) {
         int e = errno;
         if (!po->exists && e == EEXIST) {
             unfinished_done(tmp_slot);   // kept: the user's to move (named as an AtomicFile's, common/util.h)

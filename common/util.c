@@ -157,6 +157,8 @@ int rename_noreplace(const char *from, const char *to) {
     return rename(from, to);
 }
 
+int rename_exchange(const char *a, const char *b) { return renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE); }
+
 static void atomic_tmp_name(char *buf, size_t n, const char *path) {
     snprintf(buf, n, "%s.tmp.%ld", path, (long)getpid());
 }

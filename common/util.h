@@ -42,6 +42,9 @@ char *buf_next_line(char *buf, size_t len, size_t *pos, size_t *n);
 // (renameat2 RENAME_NOREPLACE; on a filesystem without it, link + unlink for a file and a
 // check before the rename for a directory).
 int rename_noreplace(const char *from, const char *to);
+// Swaps two existing names in one step (renameat2 RENAME_EXCHANGE): 0, or -1 with errno (EINVAL or
+// ENOSYS where the filesystem cannot, which the caller handles with two renames).
+int rename_exchange(const char *a, const char *b);
 
 // Atomic file output: atomic_open() creates "<path>.tmp.<pid>"; atomic_commit() flushes, fsyncs,
 // closes and renames it to path (and fsyncs the directory); atomic_abort() removes the
