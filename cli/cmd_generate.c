@@ -261,8 +261,8 @@ int cmd_generate(int argc, char **argv) {
     const char *v;
     int max_new = (v = OPT("max-new-tokens")) ? (int)args_int("max-new-tokens", v, 0, 1 << 24) : 64;
     SamplerParams sp = {0.0f, 0, 1.0f};
-    // read as doubles and refused where the sampler's float would change their meaning (a
-    // temperature that underflows to greedy or overflows, a top-p that rounds to 0 or to 1 = off)
+    // read as doubles; a temperature is refused where the sampler's float would change its meaning
+    // (one that underflows to greedy or overflows); top-p stays a double
     if ((v = OPT("temperature"))) {
         const double t = args_double("temperature", v);
         sp.temperature = (float)t;
@@ -272,10 +272,7 @@ int cmd_generate(int argc, char **argv) {
     if ((v = OPT("top-k"))) sp.top_k = (int)args_int("top-k", v, -2147483647LL, 2147483647LL);
     if ((v = OPT("top-p"))) {
         const double p = args_double("top-p", v);
-        sp.top_p = (float)p;
-        if (p > 0 && p <= 1 && (!(sp.top_p > 0) || (sp.top_p == 1.0f && p < 1)))
-            die("--top-p %s is too close to %s for the sampler's float: use a value in [1e-37, 0.9999999], or 1 for off", v,
-                sp.top_p > 0 ? "1" : "0");
+        sp.top_p = p;
         if (!(p > 0 && p <= 1)) die("--top-p %s is out of range: use a value in (0, 1] (1 = off)", v);
     }
     char err[1024];

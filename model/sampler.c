@@ -97,8 +97,10 @@ int sampler_next(Sampler *s, const float *logits, Rng *rng) {
     double total = 0, inv_t = 1.0 / (double)p->temperature;
     for (int i = 0; i < n; i++) total += (s->w[i] = exp(((double)l[i] - mx) * inv_t));
     if (p->top_p < 1) {
-        // the smallest prefix with mass >= top_p (at least one candidate)
-        double need = (double)p->top_p * total, cum = 0;
+        // the smallest prefix with mass >= top_p (at least one candidate); a mass within a relative
+        // 1e-9 of it counts as reaching it, so that a decimal top_p meets equal probabilities
+        // where the definition does (no real distribution is resolved at 1e-9)
+        double need = p->top_p * total * (1.0 - 1e-9), cum = 0;
         int m = 0;
         while (m < n && cum < need) cum += s->w[m++];
         n = m > 0 ? m : 1;

@@ -12,8 +12,9 @@
 typedef struct SamplerParams {
     float temperature;   // 0: greedy; > 0: softmax(logits / temperature)
     int top_k;           // 0: off; else keep the k largest logits (ties: lower ids first)
-    float top_p;         // in (0, 1]; 1: off; else keep the smallest prefix (by probability,
-                         // descending) whose mass is >= top_p
+    double top_p;        // in (0, 1]; 1: off; else keep the smallest prefix (by probability,
+                         // descending) whose mass is >= top_p (within 1e-9 of it: 0.07 of 100
+                         // equal tokens is 7 of them, though 0.07 x 100 is 7.000000000000001)
 } SamplerParams;
 
 // 0 when every setting is in range; else -1 with one line in err naming the setting.

@@ -167,6 +167,25 @@ int main(void) {
                 check_distribution(cases[c].what, &sp, q, 4, pp, 200000, 31 + c);
             }
         }
+        // equal probabilities: top-p 0.2 and 0.6 of 10 keep exactly 2 and 6 (as a float, 0.2 was
+        // 0.200000003 and kept 3), and 0.07 of 100 keeps 7 (in double 0.07 x 100 is
+        // 7.000000000000001, which the mass of 7 does not reach without the 1e-9 margin)
+        {
+            static float e[100];
+            const struct { double p; int V; } cs[3] = {{0.2, 10}, {0.6, 10}, {0.07, 100}};
+            for (int c = 0; c < 3; c++) {
+                SamplerParams se = {1.0f, 0, cs[c].p};
+                int keep[100] = {0};
+                const int k = (int)(cs[c].p * cs[c].V + 0.5);
+                for (int i = 0; i < k; i++) keep[i] = 1;
+                double pe[100];
+                softmax_t(e, cs[c].V, 1.0f, keep, pe);
+                char what[128];
+                snprintf(what, sizeof(what), "top-p %g of %d equal probabilities keeps exactly %d (ties to the lower id)", cs[c].p,
+                         cs[c].V, k);
+                check_distribution(what, &se, e, cs[c].V, pe, 100000, 50 + c);
+            }
+        }
         // top-k then top-p: top-k 3 leaves 0.4 0.3 0.2 (renormalized 4/9 3/9 2/9); p 0.5 keeps two
         SamplerParams sp = {1.0f, 3, 0.5f};
         double pp[4];
