@@ -120,7 +120,7 @@ static int do_train(int argc, char **argv) {
     if (!no_special && n_specials == 0) specials[n_specials++] = "<|endoftext|>";
     // everything that can be checked without the corpus, before reading it
     for (int i = 0; i < n_specials; i++) {
-        if (!specials[i][0] || strpbrk(specials[i], " \t\r\n"))
+        if (!tok_special_text_ok(specials[i], strlen(specials[i])))
             die("--special '%s': a special token must be non-empty and without whitespace", specials[i]);
         for (int j = 0; j < i; j++)
             if (!strcmp(specials[i], specials[j])) die("--special '%s' is given twice: give each special token once", specials[i]);

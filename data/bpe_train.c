@@ -318,7 +318,7 @@ Tokenizer *bpe_trainer_finish(BpeTrainer *bt, uint32_t vocab_size, const char *c
         if (tok_add(t, id, vocab.arena.v + vocab.off[id], vocab.len[id], 0, err, errlen) != 0) { tok_free(t); t = NULL; }
     for (int i = 0; t && i < n_specials; i++) {
         const char *s = specials[i];
-        if (strpbrk(s, " \t\r\n") || !*s) {
+        if (!tok_special_text_ok(s, strlen(s))) {
             snprintf(err, errlen, "special token '%s' must be non-empty and without whitespace", s);
             tok_free(t);
             t = NULL;

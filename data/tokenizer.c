@@ -64,6 +64,13 @@ void tok_free(Tokenizer *t) {
     free(t);
 }
 
+int tok_special_text_ok(const char *s, size_t n) {
+    if (n == 0) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\v' || s[i] == '\f' || s[i] == '\r') return 0;
+    return 1;
+}
+
 int tok_add(Tokenizer *t, uint32_t id, const uint8_t *bytes, size_t len, int special, char *err, size_t errlen) {
     if (id >= TOK_MAX_ID) {
         snprintf(err, errlen, "rank %u is too large (limit %u)", id, TOK_MAX_ID - 1);

@@ -23,6 +23,10 @@ typedef struct TokEncoder TokEncoder;
 
 // Building: tok_new(), tok_add() for each token (ordinary or special), tok_finish().
 Tokenizer *tok_new(const char *pattern, char *err, size_t errlen);
+// May this text be a special token's? Non-empty and without ASCII white space (space, \t, \n, \v,
+// \f, \r), which the tokenizer file's "#special TEXT ID" line could not hold (docs/FORMAT.md).
+// The one rule for the loader, the trainer and the command line.
+int tok_special_text_ok(const char *s, size_t n);
 int tok_add(Tokenizer *t, uint32_t id, const uint8_t *bytes, size_t len, int special, char *err, size_t errlen);
 // Checks that every single byte is a token (so any input can be encoded), indexes the
 // vocabulary and computes the hash. 0 on success.

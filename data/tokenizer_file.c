@@ -132,12 +132,11 @@ Tokenizer *tok_parse(const char *buf, size_t len, const char *name, char *err, s
                 tok_free(t);
                 return NULL;
             }
-            for (const char *c = ln.s + 9; c < last - 1; c++)
-                if (*c == ' ' || *c == '\t' || *c == '\v' || *c == '\f' || *c == '\r') {
-                    snprintf(err, errlen, "%s:%zu: a special token's text holds white space (docs/FORMAT.md): '#special TEXT ID' with TEXT without it", name, ln.no);
-                    tok_free(t);
-                    return NULL;
-                }
+            if (!tok_special_text_ok(ln.s + 9, (size_t)(last - 1 - (ln.s + 9)))) {
+                snprintf(err, errlen, "%s:%zu: a special token's text holds white space (docs/FORMAT.md): '#special TEXT ID' with TEXT without it", name, ln.no);
+                tok_free(t);
+                return NULL;
+            }
             if (id >= TOK_MAX_ID) {
                 snprintf(err, errlen, "%s:%zu: id %lld is too large: ids are below %u", name, ln.no, id, (unsigned)TOK_MAX_ID);
                 tok_free(t);

@@ -34,6 +34,14 @@ expect_error "--vocab-size 300k is refused" "not a whole number" train --vocab-s
 expect_error "--vocab-size -5 is refused" "not a whole number" train --vocab-size -5
 expect_error "--special none --special X is refused" "--special none and --special <|x|>" train --vocab-size 300 --special none --special '<|x|>'
 expect_error "--special X --special none is refused" "--special none and --special <|x|>" train --vocab-size 300 --special '<|x|>' --special none
+# white space a tokenizer file's '#special TEXT ID' line cannot hold, \v and \f included (they
+# were taken, and the file written was then refused by every reader): refused, nothing written
+for ws in ' ' $'\t' $'\v' $'\f'; do
+    rm -f x.tok
+    expect_error "a --special holding $(printf '%q' "$ws") is refused" "a special token must be non-empty and without whitespace" \
+        train --vocab-size 300 --special "a${ws}b"
+    [ ! -e x.tok ] || fail "a --special holding $(printf '%q' "$ws") left x.tok"
+done
 # checked before the corpus is read: a special longer than a token may be, a corpus file missing
 expect_error "a --special longer than 4096 bytes is refused" "has 5000 bytes: a token holds at most 4096" \
     train --vocab-size 300 --special "$(head -c 5000 /dev/zero | tr '\0' x)"
