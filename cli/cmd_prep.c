@@ -414,17 +414,17 @@ int cmd_prep(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); free(files); return 0; }
-        else if (!strcmp(a, "--tokenizer")) o.tokenizer = args_next_value(argc, argv, &i, "prep", 1);
-        else if (!strcmp(a, "--out")) o.out = args_next_value(argc, argv, &i, "prep", 1);
-        else if (!strcmp(a, "--verify")) o.verify = args_next_value(argc, argv, &i, "prep", 1);
-        else if (!strcmp(a, "--val-fraction")) o.val_fraction = opt_f64("--val-fraction", args_next_value(argc, argv, &i, "prep", 0), 0, 1);
-        else if (!strcmp(a, "--split-seed")) o.split_seed = opt_u64("--split-seed", args_next_value(argc, argv, &i, "prep", 0), UINT64_MAX);
-        else if (!strcmp(a, "--text-key")) o.doc.text_key = args_next_value(argc, argv, &i, "prep", 0);
-        else if (!strcmp(a, "--doc-separator")) o.doc.separator = args_next_value(argc, argv, &i, "prep", 0);
-        else if (!strcmp(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)opt_i64("--chunk-tokens", args_next_value(argc, argv, &i, "prep", 0), 1, SHARD_MAX_CHUNK_TOKENS);
-        else if (!strcmp(a, "--shard-tokens")) o.shard_tokens = (uint64_t)opt_i64("--shard-tokens", args_next_value(argc, argv, &i, "prep", 0), 1, INT64_MAX);
-        else if (!strcmp(a, "--threads")) o.threads = (int)opt_i64("--threads", args_next_value(argc, argv, &i, "prep", 0), 0, CLLA_MAX_THREADS);
-        else if (!strcmp(a, "--level")) o.level = (int)opt_i64("--level", args_next_value(argc, argv, &i, "prep", 0), 1, 19);
+        else if (args_is(a, "--tokenizer")) o.tokenizer = args_next_value(argc, argv, &i, "prep", 1);
+        else if (args_is(a, "--out")) o.out = args_next_value(argc, argv, &i, "prep", 1);
+        else if (args_is(a, "--verify")) o.verify = args_next_value(argc, argv, &i, "prep", 1);
+        else if (args_is(a, "--val-fraction")) o.val_fraction = opt_f64("--val-fraction", args_next_value(argc, argv, &i, "prep", 0), 0, 1);
+        else if (args_is(a, "--split-seed")) o.split_seed = opt_u64("--split-seed", args_next_value(argc, argv, &i, "prep", 0), UINT64_MAX);
+        else if (args_is(a, "--text-key")) o.doc.text_key = args_next_value(argc, argv, &i, "prep", 0);
+        else if (args_is(a, "--doc-separator")) o.doc.separator = args_next_value(argc, argv, &i, "prep", 0);
+        else if (args_is(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)opt_i64("--chunk-tokens", args_next_value(argc, argv, &i, "prep", 0), 1, SHARD_MAX_CHUNK_TOKENS);
+        else if (args_is(a, "--shard-tokens")) o.shard_tokens = (uint64_t)opt_i64("--shard-tokens", args_next_value(argc, argv, &i, "prep", 0), 1, INT64_MAX);
+        else if (args_is(a, "--threads")) o.threads = (int)opt_i64("--threads", args_next_value(argc, argv, &i, "prep", 0), 0, CLLA_MAX_THREADS);
+        else if (args_is(a, "--level")) o.level = (int)opt_i64("--level", args_next_value(argc, argv, &i, "prep", 0), 1, 19);
         else if (!strcmp(a, "--overwrite")) o.overwrite = 1;
         else if (a[0] == '-' && a[1]) die("unknown option '%s' for 'clla prep': see 'clla prep --help'", a);
         else files[n_files++] = argv[i];

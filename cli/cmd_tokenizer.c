@@ -99,13 +99,13 @@ static int do_train(int argc, char **argv) {
     char **files = xmalloc((size_t)argc * sizeof(*files));
     int n_files = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--vocab-size")) vocab = parse_vocab_size(args_next_value(argc, argv, &i, "tokenizer", 0));
-        else if (!strcmp(argv[i], "--pattern")) pattern = args_next_value(argc, argv, &i, "tokenizer", 0);
-        else if (!strcmp(argv[i], "--out")) out = args_next_value(argc, argv, &i, "tokenizer", 1);
+        if (args_is(argv[i], "--vocab-size")) vocab = parse_vocab_size(args_next_value(argc, argv, &i, "tokenizer", 0));
+        else if (args_is(argv[i], "--pattern")) pattern = args_next_value(argc, argv, &i, "tokenizer", 0);
+        else if (args_is(argv[i], "--out")) out = args_next_value(argc, argv, &i, "tokenizer", 1);
         else if (!strcmp(argv[i], "--overwrite")) overwrite = 1;
-        else if (!strcmp(argv[i], "--text-key")) dopt.text_key = args_next_value(argc, argv, &i, "tokenizer", 0);
-        else if (!strcmp(argv[i], "--doc-separator")) dopt.separator = args_next_value(argc, argv, &i, "tokenizer", 0);
-        else if (!strcmp(argv[i], "--special")) {
+        else if (args_is(argv[i], "--text-key")) dopt.text_key = args_next_value(argc, argv, &i, "tokenizer", 0);
+        else if (args_is(argv[i], "--doc-separator")) dopt.separator = args_next_value(argc, argv, &i, "tokenizer", 0);
+        else if (args_is(argv[i], "--special")) {
             const char *s = args_next_value(argc, argv, &i, "tokenizer", 0);
             if (!strcmp(s, "none")) no_special = 1;
             else if (n_specials < 64) specials[n_specials++] = s;
@@ -178,9 +178,9 @@ static int do_encode(int argc, char **argv) {
     const char *tok_path = NULL, *text = NULL, *file = NULL;
     int allow_special = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (!strcmp(argv[i], "--text")) text = args_next_value(argc, argv, &i, "tokenizer", 0);
-        else if (!strcmp(argv[i], "--file")) file = args_next_value(argc, argv, &i, "tokenizer", 1);
+        if (args_is(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_is(argv[i], "--text")) text = args_next_value(argc, argv, &i, "tokenizer", 0);
+        else if (args_is(argv[i], "--file")) file = args_next_value(argc, argv, &i, "tokenizer", 1);
         else if (!strcmp(argv[i], "--allow-special")) allow_special = 1;
         else die("unknown argument '%s' for 'clla tokenizer encode': see --help", argv[i]);
     }
@@ -229,8 +229,8 @@ static int do_decode(int argc, char **argv) {
     U32Vec ids = {0};
     int have_args = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (!strcmp(argv[i], "--file")) file = args_next_value(argc, argv, &i, "tokenizer", 1);
+        if (args_is(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_is(argv[i], "--file")) file = args_next_value(argc, argv, &i, "tokenizer", 1);
         else if (argv[i][0] == '-') die("unknown option '%s' for 'clla tokenizer decode': see --help", argv[i]);
         else { parse_ids(argv[i], "argument", &ids); have_args = 1; }
     }
@@ -257,7 +257,7 @@ static int do_decode(int argc, char **argv) {
 static int do_info(int argc, char **argv) {
     const char *tok_path = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
+        if (args_is(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
         else die("unknown argument '%s' for 'clla tokenizer info': see --help", argv[i]);
     }
     if (!tok_path) die("'clla tokenizer info' needs --tokenizer FILE");
@@ -279,9 +279,9 @@ static int do_import_gpt2(int argc, char **argv) {
     const char *enc = NULL, *bpe = NULL, *out = NULL;
     int overwrite = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--encoder")) enc = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (!strcmp(argv[i], "--bpe")) bpe = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (!strcmp(argv[i], "--out")) out = args_next_value(argc, argv, &i, "tokenizer", 1);
+        if (args_is(argv[i], "--encoder")) enc = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_is(argv[i], "--bpe")) bpe = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_is(argv[i], "--out")) out = args_next_value(argc, argv, &i, "tokenizer", 1);
         else if (!strcmp(argv[i], "--overwrite")) overwrite = 1;
         else die("unknown argument '%s' for 'clla tokenizer import-gpt2': see --help", argv[i]);
     }

@@ -113,9 +113,21 @@ double args_double(const char *name, const char *v) {
     return opt_f64(opt, v, -HUGE_VAL, HUGE_VAL);
 }
 
+int args_is(const char *arg, const char *opt) {
+    const size_t n = strlen(opt);
+    return !strncmp(arg, opt, n) && (arg[n] == 0 || arg[n] == '=');
+}
+
 const char *args_next_value(int argc, char **argv, int *i, const char *cmd, int nonempty) {
-    if (*i + 1 >= argc) die("option %s needs a value: see 'clla %s --help'", argv[*i], cmd);
-    const char *opt = argv[*i], *v = argv[++*i];
-    if (nonempty && !v[0]) die("option %s is empty: give a path (see 'clla %s --help')", opt, cmd);
+    const char *opt = argv[*i], *eq = strchr(opt, '=');
+    const int name_len = eq ? (int)(eq - opt) : (int)strlen(opt);
+    const char *v;
+    if (eq) {
+        v = eq + 1;
+    } else {
+        if (*i + 1 >= argc) die("option %s needs a value: see 'clla %s --help'", opt, cmd);
+        v = argv[++*i];
+    }
+    if (nonempty && !v[0]) die("option %.*s is empty: give a path (see 'clla %s --help')", name_len, opt, cmd);
     return v;
 }

@@ -31,8 +31,10 @@ const char *args_get(const Args *a, const ArgSpec *specs, int n_specs, const cha
 // outside [lo, hi].
 long long args_int(const char *name, const char *v, long long lo, long long hi);
 double args_double(const char *name, const char *v);
-// For the commands that walk argv themselves (clla prep, clla tokenizer): the value after
-// argv[*i] (advancing *i), dying when there is none, or, for a path (nonempty), when it is "".
+// For the commands that walk argv themselves (clla prep, clla tokenizer): is arg the option opt
+// ("--out"), given as "--out" or "--out=VALUE"? And its value: after the '=', or the next argument
+// (advancing *i), dying when there is none, or, for a path (nonempty), when it is "".
+int args_is(const char *arg, const char *opt);
 const char *args_next_value(int argc, char **argv, int *i, const char *cmd, int nonempty);
 // Every value of a repeatable option in command-line order; returns the count (dies above max).
 int args_get_all(const Args *a, const ArgSpec *specs, int n_specs, const char *name, const char **out, int max);

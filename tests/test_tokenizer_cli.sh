@@ -69,5 +69,19 @@ a=$(printf 'from the file' | "$CLLA" tokenizer encode --tokenizer <(cat x.tok) -
     [ -n "$a" ] && [ "$a" = "$("$CLLA" tokenizer encode --tokenizer x.tok --file in.txt)" ] &&
     ok "encode reads --file and --tokenizer from pipes" || fail "encode from pipes: '$a'"
 
+# --name=value, as every other command takes it (docs/COMMANDS.md), in tokenizer and prep too
+a=$("$CLLA" tokenizer encode --tokenizer=x.tok --text='from the file') &&
+    [ "$a" = "$("$CLLA" tokenizer encode --tokenizer x.tok --file in.txt)" ] && ok "tokenizer encode takes --name=value" ||
+    fail "tokenizer encode --tokenizer=x.tok --text=...: '$a'"
+printf 'one doc\n---\nanother doc\n' > sep.txt
+if "$CLLA" prep --tokenizer=x.tok --out=p_eq --doc-separator=--- --val-fraction=0 sep.txt > /dev/null 2> prep_eq.err &&
+   "$CLLA" prep --tokenizer x.tok --out p_sp --doc-separator --- --val-fraction 0 sep.txt > /dev/null 2>&1 &&
+   cmp -s p_eq/train/shard_000000.bin p_sp/train/shard_000000.bin; then
+    ok "prep takes --name=value (the same shards as --name value)"
+else
+    fail "prep --name=value: $(cat prep_eq.err)"
+fi
+expect_error "an empty --out= is refused" "option --out is empty" "$CLLA" prep --tokenizer=x.tok --out= sep.txt
+
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
