@@ -227,8 +227,11 @@ static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, 
             if (!j) die("--ppl '%s' line %lld: %s", path, line, jerr);
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "text");
             if (!cJSON_IsString(t)) die("--ppl '%s' line %lld: not a JSON object with a \"text\" string", path, line);
-            if (docs++ && eot != TOK_NONE) u32vec_push(&out, eot);
-            tok_encode(enc, t->valuestring, strlen(t->valuestring), 0, &out);
+            // an empty document adds nothing, not even a separator, as prep skips it (docs/FORMAT.md)
+            if (t->valuestring[0]) {
+                if (docs++ && eot != TOK_NONE) u32vec_push(&out, eot);
+                tok_encode(enc, t->valuestring, strlen(t->valuestring), 0, &out);
+            }
             cJSON_Delete(j);
         }
     } else {

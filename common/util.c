@@ -363,12 +363,34 @@ void output_parent_check(const char *path, const char *option) {
     free(dir);
 }
 
+// Lexical clean-up of an absolute path in place: repeated slashes and "." components go, and a
+// trailing slash ("/" stays "/"). ".." is kept: through a link it names another place than its
+// text suggests.
+static void path_clean(char *p) {
+    char *w = p;
+    for (const char *r = p; *r;) {
+        if (r[0] == '/' && (r[1] == '/' || (r[1] == '.' && (r[2] == '/' || r[2] == 0)))) {
+            r += r[1] == '/' ? 1 : 2;   // "//" -> "/", "/." -> ""
+            continue;
+        }
+        *w++ = *r++;
+    }
+    *w = 0;
+    while (w > p + 1 && w[-1] == '/') *--w = 0;
+    if (!p[0]) strcpy(p, "/");
+}
+
 char *path_absolute(const char *path) {
-    if (path[0] == '/') return xstrdup(path);
-    char *cwd = getcwd(NULL, 0);
-    if (!cwd) return NULL;
-    char *abs = path_join(cwd, path);
-    free(cwd);
+    char *abs;
+    if (path[0] == '/') {
+        abs = xstrdup(path);
+    } else {
+        char *cwd = getcwd(NULL, 0);
+        if (!cwd) return NULL;
+        abs = path_join(cwd, path);
+        free(cwd);
+    }
+    path_clean(abs);
     return abs;
 }
 

@@ -92,8 +92,9 @@ void output_file_check(const char *path, int overwrite, const char *option);
 // The directory an output (file or directory) is created in exists and is writable: dies with
 // one line naming the option otherwise. Part of output_file_check; alone for directory outputs.
 void output_parent_check(const char *path, const char *option);
-// path as a new string, relative ones joined to the current directory (not resolved otherwise:
-// links and .. stay as given). NULL when the current directory cannot be read.
+// path as a new string, relative ones joined to the current directory, then cleaned lexically
+// (repeated slashes, "." components and a trailing slash go, so that "run/" and "run" name one
+// directory; links and .. stay as given). NULL when the current directory cannot be read.
 char *path_absolute(const char *path);
 
 // ---- opening files to read (issue 12)

@@ -304,16 +304,24 @@ static int build_seqs(BenchScorer *s, const BenchItem *it, const char *prompt, S
     for (int c = 0; c < it->n_choices; c++) {
         // partial scoring: the choice joins the context, the shared continuation is scored
         const char *cont = it->continuation ? it->continuation : it->choices[c];
-        if (it->continuation) {
-            size_t cl = strlen(it->choices[c]);
-            char *ctx = xmalloc(plen + cl + 1);
-            memcpy(ctx, prompt, plen);
-            memcpy(ctx + plen, it->choices[c], cl + 1);
-            encode(s, ctx, &q->ctx[c]);
-            free(ctx);
-        } else encode(s, prompt, &q->ctx[c]);
-        encode(s, cont, &q->cont[c]);
-        out->bytes[c] = (int)strlen(cont);
+        const size_t cl = it->continuation ? strlen(it->choices[c]) : 0, tl = strlen(cont);
+        char *ctx = xmalloc(plen + cl + 1);
+        memcpy(ctx, prompt, plen);
+        memcpy(ctx + plen, it->continuation ? it->choices[c] : "", cl + 1);
+        // white space ending the context goes to the continuation, as lm-evaluation-harness moves
+        // it ("a time " + "ago" is read as "a time" + " ago", the tokens a byte-level tokenizer
+        // gives the joined text)
+        size_t keep = plen + cl;
+        while (keep > 0 && strchr(" \t\n\r\v\f", ctx[keep - 1])) keep--;
+        char *full = xmalloc(plen + cl - keep + tl + 1);
+        memcpy(full, ctx + keep, plen + cl - keep);
+        memcpy(full + plen + cl - keep, cont, tl + 1);
+        ctx[keep] = 0;
+        encode(s, ctx, &q->ctx[c]);
+        encode(s, full, &q->cont[c]);
+        free(ctx);
+        free(full);
+        out->bytes[c] = (int)tl;   // the continuation's own bytes, as lm-evaluation-harness's acc_norm
         out->tokens[c] = (int)q->cont[c].n;
         if (q->ctx[c].n == 0) {
             // an empty context: the continuation is scored after <|endoftext|>, as lm-evaluation-harness does

@@ -1,7 +1,8 @@
 // Output files (common/util.h): an AtomicFile committed with OUT_KEEP_EXISTING never replaces a
 // path that appeared after the command checked it (another process's output), keeps its own
 // finished output under the name atomic_commit_message() gives, and with OUT_REPLACE replaces
-// as before; rename_noreplace() refuses an existing file or directory and moves otherwise.
+// as before; rename_noreplace() refuses an existing file or directory and moves otherwise;
+// rename_exchange() swaps; path_absolute() cleans a path lexically.
 // Output: a FAIL line per failed check, then "N checks, M failed"; exit status 1 on any failure.
 #include <errno.h>
 #include <stdlib.h>
@@ -84,6 +85,29 @@ int main(void) {
     CHECK(rename_noreplace(d1, d2) != 0 && errno == EEXIST && exists(d1), "rename_noreplace refuses an existing (even empty) directory");
     rmdir(d2);
     CHECK(rename_noreplace(d1, d2) == 0 && !exists(d1) && exists(d2), "rename_noreplace moves a directory");
+
+    // rename_exchange swaps two names (export --overwrite's package and the old one)
+    mkdir(d1, 0755);
+    write_text(a, "A");
+    CHECK(rename_exchange(a, d1) == 0 && holds(d1, "A") && exists(a) && !holds(a, "A"), "rename_exchange swaps a file and a directory");
+    rename_exchange(a, d1);
+    rmdir(d1);
+    unlink(a);
+
+    // path_absolute's clean-up: "run/" and "run" are one directory (data-parallel ranks given
+    // them were refused as disagreeing); "." components and repeated slashes go, ".." stays
+    static const char *const CLEAN[][2] = {
+        {"/a/b/", "/a/b"}, {"/a//b", "/a/b"}, {"/a/./b/.", "/a/b"}, {"/", "/"}, {"//", "/"}, {"/.", "/"},
+        {"/a/.b/..c", "/a/.b/..c"}, {"/a/../b", "/a/../b"}, {"/a///", "/a"},
+    };
+    for (size_t i = 0; i < sizeof(CLEAN) / sizeof(CLEAN[0]); i++) {
+        char *got = path_absolute(CLEAN[i][0]);
+        CHECK(got && !strcmp(got, CLEAN[i][1]), "path_absolute(\"%s\") = \"%s\", want \"%s\"", CLEAN[i][0], got ? got : "(null)", CLEAN[i][1]);
+        free(got);
+    }
+    char *cwd = getcwd(NULL, 0), *rel = path_absolute("./x//y/"), *want = path_join(cwd, "x/y");
+    CHECK(!strcmp(rel, want), "path_absolute(\"./x//y/\") = \"%s\", want \"%s\"", rel, want);
+    free(cwd); free(rel); free(want);
 
     rmdir(d2);
     unlink(b);

@@ -140,6 +140,26 @@ mkdir -p bdir && cp two.jsonl bdir/b.jsonl && cp "$FX/hellaswag.jsonl" bdir/a.js
 "${B[@]}" --checkpoint gqa --bench "$FX/generic.jsonl" --limit 1 --json > lim.out 2>&1 && grep -q '"items":1,' lim.out &&
     ok "--limit 1 scores one item" || fail "limit: $(cat lim.out)"
 
+# white space ending a context goes to the continuation, as lm-evaluation-harness moves it: "is " +
+# "wet" is scored as "is" + " wet" (it was tokenized as "is " and "wet", tokens the joined text never has)
+printf '%s\n' '{"context": "Water is ", "choices": ["wet", "dry"], "label": 0}' \
+    '{"context": "The cat sat on the\n", "choices": ["mat.", "moon."], "label": 0}' > ws_a.jsonl
+printf '%s\n' '{"context": "Water is", "choices": [" wet", " dry"], "label": 0}' \
+    '{"context": "The cat sat on the", "choices": ["\nmat.", "\nmoon."], "label": 0}' > ws_b.jsonl
+for f in ws_a ws_b; do "${B[@]}" --checkpoint gqa --bench $f.jsonl --cache-codec fp32 --items-out $f.items > /dev/null 2>&1; done
+if "$PY" - ws_a.items ws_b.items <<'PYEOF'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 2, (a, b)
+for x, y in zip(a, b):
+    assert x["tokens"] == y["tokens"], (x, y)
+    assert all(abs(u - v) <= 1e-4 for u, v in zip(x["loglik"], y["loglik"])), (x, y)
+    assert [n + 1 for n in x["bytes"]] == y["bytes"], (x, y)   # acc_norm: each choice's own bytes
+PYEOF
+then ok "a context's trailing white space is scored with the continuation (lm-evaluation-harness's rule)"
+else fail "trailing white space: $(cat ws_a.items ws_b.items)"; fi
+
 # a context longer than the model's: cut on the left, the same on both paths; a continuation too long: refused
 sed 's/"max_position_embeddings": 256/"max_position_embeddings": 32, "train": {"seq_len": 32}/' gqa.json > short.json
 "$CLLA" init --config short.json --out short > /dev/null 2>&1

@@ -73,6 +73,13 @@ if near "$(field t.json loss)" "$(field b.json loss)" 1e-7 && [ "$(field t.json 
     ok "a text scores as the token file of its ids ($(field t.json tokens) tokens)"
 else fail "text $(cat t.json t.err) vs ids $(cat b.json b.err)"; fi
 "${E[@]}" --ppl docs.jsonl --seq 16 > j.json 2> j.err && [ -n "$(field j.json loss)" ] && ok "a .jsonl of texts: $(cat j.json)" || fail "jsonl" j.err
+# an empty document adds nothing, not even a separator, as prep reads the file (it added a second
+# <|endoftext|> in a row)
+{ head -n 1 docs.jsonl; echo '{"text": ""}'; tail -n 1 docs.jsonl; } > docs_empty.jsonl
+"${E[@]}" --ppl docs_empty.jsonl --seq 16 > je.json 2> je.err
+if near "$(field je.json loss)" "$(field j.json loss)" 1e-9 && [ "$(field je.json tokens)" = "$(field j.json tokens)" ]; then
+    ok "an empty JSONL document is skipped ($(field je.json tokens) tokens either way)"
+else fail "empty document: $(cat je.json je.err) vs $(cat j.json)"; fi
 
 # through the KV cache (eval/perplexity.c eval_strided_cache): the same windows, scored tokens
 # passing through the codecs; fp32 gives plain --ppl's loss, both passes agree, 2 bits move it
