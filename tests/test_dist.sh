@@ -353,6 +353,14 @@ for c in "lr|--set train.lr=1e-3|rank 1 was started with other settings than ran
         fail "rank 1 with $extra: exit $rc: $(grep -m2 -E 'error|MPI' "disagree_$name.err" | tr '\n' ' ')"
     fi
 done
+# the same directory spelled another way on rank 1 (a trailing slash, "./"): the ranks agree (they
+# were refused as started with other settings)
+printf '#!/usr/bin/env bash\n[ "$OMPI_COMM_WORLD_RANK" = 1 ] && exec "$@" --out ./same_out//\nexec "$@" --out same_out\n' > r1out.sh
+chmod +x r1out.sh
+timeout 120 "${MPIRUN[@]}" -np 2 ./r1out.sh "$CLLA" train --quiet --config dense.json --set train.max_steps=2 > same_out.err 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && [ -s same_out/model.safetensors ] && ok "--out same_out and ./same_out// on two ranks: one run directory" ||
+    fail "--out spelled two ways: exit $rc: $(grep -m2 -E 'error|MPI' same_out.err | tr '\n' ' ')"
 # the same path, other files on rank 1 (a node-local directory): rank 1 sees other shards
 # through a bind mount in a mount namespace of its own
 "$CLLA" prep --tokenizer small.tok --out shards_c --chunk-tokens 256 --val-fraction 0 "$SRC/tests/fixtures/english.jsonl" \
