@@ -653,7 +653,9 @@ int cmd_eval(int argc, char **argv) {
         Config cfg;
         Model model;
         ModelDir md;
-        model_source_load(&md, &model, &cfg, dir, device_backend(args_get(&a, SPECS, N_SPECS, "device")));
+        const Backend *be = device_backend(args_get(&a, SPECS, N_SPECS, "device"));
+        dist_select_device(&dist, be);   // each rank of a node on its own GPU
+        model_source_load(&md, &model, &cfg, dir, be);
         int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
         int rc = eval_bench(&model, &md, &cfg, &a, &dist, K, seed, limit, json, isatty(2), dir);
         model_dir_free(&md);

@@ -380,13 +380,21 @@ static void open_nccl(Dist *d) {
 }
 #endif
 
+void dist_select_device(const Dist *d, const struct Backend *be) {
+#ifdef CLLA_HAVE_CUDA
+    // before the first allocation: a CUDA context lands on whichever device is current
+    if (be == backend_cuda()) cuda_select_device(d->local_rank);
+#else
+    (void)d; (void)be;
+#endif
+}
+
 void dist_attach_device(Dist *d, const struct Backend *be) {
 #if defined(CLLA_NCCL_EMULATION) && defined(DIST_NCCL)
     if (be == backend_cpu_bf16()) open_nccl(d);
 #elif defined(CLLA_HAVE_CUDA)
     if (be != backend_cuda()) return;
-    // before the first allocation: a CUDA context lands on whichever device is current
-    cuda_select_device(d->local_rank);
+    dist_select_device(d, be);
 #ifdef DIST_NCCL
     open_nccl(d);
 #endif

@@ -133,6 +133,10 @@ void dist_barrier(Dist *d);
 // selects this rank's GPU and, with NCCL and more than one rank, creates the communicator
 // (collective: every rank calls it). Other backends: nothing.
 void dist_attach_device(Dist *d, const struct Backend *be);
+// Only the first half of that: the rank's GPU made current (CUDA; nothing on other backends), for a
+// job whose ranks share no device buffers (clla eval --bench splits its items over the ranks).
+// Without it every rank of the node put its context and its model on GPU 0.
+void dist_select_device(const Dist *d, const struct Backend *be);
 // 1 when the dist_*_dev_f32 collectives below are available (NCCL communicator open).
 int dist_has_device_collectives(const Dist *d);
 // The collectives of dist_reduce_scatter_f32 / dist_allgather_f32 / dist_allreduce_sum_f32 on
