@@ -391,6 +391,12 @@ Decoder *decoder_new_slabs(Model *m, const CacheLayout *layout, int max_seqs, in
         const Codec *codec = &d->codecs[s];
         int kind = codec->kind == CODEC_FP32 ? PAGED_F32 : codec->kind == CODEC_BF16 ? PAGED_BF16
                  : codec->kind == CODEC_INT_GROUP ? PAGED_INT_GROUP : PAGED_OTHER;
+        // a codec read only through the host decode callback (backend/backend.h) needs its blocks
+        // in host memory: refused here, not at the first attention step after a whole prefill
+        if (kind == PAGED_OTHER && !be->host_memory)
+            die("the %s cache codec decodes only on the host, and backend '%s' keeps the cache in device memory (it reads "
+                "fp32, bf16 and int_group caches): use one of those codecs, or --device cpu or cpu-bf16",
+                codec_name(codec), be->name);
         d->is_block[s] = codec_is_variable(codec) ? STREAM_RECORDS : codec_is_blocked(codec) ? STREAM_WINDOW : STREAM_TOKENS;
         int p = d->cl.streams[s].part;
         if (codec_traits(codec->kind)->pre_rope && (p == PART_K || p == PART_KROPE || p == PART_OWN_KROPE)) {

@@ -19,8 +19,10 @@
 #include <string.h>
 
 #include "common/rng.h"
+#include "common/util.h"
 #include "eval/through_cache.h"
 #include "model/decode.h"
+#include "tests/lib/death.h"
 
 static int passed, failed;
 
@@ -315,6 +317,36 @@ static void check_backend_ops(void) {
     check(backend_missing_op(&b, BACKEND_OPS_CORE) == NULL, "core ops do not need decoding ops", "ops");
 }
 
+// A backend that keeps the cache in device memory (host_memory 0, as CUDA) reads fp32, bf16 and
+// int_group streams itself; a codec read only through the host decode callback (kivi here) is
+// refused by decoder_new, naming it, instead of at the first attention step after a prefill.
+typedef struct DeviceDecoderArgs { const Backend *be; const char *spec; } DeviceDecoderArgs;
+
+static void new_device_decoder(const void *arg) {
+    const DeviceDecoderArgs *a = arg;
+    Config cfg;
+    config_from_json(&cfg, "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}", "device", 0, NULL);
+    Model m;
+    model_build(&m, &cfg.model, a->be);
+    CacheLayout cl;
+    cache_layout(&cl, &cfg.model);
+    char err[256];
+    if (cache_layout_apply_spec(&cl, a->spec, err, sizeof(err)) != 0) die("%s", err);
+    decoder_free(decoder_new(&m, &cl, 1, 8));
+    model_free(&m);
+}
+
+static void check_device_codecs(void) {
+    Backend dev = *backend_cpu();
+    dev.host_memory = 0;
+    char msg[1024];
+    const DeviceDecoderArgs kivi = {&dev, "kivi:bits=2,group=4,residual=16"}, i4 = {&dev, "int_group:bits=4,group=6"};
+    check(died_with(new_device_decoder, &kivi, "the kivi cache codec decodes only on the host", "--device cpu", msg, sizeof(msg)),
+          msg, "device-memory backend refuses kivi at decoder_new");
+    // the same layout with a codec the device reads: no error (the child exits 0)
+    check(!died_with(new_device_decoder, &i4, NULL, NULL, msg, sizeof(msg)) && !msg[0], msg, "device-memory backend takes int_group");
+}
+
 // Perplexity through the cache: the full forward with the codecs' round trips and token-by-token
 // decoding give the same loss; a coarser codec changes it (the scored tokens do pass through it).
 static void check_through_cache(void) {
@@ -351,6 +383,7 @@ static void check_through_cache(void) {
 int main(void) {
     check_through_cache();
     check_backend_ops();
+    check_device_codecs();
     check_idempotent();
     for (size_t ci = 0; ci < sizeof(CASES) / sizeof(CASES[0]); ci++) run_case(&CASES[ci], (int)ci);
     printf("test_decode: %d passed, %d failed\n", passed, failed);
