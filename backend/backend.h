@@ -64,6 +64,9 @@ typedef struct Backend {
     // 1: buffers are host memory the caller may read in place (the CPU backends), so a file
     // writer needs no host copy of them; 0: read them through download (a device)
     int host_memory;
+    // the widest attention head (query/key or value) its attention op takes; 0: any. A model with
+    // wider heads is refused when it is built on the backend (model/params.c), not at its first step
+    int max_head_width;
 
     // ---- memory ----
     void *(*alloc)(size_t bytes);                  // zero-initialized; aborts with a message on failure

@@ -8,6 +8,7 @@ static Backend make_backend_cuda(void) {
     Backend b = Backend();
     b.name = "cuda";
     b.act_bytes = 2;
+    b.max_head_width = CUDA_ATT_MAX_D;
     b.alloc = cuda_alloc;
     b.release = cuda_release;
     b.zero = cuda_zero;

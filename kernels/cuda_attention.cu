@@ -20,7 +20,7 @@
 // roundings); CLLA_CUDA_ATTENTION=warp keeps every call here.
 #include "kernels/cuda_attention_tc.cuh"
 
-#define ATT_MAX_D 256                 // widest DQK and DV (8 registers per lane)
+#define ATT_MAX_D CUDA_ATT_MAX_D      // widest DQK and DV (8 registers per lane; kernels/cuda_ops.h)
 #define ATT_REGS (ATT_MAX_D / 32)
 #define ATT_WARPS 4                   // rows per block
 

@@ -12,6 +12,10 @@
 extern "C" {
 #endif
 
+// The widest attention head (DQK and DV) the attention kernels hold in registers (8 a lane):
+// the table's max_head_width, so a wider model is refused when it is built.
+#define CUDA_ATT_MAX_D 256
+
 // ---- memory (cuda_memory.cu) ----
 void *cuda_alloc(size_t bytes);
 void cuda_release(void *p);

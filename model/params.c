@@ -125,6 +125,11 @@ long long model_embedding_params(const ModelConfig *c) {
 void model_build(Model *m, const ModelConfig *cfg, const Backend *be) {
     const char *missing = backend_missing_op(be, BACKEND_OPS_CORE | (cfg->n_routed_experts > 0 ? BACKEND_OPS_MOE : 0));
     if (missing) die("backend '%s' lacks the op '%s' this model needs: use --device cpu", be->name, missing);
+    const int dqk = cfg->head_dim + (config_is_latent(cfg) ? cfg->qk_rope_head_dim : 0);
+    if (be->max_head_width > 0 && (dqk > be->max_head_width || cfg->v_head_dim > be->max_head_width))
+        die("backend '%s' takes attention heads up to %d wide, and this model's are %d (query/key) and %d (value): use "
+            "narrower heads, or --device cpu",
+            be->name, be->max_head_width, dqk, cfg->v_head_dim);
     model_build_table(m, cfg, be->act_bytes);
     m->be = be;
     const TensorTable *tt = &m->params;

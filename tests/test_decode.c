@@ -347,6 +347,30 @@ static void check_device_codecs(void) {
     check(!died_with(new_device_decoder, &i4, NULL, NULL, msg, sizeof(msg)) && !msg[0], msg, "device-memory backend takes int_group");
 }
 
+// A backend's widest attention head (max_head_width; CUDA's kernels hold 256 in registers) is
+// checked when a model is built on it, query/key width including a latent model's rope dims.
+typedef struct NarrowArgs { const Backend *be; const char *json; } NarrowArgs;
+
+static void build_on(const void *arg) {
+    const NarrowArgs *a = arg;
+    Config cfg;
+    config_from_json(&cfg, a->json, "narrow", 0, NULL);
+    Model m;
+    model_build(&m, &cfg.model, a->be);
+    model_free(&m);
+}
+
+static void check_head_width_limit(void) {
+    Backend narrow = *backend_cpu();
+    narrow.max_head_width = 6;
+    char msg[1024];
+    const NarrowArgs gqa = {&narrow, "{" BASE "\"attention\":\"gqa\",\"num_key_value_heads\":2,\"num_hidden_layers\":2}"};
+    const NarrowArgs mla = {&narrow, "{" BASE "\"attention\":\"mla\",\"kv_lora_rank\":8,\"qk_rope_head_dim\":2,\"num_hidden_layers\":2}"};
+    check(!died_with(build_on, &gqa, NULL, NULL, msg, sizeof(msg)) && !msg[0], msg, "heads of 6 on a backend taking 6");
+    check(died_with(build_on, &mla, "takes attention heads up to 6 wide, and this model's are 8 (query/key)", NULL, msg, sizeof(msg)), msg,
+          "an MLA head of 6 + 2 rope dims refused on a backend taking 6");
+}
+
 // Perplexity through the cache: the full forward with the codecs' round trips and token-by-token
 // decoding give the same loss; a coarser codec changes it (the scored tokens do pass through it).
 static void check_through_cache(void) {
@@ -384,6 +408,7 @@ int main(void) {
     check_through_cache();
     check_backend_ops();
     check_device_codecs();
+    check_head_width_limit();
     check_idempotent();
     for (size_t ci = 0; ci < sizeof(CASES) / sizeof(CASES[0]); ci++) run_case(&CASES[ci], (int)ci);
     printf("test_decode: %d passed, %d failed\n", passed, failed);
