@@ -64,10 +64,10 @@ static void check_replaceable(const char *out) {
         static const char *const PACKAGE_FILES[] = {MODEL_DIR_CONFIG, MODEL_DIR_WEIGHTS, PACKAGE_TOKENIZER, PACKAGE_CACHE_CODECS};
         int ours = 0;
         for (size_t i = 0; i < sizeof(PACKAGE_FILES) / sizeof(PACKAGE_FILES[0]); i++) ours |= !strcmp(de->d_name, PACKAGE_FILES[i]);
-        if (!plain || !ours) {
-            closedir(d);
+        // die() exits: the directory is not closed first, since de->d_name lies in its buffer
+        // (closedir before the message read freed memory: ASan)
+        if (!plain || !ours)
             die("refusing to replace '%s' with --overwrite: it holds '%s', which is not a package file: move it out first", out, de->d_name);
-        }
     }
     closedir(d);
 }

@@ -421,7 +421,8 @@ cp "$SRC/launch/slurm.sbatch" spool/job42/slurm_script
 printf '#!/bin/sh\necho "srun $*"\n' > fakebin/srun
 chmod +x spool/job42/slurm_script fakebin/srun
 (cd "$SRC" && PATH="$WORK/fakebin:$PATH" SLURM_SUBMIT_DIR="$SRC" SLURM_CPUS_PER_TASK=1 "$WORK/spool/job42/slurm_script" c.json runs/x) > sb.out 2>&1
-grep -q "^srun --mpi=pmix --kill-on-bad-exit=1 .*/build/clla train --config c.json --out runs/x --resume auto" sb.out &&
+# (the binary is $CLLA, which the script takes from the environment: any build directory)
+grep -q "^srun --mpi=pmix --kill-on-bad-exit=1 " sb.out && grep -qF -- "$CLLA train --config c.json --out runs/x --resume auto" sb.out &&
     ok "slurm.sbatch run from a spool directory finds launch/ through SLURM_SUBMIT_DIR" || fail "slurm.sbatch from a spool copy: $(cat sb.out)"
 PATH="$WORK/fakebin:$PATH" "$WORK/spool/job42/slurm_script" > sb2.out 2>&1
 [ $? -eq 2 ] && grep -q "usage: sbatch launch/slurm.sbatch CONFIG OUT" sb2.out && ok "slurm.sbatch without arguments prints its usage" ||
