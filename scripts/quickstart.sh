@@ -31,9 +31,16 @@ fi
 if [ ! -d "$Q/shards/train" ] || [ ! -d "$Q/shards/val" ]; then
   "$CLLA" prep --tokenizer "$Q/tokenizer.tok" --out "$Q/shards" --overwrite "$CACHE/corpus/english.jsonl"   # an earlier, partial output
 fi
-"$CLLA" train --config configs/quickstart.json --overwrite \
+"$CLLA" train --config configs/quickstart.json --overwrite --set "train.tokenizer=$Q/tokenizer.tok" \
   --set "train.data=$Q/shards/train" --set "train.val_data=$Q/shards/val" "$@"
+# the run directory: an --out among the arguments, else the config's
 RUN=runs/quickstart
+prev=""
+for a in "$@"; do
+  [ "$prev" = --out ] && RUN=$a
+  case $a in --out=*) RUN=${a#--out=} ;; esac
+  prev=$a
+done
 [ -s "$RUN/model.safetensors" ] || exit 0   # e.g. --stop-at: nothing to serve yet
 
 echo
@@ -47,4 +54,4 @@ echo "== generation through the cache (clla generate, greedy)"
 echo
 echo "== KV-cache bytes per token (clla info): this model, and MHA at the same shape"
 "$CLLA" info --config configs/quickstart.json | sed -n '/^KV cache/,$p'
-"$CLLA" info --config configs/quickstart.json --set attention=mha --set n_routed_experts=0 | grep '^KV cache' | sed 's/^KV cache /MHA      /' 
+"$CLLA" info --config configs/quickstart.json --set attention=mha | grep '^KV cache' | sed 's/^KV cache /MHA      /' 

@@ -113,5 +113,37 @@ EOF
     fi
 fi
 
+# ---------------------------------------------------------------- clla info lines run
+# `clla info --config configs/...` allocates nothing: every such line of the README, docs/ and the
+# quickstart is run as written (up to a pipe), so that a config refusal does not break what a
+# user copies (the quickstart's MHA line, --set n_routed_experts=0 on an MoE config, exited 1
+# once MoE knobs on a dense model were refused)
+bad=()
+n_info=0
+while IFS= read -r line; do
+    n_info=$((n_info + 1))
+    # shellcheck disable=SC2086
+    (cd "$SRC" && eval "\"\$CLLA\" ${line#*clla }") > /dev/null 2> info_line.err || bad+=("[$line: $(head -n 1 info_line.err)]")
+done < <(python3 - "$SRC/README.md" "$SRC"/docs/*.md "$SRC/scripts/quickstart.sh" <<'PYEOF'
+import re, sys
+out = set()
+for path in sys.argv[1:]:
+    text = open(path).read()
+    if path.endswith(".sh"):
+        spans = text.splitlines()
+    else:
+        # the lines of fenced code blocks, then inline code spans of the prose (which may wrap lines)
+        fences = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M)
+        prose = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.S | re.M)
+        spans = [l for f in fences for l in f.splitlines()] + [m.replace("\n", " ") for m in re.findall(r"`([^`]+)`", prose)]
+    for s in spans:
+        m = re.search(r"clla info --config configs/[^|`;#<]*", s)
+        if m and "<" not in s[m.start():m.end() + 1]:
+            out.add(" ".join(m.group(0).split()))
+print("\n".join(sorted(out)))
+PYEOF
+)
+check "every 'clla info --config configs/...' line of the docs and the quickstart runs ($n_info lines)" "${bad[@]}"
+
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
