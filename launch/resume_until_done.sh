@@ -26,7 +26,7 @@ for pair in MAX:CLLA_MAX_ATTEMPTS SLEEP:CLLA_RETRY_SLEEP STALLS:CLLA_MAX_STALLS;
     esac
 done
 [ "$MAX" -ge 1 ] && [ "$STALLS" -ge 1 ] || { echo "resume_until_done: CLLA_MAX_ATTEMPTS and CLLA_MAX_STALLS must be at least 1" >&2; exit 2; }
-newest() { ls "$OUT/checkpoints" 2> /dev/null | grep '^step_[0-9]*$' | sort | tail -n 1; }
+newest() { ls -- "$OUT/checkpoints" 2> /dev/null | grep '^step_[0-9]*$' | sort | tail -n 1; }
 # 0 when OUT holds the final model of the newest checkpoint (see the header)
 finished() {
     local ck step max

