@@ -61,7 +61,8 @@ def main():
     args = ap.parse_args()
     if args.steps < 1:
         sys.exit("bench_gpu_compare: --steps must be a positive integer")
-    bench = shlex.split(os.environ.get("BENCH_GPU", os.path.join(args.build, "bench", "bench_gpu")))
+    # BENCH_GPU is a command line (split as a shell would); the default is one path, kept whole
+    bench = shlex.split(os.environ["BENCH_GPU"]) if os.environ.get("BENCH_GPU") else [os.path.join(args.build, "bench", "bench_gpu")]
     torch_bench = shlex.split(os.environ.get("TORCH_BENCH", f"{shlex.quote(args.python)} bench/bench_torch_gpu.py"))
     if not os.environ.get("BENCH_GPU") and not os.path.exists(bench[0]):
         sys.exit(f"bench_gpu_compare: {bench[0]} not found: build it with "

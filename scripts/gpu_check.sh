@@ -247,7 +247,7 @@ else
     elif python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
         # PyTorch with the machine's own libraries; bench_gpu with the bundle's
         (cd "$ROOT" && run_step bench_torch 600 env LD_LIBRARY_PATH="$MACHINE_LD_LIBRARY_PATH" \
-            BENCH_GPU="env LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} $BG" python3 bench/bench_gpu_compare.py --json \
+            BENCH_GPU="env LD_LIBRARY_PATH=$(printf '%q' "${LD_LIBRARY_PATH:-}") $(printf '%q' "$BG")" python3 bench/bench_gpu_compare.py --json \
             --steps "$BENCH_STEPS" --moe "$MOE") || FAILED=1
     else record bench_torch skipped "python3 has no torch with CUDA here" 0; fi
 fi

@@ -95,7 +95,7 @@ out=$("$BUILD/bench/bench_gpu" --only experts --json 2>&1)
 out=$("$BUILD/bench/bench_gpu" --only expert 2>&1)
 [ $? -ne 0 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q 'use dense, moe or experts' && ok "bench_gpu --only expert refused: $out" ||
     fail "bench_gpu --only expert: $out"
-out=$(BENCH_GPU="$BUILD/bench/bench_gpu" python3 bench/bench_gpu_compare.py 2>&1)
+out=$(BENCH_GPU="$(printf '%q' "$BUILD/bench/bench_gpu")" python3 bench/bench_gpu_compare.py 2>&1)
 [ $? -eq 0 ] && echo "$out" | grep -q '^skipped: no CUDA device' && ok "bench_gpu_compare without a GPU: $out" || fail "driver: $out"
 if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
     out=$(/usr/bin/python3 bench/bench_torch_gpu.py --smoke --json 2>&1)

@@ -356,7 +356,7 @@ EOF
     "$CLLA" train --config bad.json --out r7 --quiet --save-every 1000 2> r7.err
     rc=$?
     last=$(tail -n 1 r7.err)
-    ck=$(echo "$last" | grep -o 'saved as [^:]*' | cut -d' ' -f3)
+    ck=$(echo "$last" | grep -o 'saved as [^:]*' | sed 's/^saved as //')   # (a path may hold spaces)
     st=$(echo "$last" | grep -o '^clla: error: step [0-9]*' | grep -o '[0-9]*$')
     if [ "$rc" -eq 1 ] && [ -n "$ck" ] && [ -d "$ck" ] && [ "$ck" = "$WORK/r7/checkpoints/$(printf 'step_%08d' $((st - 1)))" ] && [ "$st" -gt 1 ]; then
         ok "(7) damaged chunk at step $st: $last"

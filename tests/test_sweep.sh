@@ -336,7 +336,7 @@ else
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
         "$SWEEP" --out G --launcher mpirun --ranks 2 gqa.json --tokens 1536 --no-plots > g.out 2> g.err
     rc=$?
-    [ "$rc" -eq 0 ] && grep -q 'run_single_node.sh 2 gqa.json' G/logs/gqa.log && grep -q '^gqa,gqa,gqa.json,7,finished,6,6,1536,' G/results.csv
+    [ "$rc" -eq 0 ] && grep -Eq "run_single_node.sh'? 2 gqa.json" G/logs/gqa.log && grep -q '^gqa,gqa,gqa.json,7,finished,6,6,1536,' G/results.csv
     check $? "--launcher mpirun --ranks 2 trains through launch/run_single_node.sh, 6 steps of 256 tokens (rc $rc)"
     [ "$rc" -eq 0 ] || indent g.out g.err G/logs/gqa.log
 fi
