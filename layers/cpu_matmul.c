@@ -7,8 +7,9 @@
 // synchronize once, at the end (docs/COMMANDS.md, bench_train; bench/ab.sh matmul). Per element
 // the sum runs over the same blocks of the inner dimension as in one call, so the bits do not
 // depend on the thread count (tests/test_ops.c), as long as the parts are over OpenBLAS's
-// small-matrix bound (parts_for). Called inside an OpenMP region, the parts run one after the
-// other on the calling thread, with the same bits.
+// small-matrix bound (parts_for); a product too small for that runs as one call on one thread
+// (sgemm_parts). Called inside an OpenMP region, the parts run one after the other on the calling
+// thread, with the same bits.
 #include "layers/cpu_ops.h"
 
 #include <cblas.h>
@@ -154,6 +155,19 @@ static int part_start(int M, int parts, int p) { return (int)((long long)M * p /
 static void sgemm_parts(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A, int lda, const float *B,
                         int ldb, float beta, float *C, int ldc) {
     const int parts = parts_for(M, N, K);
+    if (parts == 1 && !omp_in_parallel() && omp_get_max_threads() > 1) {
+        // One call on one thread: OpenBLAS would thread it itself, and a threaded call cuts the
+        // inner dimension into other blocks than a single-threaded one (OpenBLAS 0.3.21's
+        // level3_thread.c against level3.c, past its 384-wide blocks), so its bits followed the
+        // thread count (tests/test_ops.c, K = 500 and 900). Such a product is small (its parts
+        // would be under the small-matrix bound). The thread count is this thread's setting,
+        // which the OpenMP build of OpenBLAS reads at each call.
+        const int nt = omp_get_max_threads();
+        omp_set_num_threads(1);
+        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+        omp_set_num_threads(nt);
+        return;
+    }
     #pragma omp parallel for schedule(static) if (parts > 1)
     for (int p = 0; p < parts; p++) {
         const int r0 = part_start(M, parts, p), rows = part_start(M, parts, p + 1) - r0;

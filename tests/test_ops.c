@@ -825,6 +825,10 @@ int main(void) {
     test_matmul_threads(301, 257, 133);
     test_matmul_threads(140, 96, 80);   // the whole over the small-matrix bound, its parts under it: one call
     test_matmul_threads(50, 40, 30);    // all under it
+    // one call whose inner dimension OpenBLAS 0.3.21 blocks otherwise when it threads the call
+    // itself (K past its 384-wide blocks): dweight over 900 token rows, the forward over C = 500
+    test_matmul_threads(900, 64, 32);
+    test_matmul_threads(40, 500, 64);
     // a few rows (decoding): the read-the-weight-once path, serial and threaded, and the
     // matrix-vector input gradient
     test_matmul(1, 45, 300, 1);
