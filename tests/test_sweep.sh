@@ -286,6 +286,11 @@ s=F/slurm/gqa__s1.sbatch
     grep -q '^srun .* train --config gqa.json --out [^ ]*/F/runs/gqa__s1 .*--set train.seed=1 --set train.max_steps=4 --set train.metrics= --resume auto' "$s" &&
     [ ! -e F/runs/gqa__s1 ]
 check $? "--launcher slurm writes one sbatch script per run (ranks, extra #SBATCH lines, --resume auto), prints the sbatch commands, trains nothing (rc $rc)"
+# the checkout's paths are written as shell words: read back as they are (a path holding $ or a
+# backtick was expanded, or run, by the job's shell)
+defaults=$(bash -c 'eval "$(grep -E "^(LAUNCH_DEFAULT|CLLA_DEFAULT)=" "$1")"; printf "%s|%s" "$LAUNCH_DEFAULT" "$CLLA_DEFAULT"' _ "$s")
+[ "$defaults" = "$(cd "$SRC/launch" && pwd)|$CLLA" ] && grep -q '"${CLLA:-$CLLA_DEFAULT}" train' "$s" &&
+    ok "the sbatch script names launch/ and clla as quoted shell words" || fail "sbatch defaults: '$defaults'"
 [ "$rc" -eq 0 ] || indent f.out f.err
 # --submit with stand-ins for sbatch and squeue: each script is submitted once; while squeue
 # lists its job, the next --submit does not submit it again.
