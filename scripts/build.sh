@@ -18,4 +18,9 @@ if grep -q "warning:" "$LOG"; then
   echo "build: compiler warnings in $DIR:" >&2
   grep "warning:" "$LOG" | sort -u | head -n 20 >&2
 fi
+# a directory configured earlier keeps its build type: a Debug one is -O0, so say so
+TYPE=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$DIR/CMakeCache.txt" 2> /dev/null || true)
+if [ -n "$TYPE" ] && [ "$TYPE" != Release ]; then
+  echo "build: note: $DIR is configured as a $TYPE build, not Release (benchmarks and training are slower; -DCMAKE_BUILD_TYPE=Release changes it)" >&2
+fi
 echo "build: $DIR ok"
