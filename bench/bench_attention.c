@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "backend/backend.h"
+#include "bench/bench_common.h"
 #include "common/args.h"
 #include "common/num.h"
 #include "common/rng.h"
@@ -36,22 +37,8 @@ static float *random_floats(size_t n, Rng *r) {
     return x;
 }
 
-// The best rate of a square-ish sgemm as large as the model's projections (2048 x 1408 x 512).
-static double sgemm_rate(int reps) {
-    const int M = 2048, N = 1408, K = 512;
-    Rng r;
-    rng_seed(&r, 1);
-    float *a = random_floats((size_t)M * K, &r), *b = random_floats((size_t)N * K, &r), *c = xmalloc((size_t)M * N * sizeof(float));
-    double best = 0;
-    for (int i = 0; i <= reps; i++) {
-        double t0 = now_seconds();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
-        double rate = 2.0 * M * N * K / (now_seconds() - t0);
-        if (i && rate > best) best = rate;
-    }
-    free(a); free(b); free(c);
-    return best;
-}
+// sgemm as large as the model's projections (2048 x 1408 x 512)
+static double sgemm_rate(int reps) { return bench_sgemm_rate(2048, 1408, 512, reps); }
 
 int main(int argc, char **argv) {
     Args a;

@@ -2,6 +2,7 @@
 #ifndef CLLA_BENCH_COMMON_H
 #define CLLA_BENCH_COMMON_H
 
+#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +10,26 @@
 #include "common/util.h"
 #include "common/vec.h"
 #include "model/cache.h"
+
+// The machine's sgemm rate on one shape: best FLOP/s of C (M, N) = A (M, K) @ B (N, K)^T (the
+// forward form of the model's matmuls) over reps runs after one that warms caches and thread
+// pools. The rate every bench sets its figures against (bench_train on the model's shapes,
+// bench_attention and bench_decode on one each).
+static inline double bench_sgemm_rate(int M, int N, int K, int reps) {
+    float *a = xmalloc((size_t)M * K * sizeof(float)), *b = xmalloc((size_t)N * K * sizeof(float));
+    float *c = xmalloc((size_t)M * N * sizeof(float));
+    for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+    for (size_t i = 0; i < (size_t)N * K; i++) b[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+    double best = 0;
+    for (int r = 0; r < reps + 1; r++) {
+        const double t0 = now_seconds();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
+        const double rate = 2.0 * M * N * K / (now_seconds() - t0);
+        if (r > 0 && rate > best) best = rate;
+    }
+    free(a); free(b); free(c);
+    return best;
+}
 
 // The machine's copy bandwidth: memcpy of 512 MiB, (read + written) bytes per second, best of 3,
 // by `threads` threads, each copying its own contiguous share (1: one memcpy of the whole).

@@ -76,21 +76,6 @@ static int parse_list(const char *s, int *out, int max, int hi, const char *what
     return n;
 }
 
-static double sgemm_rate(void) {
-    int n = 2048;
-    float *a = xcalloc((size_t)n * n, sizeof(float)), *b = xcalloc((size_t)n * n, sizeof(float)), *c = xcalloc((size_t)n * n, sizeof(float));
-    for (size_t i = 0; i < (size_t)n * n; i++) { a[i] = (float)(i % 97) * 1e-2f; b[i] = (float)(i % 89) * 1e-2f; }
-    double best = 0;
-    for (int r = 0; r < 4; r++) {
-        double t0 = now_seconds();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        double rate = 2.0 * n * n * (double)n / (now_seconds() - t0);
-        if (r && rate > best) best = rate;
-    }
-    free(a); free(b); free(c);
-    return best;
-}
-
 // Is tensor i a kv_b_proj? A latent model's decode step never applies it to the latent: its
 // halves are folded into the query (W_UK) and applied to the attention output (W_UV), counted
 // as the absorption in step_flops, once per layer (a consumer uses its producer's).
@@ -129,7 +114,7 @@ typedef struct Result {
 
 // the best copy bandwidth, read bandwidth and sgemm rate so far, measured once more
 static void measure(double *bw, double *rd, double *sg) {
-    const double b = bench_copy_bandwidth(omp_get_max_threads()), r = bench_read_bandwidth(omp_get_max_threads()), g = sgemm_rate();
+    const double b = bench_copy_bandwidth(omp_get_max_threads()), r = bench_read_bandwidth(omp_get_max_threads()), g = bench_sgemm_rate(2048, 2048, 2048, 3);
     *bw = b > *bw ? b : *bw;
     *rd = r > *rd ? r : *rd;
     *sg = g > *sg ? g : *sg;

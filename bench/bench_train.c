@@ -29,6 +29,7 @@
 
 #include <cblas.h>
 
+#include "bench/bench_common.h"
 #include "common/args.h"
 #include "common/rng.h"
 #include "common/num.h"
@@ -135,25 +136,6 @@ static void timed_attention_backward(float *dq, float *dk, float *dv, float *scr
     attention_seconds += now_seconds() - t0;
 }
 
-// Best FLOP/s of C (M, N) = A (M, K) @ B (N, K)^T over reps runs (the forward form the
-// model's matmuls use). Returns the best rate; the buffers are filled once.
-static double sgemm_rate(int M, int N, int K, int reps) {
-    float *a = xmalloc((size_t)M * K * sizeof(float)), *b = xmalloc((size_t)N * K * sizeof(float));
-    float *c = xmalloc((size_t)M * N * sizeof(float));
-    for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
-    for (size_t i = 0; i < (size_t)N * K; i++) b[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
-    double best = 0;
-    for (int r = 0; r < reps + 1; r++) {   // the first run warms caches and thread pools
-        double t0 = now_seconds();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
-        double dt = now_seconds() - t0;
-        double rate = 2.0 * M * N * K / dt;
-        if (r > 0 && rate > best) best = rate;
-    }
-    free(a); free(b); free(c);
-    return best;
-}
-
 static int cmp_double(const void *x, const void *y) {
     double a = *(const double *)x, b = *(const double *)y;
     return (a > b) - (a < b);
@@ -163,7 +145,7 @@ static int cmp_double(const void *x, const void *y) {
 static double measure_sgemm(const GemmShape *shapes, int n, int verbose) {
     double best = 0;
     for (int i = 0; i < n; i++) {
-        double r = sgemm_rate(shapes[i].M, shapes[i].N, shapes[i].K, 3);
+        double r = bench_sgemm_rate(shapes[i].M, shapes[i].N, shapes[i].K, 3);
         if (verbose)
             printf("sgemm %-52s M=%d N=%d K=%d: %7.1f GFLOP/s\n", shapes[i].what, shapes[i].M, shapes[i].N, shapes[i].K, r / 1e9);
         if (r > best) best = r;
