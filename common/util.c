@@ -354,9 +354,7 @@ char *buf_next_line(char *buf, size_t len, size_t *pos, size_t *n) {
 
 void output_parent_check(const char *path, const char *option) {
     struct stat st;
-    char *dir = xstrdup(path), *slash = strrchr(dir, '/');
-    if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
-    else strcpy(dir, ".");
+    char *dir = parent_of(path);
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) die("%s '%s': its directory '%s' does not exist: create it first", option, path, dir);
     // found now, not after the work (access() also reports a read-only filesystem to root)
     if (access(dir, W_OK) != 0) die("%s '%s': its directory '%s' is not writable: %s", option, path, dir, strerror(errno));
