@@ -233,7 +233,7 @@ int cmd_train(int argc, char **argv) {
     if (tc->global_batch_tokens && tc->global_batch_tokens % (bt * dist.world) != 0)
         die("train.global_batch_tokens = %lld is not a multiple of micro_batch * seq_len * ranks = %d * %d * %d = %lld: change the global batch, micro_batch or the number of ranks",
             tc->global_batch_tokens, B, T, dist.world, bt * dist.world);
-    const long long micro_per_rank = tc->global_batch_tokens ? tc->global_batch_tokens / (bt * dist.world) : 1;
+    const long long micro_per_rank = mem_micro_steps(&cfg, dist.world);   // (exact: divisibility checked above)
     // the loader's global batch (rows of every rank's micro-steps) is an int, as are its products
     if (micro_per_rank > INT_MAX / ((long long)B * dist.world))
         die("train.global_batch_tokens = %lld is %lld micro-steps of %d rows on each of %d ranks a step, more than %d rows a step: use a smaller global batch",
