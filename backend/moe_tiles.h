@@ -1,8 +1,9 @@
-// Row tiles of the grouped expert matmuls, written once for both backends: the CPU op
-// (layers/cpu_moe.c) loops over them, the CUDA kernel (kernels/cuda_moe_grouped.cu) runs one
-// thread block per tile. The expert row offsets live in backend memory (moe_dispatch wrote them),
-// so a device launch cannot know how many tiles there are: it launches moe_row_tiles_bound
-// blocks and each finds its (expert, first row) with moe_row_tile, or learns that it has none.
+// Row tiles of the grouped expert matmuls of the CUDA kernel (kernels/cuda_moe_grouped.cu): one
+// thread block per tile (the CPU op cuts its own, even parts that stay over OpenBLAS's
+// small-matrix bound, layers/cpu_moe.c). The expert row offsets live in backend memory
+// (moe_dispatch wrote them), so a device launch cannot know how many tiles there are: it launches
+// moe_row_tiles_bound blocks and each finds its (expert, first row) with moe_row_tile, or learns
+// that it has none.
 //
 // Tile t of `rows` rows: the experts' rows are cut into ceil(n_e / rows) tiles each, in expert
 // order, the last tile of an expert possibly short; tiles never straddle two experts, so each is

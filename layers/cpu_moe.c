@@ -9,8 +9,6 @@
 // probability first and, among equal probabilities, the later token.
 #include "layers/cpu_ops.h"
 
-#include "backend/moe_tiles.h"
-
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -99,16 +97,62 @@ void cpu_moe_combine_backward(float *dexpert_out, float *dtopk_w, const float *d
 // of threads at a time, docs/DESIGN.md section 3). Tiles: blocks of rows for out and dinp (rows are
 // independent), blocks of output channels for dweight (each block sums over all of the expert's
 // rows in one sgemm, so the reduction order is fixed and no two threads write the same element).
-// The tiling depends only on the sizes and the thread count: bitwise reproducible.
+//
+// How many tiles follows the thread count, and the bits must not (a run resumed on a machine
+// with other cores goes on bit for bit; tests/test_moe.c). OpenBLAS's blocked kernels give an
+// element the same bits wherever its row sits in a product; its small kernels, under the
+// small-matrix bound (CPU_SGEMM_SMALL_MNK, layers/cpu_ops.h), do not (layers/cpu_matmul.c). So
+// every tile is over the bound, or the tile is all of its expert's rows or channels: an expert
+// is cut into as many even parts as the thread count asks for and the bound allows
+// (expert_parts). A short last tile of fixed-size blocks (1030 rows in 64s leave 6) had run on the
+// small kernels, different bits at every thread count.
 
-typedef struct Tile { int e, a0, a1; } Tile;   // expert e, range [a0, a1) of channels
+typedef struct Tile { int e, a0, a1; } Tile;   // expert e, range [a0, a1) of rows or channels
 
-// Row-block size: about 4 tiles per thread over all rows, at least 64 rows (the weight is packed
-// once per tile, so smaller tiles would spend their time packing), at most 1024.
-static int row_block(int R) {
-    int nt = omp_get_max_threads();
-    int rb = (R + 4 * nt - 1) / (4 * nt);
-    return rb < 64 ? 64 : rb > 1024 ? 1024 : rb;
+// Start of part i of p over n units cut at multiples of `align` (the last part ends at n).
+static int part_start(int n, int align, int p, int i) {
+    const long long units = ((long long)n + align - 1) / align, u = units * i / p * align;
+    return u < n ? (int)u : n;
+}
+
+// Parts of an expert's n rows or channels: ceil(n / block), fewer where a part (each row or
+// channel costing `per_unit` multiply-adds) would fall under the small-matrix bound; 1 for an
+// expert whole under it.
+static int expert_parts(int n, int block, int align, double per_unit) {
+    int p = (int)(((long long)n + block - 1) / block);
+    for (; p > 1; p--) {
+        int ok = 1;
+        for (int i = 0; i < p && ok; i++)
+            ok = (double)(part_start(n, align, p, i + 1) - part_start(n, align, p, i)) * per_unit > CPU_SGEMM_SMALL_MNK;
+        if (ok) break;
+    }
+    return p > 0 ? p : 1;
+}
+
+// The tiles of the experts with rows: by_rows, expert e's rows [off[e], off[e+1]) (absolute row
+// numbers), else its `channels` output channels (from 0), each cut into expert_parts parts of
+// about `block`, at multiples of `align`. A row costs `cost` multiply-adds, a channel `cost` times
+// the expert's rows. Returns the count; *tiles is malloc'd (aborts on no memory, as the ops'
+// other allocations).
+static int expert_tiles(Tile **tiles, const int *off, int E, int by_rows, int channels, int block, int align,
+                        double cost) {
+    int m = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            *tiles = malloc((size_t)(m > 0 ? m : 1) * sizeof(Tile));
+            if (!*tiles) { fprintf(stderr, "moe_expert_matmul: out of memory\n"); abort(); }
+            m = 0;
+        }
+        for (int e = 0; e < E; e++) {
+            if (off[e + 1] <= off[e]) continue;
+            const int rows = off[e + 1] - off[e], n = by_rows ? rows : channels, base = by_rows ? off[e] : 0;
+            const int p = expert_parts(n, block, align, by_rows ? cost : cost * rows);
+            for (int i = 0; i < p; i++, m++)
+                if (pass == 1)
+                    (*tiles)[m] = (Tile){e, base + part_start(n, align, p, i), base + part_start(n, align, p, i + 1)};
+        }
+    }
+    return m;
 }
 
 // Rows [off[E], R) of a row buffer: the rows no kept assignment uses, zero (backend/backend.h).
@@ -116,20 +160,25 @@ static void zero_tail_rows(float *out, const int *off, int E, int R, int width) 
     if (R > off[E]) memset(out + (size_t)off[E] * width, 0, (size_t)(R - off[E]) * width * sizeof(float));
 }
 
-// Over the row tiles of the experts (backend/moe_tiles.h, the CUDA kernels' tiles too): out rows
-// (rows, nout) = a rows (rows, k) @ op(weights[e]) + beta out rows, op = the transpose (tw) of the
-// (nout, k) weight or the (k, nout) weight as it lies; every weight row holds ldw elements.
+// Over row tiles of the experts: out rows (rows, nout) = a rows (rows, k) @ op(weights[e]) + beta
+// out rows, op = the transpose (tw) of the (nout, k) weight or the (k, nout) weight as it lies;
+// every weight row holds ldw elements. Tiles of about 4 per thread over all rows, at least 64
+// rows (the weight is packed once per tile, so smaller tiles would spend their time packing), at
+// most 1024.
 static void expert_rows_sgemm(const int *off, int E, CBLAS_TRANSPOSE tw, int nout, int k, const float *a,
                               const float *const *weights, int ldw, float beta, float *out) {
-    const int rb = row_block(off[E]);
-    const long long n = moe_row_tiles_bound(off[E], E, rb);
+    const int nt = omp_get_max_threads();
+    int rb = (off[E] + 4 * nt - 1) / (4 * nt);
+    rb = rb < 64 ? 64 : rb > 1024 ? 1024 : rb;
+    Tile *w;
+    const int m = expert_tiles(&w, off, E, 1, 0, rb, 1, (double)nout * k);
     #pragma omp parallel for schedule(dynamic, 1)
-    for (long long t = 0; t < n; t++) {
-        int e, r0, rows;
-        if (!moe_row_tile(off, E, rb, t, &e, &r0, &rows)) continue;
+    for (int t = 0; t < m; t++) {
+        const int e = w[t].e, r0 = w[t].a0, rows = w[t].a1 - w[t].a0;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, tw, rows, nout, k, 1.0f, a + (size_t)r0 * k, k, weights[e], ldw, beta,
                     out + (size_t)r0 * nout, nout);
     }
+    free(w);
 }
 
 void cpu_moe_expert_matmul_forward(float *out, const float *inp, const float *const *weights, const int *expert_off,
@@ -149,19 +198,12 @@ void cpu_moe_expert_matmul_backward(float *dinp, float *const *dweights, const f
     // about 4 per thread over the experts with rows allows (at 8 experts on 2 threads, a whole
     // expert each; multiples of 16 channels). Against fixed 64-channel blocks this took 0.72-0.90
     // of the time at bench_train's MoE shapes (docs/MOE.md, bench/ab.sh moe).
-    int active = 0, m = 0;
+    int active = 0;
     for (int e = 0; e < E; e++) active += expert_off[e + 1] > expert_off[e];
-    int per = active > 0 ? (4 * omp_get_max_threads() + active - 1) / active : 1;
-    int ob = (OC + per - 1) / per;
-    ob = (ob + 15) / 16 * 16;
-    per = (OC + ob - 1) / ob;
-    m = active * per;
-    Tile *w = malloc((size_t)(m > 0 ? m : 1) * sizeof(Tile));
-    if (!w) { fprintf(stderr, "moe_expert_matmul: out of memory\n"); abort(); }
-    m = 0;
-    for (int e = 0; e < E; e++)
-        if (expert_off[e + 1] > expert_off[e])
-            for (int o = 0; o < OC; o += ob) w[m++] = (Tile){e, o, o + ob < OC ? o + ob : OC};
+    const int per = active > 0 ? (4 * omp_get_max_threads() + active - 1) / active : 1;
+    const int ob = ((OC + per - 1) / per + 15) / 16 * 16;
+    Tile *w;
+    const int m = expert_tiles(&w, expert_off, E, 0, OC, ob, 16, (double)C);
     #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < m; i++) {
         int e = w[i].e, r0 = expert_off[e], rows = expert_off[e + 1] - r0, oc = w[i].a1 - w[i].a0;

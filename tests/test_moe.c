@@ -9,6 +9,7 @@
 //
 // Output: one line per check, then "N passed, M failed"; exit status 1 if anything failed.
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -442,6 +443,44 @@ static void test_expert_matmul(void) {
     free(inp); free(out); free(ref); free(dout); free(dinp); free(rdi);
 }
 
+// The grouped expert matmuls cut their rows and channels into tiles by the thread count
+// (layers/cpu_moe.c): the bits must be those of one thread. Expert row counts leave short last
+// tiles at every thread count (1030 rows cut in 64s leaves 6), one expert whole under OpenBLAS's
+// small-matrix bound (7 rows), and an empty one.
+static void test_expert_matmul_threads(void) {
+    enum { E = 6, C = 256, OC = 512 };
+    const int n_e[E] = {260, 7, 515, 1030, 0, 33};
+    int off[E + 1] = {0};
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + n_e[e];
+    const int R = off[E];
+    float *inp = frand((size_t)R * C, -1, 1), *dout = frand((size_t)R * OC, -1, 1), *w[E];
+    for (int e = 0; e < E; e++) w[e] = frand((size_t)OC * C, -1, 1);
+    const int threads[] = {1, 2, 3, 5};
+    float *out[4], *dinp[4], *dw[4][E];
+    const int nt = omp_get_max_threads();
+    int same = 1;
+    for (int i = 0; i < 4; i++) {
+        omp_set_num_threads(threads[i]);
+        out[i] = xalloc((size_t)R * OC * 4);
+        dinp[i] = xalloc((size_t)R * C * 4);
+        memset(dinp[i], 0, (size_t)R * C * 4);
+        for (int e = 0; e < E; e++) { dw[i][e] = xalloc((size_t)OC * C * 4); memset(dw[i][e], 0, (size_t)OC * C * 4); }
+        be->moe_expert_matmul_forward(out[i], inp, (const float *const *)w, off, E, R, C, OC);
+        be->moe_expert_matmul_backward(dinp[i], dw[i], dout, inp, (const float *const *)w, off, E, R, C, OC);
+        if (i == 0) continue;
+        same &= memcmp(out[i], out[0], (size_t)R * OC * 4) == 0 && memcmp(dinp[i], dinp[0], (size_t)R * C * 4) == 0;
+        for (int e = 0; e < E; e++) same &= memcmp(dw[i][e], dw[0][e], (size_t)OC * C * 4) == 0;
+    }
+    omp_set_num_threads(nt);
+    check_true("expert_matmul out, dinp, dweight bitwise equal at 1, 2, 3 and 5 threads", same);
+    for (int i = 0; i < 4; i++) {
+        free(out[i]); free(dinp[i]);
+        for (int e = 0; e < E; e++) free(dw[i][e]);
+    }
+    for (int e = 0; e < E; e++) free(w[e]);
+    free(inp); free(dout);
+}
+
 int main(void) {
     be = backend_cpu();
     if (!be->moe_topk_forward || !be->moe_dispatch || !be->moe_combine_forward) {
@@ -462,6 +501,7 @@ int main(void) {
     test_gather_combine(37, 5, 2, 19, 1);
     test_router_matmul(21, 17, 6);
     test_expert_matmul();
+    test_expert_matmul_threads();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }

@@ -2,7 +2,8 @@
 # Every attention preset (and one with the MoE FFN) trains on real text: the committed English
 # fixture, tokenized with a small BPE vocabulary learned here. The loss must fall (mean of the
 # last 5 steps at least 0.5 below the first step), stay finite, and validation must be finite.
-# Also: a run whose train.tokenizer is not the one the shards were made with is refused.
+# Also: a run whose train.tokenizer is not the one the shards were made with is refused, and an MoE
+# run's bits do not follow the thread count.
 set -u
 CLLA=${CLLA:?run through ctest, or CLLA=build/clla SRC=. bash $0}
 SRC=${SRC:?}
@@ -52,6 +53,20 @@ for p in mla clla clla_share_krope clla_share_kvproj clla_quant clla_quant_share
 done
 run_case clla_quant_moe train_preset clla_quant_moe --set attention=clla_quant $LATENT --set n_routed_experts=4 \
     --set n_shared_experts=1 --set moe_intermediate_size=64 --set moe_aux_loss_coef=0.005 --set moe_capacity_factor=1.5
+
+# The bits of a run do not follow the thread count (a run resumed on a machine with other cores
+# goes on bit for bit): an MoE model large enough that the expert products are cut into several
+# tiles per expert over OpenBLAS's small-matrix bound (layers/cpu_moe.c), 1 against 5 threads.
+threads_same() {
+    local args=(--config "$TMP/base.json" --quiet --set attention=clla_quant $LATENT --set hidden_size=256
+        --set n_routed_experts=8 --set num_experts_per_tok=2 --set n_shared_experts=1 --set moe_intermediate_size=256
+        --set moe_capacity_factor=1.5 --set train.micro_batch=8 --set train.seq_len=128 --set train.max_steps=2
+        --set train.val_every=0)
+    OMP_NUM_THREADS=1 "$CLLA" train "${args[@]}" --out "$TMP/run_t1" || return 1
+    OMP_NUM_THREADS=5 "$CLLA" train "${args[@]}" --out "$TMP/run_t5" || return 1
+    cmp "$TMP/run_t1/model.safetensors" "$TMP/run_t5/model.safetensors" && echo "model bitwise equal, 1 and 5 threads"
+}
+run_case moe_threads_same threads_same
 
 # another tokenizer than the shards': one line naming the mismatch, non-zero exit
 "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out "$TMP/other.tok" "$FIX" >/dev/null 2>&1
