@@ -586,7 +586,7 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
         }
         printf("\n");
     }
-    if (fflush(stdout) != 0 || ferror(stdout)) die("writing to stdout failed");
+    if (fflush(stdout) != 0 || ferror(stdout)) die_stdout();
     if (items) {
         AtomicFile af;
         if (fclose(items) != 0) die("--items-out: %s", strerror(errno));

@@ -171,7 +171,7 @@ static void stream_out(const Gen *g, Seq *s) {
     size_t hold = s->stop == RUNNING && g->max_stop_len > 0 ? g->max_stop_len - 1 : 0;
     size_t safe = s->text.n > hold ? s->text.n - hold : 0;
     if (safe > s->emitted) {
-        if (fwrite(s->text.v + s->emitted, 1, safe - s->emitted, stdout) != safe - s->emitted) die("writing to stdout failed");
+        if (fwrite(s->text.v + s->emitted, 1, safe - s->emitted, stdout) != safe - s->emitted) die_stdout();
         fflush(stdout);
         s->emitted = safe;
     }
@@ -231,16 +231,16 @@ static void print_finished(const Gen *g, const Seq *s, const Prompt *p, double n
         if (!rest) die("out of memory printing a JSON line");
         bytevec_append(&line, rest + 1, strlen(rest + 1));
         bytevec_append(&line, "\n", 1);
-        if (fwrite(line.v, 1, line.n, stdout) != line.n) die("writing to stdout failed");
+        if (fwrite(line.v, 1, line.n, stdout) != line.n) die_stdout();
         cJSON_free(rest);
         free(line.v);
         cJSON_Delete(o);
     } else {
         printf("[%d] ", s->index);
-        if (fwrite(s->text.v, 1, s->text.n, stdout) != s->text.n) die("writing to stdout failed");
+        if (fwrite(s->text.v, 1, s->text.n, stdout) != s->text.n) die_stdout();
         fputc('\n', stdout);
     }
-    if (fflush(stdout) != 0 || ferror(stdout)) die("writing to stdout failed");
+    if (fflush(stdout) != 0 || ferror(stdout)) die_stdout();
 }
 
 // ---------------------------------------------------------------- options

@@ -247,7 +247,7 @@ static int do_decode(int argc, char **argv) {
     size_t bad = 0;
     if (tok_decode(t, ids.v, ids.n, &out, &bad) != 0)
         die("token id %u (position %zu) is not in the vocabulary of '%s' (%u ids)", ids.v[bad], bad, tok_path, tok_vocab_size(t));
-    if (out.n && fwrite(out.v, 1, out.n, stdout) != out.n) die("write error on standard output");
+    if (out.n && fwrite(out.v, 1, out.n, stdout) != out.n) die_stdout();
     free(out.v);
     free(ids.v);
     tok_free(t);

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -45,6 +46,13 @@ void die(const char *fmt, ...) {
     emit_line("clla: error: ", fmt, ap);
     va_end(ap);
     exit(1);
+}
+
+void die_stdout(void) {
+    const int e = errno;
+    __fpurge(stdout);
+    clearerr(stdout);
+    die("writing the output to stdout failed: %s: what was printed is incomplete", e ? strerror(e) : "write error");
 }
 
 void warn(const char *fmt, ...) {

@@ -10,6 +10,10 @@
 // Prints "clla: error: <message>" on one line to stderr and exits with status 1.
 // Messages say what is wrong and what to do, e.g. "... : set num_key_value_heads to a divisor of 8".
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+// A write to stdout failed (a full disk, > /dev/full): one line saying so and exit 1, as die().
+// What stdout still buffers is dropped, so that the check at exit (cli/main.c) does not report
+// the failure a second time.
+void die_stdout(void) __attribute__((noreturn));
 // Prints "clla: warning: <message>" to stderr.
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // The message into err (errlen bytes, truncated), for the functions that return -1 with one line

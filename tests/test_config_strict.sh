@@ -355,13 +355,17 @@ expect_error "train --out ''" "option --out is empty" "" -- "$CLLA" train --conf
 expect_error "init --out=" "option --out is empty" "" -- "$CLLA" init --config m.json --out=
 expect_error "prep --out ''" "option --out is empty" "" -- "$CLLA" prep --tokenizer t11.tok --out '' tok.bin
 expect_error "tokenizer encode --file ''" "option --file is empty" "" -- "$CLLA" tokenizer encode --tokenizer t11.tok --file ''
-# printed output that never reached its file (a full device) is a failure, not exit 0
-for cmd in "tokenizer encode --tokenizer t11.tok --text hello" "tokenizer decode --tokenizer t11.tok 1 2" "info --config m.json"; do
+# printed output that never reached its file (a full device) is a failure, not exit 0, said in
+# one line (a write the command checks itself, then the check at exit, had said it twice)
+for i in $(seq 20000); do printf '1 '; done > many_ids.txt
+for cmd in "tokenizer encode --tokenizer t11.tok --text hello" "tokenizer decode --tokenizer t11.tok 1 2" \
+    "tokenizer decode --tokenizer t11.tok --file many_ids.txt" "generate --model r11 --tokenizer t11.tok --prompt the --max-new-tokens 3" \
+    "info --config m.json"; do
     # shellcheck disable=SC2086
     "$CLLA" $cmd > /dev/full 2> err.txt
     rc=$?
-    [ "$rc" -eq 1 ] && grep -q "writing the output to stdout failed" err.txt && ok "$cmd > /dev/full: exit 1, said so" ||
-        fail "$cmd > /dev/full: exit $rc: $(cat err.txt)"
+    [ "$rc" -eq 1 ] && grep -q "writing the output to stdout failed" err.txt && [ "$(wc -l < err.txt)" -eq 1 ] &&
+        ok "$cmd > /dev/full: exit 1, said so in one line" || fail "$cmd > /dev/full: exit $rc: $(cat err.txt)"
 done
 [ ! -e checkpoints ] && [ ! -e metrics.jsonl ] && [ ! -e model.safetensors ] && ok "nothing written into the current directory" ||
     fail "an empty --out wrote into the current directory: $(ls)"
