@@ -550,7 +550,9 @@ int cmd_train(int argc, char **argv) {
         if (!quiet && ((step + 1) % tc->log_every == 0 || last)) {
             char eta[32];
             double elapsed = now_seconds() - t_start;
-            format_duration(eta, sizeof(eta), elapsed / (step + 1 - start_step) * (tc->max_steps - step - 1));
+            // to the step this process ends at: --stop-at's, when it comes before the schedule's end
+            const int end = stop_at && stop_at < tc->max_steps ? stop_at : tc->max_steps;
+            format_duration(eta, sizeof(eta), elapsed / (step + 1 - start_step) * (end > step + 1 ? end - step - 1 : 0));
             char moe[128] = "";
             if (model.moe)
                 snprintf(moe, sizeof(moe), " | aux %.4f | experts max %.3f min %.3f | dropped %.1f%%", aux_loss,
