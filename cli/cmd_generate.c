@@ -128,6 +128,8 @@ typedef struct Seq {
 typedef struct Gen {
     const Tokenizer *tok;
     int max_new, V_tok;
+    int *gap_ids;        // ids below V_tok the tokenizer lacks (its ids may have gaps, docs/FORMAT.md)
+    int n_gaps;
     const int32_t *stop_tokens;
     int n_stop_tokens;
     const char *const *stops;
@@ -359,6 +361,13 @@ int cmd_generate(int argc, char **argv) {
     // sample only ids the tokenizer can print (a model's vocab may be padded beyond it)
     g.V_tok = (int)tok_vocab_size(tok);
     sampler_init(&g.sampler, &sp, g.V_tok);
+    // nor the ids inside that range the tokenizer lacks: each would be "generated" and print nothing
+    g.gap_ids = xmalloc((size_t)g.V_tok * sizeof(int));
+    for (int id = 0; id < g.V_tok; id++) {
+        size_t blen;
+        int special;
+        if (!tok_bytes(tok, (uint32_t)id, &blen, &special)) g.gap_ids[g.n_gaps++] = id;
+    }
     Decoder *dec = decoder_new(&model, layout, batch, max_len);
     {
         // refused before the prefill rather than killed by the kernel mid-way (model/mem_plan.h)
@@ -417,7 +426,9 @@ int cmd_generate(int argc, char **argv) {
                 Seq *s = batch_seqs[i];
                 if (max_new == 0) s->stop = STOP_LENGTH;
                 else {
-                    const int chosen = sampler_next(&g.sampler, logits + (size_t)i * V, &s->rng);
+                    float *row = logits + (size_t)i * V;
+                    for (int j = 0; j < g.n_gaps; j++) row[g.gap_ids[j]] = -INFINITY;   // never chosen
+                    const int chosen = sampler_next(&g.sampler, row, &s->rng);
                     if (chosen < 0)
                         die("%s: after %d generated tokens no logit of the model is finite (NaN or infinite outputs): its weights "
                             "have diverged or are damaged; use another checkpoint",
@@ -449,6 +460,7 @@ int cmd_generate(int argc, char **argv) {
 
     decoder_free(dec);
     sampler_free(&g.sampler);
+    free(g.gap_ids);
     for (int i = 0; i < pl.n; i++) {
         free(seqs[i].prompt);
         free(seqs[i].gen);

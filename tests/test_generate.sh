@@ -247,6 +247,16 @@ check $? "clla_quant + MoE: the package keeps the int4 latent codec and generate
 grep -q '"latent":[[:space:]]*"int_group:bits=8,group=16"' pkgquant8/config.json &&
 "$CLLA" generate --model pkgquant8 --prompt "the cat" --max-new-tokens 4 > /dev/null 2> q8.err && grep -q 'latent=int_group:bits=8,group=16' q8.err
 check $? "clla_quant: --cache-codec latent=int_group:bits=8,group=16 exported and served"
+# A tokenizer whose ids have gaps (valid, docs/FORMAT.md): ids from 256 on spread out 3 apart
+# from 1000, the special token at 2000. Sampling from a fresh model (logits near uniform) over its
+# 2001 ids must never pick one the tokenizer lacks (17 of 20 were, each "generated" and printing
+# nothing); clla tokenizer decode refuses such an id.
+awk '/^#special/ { $3 = 2000 } !/^#/ && NF == 2 && $2 >= 256 { $2 = 1000 + 3 * ($2 - 256) } { print }' tok.tok > gaps.tok
+"$CLLA" init --config tiny.json --out gapmodel --set vocab_size=2001 --set train.tokenizer="$WORK/gaps.tok" > /dev/null 2> gap.err &&
+"$CLLA" generate --model gapmodel --prompt "the cat" --max-new-tokens 40 --temperature 1 --ignore-eos --json > gap.json 2>> gap.err &&
+[ "$(ids_of gap.json | tr ',' '\n' | grep -c .)" -eq 40 ] &&
+"$CLLA" tokenizer decode --tokenizer gaps.tok $(ids_of gap.json | tr ',' ' ') > /dev/null 2>> gap.err
+check $? "a tokenizer with id gaps: 40 sampled ids, every one the tokenizer's $(tail -n 1 gap.err)"
 expect_error_q() { "$@" > /dev/null 2> bad.err; [ $? -ne 0 ] && [ "$(grep -c . bad.err)" -eq 1 ]; }
 expect_error_q "$CLLA" generate --model quant --prompt a --cache-codec latent=int_group:bits=4,group=7
 check $? "clla_quant: a group that does not divide the latent width is refused: $(cat bad.err)"
