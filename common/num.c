@@ -114,3 +114,17 @@ double opt_f64(const char *option, const char *value, double lo, double hi) {
     if (x < lo || x > hi) die("%s %s: out of range, use %g..%g", option, value, lo, hi);
     return x;
 }
+
+int num_parse_hex64(const char *s, uint64_t *out) {
+    uint64_t h = 0;
+    int n = 0;
+    for (; s[n]; n++) {
+        const char c = s[n];
+        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0 || n >= 16) return NUM_SYNTAX;
+        h = h << 4 | (uint64_t)d;
+    }
+    if (n != 16) return NUM_SYNTAX;
+    *out = h;
+    return 0;
+}

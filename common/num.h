@@ -15,6 +15,9 @@ enum { NUM_OK = 0, NUM_SYNTAX = -1, NUM_RANGE = -2 };
 // for unsigned, no spaces, no base prefix, no suffix). NUM_RANGE when outside [lo, hi].
 int num_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int num_parse_u64(const char *s, uint64_t hi, uint64_t *out);
+// Exactly 16 hexadecimal digits (either case), nothing else: a 64-bit hash as configs write it
+// (train.tokenizer_hash). 0 and the value in *out, or NUM_SYNTAX.
+int num_parse_hex64(const char *s, uint64_t *out);
 // A decimal float in JSON's syntax (optional '-', digits, optional fraction and exponent;
 // a leading '.' or '+' is not accepted). NUM_RANGE when it is not finite as a double.
 int num_parse_f64(const char *s, double *out);

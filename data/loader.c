@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/num.h"
 #include "common/util.h"
 #include "data/loader_internal.h"
 #include "data/shard.h"
@@ -83,15 +84,8 @@ void loader_close(DataLoader *dl) {
 }
 
 int loader_parse_tokenizer_hash(const char *hex, unsigned long long *hash) {
-    unsigned long long h = 0;
-    int n = 0;
-    for (; hex[n]; n++) {
-        char c = hex[n];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0 || n >= 16) return -1;
-        h = h << 4 | (unsigned)d;
-    }
-    if (n != 16) return -1;
+    uint64_t h;
+    if (num_parse_hex64(hex, &h) != 0) return -1;
     *hash = h;
     return 0;
 }

@@ -654,6 +654,10 @@ void config_validate(const Config *cfg, const char *origin) {
     NEED(t->max_steps >= 0, "%s: train.max_steps must be >= 0", origin);
     NEED(t->warmup_steps >= 0, "%s: train.warmup_steps must be >= 0", origin);
     NEED(t->lr >= 0 && t->min_lr >= 0 && t->min_lr <= t->lr, "%s: need 0 <= train.min_lr <= train.lr", origin);
+    uint64_t hash;
+    NEED(!t->tokenizer_hash[0] || num_parse_hex64(t->tokenizer_hash, &hash) == 0,
+         "%s: train.tokenizer_hash '%s' is not 16 hex digits: give the hash `clla tokenizer info` prints, or leave it out", origin,
+         t->tokenizer_hash);
     NEED(t->beta1 >= 0 && t->beta1 < 1 && t->beta2 >= 0 && t->beta2 < 1, "%s: train.beta1 and train.beta2 must be in [0, 1)", origin);
     NEED(t->eps > 0, "%s: train.eps must be > 0", origin);
     NEED(t->weight_decay >= 0, "%s: train.weight_decay must be >= 0", origin);

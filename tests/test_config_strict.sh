@@ -348,6 +348,10 @@ expect_error "a negative MoE loss coefficient" "moe_aux_loss_coef must be >= 0" 
 expect_error "first_k_dense_layers leaving no MoE layer" "first_k_dense_layers = 2 leaves no MoE layer of the 2" "" -- "$CLLA" info --config m.json \
     --set n_routed_experts=4 --set num_experts_per_tok=2 --set moe_intermediate_size=32 --set first_k_dense_layers=2
 expect_error "--stop-at 0" "--stop-at 0: give the step to stop after" "run_s0" -- "$CLLA" train --config m.json --out run_s0 --stop-at 0
+# a malformed tokenizer hash is refused when the config is read, before init writes a model
+# that every later command refuses
+expect_error "train.tokenizer_hash xyz" "train.tokenizer_hash 'xyz' is not 16 hex digits" "m_hash" -- "$CLLA" init --config m.json \
+    --out m_hash --set train.tokenizer_hash=xyz
 # the ETA counts to the step the process stops at, not to train.max_steps
 "$CLLA" train --config m.json --out run_eta --set train.max_steps=2000000 --set train.log_every=1 --stop-at 2 2> eta.txt
 grep -q "step     2/2000000 .*| ETA 0s$" eta.txt && ok "--stop-at 2 of 2000000 steps: ETA 0s at step 2" ||
