@@ -144,6 +144,23 @@ check $? "the resumed run's records equal an uninterrupted run's"
 grep -q '^clla__s2,clla,clla.json,2,finished,8,8,1024,' A/results.csv
 check $? "results.csv now has clla__s2 finished"
 
+# A trainer killed between its final weights and its config.json (written after them) has not
+# finished: the next invocation resumes it, and clla writes the rest from the last checkpoint.
+rm A/runs/gqa__s1/config.json
+: > wrap.log
+"$SWEEP" "${A[@]}" > b2.out 2> b2.err
+rc=$?
+[ "$rc" -eq 0 ] && grep -q '^train .*/runs/gqa__s1 .*--resume auto' wrap.log && [ -s A/runs/gqa__s1/config.json ] &&
+    ! grep -q 'gqa__s1: finished earlier' b2.out
+check $? "a run without its final config.json is resumed, not skipped, and gets it (rc $rc)"
+# A trainer that exits non-zero is not done, whatever its files look like (a crash after the save)
+printf '#!/usr/bin/env bash\n"$REAL" "$@" || exit\n[ "$1" != train ] || exit 3\n' > wrap_fail.sh
+chmod +x wrap_fail.sh
+"$SWEEP" --out B --clla ./wrap_fail.sh gqa.json --seeds 1 --tokens 256 > b3.out 2> b3.err
+rc=$?
+[ "$rc" -ne 0 ] && grep -q 'gqa__s1: FAILED (exit 3)' b3.out && ! grep -q 'gqa__s1: done' b3.out
+check $? "a trainer's non-zero exit is reported as a failure, not 'done' (rc $rc)"
+
 # results.md: the per-point table with both points over 2 seeds, and the per-run table.
 grep -q '^| point | seeds | val loss | ± std |' A/results.md && grep -q '^| gqa | 2/2 | [0-9]' A/results.md &&
     grep -q '^| clla | 2/2 | [0-9]' A/results.md && [ "$(grep -c '^| [a-z]*__s[12] |' A/results.md)" -eq 4 ]
