@@ -652,8 +652,20 @@ int ckpt_abandon_after(const char *run_dir, int step, const char *const *extra, 
         struct tm tm;
         gmtime_r(&now, &tm);
         strftime(name, sizeof(name), "abandoned-%Y%m%dT%H%M%SZ", &tm);
+        // a directory of its own: a second abandon within the same second (two resumes from an
+        // early step, one after the other) takes the next free suffix, where sharing the first's
+        // directory had failed on a step both timelines saved, or replaced the first's final model
         char *dst = path_join(base, name);
-        if (make_dirs(dst) != 0) rc = fail_with(err, errlen, "cannot create '%s': %s", dst, strerror(errno));
+        for (int k = 2; mkdir(dst, 0777) != 0; k++) {
+            if (errno != EEXIST || k > 1000) {
+                rc = fail_with(err, errlen, "cannot create '%s': %s", dst, strerror(errno));
+                break;
+            }
+            free(dst);
+            char numbered[80];
+            snprintf(numbered, sizeof(numbered), "%s-%d", name, k);
+            dst = path_join(base, numbered);
+        }
         for (int i = 0; !rc && i < n; i++) {
             if (v[i].step <= step) continue;
             const char *leaf = strrchr(v[i].name, '/');
