@@ -40,6 +40,10 @@ int cmd_init(int argc, char **argv) {
     Config cfg;
     config_load(&cfg, cfg_path, a.n_sets, a.sets);
     config_set_out_dir(&cfg, out);   // the config.json written names the directory it is in
+    // a training that runs in out holds its lock: nothing is written beside it, also while its
+    // directory is still empty (a training that had not written yet got this model in its
+    // directory, and removed the temporary of an init writing into it as one a killed run left)
+    run_lock_acquire(out);
     // a trained run's files are never replaced by a fresh initialization without a word
     RunDirContents c;
     run_dir_inspect(out, NULL, &c);
@@ -49,11 +53,7 @@ int cmd_init(int argc, char **argv) {
         run_dir_describe(&c, what, sizeof(what));
         die("'%s' already holds a model or a run (%s): give another --out, or replace it with --overwrite", out, what);
     }
-    // a training that runs in out holds its lock: its files are not cleared under it
-    if (!run_dir_is_empty(&c)) {
-        run_lock_acquire(out);
-        run_dir_check_clearable(out, NULL);   // before the new model replaces the old one
-    }
+    if (!run_dir_is_empty(&c)) run_dir_check_clearable(out, NULL);   // before the new model replaces the old one
     Model model;
     model_build(&model, &cfg.model, backend_cpu());
     model_init_weights(&model, cfg.train.seed);

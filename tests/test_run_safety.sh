@@ -201,6 +201,17 @@ expect_error "(3) a second training on the same --out" "in use by another traini
     "$CLLA" train --config long.json --out r3 --quiet --resume auto
 expect_error "(3) init --overwrite into a running training's directory" "in use by another training (process $BGPID" -- \
     "$CLLA" init --config long.json --out r3 --overwrite
+# a training that holds its lock before it has written anything (its directory still empty):
+# init must not write its model beside it
+mkdir r3_empty
+flock r3_empty/train.lock sleep 30 &
+FLPID=$!
+for ((i = 0; i < 100; i++)); do [ -e r3_empty/train.lock ] && break; sleep 0.05; done
+sleep 0.2
+expect_error "(3) init into the empty directory of a training that holds its lock" "is in use by another training" -- \
+    "$CLLA" init --config long.json --out r3_empty
+[ ! -e r3_empty/model.safetensors ] && ok "(3) nothing written beside the lock holder" || fail "(3) init wrote into r3_empty: $(ls r3_empty)"
+kill "$FLPID" 2> /dev/null; wait "$FLPID" 2> /dev/null
 # train.metrics naming the running training's metrics file from another run directory (the
 # lock of r3 does not cover it): refused, even with --overwrite, which would have removed it
 expect_error "(3) another run's train.metrics = the running training's file, with --overwrite" "metrics file '$WORK/r3/metrics.jsonl' is being written by another training" -- \

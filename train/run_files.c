@@ -232,9 +232,12 @@ void run_lock_acquire(const char *dir) {
         if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
             int e = errno;
             close(fd);
-            if (e == EWOULDBLOCK)
-                die("run directory '%s' is in use by another training (process %ld holds %s): wait for it to end, or train into another --out",
-                    dir, pid, path);
+            if (e == EWOULDBLOCK) {
+                char who[48] = "a process that wrote no pid";
+                if (pid > 0) snprintf(who, sizeof(who), "process %ld", pid);
+                die("run directory '%s' is in use by another training (%s holds %s): wait for it to end, or train into another --out",
+                    dir, who, path);
+            }
             die("cannot lock '%s': %s", path, strerror(e));
         }
         // the holder may have removed the name between our open and flock: lock the file the name is now
