@@ -210,7 +210,9 @@ int cmd_train(int argc, char **argv) {
     }
     dist_bcast(&dist, ckpt, sizeof(ckpt), 0);
     TrainConfig saved_train = {0};   // the checkpoint's run settings (its global batch, below)
+    CkptId ckpt_id;   // compared after the last read of the checkpoint's files (ckpt_load)
     if (ckpt[0]) {
+        ckpt_identity(ckpt, &ckpt_id);
         Config saved;
         ckpt_read_config(ckpt, &saved);
         saved_train = saved.train;
@@ -291,6 +293,7 @@ int cmd_train(int argc, char **argv) {
     TrainState st = {.seed = tc->seed};
     if (ckpt[0]) {
         ckpt_load(ckpt, &model, &opt, &st);
+        ckpt_check_same(ckpt, &ckpt_id);
         st.seed = tc->seed;
         // the data position is a place in the order of global batches: another global batch
         // (rows a step) reads other windows. Said here with the numbers; with

@@ -22,6 +22,8 @@ APT_PACKAGES=(
   procps
   # the plots of launch/sweep (docs/SWEEPS.md), for Debian's python3
   python3-matplotlib
+  # fault injection in the tests (a slow or failing system call: tests/test_run_safety.sh)
+  strace
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -313,6 +313,27 @@ else
     fail "(4) abandon into a taken name: $(ls r4/checkpoints | tr '\n' ' ') | $(tail -n 1 r4d.err)"
 fi
 
+# A checkpoint directory replaced while a resume reads it (another process resumed the run from
+# an earlier step: the old one moved aside, a new one saved under its name) is refused, not read
+# half from each. strace holds the resume at its third open of the optimizer file, after the
+# first reads; the directory is swapped for a copy meanwhile.
+if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
+    "$CLLA" train --config c20.json --out r4s --quiet --save-every 5 --stop-at 10 2> r4s.err
+    opt=r4s/checkpoints/step_00000010/optimizer.rank0.safetensors
+    strace -o /dev/null -P "$opt" -e trace=openat -e inject=openat:delay_enter=3000000:when=3 \
+        "$CLLA" train --config c20.json --out r4s_fork --quiet --resume r4s/checkpoints/step_00000010 > /dev/null 2> r4sf.err &
+    fpid=$!
+    sleep 1.5
+    mv r4s/checkpoints/step_00000010 r4s/step10_old && cp -r r4s/step10_old r4s/checkpoints/step_00000010
+    wait "$fpid"
+    rc=$?
+    [ "$rc" -eq 1 ] && grep -q "was replaced while it was read" r4sf.err &&
+        ok "(4) a checkpoint replaced during the resume's reads is refused: $(grep error r4sf.err)" ||
+        fail "(4) checkpoint replaced while read: rc $rc: $(grep -v '^strace' r4sf.err | tail -n 2 | tr '\n' ' ')"
+else
+    echo "skip (4) a checkpoint replaced during a resume: strace is missing or not allowed here (apt-get install strace)"
+fi
+
 # ---------------------------------------------------------------- (5) every checkpoint damaged
 "$CLLA" train --config c.json --out r5 --quiet --save-every 2 --stop-at 4 2> r5.err
 for d in r5/checkpoints/step_*; do printf 'x' >> "$d/model.safetensors"; done

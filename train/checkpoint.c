@@ -819,6 +819,20 @@ static int range_cmp(const void *x, const void *y) {
     return p->a < q->a ? -1 : p->a > q->a;
 }
 
+void ckpt_identity(const char *dir, CkptId *id) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0) die("cannot resume from '%s': %s", dir, strerror(errno));
+    *id = (CkptId){(unsigned long long)sb.st_dev, (unsigned long long)sb.st_ino};
+}
+
+void ckpt_check_same(const char *dir, const CkptId *id) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || (unsigned long long)sb.st_dev != id->dev || (unsigned long long)sb.st_ino != id->ino)
+        die("cannot resume: '%s' was replaced while it was read (another process resumed this run from an earlier step, or "
+            "pruned it): what was read may mix two checkpoints; run the command again",
+            dir);
+}
+
 void ckpt_load(const char *dir, Model *model, AdamW *opt, TrainState *st) {
     char err[1024];
     if (ckpt_validate(dir, err, sizeof(err)) != 0) die("cannot resume: %s", err);

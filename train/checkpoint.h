@@ -78,6 +78,17 @@ void ckpt_read_config(const char *dir, Config *saved);
 // stderr and the current value is used. Returns the number of differing run settings.
 int ckpt_compare_config(const Config *saved, const Config *cur, const char *dir);
 
+// A checkpoint directory's identity (device and inode). A resume reads its files by name, one
+// after another; a directory replaced meanwhile (a resume of the same run from an earlier step
+// moves it aside and saves a new one under its name) would give weights of one checkpoint and
+// moments of the other. The resume takes the identity before its first read (ckpt_identity) and
+// compares it after its last (ckpt_check_same: dies with one line when it changed).
+typedef struct CkptId {
+    unsigned long long dev, ino;
+} CkptId;
+void ckpt_identity(const char *dir, CkptId *id);
+void ckpt_check_same(const char *dir, const CkptId *id);
+
 // Loads a validated checkpoint into a model and optimizer built from the same model config:
 // fp32 masters, m, v, t and the TrainState. Dies with one line on any problem.
 // The optimizer may cover a different range than the one saved (another number of ranks, or
