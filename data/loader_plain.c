@@ -17,7 +17,10 @@ struct PlainLoader {
     long long n;
     long long pos;
     int B, T;
+    unsigned long long fingerprint;   // plain_fingerprint(pl, 1), taken once at open
 };
+
+static unsigned long long plain_fingerprint(const PlainLoader *pl, int content);
 
 PlainLoader *plain_open(const char *path, const LoaderOptions *opt) {
     size_t bytes = 0;
@@ -40,6 +43,7 @@ PlainLoader *plain_open(const char *path, const LoaderOptions *opt) {
     pl->n = n;
     pl->B = opt->B;
     pl->T = opt->T;
+    pl->fingerprint = plain_fingerprint(pl, 1);
     return pl;
 }
 
@@ -57,19 +61,28 @@ void plain_next(PlainLoader *pl, int32_t *inputs, int32_t *targets) {
 
 long long plain_num_batches(const PlainLoader *pl) { return (pl->n - 1) / ((long long)pl->B * pl->T); }
 
-static unsigned long long plain_fingerprint(const PlainLoader *pl) {
+// Of the token count and batch shape (content = 0: the fingerprint of checkpoints before
+// 2026-11-28), then of the tokens themselves, so that another file of as many tokens does not take
+// the position.
+static unsigned long long plain_fingerprint(const PlainLoader *pl, int content) {
     unsigned long long f[3] = {(unsigned long long)pl->n, (unsigned long long)pl->B, (unsigned long long)pl->T};
-    return fnv1a64(f, sizeof(f));
+    const uint64_t h = fnv1a64(f, sizeof(f));
+    return content ? fnv1a64_update(h, pl->tokens, (size_t)pl->n * sizeof(uint32_t)) : h;
 }
 
 void plain_get_state(const PlainLoader *pl, LoaderState *st) {
     st->epoch = 0;
     st->position = (unsigned long long)pl->pos;
-    st->fingerprint = plain_fingerprint(pl);
+    st->fingerprint = pl->fingerprint;
 }
 
 void plain_set_state(PlainLoader *pl, const LoaderState *st) {
-    if (st->fingerprint != plain_fingerprint(pl) || st->position > (unsigned long long)pl->n)
+    const int counts_only = st->fingerprint == plain_fingerprint(pl, 0);
+    if (counts_only)
+        warn("token file '%s': the checkpoint's data fingerprint is of the token count only (written before 2026-11-28): it "
+             "matches, the content could not be compared",
+             pl->path);
+    if ((!counts_only && st->fingerprint != pl->fingerprint) || st->position > (unsigned long long)pl->n)
         die("token file '%s': the saved data position does not belong to this file and batch shape (B=%d, T=%d): resume with the same data and batch size",
             pl->path, pl->B, pl->T);
     pl->pos = (long long)st->position;

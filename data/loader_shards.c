@@ -62,6 +62,7 @@ struct ShardLoader {
     ChunkRef *chunks;
     uint32_t n_chunks;
     uint64_t n_windows, per_epoch, gb, seed, fingerprint;
+    uint64_t fingerprint_counts;   // the fingerprint of checkpoints before 2026-11-28 (no content)
     uint32_t max_chunk_tokens;
     int B, T, rank;
 
@@ -273,6 +274,16 @@ ShardLoader *shards_open(char **paths, int n_paths, const LoaderOptions *opt) {
         fp = fnv1a64_update(fp, &s->n_tokens, sizeof(s->n_tokens));
         fp = fnv1a64_update(fp, &s->tokenizer_hash, sizeof(s->tokenizer_hash));
     }
+    sl->fingerprint_counts = fp;
+    // the content too: every chunk's place, size and checksum (from the shards' indexes, no
+    // data read), so that data prepared again with the same token counts (other documents, their
+    // order, another chunk size) does not take a position meant for the old windows
+    for (int i = 0; i < n_paths; i++)
+        for (uint32_t c = 0; c < sl->shards[i].n_chunks; c++) {
+            const ShardChunk *ch = &sl->shards[i].chunks[c];
+            const uint64_t f[3] = {ch->first_token, (uint64_t)ch->n_tokens, ch->checksum};
+            fp = fnv1a64_update(fp, f, sizeof(f));
+        }
     sl->fingerprint = fp;
     sl->chunks = xcalloc(total_chunks ? total_chunks : 1, sizeof(ChunkRef));
     uint64_t T = (uint64_t)opt->T;
@@ -358,7 +369,11 @@ void shards_get_state(const ShardLoader *sl, LoaderState *st) {
 }
 
 void shards_set_state(ShardLoader *sl, const LoaderState *st) {
-    if (st->fingerprint != sl->fingerprint)
+    if (st->fingerprint == sl->fingerprint_counts && st->fingerprint != sl->fingerprint)
+        warn("shards '%s'...: the checkpoint's data fingerprint is of token counts only (written before 2026-11-28): "
+             "they match, the content could not be compared",
+             sl->shards[0].path);
+    else if (st->fingerprint != sl->fingerprint)
         die("shards '%s'...: the saved data position belongs to other data, seed, T or global batch (B*world = %llu): resume with the same data and settings",
             sl->shards[0].path, (unsigned long long)sl->gb);
     if (st->position >= sl->per_epoch || st->position % sl->gb)

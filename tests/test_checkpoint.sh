@@ -357,6 +357,15 @@ if [ "$rc" -eq 1 ] && [ "$(grep -c 'error' other.err)" -eq 1 ] && tail -n 1 othe
 else
     fail "resume on other data: exit $rc: $(cat other.err | tr '\n' '|')"
 fi
+# ... also a token file of as many tokens with other content (the fingerprint covers the tokens)
+tail -c 4000 tok.bin > tok_other.bin && head -c -4000 tok.bin >> tok_other.bin
+"$CLLA" train --config gqa.json --out part_gqa --quiet --resume "$GOOD" --set train.data=tok_other.bin 2> other2.err
+rc=$?
+if [ "$rc" -eq 1 ] && cmp -s <(wc -c < tok.bin) <(wc -c < tok_other.bin) && tail -n 1 other2.err | grep -q "same data"; then
+    ok "resume on a token file of the same length, other tokens: $(tail -n 1 other2.err)"
+else
+    fail "resume on same-length other tokens: exit $rc: $(cat other2.err | tr '\n' '|')"
+fi
 # --resume auto skips a damaged newest checkpoint with a warning and takes the one before
 # (the copy leaves out step 16, the final checkpoint of the finished run).
 rm -rf auto && mkdir -p auto && cp -r part_gqa/checkpoints auto/ && cp part_gqa/metrics.jsonl auto/

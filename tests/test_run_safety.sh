@@ -298,19 +298,19 @@ else
 fi
 
 # A second abandon within the same second gets a directory of its own: the names of the next
-# seconds are taken here (as an abandon just before would have taken them), each holding a step
+# minute are taken here (as an abandon just before would have taken them), each holding a step
 # the resume below also abandons; they must be left as they are.
-for s in 0 1 2 3 4 5 6 7 8 9; do
+for s in $(seq 0 59); do   # a minute: the resume below starts within it even on a loaded machine
     d=r4/checkpoints/abandoned-$(date -u -d "+$s seconds" +%Y%m%dT%H%M%SZ)
     mkdir -p "$d/step_00000015" && echo earlier > "$d/step_00000015/mark"
 done
 "$CLLA" train --config c20.json --out r4 --quiet --save-every 5 --resume r4/checkpoints/step_00000010 --stop-at 11 2> r4d.err
 taken=$(ls -d r4/checkpoints/abandoned-*-2 2> /dev/null | head -n 1)
 if [ -n "$taken" ] && [ -d "$taken/step_00000015" ] && [ ! -e "$taken/step_00000015/mark" ] &&
-   [ "$(cat r4/checkpoints/abandoned-*/step_00000015/mark 2> /dev/null | grep -c earlier)" -eq 10 ]; then
+   [ "$(cat r4/checkpoints/abandoned-*/step_00000015/mark 2> /dev/null | grep -c earlier)" -eq 60 ]; then
     ok "(4) an abandon in a second whose directory exists takes ${taken##*/}; the earlier ones untouched"
 else
-    fail "(4) abandon into a taken name: $(ls r4/checkpoints | tr '\n' ' ') | $(tail -n 1 r4d.err)"
+    fail "(4) abandon into a taken name: $(ls r4/checkpoints | grep -v '^abandoned-[0-9TZ]*$' | tr '\n' ' ') | $(tr '\n' ' ' < r4d.err)"
 fi
 
 # A checkpoint directory replaced while a resume reads it (another process resumed the run from

@@ -240,6 +240,45 @@ static void resume_other(const void *arg) {
     loader_set_state(dl, &st);
 }
 
+// The state of a loader over one shard set applied to a loader over another (arg: "A|B"): the
+// same token count, other content (or other chunking) must be refused.
+static void resume_same_count(const void *arg) {
+    char a[256], *b;
+    snprintf(a, sizeof(a), "%s", (const char *)arg);
+    b = strchr(a, '|');
+    *b++ = 0;
+    const LoaderOptions opt = {.B = 2, .T = 16, .seed = 1, .rank = 0, .world = 1, .vocab_size = 200000};
+    DataLoader *da = loader_open(a, &opt), *db = loader_open(b, &opt);
+    LoaderState st;
+    loader_get_state(da, &st);
+    loader_set_state(db, &st);
+}
+
+// A checkpoint written before content fingerprints (2026-11-28) holds the fingerprint of B * world,
+// seed, T and each shard's token count and tokenizer hash: still taken (with a warning).
+static void test_legacy_fingerprint(const char *path) {
+    const LoaderOptions opt = {.B = 2, .T = 16, .seed = 1, .rank = 0, .world = 1, .vocab_size = 200000};
+    DataLoader *dl = loader_open(path, &opt);
+    Shard s;
+    char err[512];
+    if (shard_open(&s, path, err, sizeof(err)) != 0) { check(0, err); return; }
+    const uint64_t gb = 2, seed = 1;
+    const int T = 16;
+    uint64_t fp = fnv1a64_update(FNV64_OFFSET, &gb, sizeof(gb));
+    fp = fnv1a64_update(fp, &seed, sizeof(seed));
+    fp = fnv1a64_update(fp, &T, sizeof(T));
+    fp = fnv1a64_update(fp, &s.n_tokens, sizeof(s.n_tokens));
+    fp = fnv1a64_update(fp, &s.tokenizer_hash, sizeof(s.tokenizer_hash));
+    shard_close(&s);
+    LoaderState st;
+    loader_get_state(dl, &st);
+    check(st.fingerprint != fp, "the fingerprint covers more than the token counts");
+    st.fingerprint = fp;
+    loader_set_state(dl, &st);   // dies when refused
+    check(1, "a checkpoint's counts-only fingerprint (before 2026-11-28) is still taken");
+    loader_close(dl);
+}
+
 // Copies src to a new file in dir with bytes changed by edit().
 static char *damaged(const char *src, const char *name, void (*edit)(uint8_t *buf, size_t *len)) {
     size_t len;
@@ -293,6 +332,16 @@ static void test_bad_inputs(const char *good) {
     expect_death(open_other_tokenizer, good, "good.bin", "another tokenizer (hash", "tokenizer hash mismatch: error names file and offset");
     expect_death(open_big_batch, good, "good.bin", "fewer than one global batch", "too little data for one batch: error");
     expect_death(resume_other, good, "good.bin", "saved data position", "resume with a state of other data: error");
+    {
+        char *a = write_shard("same_a.bin", 3, 5000, 200000, 1000, 9), *b = write_shard("same_b.bin", 4, 5000, 200000, 1000, 9);
+        char *c = write_shard("same_c.bin", 3, 5000, 200000, 500, 9), pair[600];
+        snprintf(pair, sizeof(pair), "%s|%s", a, b);
+        expect_death(resume_same_count, pair, "same_b.bin", "saved data position", "resume on other tokens of the same count: error");
+        snprintf(pair, sizeof(pair), "%s|%s", a, c);
+        expect_death(resume_same_count, pair, "same_c.bin", "saved data position", "resume on the same tokens in other chunks: error");
+        test_legacy_fingerprint(a);
+        free(a); free(b); free(c);
+    }
     char *missing = path_join(dir, "nothing*.bin");
     expect_death(open_and_read, missing, "nothing*.bin", "no file matches", "glob without matches: error");
     free(missing);
