@@ -197,11 +197,22 @@ static void fsync_parent_dir(const char *path) {
     free(copy);
 }
 
-int atomic_commit(AtomicFile *af) {
+int atomic_finish(AtomicFile *af) {
     int ok = fflush(af->f) == 0 && !ferror(af->f) && fsync(fileno(af->f)) == 0;
     int e = errno;
     if (fclose(af->f) != 0 && ok) { ok = 0; e = errno; }
     af->f = NULL;
+    if (!ok) {
+        atomic_abort(af);
+        errno = e;
+        return -1;
+    }
+    return 0;
+}
+
+int atomic_commit(AtomicFile *af) {
+    if (af->f && atomic_finish(af) != 0) return -1;   // not finished yet: finish it first
+    int ok = 1, e = 0;
     const int keep_existing = af->mode == OUT_KEEP_EXISTING;
     if (ok && (keep_existing ? rename_noreplace(af->tmp, af->path) : rename(af->tmp, af->path)) != 0) { ok = 0; e = errno; }
     if (!ok && !(e == EEXIST && keep_existing)) unlink(af->tmp);   // a finished output kept on EEXIST

@@ -68,6 +68,12 @@ typedef struct AtomicFile {
 int atomic_open(AtomicFile *af, const char *path, OutMode mode);   // 0 on success, -1 (errno) on failure
 int atomic_commit(AtomicFile *af);                      // 0 on success, -1 (errno) on failure
 void atomic_abort(AtomicFile *af);
+// The first half of atomic_commit: flush, fsync and close the temporary, which stays (still
+// removed if the process ends first); atomic_commit then only renames it, atomic_abort removes it.
+// Outputs that must change together write every byte first (a full disk fails them all before any
+// rename) and rename last: a model and its config.json (train/run_files.c), shards and their index
+// (model/safetensors.c). 0, or -1 (errno; the temporary is removed).
+int atomic_finish(AtomicFile *af);
 // The line for a failed atomic_commit of path (err: its errno): for EEXIST under
 // OUT_KEEP_EXISTING, that path appeared meanwhile and where this output was kept; else the cause.
 void atomic_commit_message(char *buf, size_t n, const char *path, OutMode mode, int err);

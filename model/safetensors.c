@@ -571,6 +571,33 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
             if (!rc) written++;
             first = last;
         }
+        // the index is written whole before any shard replaces a previous save's of its name, and
+        // renamed after them: a full disk fails it while the previous save is still whole (its
+        // shards had been replaced and its index kept, which no longer loaded)
+        AtomicFile index_file;
+        int index_staged = 0;
+        if (!rc) {
+            cJSON *root = cJSON_CreateObject();
+            cJSON *md = cJSON_AddObjectToObject(root, "metadata");
+            cJSON_AddNumberToObject(md, "total_size", (double)total);
+            cJSON_AddStringToObject(md, SAVE_ID_KEY, id);
+            cJSON *map = cJSON_AddObjectToObject(root, "weight_map");
+            for (int i = 0; i < n; i++) cJSON_AddStringToObject(map, t[i].name, names[shard_of[i]]);
+            char *text = cJSON_Print(root);
+            cJSON_Delete(root);
+            if (atomic_open(&index_file, index_path, OUT_REPLACE) != 0) {
+                rc = fail_with(err, errlen, "cannot create '%s': %s", index_path, strerror(errno));
+            } else if (fputs(text, index_file.f) < 0 || fputc('\n', index_file.f) == EOF) {
+                int e = errno;
+                atomic_abort(&index_file);
+                rc = fail_with(err, errlen, "writing '%s' failed: %s", index_path, strerror(e));
+            } else if (atomic_finish(&index_file) != 0) {
+                rc = fail_with(err, errlen, "writing '%s' failed: %s", index_path, strerror(errno));
+            } else {
+                index_staged = 1;
+            }
+            free(text);
+        }
         // the shards' renames (over a previous save's of the same names), the index and the
         // removal of stale shards are one commit: a signal between them left shards of two saves
         sigset_t before;
@@ -587,25 +614,9 @@ int st_save_dir(const char *dir, const StTensor *t, int n, int out_dtype, const 
         }
         free(unfinished);
         if (!rc) {
-            cJSON *root = cJSON_CreateObject();
-            cJSON *md = cJSON_AddObjectToObject(root, "metadata");
-            cJSON_AddNumberToObject(md, "total_size", (double)total);
-            cJSON_AddStringToObject(md, SAVE_ID_KEY, id);
-            cJSON *map = cJSON_AddObjectToObject(root, "weight_map");
-            for (int i = 0; i < n; i++) cJSON_AddStringToObject(map, t[i].name, names[shard_of[i]]);
-            char *text = cJSON_Print(root);
-            cJSON_Delete(root);
-            AtomicFile af;
-            if (atomic_open(&af, index_path, OUT_REPLACE) != 0) {
-                rc = fail_with(err, errlen, "cannot create '%s': %s", index_path, strerror(errno));
-            } else if (fputs(text, af.f) < 0 || fputc('\n', af.f) == EOF) {
-                int e = errno;
-                atomic_abort(&af);
-                rc = fail_with(err, errlen, "writing '%s' failed: %s", index_path, strerror(e));
-            } else if (atomic_commit(&af) != 0) {
-                rc = fail_with(err, errlen, "writing '%s' failed: %s", index_path, strerror(errno));
-            }
-            free(text);
+            if (atomic_commit(&index_file) != 0) rc = fail_with(err, errlen, "writing '%s' failed: %s", index_path, strerror(errno));
+        } else if (index_staged) {
+            atomic_abort(&index_file);
         }
         if (!rc) {
             char **keep = xcalloc((size_t)n_shards + 1, sizeof(char *));

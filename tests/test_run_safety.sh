@@ -144,6 +144,37 @@ else
     echo "skip (1) --overwrite over read-only checkpoints: this machine does not allow a mount namespace (unshare -m)"
 fi
 
+# A full disk during init --overwrite over a finished run (a reader holds the old weights open,
+# so replacing them frees nothing): refused, and the trained model and its config are both as
+# they were. config.json was written after the new weights had replaced the trained ones, and
+# its failure left them beside the old config and checkpoints; sharded, the index was written
+# after the shards had replaced the old ones, and its failure left shards the old index refused.
+if unshare -m true 2> /dev/null; then
+    for shard in "" 32KiB; do
+        mkdir -p "fs$shard"
+        unshare -m bash -c '
+            mount -t tmpfs -o size=4m tmpfs "$1/fs$3" && cd "$1/fs$3" || exit 9
+            set -- "$@" ${3:+--shard-size "$3"}
+            "$2" train --config "$1/c.json" --out run --quiet --save-every 3 "${@:4}" 2> /dev/null || exit 8
+            md5sum run/model*.safetensors* run/config.json > before.md5
+            need=0
+            for f in run/model*.safetensors; do exec {fd}< "$f"; need=$(( need + ($(stat -c %s "$f") + 4095) / 4096 * 4096 )); done
+            avail=$(df -B1 --output=avail . | tail -n 1)
+            dd if=/dev/zero of=fill bs=4096 count=$(( (avail - need) / 4096 - 1 )) 2> /dev/null
+            "$2" init --config "$1/c.json" --out run --overwrite "${@:4}" > /dev/null 2> "$1/full$3.err"
+            echo "rc $?" >> "$1/full$3.err"
+            md5sum -c --quiet before.md5 && [ -z "$(ls -A run | grep -v "^\(model.*safetensors.*\|config.json\|metrics.jsonl\|checkpoints\)$")" ]
+        ' _ "$WORK" "$CLLA" "$shard"
+        rc=$?
+        what="(1) a full disk during init --overwrite${shard:+ --shard-size $shard}"
+        grep -q "^rc 1$" "full$shard.err" && [ "$(grep -c error "full$shard.err")" -eq 1 ] && [ "$rc" -eq 0 ] &&
+            ok "$what: refused, the trained model and config as they were: $(grep error "full$shard.err")" ||
+            fail "$what: check rc $rc, $(tr '\n' ' ' < "full$shard.err")"
+    done
+else
+    echo "skip (1) a full disk during init --overwrite: this machine does not allow a mount namespace (unshare -m)"
+fi
+
 # ---------------------------------------------------------------- (2) continue a finished run
 "$CLLA" train --config c.json --out r2 --quiet 2> r2.err || fail "(2) run failed: $(tail -n 1 r2.err)"
 cp r2/model.safetensors r2.model6

@@ -330,34 +330,39 @@ void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_pa
     open_metrics(rf, dir, metrics_path, 0);
 }
 
-int write_config_json_checked(const char *path, const Config *cfg, char *err, size_t errlen) {
+// config.json written whole into its temporary (atomic_finish), to be renamed by atomic_commit
+static int config_json_stage(AtomicFile *af, const char *path, const Config *cfg, char *err, size_t errlen) {
     cJSON *j = config_to_json(cfg);
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
-    AtomicFile af;
-    if (atomic_open(&af, path, OUT_REPLACE) != 0) {
+    if (atomic_open(af, path, OUT_REPLACE) != 0) {
         snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
         free(text);
         return -1;
     }
-    int ok = fputs(text, af.f) >= 0 && fputc('\n', af.f) != EOF;
+    int ok = fputs(text, af->f) >= 0 && fputc('\n', af->f) != EOF;
     int e = errno;
     free(text);
     if (!ok) {
-        atomic_abort(&af);
+        atomic_abort(af);
         snprintf(err, errlen, "writing '%s' failed: %s", path, strerror(e));
         return -1;
     }
-    if (atomic_commit(&af) != 0) {
+    if (atomic_finish(af) != 0) {
         snprintf(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
         return -1;
     }
     return 0;
 }
 
-void write_config_json(const char *path, const Config *cfg) {
-    char err[1536];
-    if (write_config_json_checked(path, cfg, err, sizeof(err)) != 0) die("%s", err);
+int write_config_json_checked(const char *path, const Config *cfg, char *err, size_t errlen) {
+    AtomicFile af;
+    if (config_json_stage(&af, path, cfg, err, errlen) != 0) return -1;
+    if (atomic_commit(&af) != 0) {
+        snprintf(err, errlen, "writing '%s' failed: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
 int model_masters_finite(Model *model, const float *masters, size_t *bad) {
@@ -378,9 +383,17 @@ void run_files_save_model(RunFiles *rf, const Config *cfg, Model *model, const f
             rf->dir, bad);
     char *cp = path_join(rf->dir, "config.json");
     char err[1536];
-    if (model_save_dir_checked(model, masters, rf->dir, rf->shard_bytes, err, sizeof(err)) != 0 ||
-        write_config_json_checked(cp, cfg, err, sizeof(err)) != 0)
-        die("%s%s%s", err, last_good ? "; the last good checkpoint is " : "", last_good ? last_good : "");
+    // config.json's bytes are written before the weights replace the earlier ones, and renamed
+    // after them: a full disk fails it while the earlier model and config are both still there
+    // (an init --overwrite left new weights beside the trained run's config and checkpoints)
+    AtomicFile cf;
+    int rc = config_json_stage(&cf, cp, cfg, err, sizeof(err));
+    if (!rc && model_save_dir_checked(model, masters, rf->dir, rf->shard_bytes, err, sizeof(err)) != 0) {
+        atomic_abort(&cf);
+        rc = -1;
+    }
+    if (!rc && atomic_commit(&cf) != 0) rc = fail_with(err, sizeof(err), "writing '%s' failed: %s", cp, strerror(errno));
+    if (rc) die("%s%s%s", err, last_good ? "; the last good checkpoint is " : "", last_good ? last_good : "");
     free(cp);
 }
 

@@ -83,9 +83,7 @@ int run_final_model_current(const char *dir, int step);
 // 1 when every element of the whole fp32 masters (backend buffer) is finite; else 0 with the
 // first bad element's index in *bad.
 int model_masters_finite(Model *model, const float *masters, size_t *bad);
-// Writes a config.json (model keys + train) atomically; dies on failure.
-void write_config_json(const char *path, const Config *cfg);
-// The same, returning -1 with one line in err.
+// Writes a config.json (model keys + train) atomically; -1 with one line in err on failure.
 int write_config_json_checked(const char *path, const Config *cfg, char *err, size_t errlen);
 void run_files_close(RunFiles *rf);
 // Opens a saved model directory (config.json + model.safetensors or its HF shards) on a backend.
