@@ -18,6 +18,7 @@
 #include "common/num.h"
 #include "common/util.h"
 #include "data/corpus.h"
+#include "data/utf8.h"
 #include "eval/bench.h"
 #include "eval/evaluate.h"
 #include "eval/perplexity.h"
@@ -33,6 +34,16 @@
 #include "train/dist.h"
 #include "train/progress.h"
 
+// A string field of the JSON output: a path or a name holds what bytes the file system has, and
+// bytes that are not UTF-8 (a file named with 0xFF) made the line no JSON: each becomes U+FFFD, as
+// generate --json does with its text.
+static void add_text(cJSON *o, const char *key, const char *s) {
+    ByteVec v = {0};
+    utf8_sanitize(&v, (const uint8_t *)s, strlen(s));
+    bytevec_append(&v, "", 1);
+    cJSON_AddStringToObject(o, key, (const char *)v.v);
+    free(v.v);
+}
 static const ArgSpec SPECS[] = {
     {"checkpoint", 1, "model directory: a run directory, a checkpoint or a package (required)", "DIR"},
     {"data", 1, "token file or shards (required, unless --bench)", "PATH"},
@@ -247,11 +258,6 @@ static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, 
     return ids;
 }
 
-static void show_ppl_progress(long long done, long long total, void *ctx) {
-    double *t0 = ctx, el = now_seconds() - *t0, rate = done / (el > 0 ? el : 1e-9);
-    fprintf(stderr, "\rppl %lld/%lld windows | %.1f windows/s | ETA %.0f s", done, total, rate, (total - done) / rate);
-}
-
 static int eval_ppl(const Args *a, const char *dir) {
     // (--overwrite alone is refused before: it needs --items-out, which is refused here)
     static const char *NOT_WITH[] = {"data", "bench", "max-batches", "shots", "seed", "limit", "skip-bad", "full-forward", "items-out"};
@@ -285,8 +291,11 @@ static int eval_ppl(const Args *a, const char *dir) {
     CacheLayout layout;
     CacheLoss acc = {0};
     if (through) layout_from_args(&layout, &md, a);
-    EvalResult r = through ? eval_strided_cache(&model, &layout, ids, n, B, T, S, tty ? show_ppl_progress : NULL, &t0, &acc)
-                           : eval_strided(&model, ids, n, B, T, S, tty ? show_ppl_progress : NULL, &t0);
+    // as --data: one rewritten line on a terminal, a plain line every PROGRESS_LOG_SECONDS in a log
+    // (it printed nothing at all unless stderr was a terminal)
+    WindowProgress pg = {t0, t0, tty};
+    EvalResult r = through ? eval_strided_cache(&model, &layout, ids, n, B, T, S, show_progress, &pg, &acc)
+                           : eval_strided(&model, ids, n, B, T, S, show_progress, &pg);
     if (tty) fprintf(stderr, " | %.0f tok/s\n", (double)r.tokens / (now_seconds() - t0));
     const double dec = acc.count ? acc.decode_sum / (double)acc.count : 0;
     int finite = isfinite(r.loss) && isfinite(dec);
@@ -337,10 +346,13 @@ static char *bench_name(const char *path) {
     return name;
 }
 
-static void bench_progress(const char *name, long long done, long long total, double t0, int final) {
+// One progress line of a benchmark: rewritten on a terminal (tty), a line of its own in a log.
+static void bench_progress(const char *name, long long done, long long total, double t0, int final, int tty) {
     double dt = now_seconds() - t0, rate = dt > 0 ? done / dt : 0;
-    double eta = rate > 0 ? (total - done) / rate : 0;
-    fprintf(stderr, "\rbench %s: %lld/%lld items | %.1f items/s | ETA %.0f s%s", name, done, total, rate, eta, final ? "\n" : "");
+    char eta[32] = "?";
+    if (rate > 0) format_duration(eta, sizeof(eta), (double)(total - done) / rate);
+    fprintf(stderr, "%sbench %s: %lld/%lld items | %.1f items/s | ETA %s%s", tty ? "\r" : "", name, done, total, rate, eta,
+            final || !tty ? "\n" : "");
 }
 
 static void add_number_or_null(cJSON *o, const char *key, double v) {
@@ -388,7 +400,8 @@ static int by_len(const void *a, const void *b) {
 // all the scores (train/dist.h); totals and the per-item lines are then formed in file order from
 // the gathered scores, so any number of ranks gives the same numbers. items_out: per-item lines,
 // or NULL.
-static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int tty, FILE *items_out, BenchRun *r) {
+// progress: 0 none (the ranks but 0), 1 a line every PROGRESS_LOG_SECONDS (a log), 2 a terminal's
+static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int progress, FILE *items_out, BenchRun *r) {
     const char *path = j->b.path;
     char err[1024];
     memset(r, 0, sizeof(*r));
@@ -418,7 +431,7 @@ static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int tty, FILE *i
     BenchScores bout[BENCH_BATCH_SEQS];
     long long done = 0, mine_total = 0;
     for (long long b = dist->rank; b < n_batches; b += dist->world) mine_total += first[b + 1] - first[b];
-    double t0 = now_seconds(), f0 = bench_scorer_forward_seconds(sc), last = 0;
+    double t0 = now_seconds(), f0 = bench_scorer_forward_seconds(sc), last = 0, last_log = t0;
     for (long long b = dist->rank; b < n_batches; b += dist->world) {
         int m = (int)(first[b + 1] - first[b]), bad = 0;
         for (int k = 0; k < m; k++) {
@@ -429,9 +442,11 @@ static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int tty, FILE *i
         if (bench_score_batch(sc, m, bitems, bprompts, bout, &bad, err, sizeof(err)) != 0) die("%s:%d: %s", path, bitems[bad]->line, err);
         for (int k = 0; k < m; k++) mine[order[first[b] + k].i] = bout[k];
         done += m;
-        if (tty && (now_seconds() - last > 0.1 || done == mine_total)) {
+        if (progress == 2 && (now_seconds() - last > 0.1 || done == mine_total)) {
             last = now_seconds();
-            bench_progress(r->name, done, mine_total, t0, done == mine_total);
+            bench_progress(r->name, done, mine_total, t0, done == mine_total, 1);
+        } else if (progress == 1 && done < mine_total && progress_due(0, &last_log)) {
+            bench_progress(r->name, done, mine_total, t0, 0, 0);
         }
     }
     // every item is scored by one rank (its batch's): the others leave it zero
@@ -446,7 +461,7 @@ static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int tty, FILE *i
         bench_totals_add(&tot, &s, it->label);
         if (items_out) {
             cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "benchmark", r->name);
+            add_text(o, "benchmark", r->name);
             cJSON_AddNumberToObject(o, "line", it->line);
             cJSON_AddNumberToObject(o, "label", it->label);
             cJSON_AddNumberToObject(o, "pred", bench_pick(&s, 0));
@@ -542,16 +557,16 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     for (int i = 0; i < n_bench; i++) prepare_bench(&jobs[i], sc, paths[i], K, seed, limit, skip_bad);
     for (int i = 0; i < n_bench; i++) {
         BenchRun *r = &runs[i];
-        run_bench(sc, &jobs[i], dist, tty && dist->rank == 0, items, r);
+        run_bench(sc, &jobs[i], dist, dist->rank ? 0 : tty ? 2 : 1, items, r);
         if (dist->rank) continue;   // rank 0 reports for all
         fprintf(stderr, "bench %s: %lld items%s in %.2f s (%.1f items/s), %.0f%% of it in the model's forwards\n", r->name, r->n,
                 r->skipped ? " (bad lines skipped)" : "", r->seconds, r->seconds > 0 ? r->n / r->seconds : 0,
                 r->seconds > 0 ? 100 * r->forward_seconds / r->seconds : 0);
         if (json) {
             cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "checkpoint", dir);
-            cJSON_AddStringToObject(o, "benchmark", r->name);
-            cJSON_AddStringToObject(o, "file", paths[i]);
+            add_text(o, "checkpoint", dir);
+            add_text(o, "benchmark", r->name);
+            add_text(o, "file", paths[i]);
             cJSON_AddStringToObject(o, "cache", codecs);
             cJSON_AddNumberToObject(o, "cache_bytes_per_token", bpt);
             cJSON_AddStringToObject(o, "path", full ? "full-forward" : "decoder");

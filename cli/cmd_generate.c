@@ -5,6 +5,7 @@
 // from its own RNG stream (the seed mixed with the prompt's index), so its random draws do not
 // depend on which prompts share its batch (its logits can, in their last bits: docs/INFERENCE.md).
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,8 +269,9 @@ int cmd_generate(int argc, char **argv) {
     if ((v = OPT("temperature"))) {
         const double t = args_double("temperature", v);
         sp.temperature = (float)t;
-        if (t > 0 && !(sp.temperature > 0 && isfinite(sp.temperature)))
-            die("--temperature %s is out of range: a positive temperature lies between 1e-37 and 3e38 (0 is greedy)", v);
+        if (t > 0 && !(sp.temperature >= FLT_MIN && isfinite(sp.temperature)))
+            die("--temperature %s is out of range: a positive temperature lies between %g and %g (0 is greedy)", v, (double)FLT_MIN,
+                (double)FLT_MAX);
     }
     if ((v = OPT("top-k"))) sp.top_k = (int)args_int("top-k", v, -2147483647LL, 2147483647LL);
     if ((v = OPT("top-p"))) {

@@ -411,25 +411,35 @@ int cmd_prep(int argc, char **argv) {
     o.level = 3;
     char **files = xcalloc((size_t)argc + 2, sizeof(*files));
     int n_files = 0;
+    ArgsSeen seen = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); free(files); return 0; }
-        else if (args_is(a, "--tokenizer")) o.tokenizer = args_next_value(argc, argv, &i, "prep", 1);
-        else if (args_is(a, "--out")) o.out = args_next_value(argc, argv, &i, "prep", 1);
-        else if (args_is(a, "--verify")) o.verify = args_next_value(argc, argv, &i, "prep", 1);
-        else if (args_is(a, "--val-fraction")) o.val_fraction = opt_f64("--val-fraction", args_next_value(argc, argv, &i, "prep", 0), 0, 1);
-        else if (args_is(a, "--split-seed")) o.split_seed = opt_u64("--split-seed", args_next_value(argc, argv, &i, "prep", 0), UINT64_MAX);
-        else if (args_is(a, "--text-key")) o.doc.text_key = args_next_value(argc, argv, &i, "prep", 0);
-        else if (args_is(a, "--doc-separator")) o.doc.separator = args_next_value(argc, argv, &i, "prep", 0);
-        else if (args_is(a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)opt_i64("--chunk-tokens", args_next_value(argc, argv, &i, "prep", 0), 1, SHARD_MAX_CHUNK_TOKENS);
-        else if (args_is(a, "--shard-tokens")) o.shard_tokens = (uint64_t)opt_i64("--shard-tokens", args_next_value(argc, argv, &i, "prep", 0), 1, INT64_MAX);
-        else if (args_is(a, "--threads")) o.threads = (int)opt_i64("--threads", args_next_value(argc, argv, &i, "prep", 0), 0, CLLA_MAX_THREADS);
-        else if (args_is(a, "--level")) o.level = (int)opt_i64("--level", args_next_value(argc, argv, &i, "prep", 0), 1, 19);
-        else if (!strcmp(a, "--overwrite")) o.overwrite = 1;
+        else if (args_once(&seen, a, "--tokenizer")) o.tokenizer = args_next_value(argc, argv, &i, "prep", 1);
+        else if (args_once(&seen, a, "--out")) o.out = args_next_value(argc, argv, &i, "prep", 1);
+        else if (args_once(&seen, a, "--verify")) o.verify = args_next_value(argc, argv, &i, "prep", 1);
+        else if (args_once(&seen, a, "--val-fraction")) o.val_fraction = opt_f64("--val-fraction", args_next_value(argc, argv, &i, "prep", 0), 0, 1);
+        else if (args_once(&seen, a, "--split-seed")) o.split_seed = opt_u64("--split-seed", args_next_value(argc, argv, &i, "prep", 0), UINT64_MAX);
+        else if (args_once(&seen, a, "--text-key")) o.doc.text_key = args_next_value(argc, argv, &i, "prep", 0);
+        else if (args_once(&seen, a, "--doc-separator")) o.doc.separator = args_next_value(argc, argv, &i, "prep", 0);
+        else if (args_once(&seen, a, "--chunk-tokens")) o.chunk_tokens = (uint32_t)opt_i64("--chunk-tokens", args_next_value(argc, argv, &i, "prep", 0), 1, SHARD_MAX_CHUNK_TOKENS);
+        else if (args_once(&seen, a, "--shard-tokens")) o.shard_tokens = (uint64_t)opt_i64("--shard-tokens", args_next_value(argc, argv, &i, "prep", 0), 1, INT64_MAX);
+        else if (args_once(&seen, a, "--threads")) o.threads = (int)opt_i64("--threads", args_next_value(argc, argv, &i, "prep", 0), 0, CLLA_MAX_THREADS);
+        else if (args_once(&seen, a, "--level")) o.level = (int)opt_i64("--level", args_next_value(argc, argv, &i, "prep", 0), 1, 19);
+        else if (args_flag(&seen, a, "--overwrite")) o.overwrite = 1;
         else if (a[0] == '-' && a[1]) die("unknown option '%s' for 'clla prep': see 'clla prep --help'", a);
         else files[n_files++] = argv[i];
     }
-    if (o.verify) { free(files); return verify(&o); }
+    if (o.verify) {
+        // what does not apply to a check is refused, not ignored (a corpus file or --out given
+        // with --verify was dropped without a word)
+        if (n_files) die("--verify checks shards and reads no corpus: drop '%s' (or drop --verify to tokenize it)", files[0]);
+        for (int k = 0; k < seen.n; k++)
+            if (strcmp(seen.names[k], "--verify") && strcmp(seen.names[k], "--tokenizer"))
+                die("%s does not apply with --verify (which takes --tokenizer only): drop it", seen.names[k]);
+        free(files);
+        return verify(&o);
+    }
     if (o.val_fraction < 0 || o.val_fraction >= 1) die("--val-fraction %g is out of range: use 0 <= F < 1", o.val_fraction);
     if (o.chunk_tokens == 0 || o.chunk_tokens > SHARD_MAX_CHUNK_TOKENS)
         die("--chunk-tokens %u is out of range: use 1..%u", o.chunk_tokens, SHARD_MAX_CHUNK_TOKENS);

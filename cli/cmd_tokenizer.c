@@ -90,6 +90,9 @@ static void save_tokenizer(const Tokenizer *t, const char *out, int overwrite) {
     die("%s", msg);
 }
 
+// --help or -h where an option stands
+static int is_help(const char *arg) { return !strcmp(arg, "--help") || !strcmp(arg, "-h"); }
+
 static int do_train(int argc, char **argv) {
     long long vocab = 0;
     const char *pattern = NULL, *out = NULL;
@@ -98,13 +101,15 @@ static int do_train(int argc, char **argv) {
     int n_specials = 0, no_special = 0, overwrite = 0;
     char **files = xmalloc((size_t)argc * sizeof(*files));
     int n_files = 0;
+    ArgsSeen seen = {0};
     for (int i = 1; i < argc; i++) {
-        if (args_is(argv[i], "--vocab-size")) vocab = parse_vocab_size(args_next_value(argc, argv, &i, "tokenizer", 0));
-        else if (args_is(argv[i], "--pattern")) pattern = args_next_value(argc, argv, &i, "tokenizer", 0);
-        else if (args_is(argv[i], "--out")) out = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (!strcmp(argv[i], "--overwrite")) overwrite = 1;
-        else if (args_is(argv[i], "--text-key")) dopt.text_key = args_next_value(argc, argv, &i, "tokenizer", 0);
-        else if (args_is(argv[i], "--doc-separator")) dopt.separator = args_next_value(argc, argv, &i, "tokenizer", 0);
+        if (is_help(argv[i])) { usage(stdout); exit(0); }
+        else if (args_once(&seen, argv[i], "--vocab-size")) vocab = parse_vocab_size(args_next_value(argc, argv, &i, "tokenizer", 0));
+        else if (args_once(&seen, argv[i], "--pattern")) pattern = args_next_value(argc, argv, &i, "tokenizer", 0);
+        else if (args_once(&seen, argv[i], "--out")) out = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_flag(&seen, argv[i], "--overwrite")) overwrite = 1;
+        else if (args_once(&seen, argv[i], "--text-key")) dopt.text_key = args_next_value(argc, argv, &i, "tokenizer", 0);
+        else if (args_once(&seen, argv[i], "--doc-separator")) dopt.separator = args_next_value(argc, argv, &i, "tokenizer", 0);
         else if (args_is(argv[i], "--special")) {
             const char *s = args_next_value(argc, argv, &i, "tokenizer", 0);
             if (!strcmp(s, "none")) no_special = 1;
@@ -177,11 +182,13 @@ static int do_train(int argc, char **argv) {
 static int do_encode(int argc, char **argv) {
     const char *tok_path = NULL, *text = NULL, *file = NULL;
     int allow_special = 0;
+    ArgsSeen seen = {0};
     for (int i = 1; i < argc; i++) {
-        if (args_is(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (args_is(argv[i], "--text")) text = args_next_value(argc, argv, &i, "tokenizer", 0);
-        else if (args_is(argv[i], "--file")) file = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (!strcmp(argv[i], "--allow-special")) allow_special = 1;
+        if (is_help(argv[i])) { usage(stdout); exit(0); }
+        else if (args_once(&seen, argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_once(&seen, argv[i], "--text")) text = args_next_value(argc, argv, &i, "tokenizer", 0);
+        else if (args_once(&seen, argv[i], "--file")) file = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_flag(&seen, argv[i], "--allow-special")) allow_special = 1;
         else die("unknown argument '%s' for 'clla tokenizer encode': see --help", argv[i]);
     }
     if (!tok_path) die("'clla tokenizer encode' needs --tokenizer FILE");
@@ -228,9 +235,11 @@ static int do_decode(int argc, char **argv) {
     const char *tok_path = NULL, *file = NULL;
     U32Vec ids = {0};
     int have_args = 0;
+    ArgsSeen seen = {0};
     for (int i = 1; i < argc; i++) {
-        if (args_is(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (args_is(argv[i], "--file")) file = args_next_value(argc, argv, &i, "tokenizer", 1);
+        if (is_help(argv[i])) { usage(stdout); exit(0); }
+        else if (args_once(&seen, argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_once(&seen, argv[i], "--file")) file = args_next_value(argc, argv, &i, "tokenizer", 1);
         else if (argv[i][0] == '-') die("unknown option '%s' for 'clla tokenizer decode': see --help", argv[i]);
         else { parse_ids(argv[i], "argument", &ids); have_args = 1; }
     }
@@ -256,8 +265,10 @@ static int do_decode(int argc, char **argv) {
 
 static int do_info(int argc, char **argv) {
     const char *tok_path = NULL;
+    ArgsSeen seen = {0};
     for (int i = 1; i < argc; i++) {
-        if (args_is(argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
+        if (is_help(argv[i])) { usage(stdout); exit(0); }
+        else if (args_once(&seen, argv[i], "--tokenizer")) tok_path = args_next_value(argc, argv, &i, "tokenizer", 1);
         else die("unknown argument '%s' for 'clla tokenizer info': see --help", argv[i]);
     }
     if (!tok_path) die("'clla tokenizer info' needs --tokenizer FILE");
@@ -278,11 +289,13 @@ static int do_info(int argc, char **argv) {
 static int do_import_gpt2(int argc, char **argv) {
     const char *enc = NULL, *bpe = NULL, *out = NULL;
     int overwrite = 0;
+    ArgsSeen seen = {0};
     for (int i = 1; i < argc; i++) {
-        if (args_is(argv[i], "--encoder")) enc = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (args_is(argv[i], "--bpe")) bpe = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (args_is(argv[i], "--out")) out = args_next_value(argc, argv, &i, "tokenizer", 1);
-        else if (!strcmp(argv[i], "--overwrite")) overwrite = 1;
+        if (is_help(argv[i])) { usage(stdout); exit(0); }
+        else if (args_once(&seen, argv[i], "--encoder")) enc = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_once(&seen, argv[i], "--bpe")) bpe = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_once(&seen, argv[i], "--out")) out = args_next_value(argc, argv, &i, "tokenizer", 1);
+        else if (args_flag(&seen, argv[i], "--overwrite")) overwrite = 1;
         else die("unknown argument '%s' for 'clla tokenizer import-gpt2': see --help", argv[i]);
     }
     if (!enc || !bpe || !out) die("'clla tokenizer import-gpt2' needs --encoder encoder.json --bpe vocab.bpe --out FILE");
@@ -297,8 +310,8 @@ static int do_import_gpt2(int argc, char **argv) {
 int cmd_tokenizer(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
     const char *a = argv[1];
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
+    // help asked as an option (anywhere an option may stand: "--text --help" encodes "--help")
+    if (is_help(a)) { usage(stdout); return 0; }
     if (!strcmp(a, "train")) return do_train(argc - 1, argv + 1);
     if (!strcmp(a, "encode")) return do_encode(argc - 1, argv + 1);
     if (!strcmp(a, "decode")) return do_decode(argc - 1, argv + 1);

@@ -60,12 +60,13 @@ static void print_curve_summary(const float *losses, int first, int n) {
     fprintf(stderr, "\nfirst %.4f  last %.4f  best %.4f  (%d steps)\n", losses[0], losses[n - 1], best, n);
 }
 
-static int int_option(const Args *a, const char *name, int fallback) {
+// --name as a whole number in [lo, hi] (the range its message names is the one it takes), or fallback
+static int int_option(const Args *a, const char *name, int fallback, int lo, int hi) {
     const char *v = args_get(a, SPECS, N_SPECS, name);
     if (!v) return fallback;
     char opt[64];
     snprintf(opt, sizeof(opt), "--%s", name);
-    return (int)opt_i64(opt, v, 0, 2147483647);
+    return (int)opt_i64(opt, v, lo, hi);
 }
 
 // The checkpoints a run knows about, for the advice its errors give.
@@ -162,14 +163,14 @@ int cmd_train(int argc, char **argv) {
     if (shard && parse_byte_size(shard, &shard_bytes) != 0)
         die("--shard-size '%s' is not a size: give a whole number with a unit, e.g. 2GB, 500MB or 64MiB", shard);
     const int overwrite = args_get(&a, SPECS, N_SPECS, "overwrite") != NULL;
-    tc->save_every = int_option(&a, "save-every", tc->save_every);
-    tc->keep_checkpoints = int_option(&a, "keep", tc->keep_checkpoints);
-    int stop_at = int_option(&a, "stop-at", 0);
-    if (args_get(&a, SPECS, N_SPECS, "stop-at") && stop_at == 0) die("--stop-at 0: give the step to stop after, 1 or more (leave it out to run to train.max_steps)");
+    tc->save_every = int_option(&a, "save-every", tc->save_every, 0, INT_MAX);
+    tc->keep_checkpoints = int_option(&a, "keep", tc->keep_checkpoints, 0, INT_MAX);
+    const char *stop_text = args_get(&a, SPECS, N_SPECS, "stop-at");
+    if (stop_text && !strcmp(stop_text, "0")) die("--stop-at 0: give the step to stop after, 1 or more (leave it out to run to train.max_steps)");
+    int stop_at = int_option(&a, "stop-at", 0, 1, INT_MAX);
     if (stop_at > tc->max_steps)
         warn("--stop-at %d is after train.max_steps = %d: the run ends at step %d", stop_at, tc->max_steps, tc->max_steps);
-    tc->zero_stage = int_option(&a, "zero", tc->zero_stage);
-    if (tc->zero_stage > 1) die("--zero %d: use 0 (replicated AdamW state) or 1 (ZeRO-1)", tc->zero_stage);
+    tc->zero_stage = int_option(&a, "zero", tc->zero_stage, 0, 1);
     const char *ogr = args_get(&a, SPECS, N_SPECS, "overlap-grad-reduce");
     if (ogr) {
         if (!strcmp(ogr, "true")) tc->overlap_grad_reduce = 1;

@@ -118,6 +118,25 @@ int args_is(const char *arg, const char *opt) {
     return !strncmp(arg, opt, n) && (arg[n] == 0 || arg[n] == '=');
 }
 
+static void seen_once(ArgsSeen *seen, const char *opt) {
+    for (int k = 0; k < seen->n; k++)
+        if (seen->names[k] == opt || !strcmp(seen->names[k], opt)) die("option %s given twice: give it once", opt);
+    if (seen->n < (int)(sizeof(seen->names) / sizeof(seen->names[0]))) seen->names[seen->n++] = opt;
+}
+
+int args_once(ArgsSeen *seen, const char *arg, const char *opt) {
+    if (!args_is(arg, opt)) return 0;
+    seen_once(seen, opt);
+    return 1;
+}
+
+int args_flag(ArgsSeen *seen, const char *arg, const char *opt) {
+    if (!args_is(arg, opt)) return 0;
+    if (arg[strlen(opt)] == '=') die("option %s takes no value", opt);
+    seen_once(seen, opt);
+    return 1;
+}
+
 const char *args_next_value(int argc, char **argv, int *i, const char *cmd, int nonempty) {
     const char *opt = argv[*i], *eq = strchr(opt, '=');
     const int name_len = eq ? (int)(eq - opt) : (int)strlen(opt);

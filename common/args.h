@@ -36,6 +36,16 @@ double args_double(const char *name, const char *v);
 // (advancing *i), dying when there is none, or, for a path (nonempty), when it is "".
 int args_is(const char *arg, const char *opt);
 const char *args_next_value(int argc, char **argv, int *i, const char *cmd, int nonempty);
+// The options such a command was given, so that each single-valued one is taken once (a second is
+// refused, as args_parse refuses it: "--out a --out b" wrote to b without a word).
+typedef struct ArgsSeen {
+    const char *names[32];
+    int n;
+} ArgsSeen;
+// args_is, and dies when opt was matched before ("option --out given twice: give it once").
+int args_once(ArgsSeen *seen, const char *arg, const char *opt);
+// A flag: arg is exactly opt (dies on "--overwrite=1": a flag takes no value), once.
+int args_flag(ArgsSeen *seen, const char *arg, const char *opt);
 // Every value of a repeatable option in command-line order; returns the count (dies above max).
 int args_get_all(const Args *a, const ArgSpec *specs, int n_specs, const char *name, const char **out, int max);
 

@@ -12,6 +12,7 @@
 #include "backend/bf16.h"
 #include "backend/int_group_math.h"
 #include "common/vec.h"
+#include "quant/fp16.h"
 
 // int_group layout per token: [scales: G x bf16][codes: W values of `bits` bits, two's
 // complement, packed little-endian from bit 0 of byte 0].
@@ -248,6 +249,16 @@ int codec_check_codebook(const float *data, size_t n, float max_abs, const char 
     for (size_t i = 0; i < n; i++)
         if (!isfinite(data[i]) || fabsf(data[i]) > max_abs) {
             snprintf(err, errlen, "codebook value %zu is %g, not a finite %s", i, (double)data[i], what);
+            return -1;
+        }
+    return 0;
+}
+
+int codec_check_fp16(const float *data, size_t n, char *err, size_t errlen) {
+    if (codec_check_codebook(data, n, 65504.0f, "fp16 value", err, errlen) != 0) return -1;
+    for (size_t i = 0; i < n; i++)
+        if (fp16_round(data[i]) != data[i]) {
+            snprintf(err, errlen, "codebook value %zu is %.9g, not an fp16 number", i, (double)data[i]);
             return -1;
         }
     return 0;

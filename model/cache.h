@@ -149,6 +149,10 @@ int64_t codec_fit_elements(const Codec *c, int W);
 // For the fit_load of a codec: the n codebook values of a package are finite and within
 // max_abs; else -1 and "codebook value I is X, not a finite <what>" in err.
 int codec_check_codebook(const float *data, size_t n, float max_abs, const char *what, char *err, size_t errlen);
+// The same for a codebook the package stores as fp16 numbers (cq, kvquant: docs/FORMAT.md): each
+// value also exactly an fp16 one ("codebook value I is X, not an fp16 number"), as the codec fitted
+// it and as the bytes per token count it.
+int codec_check_fp16(const float *data, size_t n, char *err, size_t errlen);
 // For the encode of a codec that would code a NaN or an inf as some finite code (cq's and qet's
 // nearest centroid): dies naming the first such value of src (N, W) and the codec.
 void codec_refuse_non_finite(const Codec *c, const float *src, int N, int W);

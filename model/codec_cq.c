@@ -117,7 +117,7 @@ static int cq_codec_fit_load(const Codec *c, int W, const float *data, void **st
     CqSettings s = settings(c, W);
     if (cq_settings_check(&s, err, errlen) != 0) return -1;
     size_t n = (size_t)W << c->bits;
-    if (codec_check_codebook(data, n, 65504.0f, "fp16 value", err, errlen) != 0) return -1;
+    if (codec_check_fp16(data, n, err, errlen) != 0) return -1;
     CqState *st = xcalloc(1, sizeof(CqState));
     st->s = s;
     st->groups = W / s.c;

@@ -139,12 +139,7 @@ static int kvq_fit_load(const Codec *c, int W, const float *data, void **state, 
     const int k = 1 << c->bits;
     const int keys = part_of(c) == KVQ_KEYS;
     const int64_t n = k + (keys ? 2 * (int64_t)W : 0);
-    if (codec_check_codebook(data, (size_t)n, 65504.0f, "fp16 value", err, errlen) != 0) return -1;
-    for (int64_t i = 0; i < n; i++)
-        if (fp16_round(data[i]) != data[i]) {
-            snprintf(err, errlen, "kvquant value %lld is %g, not an fp16 number", (long long)i, (double)data[i]);
-            return -1;
-        }
+    if (codec_check_fp16(data, (size_t)n, err, errlen) != 0) return -1;
     for (int i = 1; i < k; i++)
         if (!(data[i] > data[i - 1])) {
             snprintf(err, errlen, "kvquant datatype value %d (%g) does not exceed the one before (%g): the datatype must ascend", i,

@@ -2,6 +2,7 @@
 // "unknown key" error, so a knob is declared once.
 #include "model/config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
@@ -158,6 +159,10 @@ static void set_value(void *base, const KeyDef *k, const cJSON *v, const char *o
         if (!isfinite(v->valuedouble) || fabs(v->valuedouble) > FLT_MAX)
             die("%s: key '%s%s' = %s is not a finite 32-bit float: use a number of magnitude below %g", origin, prefix, name,
                 json_snippet(v, val, sizeof(val)), (double)FLT_MAX);
+        // nor one that vanishes in it: 1e-50 became 0 without a word (lr 0), or a subnormal
+        if (v->valuedouble != 0 && fabs(v->valuedouble) < FLT_MIN)
+            die("%s: key '%s%s' = %s is below the smallest normal 32-bit float (%g): use 0 or a larger magnitude", origin, prefix,
+                name, json_snippet(v, val, sizeof(val)), (double)FLT_MIN);
         *(float *)dst = (float)v->valuedouble;
         break;
     case K_DOUBLE:   // a value used in double arithmetic, where its float rounding would show (a capacity)
@@ -341,6 +346,10 @@ static void apply_set(cJSON *root, const char *assignment) {
     char jerr[256];
     cJSON *val = json_parse_strict(text, strlen(text), jerr, sizeof(jerr));
     int string_key = def && (def->type == K_STR || def->type == K_SHARE);
+    // a number key given an integer beyond 2^53: that reason, as for the same value in a file (as
+    // text it was "must be a number"); other text ("64k", "032") stays text, refused by the key's type
+    const char *beyond = !val && def && !string_key ? strstr(jerr, "an integer beyond 2^53") : NULL;
+    if (beyond) die("--set '%s': %s", assignment, beyond);
     if (!val || (string_key && !cJSON_IsString(val) && !cJSON_IsNull(val))) {
         cJSON_Delete(val);
         val = cJSON_CreateString(text);

@@ -4,13 +4,16 @@
 # usage: scripts/build.sh DIR [extra cmake arguments, e.g. -DCLLA_CUDA=ON]
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+case ${1:-} in
+  -h|--help) sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; echo "(a directory named -h or --help: give it as ./--help)"; exit 0 ;;
+esac
 DIR=${1:?usage: scripts/build.sh DIR [cmake args...]}
 shift
 mkdir -p -- "$DIR"
 LOG=$DIR/build.log
 if ! { cmake -S "$ROOT" -B "$DIR" "$@" && cmake --build "$DIR" -j"$(nproc)"; } > "$LOG" 2>&1; then
   echo "build: failed in $DIR; the end of $LOG:" >&2
-  tail -n 40 "$LOG" >&2
+  tail -n 40 -- "$LOG" >&2
   exit 1
 fi
 # Warnings are bugs here (-Wall -Wextra -Wshadow): show them without failing the build.

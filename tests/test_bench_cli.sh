@@ -133,6 +133,13 @@ else fail "a 2-bit latent scored as the 4-bit one"; fi
 "${B[@]}" --checkpoint gqa --bench two.jsonl --bench "$FX/hellaswag.jsonl" --json > js.out 2> js.err
 [ "$(grep -c '"checkpoint":"gqa","benchmark":' js.out)" -eq 2 ] && grep -q '"items":2' js.out && ok "--json: one object per benchmark" ||
     fail "json: $(cat js.out js.err)"
+# a file name that is not UTF-8: every --json and --items-out line must still be JSON (UTF-8)
+cp two.jsonl "$(printf 'b\377.jsonl')"
+"${B[@]}" --checkpoint gqa --bench "$(printf 'b\377.jsonl')" --json --items-out ff.items > ff.out 2> ff.err &&
+    "$PY" -c 'import json, sys
+for f in sys.argv[1:]:
+    for line in open(f, encoding="utf-8"): json.loads(line)' ff.out ff.items 2>> ff.err &&
+    ok "--json and --items-out of a benchmark file named with a 0xFF byte are JSON" || fail "non-UTF-8 benchmark name: $(tail -n 2 ff.err)"
 mkdir -p bdir && cp two.jsonl bdir/b.jsonl && cp "$FX/hellaswag.jsonl" bdir/a.jsonl && echo x > bdir/notes.txt
 "${B[@]}" --checkpoint gqa --bench bdir --json > dir.out 2> dir.err
 [ "$(grep -o '"benchmark":"[a-z]*"' dir.out | tr '\n' ' ')" = '"benchmark":"a" "benchmark":"b" ' ] &&

@@ -9,7 +9,8 @@
 #    (counted by hand below); bench_torch_cpu.py runs the twin in fp32 and refuses MoE;
 #  - bench_decode at a tiny context (--json): the machine's rates first, every point against them;
 #  - bench/ab.sh at tiny shapes, and its refusals;
-#  - bad arguments of bench_decode, bench_codec, bench_moe, bench_dist.sh and bench_overlap.sh.
+#  - bad arguments of bench_decode, bench_codec, bench_moe, bench_dist.sh and bench_overlap.sh;
+#  - scripts/build.sh --help.
 # Prints "N passed, M failed".
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -248,6 +249,11 @@ bench_refuses "bench_gpu --dense naming no file (before the device is asked for)
 bench_refuses "bench_dist.sh with 3 steps" "STEPS 3 is below 6" bash bench/bench_dist.sh "$CLLA" 3
 bench_refuses "bench_dist.sh with a missing binary" "is not an executable" bash bench/bench_dist.sh "$WORK/no_clla" 10
 bench_refuses "bench_overlap.sh with 0 pairs" "PAIRS 0 is below 1" bash bench/bench_overlap.sh "$CLLA" 0
+
+# scripts/build.sh --help: its usage, exit 0, no directory named --help (it configured one)
+(cd "$WORK" && bash "$SRC/scripts/build.sh" --help > bh.out 2>&1) && grep -q "^usage: scripts/build.sh DIR" "$WORK/bh.out" &&
+    [ ! -e "$WORK/--help" ] && ok "scripts/build.sh --help prints its usage and builds nothing" ||
+    fail "scripts/build.sh --help: $(head -c 300 "$WORK/bh.out")"
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

@@ -214,6 +214,11 @@ static void test_cq(void) {
     saved[7] = NAN;
     void *bad = NULL;
     check(t->fit_load(&c, W, saved, &bad, err, sizeof(err)) != 0 && strstr(err, "not a finite"), "cq: a NaN in the codebook is refused");
+    // a value fp16 cannot hold exactly (the codebook is stored as fp16, docs/FORMAT.md): refused,
+    // as kvquant refuses it (cq used it at fp32 precision while its bytes counted fp16)
+    saved[7] = 0.1f;
+    check(t->fit_load(&c, W, saved, &bad, err, sizeof(err)) != 0 && strstr(err, "codebook value 7 is 0.100000001, not an fp16 number"),
+          "cq: a codebook value that is not an fp16 number is refused");
     t->fit_free(loaded);
     // a layout using cq without its state
     ModelConfig mc;

@@ -73,6 +73,14 @@ expect_error "--set train.overlap_grad_reduce=sometimes" "'train.overlap_grad_re
 expect_error "--set train.grad_bucket_elements=0" "train.grad_bucket_elements must be 1 to 2147483647" "" -- "$CLLA" info --config m.json --set train.grad_bucket_elements=0
 expect_error "--set train.lr=1e999" "'train.lr'.*inf.*finite" "" -- "$CLLA" info --config m.json --set train.lr=1e999
 expect_error "--set rms_norm_eps=1e999" "'rms_norm_eps'.*finite" "" -- "$CLLA" info --config m.json --set rms_norm_eps=1e999
+# a float that vanishes in 32 bits (it became 0: an lr of 1e-50 trained with lr 0, an eps of 1e-50
+# was called "must be > 0")
+expect_error "--set train.lr=1e-50" "'train.lr' = 1e-50 is below the smallest normal 32-bit float" "" -- "$CLLA" info --config m.json \
+    --set train.lr=1e-50 --set train.min_lr=0
+expect_error "--set train.eps=1e-40 (subnormal)" "'train.eps' = 1e-40 is below" "" -- "$CLLA" info --config m.json --set train.eps=1e-40
+# an integer beyond 2^53 names that reason, as the same value in a file does (it was "must be a number")
+expect_error "--set train.max_steps beyond 2^53" "--set 'train.max_steps=99999999999999999999': an integer beyond 2\\^53" "" -- \
+    "$CLLA" info --config m.json --set train.max_steps=99999999999999999999
 expect_error "--set train.lr=nan" "'train.lr'.*nan" "" -- "$CLLA" info --config m.json --set train.lr=nan
 expect_error "--set hidden_size=4294967328" "'hidden_size' = 4294967328 is too large: at most 2147483647" "" -- "$CLLA" info --config m.json --set hidden_size=4294967328
 expect_error "--set hidden_size=32.5" "'hidden_size' must be a whole number, got 32.5" "" -- "$CLLA" info --config m.json --set hidden_size=32.5
@@ -278,6 +286,21 @@ printf 'the cat sat on the mat. %.0s' $(seq 200) > cat.txt
 "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out t11_other.tok "$SRC/tests/fixtures/english.jsonl" > /dev/null 2>&1 ||
     fail "a second tokenizer"
 "$CLLA" prep --tokenizer t11.tok --out s11 --val-fraction 0 cat.txt > /dev/null 2>&1 || fail "prep for section 11"
+# prep and tokenizer walk their arguments themselves; they refuse what args_parse refuses: an
+# option given twice (the last one won), a value given to a flag, and what --verify does not take
+expect_error "tokenizer train --vocab-size twice" "option --vocab-size given twice" "t_twice.tok" -- \
+    "$CLLA" tokenizer train --vocab-size 300 --vocab-size 400 --pattern gpt2 --out t_twice.tok cat.txt
+expect_error "prep --out twice" "option --out given twice" "po" -- "$CLLA" prep --tokenizer t11.tok --out po2 --out po cat.txt
+expect_error "prep --overwrite=1" "option --overwrite takes no value" "po" -- "$CLLA" prep --tokenizer t11.tok --out po --overwrite=1 cat.txt
+expect_error "prep --verify with a corpus file" "--verify checks shards and reads no corpus: drop 'cat.txt'" "" -- \
+    "$CLLA" prep --verify s11 cat.txt
+expect_error "prep --verify with --level" "--level does not apply with --verify" "" -- "$CLLA" prep --verify s11 --level 5
+# --help as an option's value is that value: "--text --help" encodes the text "--help"
+"$CLLA" tokenizer encode --tokenizer t11.tok --text --help > help_ids.txt 2> err.txt &&
+    [ "$("$CLLA" tokenizer decode --tokenizer t11.tok --file help_ids.txt)" = "--help" ] &&
+    ok "tokenizer encode --text --help encodes '--help'" || fail "tokenizer encode --text --help: $(head -c 200 help_ids.txt) $(cat err.txt)"
+"$CLLA" tokenizer decode --help > help.txt 2>&1 && grep -q "^usage: clla tokenizer" help.txt &&
+    ok "tokenizer decode --help prints the usage" || fail "tokenizer decode --help: $(head -c 200 help.txt)"
 sed 's/"vocab_size": 64/"vocab_size": 320/; s/"tok.bin"/"s11\/train"/' m.json > m11.json
 "$CLLA" train --config m11.json --out r11 --quiet --set max_position_embeddings=16 > /dev/null 2>&1 || fail "train for section 11"
 echo "mine" > mine.txt
@@ -310,7 +333,7 @@ expect_error "a number ending in '.' in a config" "a '.' in a number must be fol
 printf '{"attention": "gqa",\x0c "vocab_size": 64}' > ctl.json
 expect_error "a control character between JSON tokens" "a control character outside a string" "" -- "$CLLA" info --config ctl.json
 expect_error "--set hidden_size=032" "key 'hidden_size' must be a number, got \"032\"" "" -- "$CLLA" info --config m.json --set hidden_size=032
-expect_error "--set an integer beyond 2^53" "key 'train.seed' must be a number, got \"9007199254740993\"" "" -- \
+expect_error "--set an integer beyond 2^53" "--set 'train.seed=9007199254740993': an integer beyond 2\\^53" "" -- \
     "$CLLA" info --config m.json --set train.seed=9007199254740993
 expect_ok "--set 2^53 itself" "$CLLA" info --config m.json --set train.seed=9007199254740992
 printf '{"prompt": "the\\u0000cat"}\n' > p0.jsonl
@@ -348,6 +371,9 @@ expect_error "a negative MoE loss coefficient" "moe_aux_loss_coef must be >= 0" 
 expect_error "first_k_dense_layers leaving no MoE layer" "first_k_dense_layers = 2 leaves no MoE layer of the 2" "" -- "$CLLA" info --config m.json \
     --set n_routed_experts=4 --set num_experts_per_tok=2 --set moe_intermediate_size=32 --set first_k_dense_layers=2
 expect_error "--stop-at 0" "--stop-at 0: give the step to stop after" "run_s0" -- "$CLLA" train --config m.json --out run_s0 --stop-at 0
+# the range a message names is the one the option takes (-1 said "use 0..", and 0 was then refused)
+expect_error "--stop-at -1" "--stop-at -1: out of range, use 1\.\.2147483647" "run_s0" -- "$CLLA" train --config m.json --out run_s0 --stop-at -1
+expect_error "--zero 2" "--zero 2: out of range, use 0\.\.1" "run_s0" -- "$CLLA" train --config m.json --out run_s0 --zero 2
 # a malformed tokenizer hash is refused when the config is read, before init writes a model
 # that every later command refuses
 expect_error "train.tokenizer_hash xyz" "train.tokenizer_hash 'xyz' is not 16 hex digits" "m_hash" -- "$CLLA" init --config m.json \

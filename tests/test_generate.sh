@@ -296,6 +296,7 @@ expect_error "top-k < 0" "top-k" "${G[@]}" --prompt a --temperature 1 --top-k -1
 # values the sampler's float would change: refused, naming what was typed
 expect_error "temperature 1e-50 (a float's 0: greedy)" "temperature 1e-50 is out of range" "${G[@]}" --prompt a --temperature 1e-50
 expect_error "temperature 1e39 (a float's inf)" "temperature 1e39 is out of range" "${G[@]}" --prompt a --temperature 1e39
+expect_error "temperature 1e-45 (a float's subnormal)" "temperature 1e-45 is out of range" "${G[@]}" --prompt a --temperature 1e-45
 expect_error "top-p 1.0000001" "top-p 1.0000001 is out of range" "${G[@]}" --prompt a --temperature 1 --top-p 1.0000001
 expect_error "max-new-tokens < 0" "max-new-tokens" "${G[@]}" --prompt a --max-new-tokens -1
 expect_error "max-new-tokens not whole" "max-new-tokens" "${G[@]}" --prompt a --max-new-tokens 5x
