@@ -237,7 +237,7 @@ static char *earlier_path(const char *staging, const char *name) {
     return e;
 }
 
-static void publish(const char *out, const char *staging, int overwrite) {
+static void publish(const char *out, const char *staging, int staging_slot, int overwrite) {
     const char *names[] = {"train", "val", "tokenizer.tok"};
     // one commit, signals held: the earlier outputs (--overwrite) are moved aside into the staging
     // directory first, so that a failure (one that cannot be moved) or an interruption leaves
@@ -265,11 +265,21 @@ static void publish(const char *out, const char *staging, int overwrite) {
         free(to);
     }
     if (failed >= 0) {   // this prep's outputs back into staging, the earlier ones back into OUT
+        int stuck = -1;   // an earlier output that could not be put back: still in staging
         for (int k = 0; k < 3; k++) {
             char *o = path_join(out, names[k]), *st = path_join(staging, names[k]), *ea = earlier_path(staging, names[k]);
             if (moved[k]) rename(o, st);
-            if (aside[k]) rename(ea, o);
+            if (aside[k] && rename(ea, o) != 0 && stuck < 0) stuck = k;
             free(o), free(st), free(ea);
+        }
+        if (stuck >= 0) {
+            // the staging directory holds the user's earlier outputs now: it must outlive this
+            // process (die() removed it with them, and said "nothing was changed")
+            unfinished_done(staging_slot);
+            char *ea = earlier_path(staging, names[stuck]);
+            die("cannot move '%s' into '%s' (%s), nor the earlier outputs back: they are in '%s' (e.g. %s): move them "
+                "back by hand, then remove the staging directory",
+                names[failed % 3], out, strerror(e), staging, ea);
         }
         char *what = path_join(failed < 3 ? out : staging, names[failed % 3]);
         if (failed < 3) die("--overwrite: cannot move the earlier '%s' aside: %s: nothing was changed", what, strerror(e));
@@ -558,7 +568,7 @@ int cmd_prep(int argc, char **argv) {
     stop_if_signalled(&sig);
     char *tok_copy = path_join(staging, "tokenizer.tok");
     if (tok_save(t, tok_copy, OUT_REPLACE) != 0) die("cannot write '%s': %s", tok_copy, strerror(errno));
-    publish(o.out, staging, o.overwrite);
+    publish(o.out, staging, staging_slot, o.overwrite);
     signals_restore(&sig);
     unfinished_done(staging_slot);
     unfinished_done(out_slot);

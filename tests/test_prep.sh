@@ -56,6 +56,24 @@ expect_error "prep over an earlier prep's output" "already holds the output of a
 [ "$(ls "$W/p1/train" | wc -l)" = 1 ] && [ ! -e "$W/p1/val" ] && [ "$(ls -A "$W/p1" | tr '\n' ' ')" = "tokenizer.tok train " ]
 check $? "prep --overwrite replaces the earlier shards, val/ included ($(ls -A "$W/p1" | tr '\n' ' '))"
 
+# --overwrite when moving the new output in fails and so does putting the earlier one back (strace
+# fails the move-in and every rename after the three moves aside, which follow the three
+# renames of the shards and tokenizer into staging): the earlier output is kept in the
+# staging directory, which the message names (it was removed with it, and the message said
+# "nothing was changed")
+if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
+  "$CLLA" prep --tokenizer "$W/tok.tok" --out "$W/p5" --val-fraction 0.2 "$FIX/english.jsonl" > /dev/null 2>&1
+  sum5=$(cat "$W"/p5/train/*.bin "$W"/p5/val/*.bin | md5sum)
+  strace -f -qq -o /dev/null -e trace=rename,renameat2 -e inject=renameat2:error=EIO:when=1 -e inject=rename:error=EIO:when=7+ \
+    "$CLLA" prep --tokenizer "$W/tok.tok" --out "$W/p5" --val-fraction 0.1 --overwrite "$FIX/english.jsonl" > /dev/null 2> "$W/p5.err"
+  rc=$?
+  kept=$(grep -o "they are in '[^']*'" "$W/p5.err" | sed "s/they are in '//; s/'$//")
+  [ "$rc" -eq 1 ] && [ -n "$kept" ] && [ "$(cat "$kept"/train.earlier/*.bin "$kept"/val.earlier/*.bin 2> /dev/null | md5sum)" = "$sum5" ]
+  check $? "prep --overwrite failing both ways keeps the earlier output where the message says: $(grep error "$W/p5.err")"
+else
+  echo "skip prep --overwrite failing both ways: strace is missing or not allowed here (apt-get install strace)"
+fi
+
 # --overwrite removes what prep wrote, never a directory of the user's under one of its names
 mkdir -p "$W/p3/tokenizer.tok/notes" "$W/p4/train/shard_000099.bin/photos"
 echo precious > "$W/p3/tokenizer.tok/notes/a.txt"; echo x > "$W/p4/train/shard_000099.bin/photos/a.jpg"
