@@ -186,6 +186,14 @@ if [ "$have_mpl" -eq 1 ]; then
     grep -q '>gqa</text>' A/loss_vs_cache.svg && grep -q '>clla</text>' A/loss_vs_cache.svg &&
         grep -q '>clla</text>' A/loss_curves.svg
     check $? "the plots label their points (gqa, clla in the SVG text)"
+    # a plot that cannot be written (here a directory where the SVG goes): said with the file,
+    # its temporary removed, the summary still printed, exit 1 (the sweep stopped at the plot)
+    cp -a A A_plot && rm A_plot/loss_vs_cache.svg && mkdir -p A_plot/loss_vs_cache.svg/keep
+    "$SWEEP" --out A_plot --clla ./wrap.sh gqa.json clla.json --seeds 1,2 --tokens 1024 --save-every 2 --collect-only > p.out 2> p.err
+    rc=$?
+    [ "$rc" -eq 1 ] && grep -q "^plots not written: .*loss_vs_cache.svg" p.out && grep -q "^results: " p.out &&
+        [ -z "$(ls A_plot | grep '\.tmp\.')" ] && [ -d A_plot/loss_vs_cache.svg/keep ]
+    check $? "a plot that cannot be written: named, no temporary left, summary printed, exit 1 (rc $rc): $(grep 'not written' p.out | head -n 1)"
 else
     echo "skip: plot checks: $PY cannot import matplotlib (bash scripts/setup.sh installs python3-matplotlib)"
 fi
