@@ -411,7 +411,16 @@ int run_final_model_current(const char *dir, int step) {
 }
 
 void run_files_close(RunFiles *rf) {
-    if (rf->metrics_fd >= 0 && close(rf->metrics_fd) != 0) warn("closing metrics file '%s': %s", rf->metrics_path, strerror(errno));
+    // the records on the disk before the run says it is done: a failure here (an NFS server's
+    // delayed write error at close) is the run's, not a warning after which it exited 0
+    if (rf->metrics_fd >= 0) {
+        struct stat sb;
+        const int regular = fstat(rf->metrics_fd, &sb) == 0 && S_ISREG(sb.st_mode);
+        if ((regular && fsync(rf->metrics_fd) != 0) || close(rf->metrics_fd) != 0)
+            die("writing metrics file '%s' failed at its end: %s: its last records may be missing (the model and checkpoints "
+                "were written)",
+                rf->metrics_path, strerror(errno));
+    }
     free(rf->dir);
     free(rf->metrics_path);
     memset(rf, 0, sizeof(*rf));
