@@ -2,6 +2,7 @@
 // the temporary file mid-write would fail its checksum; atomic_commit() renames it into
 // place only when complete.
 #include <stdio.h>
+#include <errno.h>
 #include <string.h>
 
 #include <zstd.h>
@@ -25,9 +26,12 @@ struct ShardWriter {
     uint32_t n_chunks;
 };
 
+// the cause (errno of the failed write) in the message: a full disk, a quota and an I/O error
+// ask for different fixes
 static void writer_fail(ShardWriter *w, const char *what) {
+    const int e = errno;
     atomic_abort(&w->af);
-    die("writing shard '%s' failed (%s): check free disk space and permissions", w->path, what);
+    die("writing shard '%s' failed (%s): %s", w->path, what, e ? strerror(e) : "write error");
 }
 
 ShardWriter *shard_writer_open(const char *path, uint32_t vocab_size, uint64_t tokenizer_hash, uint32_t chunk_tokens,
@@ -36,7 +40,7 @@ ShardWriter *shard_writer_open(const char *path, uint32_t vocab_size, uint64_t t
         die("chunk size %u tokens is out of range: use 1..%u", chunk_tokens, SHARD_MAX_CHUNK_TOKENS);
     ShardWriter *w = xcalloc(1, sizeof(*w));
     w->path = xstrdup(path);
-    if (atomic_open(&w->af, path, OUT_REPLACE) != 0) die("cannot create shard '%s': check that the directory exists and is writable", path);
+    if (atomic_open(&w->af, path, OUT_REPLACE) != 0) die("cannot create shard '%s': %s", path, strerror(errno));
     w->vocab_size = vocab_size;
     w->token_bytes = shard_token_bytes(vocab_size);
     w->tokenizer_hash = tokenizer_hash;
@@ -119,7 +123,7 @@ void shard_writer_close(ShardWriter *w) {
     put_le32(h + 48, w->chunk_tokens);
     put_le64(h + 56, fnv1a64(h, 56));
     if (fseeko(w->af.f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof(h), w->af.f) != sizeof(h)) writer_fail(w, "header");
-    if (atomic_commit(&w->af) != 0) die("cannot finish shard '%s': check free disk space", w->path);
+    if (atomic_commit(&w->af) != 0) die("cannot finish shard '%s': %s", w->path, strerror(errno));
     ZSTD_freeCCtx(w->cctx);
     free(w->pending); free(w->raw); free(w->comp); free(w->index.v); free(w->path);
     free(w);
