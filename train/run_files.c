@@ -248,7 +248,8 @@ void run_lock_acquire(const char *dir) {
             continue;
         }
         if (pid > 0 && pid != (long)getpid())
-            fprintf(stderr, "clla train: taking over the lock %s left by process %ld, which is no longer running\n", path, pid);
+            fprintf(stderr, "clla train: taking over the lock %s left by process %ld, which no longer holds it (it ended, or was killed)\n",
+                    path, pid);
         // held from here: a failing write below (a full disk) still releases the lock and removes
         // the directory this call created
         held.path = path;
