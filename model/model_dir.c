@@ -193,6 +193,24 @@ static void load_cache_fits(CacheLayout *cl, const char *dir) {
     free(path);
 }
 
+void model_dir_read_config(Config *cfg, const char *config_path) {
+    size_t len = 0;
+    char *text = read_file(config_path, &len);
+    if (!text) die("cannot read '%s': %s", config_path, strerror(errno));
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (cJSON_IsObject(root) && cJSON_GetObjectItemCaseSensitive(root, "package")) {
+        cJSON_DeleteItemFromObjectCaseSensitive(root, "package");
+        cJSON_DeleteItemFromObjectCaseSensitive(root, "cache");
+        char *rest = cJSON_PrintUnformatted(root);
+        config_from_json(cfg, rest, config_path, 0, NULL);
+        free(rest);
+    } else {
+        config_load(cfg, config_path, 0, NULL);   // also reports a config that is not JSON
+    }
+    cJSON_Delete(root);
+    free(text);
+}
+
 void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, const Backend *be, int n_sets, char **sets) {
     memset(md, 0, sizeof(*md));
     check_dir(dir);

@@ -45,6 +45,10 @@ const char *model_dir_kind_name(ModelDirKind k);
 // a bad "cache" or "package" section.
 void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, const Backend *be, int n_sets, char **sets);
 void model_dir_free(ModelDir *md);
+// The config in a model directory's config.json at config_path, without the weights: a run's or a
+// checkpoint's as config_load reads it, a package's with its "package" and "cache" sections taken
+// out first (train.init_from may name a package; the config reader refuses those sections).
+void model_dir_read_config(Config *cfg, const char *config_path);
 
 // The layout's fitted states into path (PACKAGE_CACHE_CODECS); 0, or -1 with err. Nothing to
 // write (no fitted codec) is 0 with no file.

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/util.h"
+#include "model/model_dir.h"
 #include "data/loader.h"
 #include "train/checkpoint.h"
 #include "train/run_files.h"
@@ -100,7 +101,7 @@ void run_start_compare_init_config(const Config *cfg) {
     char *cp = run_start_init_config_path(&cfg->train);
     if (!cp) return;
     Config init;
-    config_load(&init, cp, 0, NULL);
+    model_dir_read_config(&init, cp);
     cJSON *a = config_model_to_json(&init.model), *b = config_model_to_json(&cfg->model);
     char diff[1024] = "";
     for (const cJSON *x = b->child; x; x = x->next) {
@@ -134,7 +135,7 @@ unsigned long long run_start_tokenizer_hash(const TrainConfig *tc, char *from, s
     char *cp = run_start_init_config_path(tc);
     if (cp) {
         Config init;
-        config_load(&init, cp, 0, NULL);
+        model_dir_read_config(&init, cp);
         if (init.train.tokenizer_hash[0] && loader_parse_tokenizer_hash(init.train.tokenizer_hash, &h) != 0)
             die("'%s': train.tokenizer_hash '%s' is not 16 hex digits", cp, init.train.tokenizer_hash);
         snprintf(from, from_len, "the model train.init_from starts from (%s)", cp);
