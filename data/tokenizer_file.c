@@ -15,6 +15,7 @@ static int b64_value(char c) {
 }
 
 // Strict standard base64 with padding; returns the decoded length or -1.
+// The decoded length; -1 not base64 (or not canonical), -2 longer than cap bytes.
 static long b64_decode(const char *s, size_t n, uint8_t *out, size_t cap) {
     if (n == 0 || n % 4 != 0) return -1;
     size_t o = 0;
@@ -31,7 +32,7 @@ static long b64_decode(const char *s, size_t n, uint8_t *out, size_t cap) {
         if (pad && (w & ((1u << (8 * pad)) - 1))) return -1;
         uint8_t b[3] = {(uint8_t)(w >> 16), (uint8_t)(w >> 8), (uint8_t)w};
         for (int k = 0; k < 3 - pad; k++) {
-            if (o >= cap) return -1;
+            if (o >= cap) return -2;
             out[o++] = b[k];
         }
     }
@@ -153,7 +154,16 @@ Tokenizer *tok_parse(const char *buf, size_t len, const char *name, char *err, s
         long long id = sp ? parse_id(sp + 1, (size_t)(ln.s + ln.n - sp - 1)) : -1;
         long blen = sp ? b64_decode(ln.s, (size_t)(sp - ln.s), bytes, sizeof(bytes)) : -1;
         if (id < 0 || blen <= 0) {
-            snprintf(err, errlen, "%s:%zu: expected 'BASE64 RANK' (standard base64 of the token bytes, a space, a decimal rank)", name, ln.no);
+            // which part is wrong, where the line's shape is right
+            if (!sp || id < 0)
+                snprintf(err, errlen, "%s:%zu: expected 'BASE64 RANK' (standard base64 of the token bytes, a space, a decimal rank)",
+                         name, ln.no);
+            else if (blen == -2)
+                snprintf(err, errlen, "%s:%zu: the token is longer than %d bytes: a token is 1..%d bytes (docs/FORMAT.md)", name, ln.no,
+                         TOK_MAX_TOKEN_BYTES, TOK_MAX_TOKEN_BYTES);
+            else
+                snprintf(err, errlen, "%s:%zu: the token's base64 is not canonical standard base64 (the bits a padded group leaves over "
+                         "must be zero; '=' only at the end)", name, ln.no);
             tok_free(t);
             return NULL;
         }

@@ -276,8 +276,21 @@ static void test_file_errors(void) {
     expect_parse_error(bad, "rank 4294967361 is too large", "a rank past 32 bits");
     free(bad);
     bad = replaced(s, "QQ== 65\n", "QR== 65\n");   // 'A' with a stray low bit: not canonical base64
-    expect_parse_error(bad, ":68:", "base64 whose padding leaves bits set");
+    expect_parse_error(bad, ":68: the token's base64 is not canonical", "base64 whose padding leaves bits set");
     free(bad);
+    {   // a token of 4098 bytes ("aaa" x 1366): its own message, not "expected 'BASE64 RANK'"
+        char *line = malloc(1366 * 4 + 16);
+        for (int i = 0; i < 1366; i++) memcpy(line + 4 * i, "YWFh", 4);
+        strcpy(line + 1366 * 4, " 300\n");
+        bad = replaced(s, "#pattern gpt2\n", "#pattern gpt2\n");
+        char *joined = malloc(strlen(bad) + strlen(line) + 1);
+        strcpy(joined, bad);
+        strcat(joined, line);
+        expect_parse_error(joined, "the token is longer than 4096 bytes", "a token longer than 4096 bytes");
+        free(joined);
+        free(line);
+        free(bad);
+    }
     bad = replaced(s, "#pattern gpt2\n", "#pattern gpt2\n#pattern cl100k\n");
     expect_parse_error(bad, "a second '#pattern' line", "two pattern lines");
     free(bad);
