@@ -340,6 +340,8 @@ bad_ckpt "step not the directory's" "named for step 8" edit_state 's/"step":[[:s
 bad_ckpt "step a fraction" "whole number" edit_state 's/"step":[[:space:]]*8,/"step": 8.5,/'
 bad_ckpt "fingerprint as a number" "decimal string" edit_state 's/"fingerprint":[[:space:]]*"([0-9]+)"/"fingerprint": 1/'
 bad_ckpt "t and skips do not add up" "do not make step" edit_state 's/"t":[[:space:]]*8,/"t": 7,/'
+bad_ckpt "another optimizer" "optimizer.type is not" edit_state 's/"type":[[:space:]]*"adamw"/"type": "sgd"/'
+bad_ckpt "schedule missing" "field 'schedule'" edit_state 's/"schedule":/"schedulx":/'
 bad_ckpt "file name with a path" "not a plain name" \
     edit_state 's/"files":[[:space:]]*\{/"files": {"..\/x": {"bytes": 1, "fnv1a64": "0000000000000000"},/'
 bad_ckpt "checksum mismatch" "checksum" sh -c 'printf "\x7f\x7f\x7f\x7f" | dd of=model.safetensors bs=1 seek=2000 conv=notrunc 2> /dev/null'

@@ -283,6 +283,12 @@ static cJSON *read_state(const char *dir, TrainState *st, int *t, char *err, siz
                get_int(sk, "total", 0, 2147483647LL, &total, path, err, errlen) != 0 ||
                !(files = need(root, "files", path, err, errlen))) {
         // err names the field
+    } else if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(op, "type")) ||
+               strcmp(cJSON_GetObjectItemCaseSensitive(op, "type")->valuestring, "adamw") != 0) {
+        fail_with(err, errlen, "'%s': optimizer.type is not \"adamw\", the only optimizer this build trains with (damaged state file)", path);
+    } else if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(root, "schedule"))) {
+        // informational (the schedule is recomputed from the config at the step), but part of a whole file
+        fail_with(err, errlen, "'%s': field 'schedule' is missing or not an object (damaged state file)", path);
     } else if (topt + total != step || cons > total) {
         fail_with(err, errlen, "'%s': optimizer.t = %lld and %lld skipped steps (%lld in a row) do not make step %lld (damaged state file)", path, topt, total, cons, step);
     } else if (!cJSON_IsObject(files)) {
