@@ -424,6 +424,38 @@ fi
 SMODEL='"attention": "gqa", "vocab_size": 320, "hidden_size": 32, "num_hidden_layers": 2,
  "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64'
 
+# one train.metrics for two runs, the second started while the first resumes: the resume checks
+# the file free, then (held here by strace at its checkpoint's weights) cut it back by writing a
+# copy and renaming it over the file, without its lock, so the run that had locked and was
+# writing it meanwhile lost its records. Now the resume locks the file before it cuts it, and is
+# refused; the other run's records stay whole.
+if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
+    M=$WORK/shared_metrics.jsonl
+    "$CLLA" train --config c20.json --out rmb --quiet --save-every 5 --stop-at 5 --set train.metrics="$M" 2> /dev/null
+    strace -f -qq -o /dev/null -P "$WORK/rmb/checkpoints/step_00000005/model.safetensors" -e trace=openat \
+        -e inject=openat:delay_enter=3000000:when=3 "$CLLA" train --config c20.json --out rmb --resume auto --quiet \
+        --set train.metrics="$M" > rmb.err 2>&1 &
+    bpid=$!
+    sleep 1   # A starts after B's check, and runs until B has ended (then a SIGTERM stops it)
+    "$CLLA" train --config c20.json --out rma --overwrite --quiet --set train.metrics="$M" --set train.max_steps=1000000 > rma.err 2>&1 &
+    apid=$!
+    wait "$bpid"
+    brc=$?
+    kill -TERM "$apid" 2> /dev/null
+    wait "$apid"
+    arc=$?
+    n=$(grep -c '"step"' "$M")
+    steps=$(grep -o '"step":[0-9]*' "$M" | cut -d: -f2 | tr '\n' ' ')
+    if [ "$arc" -eq 0 ] && [ "$brc" -ne 0 ] && grep -q "is being written by another training" rmb.err && [ "$n" -gt 5 ] &&
+       [ "$steps" = "$(seq -s ' ' 1 "$n") " ]; then
+        ok "(6) a resume cutting back a train.metrics that another run has locked meanwhile is refused; the other's $n records whole"
+    else
+        fail "(6) one train.metrics, two runs: rc $arc / $brc, steps ${steps:0:80}..., $(tail -n 1 rmb.err) | $(tail -n 1 rma.err)"
+    fi
+else
+    echo "skip (6) one train.metrics for two runs: strace is missing or not allowed here (apt-get install strace)"
+fi
+
 # the metrics file's last records fail to reach the disk at its end (an NFS server's delayed write
 # error; here strace fails its fsync): the run fails saying so, where it warned and exited 0
 if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then

@@ -304,31 +304,45 @@ void run_files_open(RunFiles *rf, const char *dir, const char *metrics_path) {
     open_metrics(rf, dir, metrics_path, 1);
 }
 
+// The metrics of a resumed run keep the records of the steps up to the checkpoint's: the file is
+// opened and locked first, then cut in place after the last such record (records are appended in
+// step order; a torn last line, from a kill, goes too). It was rewritten by a rename before the
+// lock was taken, so a training that had locked the same train.metrics meanwhile lost its records
+// to this one's copy.
 void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_path, int resumed_step) {
     if (make_dirs(dir) != 0) die("cannot create run directory '%s': %s", dir, strerror(errno));
-    char *mp = run_metrics_path(dir, metrics_path);
-    size_t len = 0;
-    char *old = read_file(mp, &len);
-    if (old) {
-        AtomicFile af;
-        if (atomic_open(&af, mp, OUT_REPLACE) != 0) die("cannot write metrics file '%s': %s", mp, strerror(errno));
-        int ok = 1;
-        for (char *line = old, *next; ok && line < old + len; line = next) {
-            char *nl = memchr(line, '\n', (size_t)(old + len - line));
-            next = nl ? nl + 1 : old + len;
-            if (!nl) break;   // a last line without its newline was cut off by a kill
-            cJSON *rec = cJSON_ParseWithLength(line, (size_t)(nl - line));
-            const cJSON *st = cJSON_GetObjectItemCaseSensitive(rec, "step");
-            if (cJSON_IsNumber(st) && st->valuedouble <= resumed_step)
-                ok = fwrite(line, 1, (size_t)(next - line), af.f) == (size_t)(next - line);
-            cJSON_Delete(rec);
-        }
-        if (!ok) { atomic_abort(&af); die("rewriting metrics file '%s' failed: %s", mp, strerror(errno)); }
-        if (atomic_commit(&af) != 0) die("rewriting metrics file '%s' failed: %s", mp, strerror(errno));
-        free(old);
+    rf->dir = xstrdup(dir);
+    rf->metrics_path = run_metrics_path(dir, metrics_path);
+    const char *mp = rf->metrics_path;
+    rf->metrics_fd = open(mp, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (rf->metrics_fd < 0) die("cannot write metrics file '%s': %s", mp, strerror(errno));
+    metrics_lock(rf->metrics_fd, mp);
+    struct stat sb;
+    if (fstat(rf->metrics_fd, &sb) != 0) die("cannot read metrics file '%s': %s", mp, strerror(errno));
+    const size_t len = sb.st_size > 0 ? (size_t)sb.st_size : 0;
+    char *old = xmalloc(len + 1);
+    size_t got = 0;
+    while (got < len) {
+        const ssize_t r = pread(rf->metrics_fd, old + got, len - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) die("cannot read metrics file '%s': %s", mp, r < 0 ? strerror(errno) : "it shrank while read");
+        got += (size_t)r;
     }
-    free(mp);
-    open_metrics(rf, dir, metrics_path, 0);
+    size_t keep = 0;   // bytes of the records to keep
+    for (char *line = old, *next; line < old + len; line = next) {
+        char *nl = memchr(line, '\n', (size_t)(old + len - line));
+        if (!nl) break;   // a last line without its newline was cut off by a kill
+        next = nl + 1;
+        cJSON *rec = cJSON_ParseWithLength(line, (size_t)(nl - line));
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(rec, "step");
+        const int kept = cJSON_IsNumber(st) && st->valuedouble <= resumed_step;
+        cJSON_Delete(rec);
+        if (!kept) break;
+        keep = (size_t)(next - old);
+    }
+    free(old);
+    if (keep < len && ftruncate(rf->metrics_fd, (off_t)keep) != 0)
+        die("cutting metrics file '%s' back to step %d failed: %s", mp, resumed_step, strerror(errno));
 }
 
 // config.json written whole into its temporary (atomic_finish), to be renamed by atomic_commit
