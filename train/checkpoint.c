@@ -506,7 +506,12 @@ phase1:
         unfinished_done(tmp_slot);
         tmp_slot = -1;
         if (old) { remove_tree(old); free(old); }
-        if (fsync_dir(base) != 0) { fail_with(status.msg, sizeof(status.msg), "cannot flush '%s': %s", base, strerror(errno)); goto phase2; }
+        if (fsync_dir(base) != 0) {
+            // renamed into place already (a resume may take it), but not known to be on the disk
+            fail_with(status.msg, sizeof(status.msg), "'%s' is in place, but flushing '%s' failed: %s: it may not outlive a power loss",
+                      final, base, strerror(errno));
+            goto phase2;
+        }
         snprintf(status.msg, sizeof(status.msg), "%s", final);
         status.ok = 1;
     }
