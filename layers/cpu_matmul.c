@@ -6,11 +6,12 @@
 // machine a thread that loses its core for a moment stalls the other there; the parts
 // synchronize once, at the end (docs/COMMANDS.md, bench_train; bench/ab.sh matmul). Per element
 // the sum runs over the same blocks of the inner dimension as in one call, so the bits do not
-// depend on the thread count (tests/test_ops.c), as long as the parts are over OpenBLAS's
-// small-matrix bound (parts_for); a product too small for that runs as one call on one thread
-// (sgemm_parts). Called inside an OpenMP region, the parts run one after the other on the calling
+// depend on the thread count (tests/test_ops.c), as long as the parts follow layers/cpu_parts.h
+// (over OpenBLAS's small-matrix bound, starting at multiples of its kernels' row unroll); a
+// product too small for that runs as one call on one thread (sgemm_parts). Called inside an OpenMP region, the parts run one after the other on the calling
 // thread, with the same bits.
 #include "layers/cpu_ops.h"
+#include "layers/cpu_parts.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -137,18 +138,13 @@ static void matmul_few_rows(float *out, const float *inp, const float *weight, i
         for (int n = 0; n < N; n++) out[(size_t)n * OC + o] = dot_1x1(weight + (size_t)o * C, inp + (size_t)n * C, C);
 }
 
-// Parts of a product whose M rows are cut (the other two sizes N and K): one per thread when
-// every part is over the small-matrix bound, else one (a call OpenBLAS threads itself, or runs
-// on its small kernels). Its small kernels give bits that depend on where a row sits in the
-// product (tests/test_ops.c found it), its blocked kernels do not.
+// Parts of a product whose M rows are cut (the other two sizes N and K): one per thread where
+// layers/cpu_parts.h's rules allow, else one (a call OpenBLAS threads itself, or runs on its
+// small kernels).
 static int parts_for(int M, int N, int K) {
     const int nt = omp_get_max_threads();
-    if (nt <= 1) return 1;
-    return (double)(M / nt) * N * K > CPU_SGEMM_SMALL_MNK ? nt : 1;
+    return nt <= 1 ? 1 : cpu_parts(M, nt, (double)N * K);
 }
-
-// first row of part p of `parts` over M rows
-static int part_start(int M, int parts, int p) { return (int)((long long)M * p / parts); }
 
 // C (M, N; ldc) = op(A) B' + beta C, op(A) (M, K) from A (M, K; lda) as it lies or (ta = CblasTrans)
 // A^T of A (K, M; lda), B' = op_b(B) (K, N), its M rows cut into parts_for's parts
@@ -170,7 +166,7 @@ static void sgemm_parts(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, in
     }
     #pragma omp parallel for schedule(static) if (parts > 1)
     for (int p = 0; p < parts; p++) {
-        const int r0 = part_start(M, parts, p), rows = part_start(M, parts, p + 1) - r0;
+        const int r0 = cpu_part_start(M, parts, p), rows = cpu_part_start(M, parts, p + 1) - r0;
         cblas_sgemm(CblasRowMajor, ta, tb, rows, N, K, 1.0f, ta == CblasNoTrans ? A + (size_t)r0 * lda : A + r0, lda, B, ldb,
                     beta, C + (size_t)r0 * ldc, ldc);
     }

@@ -8,6 +8,7 @@
 // probabilities: top-k ties go to the lower expert index, capacity drops take the lowest
 // probability first and, among equal probabilities, the later token.
 #include "layers/cpu_ops.h"
+#include "layers/cpu_parts.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -99,43 +100,20 @@ void cpu_moe_combine_backward(float *dexpert_out, float *dtopk_w, const float *d
 // rows in one sgemm, so the reduction order is fixed and no two threads write the same element).
 //
 // How many tiles follows the thread count, and the bits must not (a run resumed on a machine
-// with other cores goes on bit for bit; tests/test_moe.c). OpenBLAS's blocked kernels give an
-// element the same bits wherever its row sits in a product; its small kernels, under the
-// small-matrix bound (CPU_SGEMM_SMALL_MNK, layers/cpu_ops.h), do not (layers/cpu_matmul.c). So
-// every tile is over the bound, or the tile is all of its expert's rows or channels: an expert
-// is cut into as many even parts as the thread count asks for and the bound allows
-// (expert_parts). A short last tile of fixed-size blocks (1030 rows in 64s leave 6) had run on the
-// small kernels, different bits at every thread count.
+// with other cores goes on bit for bit; tests/test_moe.c): an expert's rows (or channels) are cut
+// by layers/cpu_parts.h's rules, each tile over OpenBLAS's small-matrix bound and starting at a
+// multiple of its kernels' row unroll from the expert's first row, or the expert left whole. A
+// short last tile of fixed-size blocks (1030 rows in 64s leave 6) had run on the small kernels,
+// different bits at every thread count.
 
 typedef struct Tile { int e, a0, a1; } Tile;   // expert e, range [a0, a1) of rows or channels
 
-// Start of part i of p over n units cut at multiples of `align` (the last part ends at n).
-static int part_start(int n, int align, int p, int i) {
-    const long long units = ((long long)n + align - 1) / align, u = units * i / p * align;
-    return u < n ? (int)u : n;
-}
-
-// Parts of an expert's n rows or channels: ceil(n / block), fewer where a part (each row or
-// channel costing `per_unit` multiply-adds) would fall under the small-matrix bound; 1 for an
-// expert whole under it.
-static int expert_parts(int n, int block, int align, double per_unit) {
-    int p = (int)(((long long)n + block - 1) / block);
-    for (; p > 1; p--) {
-        int ok = 1;
-        for (int i = 0; i < p && ok; i++)
-            ok = (double)(part_start(n, align, p, i + 1) - part_start(n, align, p, i)) * per_unit > CPU_SGEMM_SMALL_MNK;
-        if (ok) break;
-    }
-    return p > 0 ? p : 1;
-}
-
 // The tiles of the experts with rows: by_rows, expert e's rows [off[e], off[e+1]) (absolute row
-// numbers), else its `channels` output channels (from 0), each cut into expert_parts parts of
-// about `block`, at multiples of `align`. A row costs `cost` multiply-adds, a channel `cost` times
-// the expert's rows. Returns the count; *tiles is malloc'd (aborts on no memory, as the ops'
-// other allocations).
-static int expert_tiles(Tile **tiles, const int *off, int E, int by_rows, int channels, int block, int align,
-                        double cost) {
+// numbers), else its `channels` output channels (from 0), each cut by layers/cpu_parts.h's rules
+// into about ceil(n / block) parts. A row costs `cost` multiply-adds, a channel `cost` times the
+// expert's rows. Returns the count; *tiles is malloc'd (aborts on no memory, as the ops' other
+// allocations).
+static int expert_tiles(Tile **tiles, const int *off, int E, int by_rows, int channels, int block, double cost) {
     int m = 0;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1) {
@@ -146,10 +124,9 @@ static int expert_tiles(Tile **tiles, const int *off, int E, int by_rows, int ch
         for (int e = 0; e < E; e++) {
             if (off[e + 1] <= off[e]) continue;
             const int rows = off[e + 1] - off[e], n = by_rows ? rows : channels, base = by_rows ? off[e] : 0;
-            const int p = expert_parts(n, block, align, by_rows ? cost : cost * rows);
+            const int p = cpu_parts(n, (int)(((long long)n + block - 1) / block), by_rows ? cost : cost * rows);
             for (int i = 0; i < p; i++, m++)
-                if (pass == 1)
-                    (*tiles)[m] = (Tile){e, base + part_start(n, align, p, i), base + part_start(n, align, p, i + 1)};
+                if (pass == 1) (*tiles)[m] = (Tile){e, base + cpu_part_start(n, p, i), base + cpu_part_start(n, p, i + 1)};
         }
     }
     return m;
@@ -171,7 +148,7 @@ static void expert_rows_sgemm(const int *off, int E, CBLAS_TRANSPOSE tw, int nou
     int rb = (off[E] + 4 * nt - 1) / (4 * nt);
     rb = rb < 64 ? 64 : rb > 1024 ? 1024 : rb;
     Tile *w;
-    const int m = expert_tiles(&w, off, E, 1, 0, rb, 1, (double)nout * k);
+    const int m = expert_tiles(&w, off, E, 1, 0, rb, (double)nout * k);
     #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < m; t++) {
         const int e = w[t].e, r0 = w[t].a0, rows = w[t].a1 - w[t].a0;
@@ -196,14 +173,14 @@ void cpu_moe_expert_matmul_backward(float *dinp, float *const *dweights, const f
     // channel blocks of dweight[e]: (ob, C) += dout[:, o0:o1]^T (ob, n_e) @ inp rows (n_e, C).
     // Every block packs all of the expert's input rows again, so the blocks are as wide as
     // about 4 per thread over the experts with rows allows (at 8 experts on 2 threads, a whole
-    // expert each; multiples of 16 channels). Against fixed 64-channel blocks this took 0.72-0.90
-    // of the time at bench_train's MoE shapes (docs/MOE.md, bench/ab.sh moe).
+    // expert each). Against fixed 64-channel blocks this took 0.72-0.90 of the time at
+    // bench_train's MoE shapes (docs/MOE.md, bench/ab.sh moe).
     int active = 0;
     for (int e = 0; e < E; e++) active += expert_off[e + 1] > expert_off[e];
     const int per = active > 0 ? (4 * omp_get_max_threads() + active - 1) / active : 1;
-    const int ob = ((OC + per - 1) / per + 15) / 16 * 16;
+    const int ob = (OC + per - 1) / per;
     Tile *w;
-    const int m = expert_tiles(&w, expert_off, E, 0, OC, ob, 16, (double)C);
+    const int m = expert_tiles(&w, expert_off, E, 0, OC, ob, (double)C);
     #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < m; i++) {
         int e = w[i].e, r0 = expert_off[e], rows = expert_off[e + 1] - r0, oc = w[i].a1 - w[i].a0;

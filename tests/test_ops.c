@@ -811,16 +811,9 @@ static void test_adamw(size_t n) {
     free(p); free(m); free(v); free(p0); free(pd); free(md); free(vd); free(dp); free(dpd);
 }
 
-int main(void) {
-    be = backend_cpu();
-    test_memory();
-    test_elementwise(37);
-    test_elementwise(100003);   // above the parallel threshold
-
-    test_matmul(13, 17, 11, 1);
-    test_matmul(37, 71, 19, 1);
-    test_matmul(301, 257, 133, 0);   // big enough for OpenBLAS's blocked, threaded path
-    test_matmul(300, 96, 80, 1);     // parts of 150 rows and of 40 channels, each over the small-matrix bound
+// The matmuls' thread-count checks alone (tests/CMakeLists.txt runs them again on OpenBLAS's
+// Haswell kernels, whose row unroll layers/cpu_parts.h aligns the parts to).
+static void matmul_threads_cases(void) {
     test_matmul_threads(300, 96, 80);
     test_matmul_threads(301, 257, 133);
     test_matmul_threads(140, 96, 80);   // the whole over the small-matrix bound, its parts under it: one call
@@ -829,6 +822,24 @@ int main(void) {
     // itself (K past its 384-wide blocks): dweight over 900 token rows, the forward over C = 500
     test_matmul_threads(900, 64, 32);
     test_matmul_threads(40, 500, 64);
+}
+
+int main(int argc, char **argv) {
+    be = backend_cpu();
+    if (argc > 1 && !strcmp(argv[1], "--matmul-threads")) {
+        matmul_threads_cases();
+        printf("%d passed, %d failed\n", n_passed, n_failed);
+        return n_failed ? 1 : 0;
+    }
+    test_memory();
+    test_elementwise(37);
+    test_elementwise(100003);   // above the parallel threshold
+
+    test_matmul(13, 17, 11, 1);
+    test_matmul(37, 71, 19, 1);
+    test_matmul(301, 257, 133, 0);   // big enough for OpenBLAS's blocked, threaded path
+    test_matmul(300, 96, 80, 1);     // parts of 150 rows and of 40 channels, each over the small-matrix bound
+    matmul_threads_cases();
     // a few rows (decoding): the read-the-weight-once path, serial and threaded, and the
     // matrix-vector input gradient
     test_matmul(1, 45, 300, 1);

@@ -56,7 +56,8 @@ run_case clla_quant_moe train_preset clla_quant_moe --set attention=clla_quant $
 
 # The bits of a run do not follow the thread count (a run resumed on a machine with other cores
 # goes on bit for bit): an MoE model large enough that the expert products are cut into several
-# tiles per expert over OpenBLAS's small-matrix bound (layers/cpu_moe.c), 1 against 5 threads.
+# tiles per expert over OpenBLAS's small-matrix bound (layers/cpu_moe.c), 1 against 5 threads, on
+# this machine's OpenBLAS kernels and on the Haswell ones.
 threads_same() {
     local args=(--config "$TMP/base.json" --quiet --set attention=clla_quant $LATENT --set hidden_size=256
         --set n_routed_experts=8 --set num_experts_per_tok=2 --set n_shared_experts=1 --set moe_intermediate_size=256
@@ -64,7 +65,11 @@ threads_same() {
         --set train.val_every=0)
     OMP_NUM_THREADS=1 "$CLLA" train "${args[@]}" --out "$TMP/run_t1" || return 1
     OMP_NUM_THREADS=5 "$CLLA" train "${args[@]}" --out "$TMP/run_t5" || return 1
-    cmp "$TMP/run_t1/model.safetensors" "$TMP/run_t5/model.safetensors" && echo "model bitwise equal, 1 and 5 threads"
+    cmp "$TMP/run_t1/model.safetensors" "$TMP/run_t5/model.safetensors" && echo "model bitwise equal, 1 and 5 threads" || return 1
+    # and on OpenBLAS's Haswell kernels (machines with AVX2 but not AVX-512; layers/cpu_parts.h)
+    OPENBLAS_CORETYPE=Haswell OMP_NUM_THREADS=1 "$CLLA" train "${args[@]}" --out "$TMP/run_h1" || return 1
+    OPENBLAS_CORETYPE=Haswell OMP_NUM_THREADS=5 "$CLLA" train "${args[@]}" --out "$TMP/run_h5" || return 1
+    cmp "$TMP/run_h1/model.safetensors" "$TMP/run_h5/model.safetensors" && echo "on the Haswell kernels too"
 }
 run_case moe_threads_same threads_same
 
