@@ -130,6 +130,7 @@ static void print_bits(const CacheLayout *cl, int json, const CacheLoss *acc) {
         const Codec *c = &cl->part[p].codec;
         int W = cl->part[p].width, streams = 0;
         for (int s = 0; s < cl->n_streams; s++) streams += cl->streams[s].part == p;
+        if (streams == 0 || W == 0) continue;   // a part no layer stores: no bits per element to print (0/0)
         double stored = 8.0 * acc->stored[p] / ((double)W * streams * tokens);
         long long fitted = 0;
         for (int s = 0; s < cl->n_streams; s++) fitted += cl->streams[s].part == p ? codec_fit_elements(c, W) : 0;

@@ -500,8 +500,9 @@ void cache_layout(CacheLayout *cl, const ModelConfig *m) {
         cl->part[PART_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16, 0};
     }
     // consumers of share=latent and latent_kvproj project their own rope key; latent_krope and
-    // MLA (F = 1) read the slot's
-    int consumer_krope = latent && F > 1 && (m->share == SHARE_LATENT || m->share == SHARE_LATENT_KVPROJ);
+    // MLA (F = 1) read the slot's; a model of one layer has no consumer, so no such part (it was
+    // present with no stream: its bits per element came out 0/0 in eval's report)
+    int consumer_krope = latent && F > 1 && L > 1 && (m->share == SHARE_LATENT || m->share == SHARE_LATENT_KVPROJ);
     if (consumer_krope) cl->part[PART_OWN_KROPE] = (CachePart){1, m->qk_rope_head_dim, bf16, 0};
     // one attention head's channels: K and V hold num_key_value_heads heads; the latent and the
     // rope keys are one vector each (one "head" for the codecs that work per head)

@@ -326,7 +326,31 @@ static void test_read_bytes(void) {
     }
 }
 
+// A consumer layer's own rope key is a cache part only where there is a consumer: a one-layer
+// CLLA model had the part present with no stream (its bits per element printed as -nan in eval's
+// JSON); two layers have it, stored once.
+static void test_own_krope_needs_a_consumer(void) {
+    for (int L = 1; L <= 2; L++) {
+        char json[512];
+        snprintf(json, sizeof(json),
+                 "{\"attention\":\"clla\",\"vocab_size\":64,\"hidden_size\":16,\"num_hidden_layers\":%d,"
+                 "\"num_attention_heads\":2,\"kv_lora_rank\":8,\"qk_rope_head_dim\":4,\"intermediate_size\":16,"
+                 "\"train\":{\"seq_len\":8}}",
+                 L);
+        Config cfg;
+        config_from_json(&cfg, json, "test", 0, NULL);
+        CacheLayout cl;
+        cache_layout(&cl, &cfg.model);
+        int streams = 0;
+        for (int s = 0; s < cl.n_streams; s++) streams += cl.streams[s].part == PART_OWN_KROPE;
+        check(cl.part[PART_OWN_KROPE].present == (L > 1) && streams == (L > 1),
+              L == 1 ? "clla, one layer: no own_k_rope part (no consumer)" : "clla, two layers: own_k_rope present, one stream");
+        cache_layout_free(&cl);
+    }
+}
+
 int main(void) {
+    test_own_krope_needs_a_consumer();
     test_int_group(4, 32, 64, 9);
     test_int_group(4, 64, 128, 3);   // the group sizes int_group_decode inlines as constants (model/cache.c)
     test_int_group(4, 128, 256, 2);
