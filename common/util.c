@@ -79,6 +79,20 @@ int env_switch(const char *name, int dflt, const char *what0, const char *what1)
         dflt == 1 ? ", the default" : "");
 }
 
+int pread_full(int fd, void *dst, size_t n, unsigned long long off) {
+    size_t got = 0;
+    while (got < n) {
+        const ssize_t r = pread(fd, (char *)dst + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            if (r == 0) errno = 0;
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
 void *xmalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) die("out of memory allocating %zu bytes: use a smaller model, batch or sequence", bytes);

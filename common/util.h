@@ -25,6 +25,10 @@ int fail_with(char *err, size_t errlen, const char *fmt, ...) __attribute__((for
 // what its two values do (what0, what1).
 int env_switch(const char *name, int dflt, const char *what0, const char *what1);
 
+// n bytes of fd at offset off into dst, through as many pread calls as it takes (EINTR retried).
+// 0, or -1 with errno set (0 when the file ended first).
+int pread_full(int fd, void *dst, size_t n, unsigned long long off);
+
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t bytes);

@@ -9,6 +9,7 @@
 
 #include <zstd.h>
 
+#include "common/util.h"
 #include "data/bytes.h"
 #include "data/shard.h"
 
@@ -46,14 +47,7 @@ static int read_at(const Shard *s, uint64_t off, void *dst, size_t n) {
         memcpy(dst, s->mem + off, n);
         return 0;
     }
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(s->fd, (uint8_t *)dst + got, n - got, (off_t)(off + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        got += (size_t)r;
-    }
-    return 0;
+    return pread_full(s->fd, dst, n, off);
 }
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)

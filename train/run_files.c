@@ -321,13 +321,8 @@ void run_files_open_resume(RunFiles *rf, const char *dir, const char *metrics_pa
     if (fstat(rf->metrics_fd, &sb) != 0) die("cannot read metrics file '%s': %s", mp, strerror(errno));
     const size_t len = sb.st_size > 0 ? (size_t)sb.st_size : 0;
     char *old = xmalloc(len + 1);
-    size_t got = 0;
-    while (got < len) {
-        const ssize_t r = pread(rf->metrics_fd, old + got, len - got, (off_t)got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) die("cannot read metrics file '%s': %s", mp, r < 0 ? strerror(errno) : "it shrank while read");
-        got += (size_t)r;
-    }
+    if (pread_full(rf->metrics_fd, old, len, 0) != 0)
+        die("cannot read metrics file '%s': %s", mp, errno ? strerror(errno) : "it shrank while read");
     size_t keep = 0;   // bytes of the records to keep
     for (char *line = old, *next; line < old + len; line = next) {
         char *nl = memchr(line, '\n', (size_t)(old + len - line));
