@@ -193,20 +193,30 @@ static void load_cache_fits(CacheLayout *cl, const char *dir) {
     free(path);
 }
 
+// The config of a config.json (text, parsed as root): a package's root with its own sections
+// ("package", "cache": not config keys) taken out by the caller, else the text as it is (which
+// the config reader also reports when it is not JSON).
+static void config_of(Config *cfg, const cJSON *root, const char *text, int package, const char *cp, int n_sets, char **sets) {
+    if (!package) {
+        config_from_json(cfg, text, cp, n_sets, sets);
+        return;
+    }
+    char *rest = cJSON_PrintUnformatted(root);
+    config_from_json(cfg, rest, cp, n_sets, sets);
+    free(rest);
+}
+
 void model_dir_read_config(Config *cfg, const char *config_path) {
     size_t len = 0;
     char *text = read_file(config_path, &len);
     if (!text) die("cannot read '%s': %s", config_path, strerror(errno));
     cJSON *root = cJSON_ParseWithLength(text, len);
-    if (cJSON_IsObject(root) && cJSON_GetObjectItemCaseSensitive(root, "package")) {
+    const int package = cJSON_IsObject(root) && cJSON_GetObjectItemCaseSensitive(root, "package");
+    if (package) {
         cJSON_DeleteItemFromObjectCaseSensitive(root, "package");
         cJSON_DeleteItemFromObjectCaseSensitive(root, "cache");
-        char *rest = cJSON_PrintUnformatted(root);
-        config_from_json(cfg, rest, config_path, 0, NULL);
-        free(rest);
-    } else {
-        config_load(cfg, config_path, 0, NULL);   // also reports a config that is not JSON
     }
+    config_of(cfg, root, text, package, config_path, 0, NULL);
     cJSON_Delete(root);
     free(text);
 }
@@ -228,13 +238,9 @@ void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, co
         md->tokenizer = read_package(dir, cp, pk, &package_dtype);
         cJSON_Delete(pk);
         if (!cJSON_IsObject(cache)) die("'%s': a package needs a \"cache\" object (codec per payload part): export it again", cp);
-        char *rest = cJSON_PrintUnformatted(root);
-        config_from_json(cfg, rest, cp, n_sets, sets);
-        free(rest);
-    } else {
-        config_from_json(cfg, text, cp, n_sets, sets);   // also reports a config that is not JSON
-        if (cfg->train.tokenizer[0]) md->tokenizer = xstrdup(cfg->train.tokenizer);
     }
+    config_of(cfg, root, text, md->kind == MODEL_DIR_PACKAGE, cp, n_sets, sets);
+    if (md->kind != MODEL_DIR_PACKAGE && cfg->train.tokenizer[0]) md->tokenizer = xstrdup(cfg->train.tokenizer);
     cJSON_Delete(root);
     free(text);
     model_build(model, &cfg->model, be);
