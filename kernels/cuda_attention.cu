@@ -128,7 +128,7 @@ __global__ void attention_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse
     for (int s0 = 0; s0 <= t; s0 += 32) {
         const int s = s0 + lane;
         float ds = 0.0f;
-        if (s <= t) {
+        if (s <= t && t > 0) {   // t = 0: dS is exactly 0 (FIRST_QUERY, layers/cpu_attention.c)
             const float p = expf(scale * dot_row(qs, kb + (size_t)s * NKV * DQK, DQK) - lt);
             ds = bf16_round(p * (dot_row(gs, vb + (size_t)s * NKV * DV, DV) - dt));
         }
@@ -168,7 +168,7 @@ __global__ void attention_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const
             float p = 0.0f, ds = 0.0f;
             if (t < T) {
                 const float pf = expf(scale * dot_row(ks, qb + (size_t)t * NH * DQK, DQK) - lh[t]);
-                ds = bf16_round(pf * (dot_row(vs, gb + (size_t)t * NH * DV, DV) - dh[t]));
+                if (t > 0) ds = bf16_round(pf * (dot_row(vs, gb + (size_t)t * NH * DV, DV) - dh[t]));   // FIRST_QUERY
                 p = bf16_round(pf);
             }
             const int n = T - t0 < 32 ? T - t0 : 32;

@@ -362,7 +362,8 @@ attention_tc_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = s0 + 8 * j + c2 + (e & 1), row = rows[e >> 1];
-                ds[e] = key <= row && row < T ? exp2f(s[j][e] * sl - lt[e >> 1]) * (d[j][e] - dt[e >> 1]) : 0.0f;
+                // row 0: dS is exactly 0 (FIRST_QUERY, layers/cpu_attention.c)
+                ds[e] = key <= row && row < T && row > 0 ? exp2f(s[j][e] * sl - lt[e >> 1]) * (d[j][e] - dt[e >> 1]) : 0.0f;
             }
             mma_pack_tile(da, j, ds);
         }
@@ -434,7 +435,7 @@ attention_tc_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, 
                     p[e] = ds[e] = 0.0f;
                     if (tq >= key && tq < T && key < T) {
                         p[e] = exp2f(st[j][e] * sl - lt[col] * LOG2E);
-                        ds[e] = p[e] * (dpt[j][e] - dt[col]);
+                        if (tq > 0) ds[e] = p[e] * (dpt[j][e] - dt[col]);   // FIRST_QUERY, layers/cpu_attention.c
                     }
                 }
                 mma_pack_tile(pa, j, p);

@@ -332,6 +332,12 @@ typedef struct TileArgs {
     float *dq, *dk, *dv;       // accumulators: (rows, DQK); (cols, DQK), (cols, DV); each skipped when NULL
 } TileArgs;
 
+// FIRST_QUERY: the first query sees one key, so its softmax is the constant 1 and its dS is exactly
+// 0; P (dP - Delta) would leave there the rounding difference of two dot products (dO . v_0 and
+// dO . O, about 1e-7 of them), which AdamW turns into steps of lr size wherever the true gradient
+// is 0 (all of dQ and dK at T = 1). PyTorch's softmax backward gives the 0 exactly; every backend
+// sets it (kernels/cuda_attention.cu, kernels/cuda_attention_tc.cu).
+//
 // One block of the backward: P = exp(S - lse) and dS = P (dP - Delta) recomputed (S = scale Q K^T,
 // dP = dO V^T; 0 above the diagonal; bf16p: P and dS rounded), then
 //   dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
@@ -346,6 +352,7 @@ static void block_backward(float *S, float *dP, const TileArgs *t, int DQK, int 
         int j = 0;
         for (; j + VEC_LANES <= n; j += VEC_LANES) vec_store(d + j, vec_load(p + j) * (vec_load(d + j) - di));
         for (; j < n; j++) d[j] = p[j] * (d[j] - di[0]);
+        if (bk->r0 + i == 0) d[0] = 0.0f;   // the first query: see FIRST_QUERY above
         memset(p + n, 0, (size_t)(bk->cols - n) * sizeof(float));
         memset(d + n, 0, (size_t)(bk->cols - n) * sizeof(float));
         if (bf16p)
