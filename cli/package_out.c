@@ -72,14 +72,6 @@ static void check_replaceable(const char *out) {
     closedir(d);
 }
 
-static void fsync_dir_of(const char *path) {
-    char *copy = xstrdup(path), *slash = strrchr(copy, '/');
-    const char *dir = slash ? (slash == copy ? "/" : (*slash = 0, copy)) : ".";
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) { fsync(fd); close(fd); }
-    free(copy);
-}
-
 static int write_bytes(const char *path, const void *buf, size_t n, char *err, size_t errlen) {
     AtomicFile af;
     if (atomic_open(&af, path, OUT_REPLACE) != 0) { snprintf(err, errlen, "cannot create '%s': %s", path, strerror(errno)); return -1; }
@@ -227,9 +219,12 @@ void package_out_write(PackageOut *po, const Model *model, const Config *cfg, co
     // the replaced package, from here on only to be removed: also if a signal comes during it
     const int old_slot = po->exists ? unfinished_add(old, UNFINISHED_DIR) : -1;
     unfinished_release_stops(&before);
-    fsync_dir_of(out);
+    const int flushed = fsync_parent_dir(out), flush_err = errno;
     if (po->exists && remove_flat_dir(old) != 0) warn("the replaced package was left at '%s': remove it", old);
     unfinished_done(old_slot);
+    if (flushed != 0)
+        die("'%s' is in place, but flushing the directory that holds it failed: %s: it may not outlive a power loss", out,
+            strerror(flush_err));
     free(host);
     free(config_text);
     free(tmp);

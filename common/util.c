@@ -204,11 +204,24 @@ int atomic_open(AtomicFile *af, const char *path, OutMode mode) {
     return 0;
 }
 
-static void fsync_parent_dir(const char *path) {
+int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    // some file systems cannot fsync a directory; their renames are as durable as they get
+    if (rc != 0 && (e == EINVAL || e == EROFS)) rc = 0;
+    errno = e;
+    return rc;
+}
+
+int fsync_parent_dir(const char *path) {
     char *copy = xstrdup(path);
-    int fd = open(dirname(copy), O_RDONLY);
-    if (fd >= 0) { fsync(fd); close(fd); }
+    int rc = fsync_dir(dirname(copy)), e = errno;
     free(copy);
+    errno = e;
+    return rc;
 }
 
 int atomic_finish(AtomicFile *af) {
@@ -231,7 +244,7 @@ int atomic_commit(AtomicFile *af) {
     if (ok && (keep_existing ? rename_noreplace(af->tmp, af->path) : rename(af->tmp, af->path)) != 0) { ok = 0; e = errno; }
     if (!ok && !(e == EEXIST && keep_existing)) unlink(af->tmp);   // a finished output kept on EEXIST
     unfinished_done(af->unfinished);
-    if (ok) fsync_parent_dir(af->path);
+    if (ok && fsync_parent_dir(af->path) != 0) { ok = 0; e = errno; }   // in place, but maybe not for good
     free(af->path); free(af->tmp);
     af->path = af->tmp = NULL;
     errno = e;

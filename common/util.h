@@ -54,9 +54,16 @@ int rename_noreplace(const char *from, const char *to);
 // ENOSYS where the filesystem cannot, which the caller handles with two renames).
 int rename_exchange(const char *a, const char *b);
 
+// fsync of a directory makes the names in it (creations, renames) durable: 0, or -1 with errno. A
+// file system that cannot fsync a directory (EINVAL, EROFS) counts as done: its renames are as
+// durable as they get. fsync_parent_dir: the directory that holds path.
+int fsync_dir(const char *dir);
+int fsync_parent_dir(const char *path);
+
 // Atomic file output: atomic_open() creates "<path>.tmp.<pid>"; atomic_commit() flushes, fsyncs,
-// closes and renames it to path (and fsyncs the directory); atomic_abort() removes the
-// temporary. A reader therefore never sees a half-written file. OUT_REPLACE for files the run
+// closes and renames it to path and fsyncs the directory; atomic_abort() removes the
+// temporary. A failing directory fsync fails the commit too (-1, errno from fsync; the file is
+// then in place, but its name may not outlive a power loss). A reader therefore never sees a half-written file. OUT_REPLACE for files the run
 // owns (checkpoints, metrics) and outputs the user allowed to be replaced (--overwrite);
 // OUT_KEEP_EXISTING for a user's output checked to be absent at the start: if path appeared
 // since (another process wrote it), the commit fails with errno EEXIST, leaves path as it is and

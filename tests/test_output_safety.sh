@@ -9,7 +9,8 @@
 #  (3) export --overwrite onto a link to a package is refused, the package untouched (replacing
 #      moves the old package aside and removes it: through the link, its files);
 #  (4) prep --overwrite over train/ and val/ directories that prep did not write (a corpus laid
-#      out that way) is refused, their files untouched.
+#      out that way) is refused, their files untouched;
+#  (5) an output whose directory cannot be flushed after the rename fails the command, naming it.
 # Needs CLLA (the binary) and SRC (the source tree); ctest sets both. Prints "N passed, M failed".
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -132,6 +133,23 @@ if "$CLLA" prep --tokenizer t.tok --out s --overwrite --val-fraction 0 --chunk-t
     ok "(4) prep --overwrite over an earlier prep's output still replaces it"
 else
     fail "(4) prep --overwrite over its own output: $(cat p4.err)"
+fi
+
+echo "# (5) the directory that receives an output cannot be flushed (a failing disk; strace injects EIO)"
+if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
+    mkdir -p d5
+    # -P on the directory: only the fsync of the directory itself fails, the files' own succeed
+    # (its progress lines go to stderr too: the error is its last line and its only error)
+    strace -o /dev/null -P "$PWD/d5" -e trace=fsync -e inject=fsync:error=EIO \
+        "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out d5/t.tok "$CORPUS" > /dev/null 2> t5.err
+    rc=$?
+    [ "$rc" -eq 1 ] && [ "$(grep -c error t5.err)" -eq 1 ] && tail -n 1 t5.err | grep -q "writing 'd5/t.tok' failed: Input/output error" &&
+        ok "(5) tokenizer train, its directory's fsync failing: $(tail -n 1 t5.err)" ||
+        fail "(5) tokenizer train, its directory's fsync failing: rc $rc: $(tr '\n' '|' < t5.err)"
+    expect_error "(5) export, its directory's fsync failing" "'d5/pkg' is in place, but flushing the directory that holds it failed: Input/output error" -- \
+        strace -o /dev/null -P "$PWD/d5" -e trace=fsync -e inject=fsync:error=EIO "$CLLA" export r --out d5/pkg
+else
+    echo "skip (5) a directory that cannot be flushed: strace is missing or not allowed here (apt-get install strace)"
 fi
 
 echo "$PASS passed, $FAIL failed"

@@ -48,19 +48,6 @@ static long parse_step_name(const char *name) {
     return v;
 }
 
-// fsync of a directory makes the names in it (creations, renames) durable.
-static int fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    // some file systems cannot fsync a directory; their renames are as durable as they get
-    if (rc != 0 && (e == EINVAL || e == EROFS)) rc = 0;
-    errno = e;
-    return rc;
-}
-
 // Test hook (tests/test_checkpoint.sh): CLLA_TEST_CKPT_PAUSE_MS sleeps after each file of a
 // save, so a test can kill the process while the temporary directory is half-written.
 static void test_pause(void) {
@@ -392,7 +379,8 @@ int ckpt_save(const char *run_dir, const Config *cfg, Model *model, const float 
     if (rank == 0) {
         status.ok = 0;
         if (make_dirs(base) != 0) { fail_with(status.msg, sizeof(status.msg), "cannot create '%s': %s", base, strerror(errno)); goto phase1; }
-        fsync_dir(run_dir);   // the first save creates checkpoints/ itself: make that name durable too
+        // the first save creates checkpoints/ itself: make that name durable too
+        if (fsync_dir(run_dir) != 0) { fail_with(status.msg, sizeof(status.msg), "cannot flush '%s': %s", run_dir, strerror(errno)); goto phase1; }
         remove_tree(tmp);   // a stale one of an earlier process that had our pid
         if (mkdir(tmp, 0755) != 0) { fail_with(status.msg, sizeof(status.msg), "cannot create '%s': %s", tmp, strerror(errno)); goto phase1; }
         // removed if the process ends before the rename, by any signal too (a second Ctrl-C, a
@@ -691,12 +679,10 @@ int ckpt_abandon_after(const char *run_dir, int step, const char *const *extra, 
             if (rename(extra[i], to) != 0) rc = fail_with(err, errlen, "cannot move '%s' to '%s': %s", extra[i], to, strerror(errno));
             free(to);
         }
-        if (!rc) {
-            fsync_dir(dst);
-            fsync_dir(base);
-            fsync_dir(run_dir);
-            snprintf(moved_to, moved_len, "%s", dst);
-        }
+        // the moves made durable before the resumed run writes its own steps in their place
+        if (!rc && (fsync_dir(dst) != 0 || fsync_dir(base) != 0 || fsync_dir(run_dir) != 0))
+            rc = fail_with(err, errlen, "moved the abandoned steps to '%s', but flushing it failed: %s", dst, strerror(errno));
+        if (!rc) snprintf(moved_to, moved_len, "%s", dst);
         free(dst);
         free(base);
     }
