@@ -6,9 +6,10 @@
 // DV), all bf16; lse and the backward's scratch Delta (B, NH, T) fp32.
 //
 // This is the correctness-first version (docs/GPU.md, "Attention"): one warp per query row
-// (forward, dQ) or key row (dK, dV), fp32 arithmetic on CUDA cores, online softmax over chunks
-// of 32 keys (lane j scores key s0 + j), the output or gradient row in registers spread over the
-// lanes (lane l holds elements l, l + 32, ...; widths up to ATT_MAX_D). Causal work only: a row
+// (forward, dQ) or key row (dK, dV), fp32 arithmetic on CUDA cores, the forward's online softmax
+// over steps of 64 keys (the tensor-core kernel's tile; the backward's P comes from the final lse
+// and takes 32 at a time), the output or gradient row in registers spread over the lanes (lane l
+// holds elements l, l + 32, ...; widths up to ATT_MAX_D). Causal work only: a row
 // visits the keys (queries) on its side of the diagonal. Like the CPU op, P (for P V and dV) and
 // dS (for dQ and dK) are rounded to bf16 where a tensor-core kernel would read them, and lse is
 // accumulated from the unrounded P, so the cpu-bf16 backend predicts this one. dK and dV sum a
@@ -70,18 +71,26 @@ __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, c
 #pragma unroll
     for (int i = 0; i < ATT_REGS; i++) o[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int s0 = 0; s0 <= t; s0 += 32) {
-        const int s = s0 + lane;
-        const float sc = s <= t ? scale * dot_row(qs, kb + (size_t)s * NKV * DQK, DQK) : -INFINITY;
-        const float mx = fmaxf(m, warp_max(sc));   // key s0 <= t is always in: mx finite
-        const float alpha = expf(m - mx), p = s <= t ? expf(sc - mx) : 0.0f;
-        l = l * alpha + warp_sum(p);
+    // 64 keys per step (lane j scores keys s0 + j and s0 + 32 + j): the running maximum, against
+    // which P is rounded, moves where the tensor-core kernel's does (its 64-key tiles) and where
+    // cpu-bf16 moves it (layers/cpu_attention.c, exp_rounded_as_cuda)
+    for (int s0 = 0; s0 <= t; s0 += 64) {
+        const int sa = s0 + lane, sb = s0 + 32 + lane;
+        const float sca = sa <= t ? scale * dot_row(qs, kb + (size_t)sa * NKV * DQK, DQK) : -INFINITY;
+        const float scb = sb <= t ? scale * dot_row(qs, kb + (size_t)sb * NKV * DQK, DQK) : -INFINITY;
+        const float mx = fmaxf(m, warp_max(fmaxf(sca, scb)));   // key s0 <= t is always in: mx finite
+        const float alpha = expf(m - mx);
+        const float pa = sa <= t ? expf(sca - mx) : 0.0f, pb = sb <= t ? expf(scb - mx) : 0.0f;
+        l = l * alpha + warp_sum(pa + pb);
         m = mx;
-        const float pb = bf16_round(p);
 #pragma unroll
         for (int i = 0; i < ATT_REGS; i++) o[i] *= alpha;
-        const int n = t - s0 + 1 < 32 ? t - s0 + 1 : 32;
-        add_weighted_rows(o, pb, vb + (size_t)s0 * NKV * DV, (size_t)NKV * DV, n, DV, lane);
+        const int na = t - s0 + 1 < 32 ? t - s0 + 1 : 32;
+        add_weighted_rows(o, bf16_round(pa), vb + (size_t)s0 * NKV * DV, (size_t)NKV * DV, na, DV, lane);
+        if (s0 + 32 <= t) {
+            const int nb = t - s0 - 31 < 32 ? t - s0 - 31 : 32;
+            add_weighted_rows(o, bf16_round(pb), vb + (size_t)(s0 + 32) * NKV * DV, (size_t)NKV * DV, nb, DV, lane);
+        }
     }
     bf16 *orow = out + (((size_t)b * T + t) * NH + h) * DV;
     const float inv = 1.0f / l;

@@ -237,6 +237,29 @@ static void keys_from_rows(float *c, int ldc, const float *P, int ldp, const flo
 
 // ---------------------------------------------------------------- forward
 
+// The CUDA kernels' P in the forward (kernels/cuda_attention_tc.cu, kernels/cuda_attention.cu): a
+// row's running maximum moves at each tile of BF16P_TILE keys (from key 0), P is rounded to bf16
+// against the maximum so far, and what is already summed is rescaled in fp32 when it moves. For
+// one span's row of scores x (n keys, the span starting at a multiple of BF16P_TILE; m0 the
+// maximum before the span, mx after it): x[j] = bf16(exp(x[j] - m_tile)) exp(m_tile - mx), which
+// the span's P V then sums as the kernels do (bf16(p) alpha V = alpha (bf16(p) V), up to fp32
+// order). Rounding exp(x - mx) instead, against the span's maximum, rounded a third of P
+// differently at T = 512 once the maximum rose after the first tile. Returns the sum of the
+// unrounded exp(x[j] - mx), as the kernels sum l.
+#define BF16P_TILE 64
+_Static_assert(ATT_SPAN % BF16P_TILE == 0, "spans start on a kernel tile");
+static float exp_rounded_as_cuda(float *x, int n, float m0, float mx) {
+    float sum = 0.0f, mt = m0;
+    for (int g = 0; g < n; g += BF16P_TILE) {
+        const int gn = imin(n - g, BF16P_TILE);
+        mt = vec_max_of(x + g, gn, mt);
+        const float back = expf(mt - mx);
+        sum += vec_exp_shifted(x + g, gn, mt) * back;
+        for (int j = g; j < g + gn; j++) x[j] = round_bf16(x[j]) * back;
+    }
+    return sum;
+}
+
 // out, lse: written (not accumulated). A query tile meets its keys ATT_SPAN at a time (the span's
 // scores, then its P V, each in pieces under OpenBLAS's small-matrix bound): up to T = ATT_SPAN a
 // row's softmax is computed in one step, with no rescaling, and a span's online-softmax
@@ -285,11 +308,9 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                             const float mx = vec_max_of(row, n, m[i]);
                             // every row sees its own key in its first span, so mx is finite
                             const float alpha = expf(m[i] - mx);
-                            l[i] = l[i] * alpha + vec_exp_shifted(row, n, mx);
+                            l[i] = l[i] * alpha + (bf16p ? exp_rounded_as_cuda(row, n, m[i], mx) : vec_exp_shifted(row, n, mx));
                             m[i] = mx;
                             memset(row + n, 0, (size_t)(cols - n) * sizeof(float));
-                            if (bf16p)
-                                for (int j = 0; j < n; j++) row[j] = round_bf16(row[j]);
                             if (alpha != 1.0f) scale_row(O + (size_t)i * DV, O + (size_t)i * DV, DV, alpha);
                         }
                         rows_from_keys(O, DV, S, ATT_SPAN, hr.v + (size_t)c0 * hd.ldv, hd.ldv, DV, 1.0f, &bk, CUT_ROWS);

@@ -21,6 +21,8 @@
 
 #include "backend/backend.h"
 #include "common/vec.h"
+#include "layers/cpu_ops.h"
+#include "backend/bf16.h"
 
 static const Backend *be;
 static int n_passed, n_failed;
@@ -665,6 +667,71 @@ static void test_attention(int B, int T, int NH, int NKV, int DQK, int DV, int w
     free(ref); free(ref_lse);
 }
 
+// One query row of the CUDA kernels' forward (kernels/cuda_attention_tc.cu): over tiles of 64 keys
+// from key 0, the running maximum mt moves, P = bf16(e^(s - mt)) (with common/vec.h's exponential,
+// as the CPU op takes it), O and l rescaled by e^(m - mt); or (per_tile 0) P rounded against the
+// row's final maximum, as cpu-bf16 did before. out (DV) = O / l, in double.
+static void ref_att_row_bf16p(double *out, const float *s, int n, const float *v, int ldv, int DV, int per_tile) {
+    float fm = -INFINITY;
+    for (int j = 0; j < n; j++) fm = fmaxf(fm, s[j]);
+    double l = 0.0, m = -INFINITY, *o = dalloc((size_t)DV);
+    float p[64];
+    for (int g = 0; g < n; g += 64) {
+        const int gn = n - g < 64 ? n - g : 64;
+        float mt = per_tile ? (float)m : fm;
+        for (int j = 0; j < gn; j++) mt = fmaxf(mt, s[g + j]);
+        const double alpha = isinf(m) ? 0.0 : exp(m - (double)mt);
+        memcpy(p, s + g, (size_t)gn * sizeof(float));
+        vec_exp_shifted(p, gn, mt);
+        l *= alpha;
+        for (int d = 0; d < DV; d++) o[d] *= alpha;
+        for (int j = 0; j < gn; j++) {
+            l += p[j];
+            const double pr = sr_bf16_to_f32(sr_f32_to_bf16_rne(p[j]));
+            for (int d = 0; d < DV; d++) o[d] += pr * v[(size_t)(g + j) * ldv + d];
+        }
+        m = mt;
+    }
+    for (int d = 0; d < DV; d++) out[d] = o[d] / l;
+    free(o);
+}
+
+// cpu-bf16's attention forward rounds P where the CUDA kernels do (layers/cpu_attention.c,
+// exp_rounded_as_cuda). Scores exact in fp32 (small integers times 1/4), so that the op and the
+// reference round the same numbers; the keys' first component rises with the position, so a
+// row's maximum moves after its first tile, where the two rounding points differ.
+static void test_attention_bf16p_rounding(int T, int NH, int DQK, int DV) {
+    const size_t nq = (size_t)T * NH * DQK, nk = (size_t)T * DQK, nv = (size_t)T * DV, no = (size_t)T * NH * DV;
+    float *q = falloc(nq), *k = falloc(nk), *v = frand(nv, -1, 1), *out = falloc(no), *lse = falloc((size_t)NH * T);
+    for (int t = 0; t < T; t++) {
+        for (int d = 0; d < DQK; d++) k[(size_t)t * DQK + d] = d == 0 ? (float)(t / 24) : (float)(rng_next() % 3) - 1.0f;
+        for (int h = 0; h < NH; h++)
+            for (int d = 0; d < DQK; d++) q[((size_t)t * NH + h) * DQK + d] = d == 0 ? (float)(h + 1) : (float)(rng_next() % 5) - 2.0f;
+    }
+    const float scale = 0.25f;
+    cpu_attention_forward_bf16p(out, lse, q, k, v, 1, T, NH, 1, DQK, DV, scale);
+    double *ref = dalloc(no), *old = dalloc(no);
+    float *srow = falloc((size_t)T);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < NH; h++) {
+            for (int j = 0; j <= t; j++) {
+                double dot = 0.0;
+                for (int d = 0; d < DQK; d++) dot += (double)q[((size_t)t * NH + h) * DQK + d] * k[(size_t)j * DQK + d];
+                srow[j] = (float)(scale * dot);
+            }
+            ref_att_row_bf16p(ref + ((size_t)t * NH + h) * DV, srow, t + 1, v, DV, DV, 1);
+            ref_att_row_bf16p(old + ((size_t)t * NH + h) * DV, srow, t + 1, v, DV, DV, 0);
+        }
+    float *oldf = falloc(no);
+    for (size_t i = 0; i < no; i++) oldf[i] = (float)old[i];
+    char name[160];
+    snprintf(name, sizeof name, "attention_forward_bf16p P rounded as the CUDA kernels (T=%d)", T);
+    check(name, maxrel(out, ref, no), 1e-5);
+    // the input tells the two rounding points apart (else the check above proves nothing)
+    check("  ... where rounding against the row's final maximum differs", maxrel(oldf, ref, no) > 1e-4 ? 0.0 : 1.0, 0.0);
+    free(q); free(k); free(v); free(out); free(lse); free(ref); free(old); free(srow); free(oldf);
+}
+
 // gate and up as the halves of one (rows, 2 cols) product, as the model lays them out
 // (model/forward.c): gate = gu, up = gu + cols, rows 2 cols apart; dgate and dup the same in dgu
 static void test_swiglu(int rows, int cols) {
@@ -887,6 +954,8 @@ int main(int argc, char **argv) {
     test_attention(2, 133, 4, 2, 17, 9, 0);   // two tiles, forward only
     test_attention(1, 1100, 2, 1, 5, 3, 0);   // three forward key spans (512 + 512 + 76)
     test_attention(1, 300, 2, 1, 24, 16, 0);  // three tiles, forward only
+    test_attention_bf16p_rounding(300, 2, 4, 5);
+    test_attention_bf16p_rounding(1100, 1, 3, 4);   // spans of 512 keys after the first
 
     test_swiglu(1, 101);
     test_swiglu(3, 37);
