@@ -164,6 +164,8 @@ int bench_load(Bench *b, const char *path, int skip_bad, char *err, size_t errle
             cap = cap ? 2 * cap : 64;
             b->items = xrealloc(b->items, (size_t)cap * sizeof(BenchItem));
         }
+        it.context_hash = fnv1a64_update(FNV64_OFFSET, it.context, strlen(it.context));
+        it.group_hash = fnv1a64_update(FNV64_OFFSET, it.group ? it.group : "", it.group ? strlen(it.group) : 0);
         b->items[b->n_items++] = it;
         b->n_dev += it.dev;
     }
@@ -188,7 +190,11 @@ void bench_free(Bench *b) {
 // ---------------------------------------------------------------- few-shot prompts
 
 static int same_group(const BenchItem *a, const BenchItem *b) {
-    return !strcmp(a->group ? a->group : "", b->group ? b->group : "");
+    return a->group_hash == b->group_hash && !strcmp(a->group ? a->group : "", b->group ? b->group : "");
+}
+
+static int same_context(const BenchItem *a, const BenchItem *b) {
+    return a->context_hash == b->context_hash && !strcmp(a->context, b->context);
 }
 
 static void append(ByteVec *v, const char *s) { bytevec_append(v, s, strlen(s)); }
@@ -197,10 +203,12 @@ char *bench_prompt(const Bench *b, int item, int K, uint64_t seed, char *err, si
     const BenchItem *it = &b->items[item];
     int *pool = xmalloc((size_t)b->n_items * sizeof(int)), np = 0;
     int from_dev = b->n_dev > 0;
-    for (int j = 0; j < b->n_items; j++) {
+    // zero-shot needs no pool (a pool per item made the setup of N items take N^2 comparisons of
+    // whole contexts, minutes at 32000 items); with shots, the hashes decide all but equal texts
+    for (int j = 0; K > 0 && j < b->n_items; j++) {
         const BenchItem *c = &b->items[j];
         // never the scored item itself, nor a copy of it elsewhere in the file
-        if (j == item || c->dev != from_dev || !same_group(c, it) || !strcmp(c->context, it->context)) continue;
+        if (j == item || c->dev != from_dev || !same_group(c, it) || same_context(c, it)) continue;
         pool[np++] = j;
     }
     if (np < K) {

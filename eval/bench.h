@@ -32,6 +32,7 @@ typedef struct BenchItem {
     char *group;          // few-shot pool: shots come from dev items of the same group ("" = one pool)
     int dev;              // split "dev": a few-shot example, not scored
     int line;             // line number in the file (1-based)
+    uint64_t context_hash, group_hash;   // FNV-1a of context and group: the few-shot pool compares these first
 } BenchItem;
 
 typedef struct Bench {
