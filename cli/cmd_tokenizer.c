@@ -167,6 +167,12 @@ static int do_train(int argc, char **argv) {
     if (bytes == 0) die("the training files (%s%s) hold no text: give a non-empty corpus", files[0], n_files > 1 ? ", ..." : "");
     fprintf(stderr, "tokenizer train: %llu documents, %.2f MB, %llu distinct pieces\n", (unsigned long long)docs,
             bytes / 1e6, (unsigned long long)bpe_trainer_distinct_pieces(bt));
+    uint64_t long_bytes = 0, long_pieces = bpe_trainer_long_pieces(bt, &long_bytes);
+    if (long_pieces)   // text in runs the pattern does not split (no spaces, no punctuation) teaches nothing
+        warn("%llu pieces of more than %d bytes (%.1f%% of the text) were skipped: the pattern '%s' splits nothing inside "
+             "them (long runs of letters without spaces or punctuation, such as unpunctuated Chinese), so no merge is "
+             "learned from them (docs/FORMAT.md, \"Training\")",
+             (unsigned long long)long_pieces, BPE_MAX_PIECE, 100.0 * (double)long_bytes / (double)bytes, pattern);
     Tokenizer *t = bpe_trainer_finish(bt, (uint32_t)vocab, specials,
                                       n_specials, 1, err, sizeof(err));
     if (!t) die("%s", err);

@@ -69,6 +69,7 @@ struct BpeTrainer {
     BytesMap pieces;
     uint64_t *piece_count;
     uint32_t count_cap;
+    uint64_t long_pieces, long_bytes;   // pieces over BPE_MAX_PIECE bytes, not counted
 };
 
 BpeTrainer *bpe_trainer_new(const char *pattern, char *err, size_t errlen) {
@@ -95,7 +96,10 @@ void bpe_trainer_add(BpeTrainer *bt, const char *text, size_t len) {
         size_t end = pretok_next(bt->pretok, bt->ps, text, len, pos);
         size_t n = end - pos;
         // Very long pieces (whitespace runs, blobs) would dominate memory and teach nothing.
-        if (n <= 256) {
+        if (n > BPE_MAX_PIECE) {
+            bt->long_pieces++;
+            bt->long_bytes += n;
+        } else {
             uint32_t k = bmap_get(&bt->pieces, (const uint8_t *)text + pos, n, 1);
             if (k >= bt->count_cap) {
                 uint32_t cap = bt->count_cap ? 2 * bt->count_cap : 1024;
@@ -111,6 +115,11 @@ void bpe_trainer_add(BpeTrainer *bt, const char *text, size_t len) {
 }
 
 uint64_t bpe_trainer_distinct_pieces(const BpeTrainer *bt) { return bt->pieces.n; }
+
+uint64_t bpe_trainer_long_pieces(const BpeTrainer *bt, uint64_t *bytes) {
+    *bytes = bt->long_bytes;
+    return bt->long_pieces;
+}
 
 // ---------------------------------------------------------------- pair statistics
 

@@ -15,6 +15,10 @@ void bpe_trainer_free(BpeTrainer *bt);
 // Counts the pieces of one document (not thread-safe).
 void bpe_trainer_add(BpeTrainer *bt, const char *text, size_t len);
 uint64_t bpe_trainer_distinct_pieces(const BpeTrainer *bt);
+// Pieces longer than BPE_MAX_PIECE bytes are skipped (not counted, nothing merged from them):
+// how many were, and their bytes in *bytes.
+#define BPE_MAX_PIECE 256
+uint64_t bpe_trainer_long_pieces(const BpeTrainer *bt, uint64_t *bytes);
 
 // Learns merges until the vocabulary holds vocab_size ids in all: 256 bytes, the merges,
 // then the special tokens (last ids). Ties between equally frequent pairs go to the

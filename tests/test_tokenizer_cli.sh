@@ -83,5 +83,12 @@ else
 fi
 expect_error "an empty --out= is refused" "option --out is empty" "$CLLA" prep --tokenizer=x.tok --out= sep.txt
 
+# pieces over 256 bytes (runs the pattern does not split) are skipped, and the warning says how many
+{ printf 'short words here\n'; head -c 300 /dev/zero | tr '\0' 'x'; printf '\n'; } > long.txt
+"$CLLA" tokenizer train --pattern gpt2 --out long.tok --vocab-size 260 long.txt > /dev/null 2> long.err
+grep -q "warning: 1 pieces of more than 256 bytes (9[0-9].[0-9]% of the text) were skipped" long.err &&
+    ok "tokenizer train says how many long pieces it skipped: $(grep warning long.err | cut -c1-90)..." ||
+    fail "long pieces skipped silently: $(tr '\n' '|' < long.err)"
+
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
