@@ -73,7 +73,10 @@ void args_parse(Args *a, int argc, char **argv, const ArgSpec *specs, int n_spec
                 die("option --%s given twice ('%s' and '%s'): give it once", specs[found].name, a->values[found], value);
             a->values[found] = value;
             if (specs[found].takes_value == ARG_REPEAT) {
-                if (a->n_repeats >= ARGS_MAX_REPEATS) die("too many repeated options (%d at most)", ARGS_MAX_REPEATS);
+                if (a->n_repeats >= ARGS_MAX_REPEATS)
+                    die("too many values of repeatable options at --%s: %d at most, the repeatable options of a command line "
+                        "counted together (generate's --prompt, --stop and --stop-token among them): give many prompts "
+                        "in --prompts FILE", specs[found].name, ARGS_MAX_REPEATS);
                 a->repeat_spec[a->n_repeats] = found;
                 a->repeat_value[a->n_repeats++] = value;
             }

@@ -278,6 +278,8 @@ long=$(head -c 400 cat.txt)
 expect_error "prompt longer than the context" "context" "${G[@]}" --prompt "$long"
 expect_error "prompt + --max-new-tokens beyond the context" "lower --max-new-tokens" "${G[@]}" --prompt "the cat" --max-new-tokens 62
 expect_error "empty prompt" "empty" "${G[@]}" --prompt ""
+many=(); for i in $(seq 1 257); do many+=(--stop "s$i"); done
+expect_error "257 values of repeatable options" "256 at most.*--prompts FILE" "${G[@]}" --prompt a "${many[@]}"
 printf '{"prompt":"a"}\n{"prompt":""}\n' > empty.jsonl
 expect_error "empty prompt in a JSONL file" "empty.jsonl line 2" "${G[@]}" --prompts empty.jsonl
 printf '{"prompt": "the cat"}\n{"prompt": "on\n' > bad.jsonl
