@@ -182,5 +182,18 @@ expect_error "unknown pattern" "unknown pre-tokenization pattern" \
 expect_error "decode of an id beyond the vocabulary" "not in the vocabulary" \
   "$CLLA" tokenizer decode --tokenizer "$W/tok.tok" 5 99999
 
+# many small files give the shards of the same documents in one file (the text block is carried
+# across files, not cut at each file's end)
+mkdir -p "$W/many"
+head -n 60 "$FIX/english.jsonl" | split -l 2 -a 3 --additional-suffix=.jsonl - "$W/many/f"
+cat "$W"/many/f* > "$W/one.jsonl"
+for m in many one; do
+  if [ $m = many ]; then in=("$W"/many/f*); else in=("$W/one.jsonl"); fi
+  "$CLLA" prep --tokenizer "$W/tok.tok" --out "$W/pm_$m" --chunk-tokens 512 --val-fraction 0.2 "${in[@]}" > /dev/null 2>&1
+done
+cmp -s "$W/pm_many/train/shard_000000.bin" "$W/pm_one/train/shard_000000.bin" &&
+  cmp -s "$W/pm_many/val/shard_000000.bin" "$W/pm_one/val/shard_000000.bin"
+check $? "prep of 30 files of 2 documents: the shards of the same 60 documents in one file"
+
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
