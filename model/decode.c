@@ -601,26 +601,10 @@ static void check_seq(const Decoder *d, int seq) {
     if (seq < 0 || seq >= d->max_seqs) die("decoder: sequence id %d outside 0..%d", seq, d->max_seqs - 1);
 }
 
-void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const *prompts, const int *lens,
-                     float *logits) {
+// One right-padded forward of n prompts (checked by decoder_prefill) of at most T tokens.
+static void prefill_padded(Decoder *d, int n, int T, const int *seq_ids, const int32_t *const *prompts, const int *lens,
+                           float *logits) {
     Model *m = d->m;
-    if (n < 1 || n > d->max_seqs) die("decoder: prefill of %d sequences (1..%d)", n, d->max_seqs);
-    int T = 0;
-    for (int i = 0; i < n; i++) {
-        check_seq(d, seq_ids[i]);
-        if (d->len[seq_ids[i]]) die("decoder: sequence %d is not empty: prefill starts a sequence", seq_ids[i]);
-        if (lens[i] < 1 || lens[i] > d->max_len) die("decoder: prompt of %d tokens (1..%d)", lens[i], d->max_len);
-        if (lens[i] > T) T = lens[i];
-        for (int j = 0; j < i; j++)
-            if (seq_ids[j] == seq_ids[i]) die("decoder: sequence %d twice in one prefill", seq_ids[i]);
-    }
-    if (d->has_blocks) {
-        // a block codec has no full-sequence round trip (its window depends on the query's
-        // position): the prompt goes through the cache a block at a time, as steps would read it
-        for (int i = 0; i < n; i++)
-            decoder_extend(d, seq_ids[i], prompts[i], lens[i], logits ? logits + (size_t)i * m->cfg.vocab_size : NULL);
-        return;
-    }
     // right-padded batch: causal attention keeps the padding out of every real position
     int32_t *in = xcalloc((size_t)n * T, sizeof(int32_t));
     int *row_seq = xmalloc((size_t)n * T * sizeof(int)), *row_pos = xmalloc((size_t)n * T * sizeof(int));
@@ -652,6 +636,60 @@ void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const
     free(row_seq);
     free(row_pos);
     free(last);
+}
+
+// The prompts go in right-padded groups, longest first, each group taking the prompts after its
+// first while (count + 1) x the first's length stays within the n prompts' total tokens: a
+// group's positions, padding included, never exceed the tokens prefilled (decode.h). Equal
+// lengths stay one forward; one long prompt beside short ones is prefilled apart from them, where
+// padding every prompt to it made the prefill's memory and time grow with the prompts times the
+// longest (one 2000-token prompt and 15 of 4 tokens: 16 x 2000 positions for 2060 tokens).
+static int by_len_desc(const void *a, const void *b) {
+    const int *x = a, *y = b;   // (length, index) pairs; ties in index order
+    return x[0] != y[0] ? (x[0] < y[0] ? 1 : -1) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const *prompts, const int *lens,
+                     float *logits) {
+    Model *m = d->m;
+    if (n < 1 || n > d->max_seqs) die("decoder: prefill of %d sequences (1..%d)", n, d->max_seqs);
+    long long total = 0;
+    for (int i = 0; i < n; i++) {
+        check_seq(d, seq_ids[i]);
+        if (d->len[seq_ids[i]]) die("decoder: sequence %d is not empty: prefill starts a sequence", seq_ids[i]);
+        if (lens[i] < 1 || lens[i] > d->max_len) die("decoder: prompt of %d tokens (1..%d)", lens[i], d->max_len);
+        total += lens[i];
+        for (int j = 0; j < i; j++)
+            if (seq_ids[j] == seq_ids[i]) die("decoder: sequence %d twice in one prefill", seq_ids[i]);
+    }
+    const size_t V = (size_t)m->cfg.vocab_size;
+    if (d->has_blocks) {
+        // a block codec has no full-sequence round trip (its window depends on the query's
+        // position): the prompt goes through the cache a block at a time, as steps would read it
+        for (int i = 0; i < n; i++) decoder_extend(d, seq_ids[i], prompts[i], lens[i], logits ? logits + (size_t)i * V : NULL);
+        return;
+    }
+    int *order = xmalloc((size_t)n * 2 * sizeof(int)), *gs = xmalloc((size_t)n * sizeof(int)), *gl = xmalloc((size_t)n * sizeof(int));
+    const int32_t **gp = xmalloc((size_t)n * sizeof(int32_t *));
+    for (int i = 0; i < n; i++) { order[2 * i] = lens[i]; order[2 * i + 1] = i; }
+    qsort(order, (size_t)n, 2 * sizeof(int), by_len_desc);
+    float *glogits = logits ? xmalloc((size_t)n * V * sizeof(float)) : NULL;
+    for (int a = 0; a < n;) {
+        const int T = order[2 * a];
+        int c = 1;
+        while (a + c < n && (long long)(c + 1) * T <= total) c++;
+        for (int g = 0; g < c; g++) {
+            const int i = order[2 * (a + g) + 1];
+            gs[g] = seq_ids[i];
+            gp[g] = prompts[i];
+            gl[g] = lens[i];
+        }
+        prefill_padded(d, c, T, gs, gp, gl, glogits);
+        for (int g = 0; logits && g < c; g++)
+            memcpy(logits + (size_t)order[2 * (a + g) + 1] * V, glogits + (size_t)g * V, V * sizeof(float));
+        a += c;
+    }
+    free(order); free(gs); free(gl); free(gp); free(glogits);
 }
 
 // Runs n rows (row_seq, and positions in h_pos, set by the caller) through the model: each row

@@ -29,8 +29,10 @@ Decoder *decoder_new(Model *m, const CacheLayout *layout, int max_seqs, int max_
 Decoder *decoder_new_slabs(Model *m, const CacheLayout *layout, int max_seqs, int max_len, size_t slab_bytes);
 void decoder_free(Decoder *d);
 
-// Prefill n empty sequences seq_ids[i] with prompts[i] (lens[i] >= 1 tokens each), in one
-// batched forward. logits (n, V), host: the next-token logits after each prompt's last token.
+// Prefill n empty sequences seq_ids[i] with prompts[i] (lens[i] >= 1 tokens each), in batched
+// forwards of right-padded groups of similar lengths, each of at most sum(lens) positions, padding
+// included (so the activations follow the tokens prefilled, not n x the longest). logits (n, V),
+// host: the next-token logits after each prompt's last token.
 void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const *prompts, const int *lens,
                      float *logits);
 // One token per sequence: tokens[i] is appended to sequence seq_ids[i] (distinct ids, each

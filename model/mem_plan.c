@@ -181,7 +181,7 @@ void mem_check_fits_decode(const Config *cfg, const Backend *be, int batch, int 
     model_free(&m);
     char a[32], b[32], c[32], d[32];
     if (acts + cache_bytes > (double)avail)
-        die("generating needs %s more memory (the prefill's activations for %d prompts of up to %d tokens, %s; the KV cache "
+        die("generating needs %s more memory (the prefill's activations, %d rows of up to %d tokens, %s; the KV cache "
             "for %d sequences at their longest, %s) but only %s are available to this process (%s): lower --batch or "
             "--max-new-tokens, or shorten the prompts",
             human(acts + cache_bytes, a, sizeof(a)), batch, prefill_T, human(acts, b, sizeof(b)), batch,

@@ -67,8 +67,20 @@ check $? "the cache line's peak tokens are the most stored at once ($want): $(gr
 # MemAvailable): refused before the prefill, naming both figures
 CLLA_TEST_MEM_AVAILABLE=4096 "$CLLA" generate --model run --prompts peak.txt --max-new-tokens 6 > mem.out 2> mem.err
 [ $? -eq 1 ] && [ "$(grep -c . mem.err)" -eq 1 ] && [ ! -s mem.out ] &&
-    grep -Eq "generating needs [0-9.]+ KiB more memory \(the prefill's activations for 2 prompts of up to [0-9]+ tokens, .*KV cache .*\) but only 4.0 KiB are available .*lower --batch or --max-new-tokens" mem.err
+    grep -Eq "generating needs [0-9.]+ KiB more memory \(the prefill's activations, 2 rows of up to [0-9]+ tokens, .*KV cache .*\) but only 4.0 KiB are available .*lower --batch or --max-new-tokens" mem.err
 check $? "generating beyond the available memory refused in one line: $(cat mem.err)"
+# one long prompt and five of a token: the prefill's positions follow the prompt tokens (2 rows
+# of the longest), not the prompts times the longest (6 rows), and every completion is the one
+# it gets alone (--batch 1)
+{ echo 'the cat sat on the mat. the cat sat on the mat. the cat sat on the mat.'; for i in 1 2 3 4 5; do echo 'the'; done; } > mix.txt
+CLLA_TEST_MEM_AVAILABLE=4096 "$CLLA" generate --model run --prompts mix.txt --max-new-tokens 4 > /dev/null 2> mix.err
+grep -q "the prefill's activations, 2 rows of up to" mix.err
+check $? "a long prompt among short ones: the prefill is sized by the prompt tokens: $(grep -o "the prefill's activations, [0-9]* rows of up to [0-9]* tokens" mix.err)"
+"$CLLA" generate --model run --prompts mix.txt --max-new-tokens 6 --ignore-eos --json > mix6.json 2> /dev/null &&
+    "$CLLA" generate --model run --prompts mix.txt --max-new-tokens 6 --ignore-eos --json --batch 1 > mix1.json 2> /dev/null &&
+    [ "$(python3 -c "import json; print([json.loads(l)['completion'] for l in open('mix6.json')])")" = \
+      "$(python3 -c "import json; print([json.loads(l)['completion'] for l in open('mix1.json')])")" ]
+check $? "a long prompt among short ones: the completions of --batch 1"
 CLLA_HUGE_PAGES=yes "$CLLA" generate --model run --prompt "the cat" --max-new-tokens 4 > hp.out 2> hp.err
 [ $? -ne 0 ] && [ "$(grep -c . hp.err)" -eq 1 ] && grep -q "CLLA_HUGE_PAGES='yes': use 0" hp.err
 check $? "CLLA_HUGE_PAGES=yes refused in one line: $(cat hp.err)"
