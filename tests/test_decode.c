@@ -247,18 +247,20 @@ static void run_case(const Case *cs, int ci) {
     double tol = cs->tol > 0 ? cs->tol : 1e-4;
     check(fork_err <= tol, "forked sequences decode as if prefilled alone", cs->name);
     if (fork_err > worst) worst = fork_err;
-    // a prefill of the whole sequences (the full forward's shape): the cached latent decodes bit
-    // for bit to the latent the training forward used (CLLA-quant: its int_group codes)
+    // a prefill of the whole rows, padding tokens included: equal lengths, so one forward of the
+    // full forward's shape (decoder_prefill groups prompts by length, and a matmul's bits depend
+    // on its rows): the cached latent decodes bit for bit to the latent the training forward used
+    // (CLLA-quant: its int_group codes)
     if (R) {
         Decoder *d = decoder_new(&m, &cl, NSEQ, TMAX);
-        int ids[NSEQ] = {0, 1, 2};
+        int ids[NSEQ] = {0, 1, 2}, whole[NSEQ] = {TMAX, TMAX, TMAX};
         const int32_t *prompts[NSEQ] = {tok[0], tok[1], tok[2]};
-        decoder_prefill(d, NSEQ, ids, prompts, LENS, NULL);
+        decoder_prefill(d, NSEQ, ids, prompts, whole, NULL);
         int s_lat = decoder_layout(d)->role[0].stream[PART_LATENT];
         float *v = malloc((size_t)R * sizeof(float));
         int exact = 1;
         for (int i = 0; i < NSEQ; i++)
-            for (int t = 0; t < LENS[i]; t++) {
+            for (int t = 0; t < TMAX; t++) {
                 decoder_read(d, s_lat, i, t, v);
                 if (memcmp(v, slot_c + ((size_t)i * TMAX + t) * R, (size_t)R * sizeof(float))) exact = 0;
             }
