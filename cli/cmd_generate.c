@@ -31,11 +31,6 @@
 #include "cli/model_source.h"
 #include "cli/open_tokenizer.h"
 
-static int int_desc(const void *a, const void *b) {
-    const int x = *(const int *)a, y = *(const int *)b;
-    return (x < y) - (x > y);
-}
-
 static const ArgSpec SPECS[] = {
     {"model", 1, "a package (clla export), a run directory or a checkpoint directory (required)", "DIR"},
     {"prompt", ARG_REPEAT, "a prompt (repeatable)", "TEXT"},
@@ -378,14 +373,13 @@ int cmd_generate(int argc, char **argv) {
     Decoder *dec = decoder_new(&model, layout, batch, max_len);
     {
         // refused before the prefill rather than killed by the kernel mid-way (model/mem_plan.h)
-        // a prefill forward holds at most the tokens of the prompts it prefills, padding included
-        // (model/decode.h), so at most the --batch longest prompts' tokens: as (rows, longest)
-        int *plens = xmalloc((size_t)pl.n * sizeof(int));
-        for (int i = 0; i < pl.n; i++) plens[i] = seqs[i].plen;
-        qsort(plens, (size_t)pl.n, sizeof(int), int_desc);
-        const int longest = plens[0];
-        long long most = 0;
-        for (int i = 0; i < pl.n && i < batch; i++) most += plens[i];
+        // a prefill forward's positions (model/decode.h), as rows of the longest prompt
+        int *plens = xmalloc((size_t)pl.n * sizeof(int)), longest = 1;
+        for (int i = 0; i < pl.n; i++) {
+            plens[i] = seqs[i].plen;
+            if (plens[i] > longest) longest = plens[i];
+        }
+        const long long most = decoder_prefill_positions(plens, pl.n, batch);
         free(plens);
         const int rows = (int)((most + longest - 1) / longest);
         const int bt = decoder_block_tokens(dec);

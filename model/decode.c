@@ -644,9 +644,25 @@ static void prefill_padded(Decoder *d, int n, int T, const int *seq_ids, const i
 // lengths stay one forward; one long prompt beside short ones is prefilled apart from them, where
 // padding every prompt to it made the prefill's memory and time grow with the prompts times the
 // longest (one 2000-token prompt and 15 of 4 tokens: 16 x 2000 positions for 2060 tokens).
+static int int_desc(const void *a, const void *b) {
+    const int x = *(const int *)a, y = *(const int *)b;
+    return (x < y) - (x > y);
+}
+
 static int by_len_desc(const void *a, const void *b) {
     const int *x = a, *y = b;   // (length, index) pairs; ties in index order
     return x[0] != y[0] ? (x[0] < y[0] ? 1 : -1) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+long long decoder_prefill_positions(const int *lens, int n, int batch) {
+    // a group holds at most the tokens of the prompts of its call, and a call at most `batch` prompts
+    int *sorted = xmalloc((size_t)n * sizeof(int));
+    memcpy(sorted, lens, (size_t)n * sizeof(int));
+    qsort(sorted, (size_t)n, sizeof(int), int_desc);
+    long long most = 0;
+    for (int i = 0; i < n && i < batch; i++) most += sorted[i];
+    free(sorted);
+    return most;
 }
 
 void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const *prompts, const int *lens,

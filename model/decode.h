@@ -35,6 +35,9 @@ void decoder_free(Decoder *d);
 // host: the next-token logits after each prompt's last token.
 void decoder_prefill(Decoder *d, int n, const int *seq_ids, const int32_t *const *prompts, const int *lens,
                      float *logits);
+// The most positions, padding included, one of decoder_prefill's forwards holds when up to batch
+// of the n prompts of lengths lens are prefilled together: the batch longest prompts' tokens.
+long long decoder_prefill_positions(const int *lens, int n, int batch);
 // One token per sequence: tokens[i] is appended to sequence seq_ids[i] (distinct ids, each
 // non-empty and shorter than max_len). logits (n, V), host: the next-token logits.
 void decoder_step(Decoder *d, int n, const int *seq_ids, const int32_t *tokens, float *logits);
