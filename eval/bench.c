@@ -471,15 +471,15 @@ static void score_full(BenchScorer *s, const BenchItem *it, Seqs *q, BenchScores
     double t0 = now_seconds();
     model_set_batch(s->m, C, T);
     model_forward(s->m, in, NULL);
-    float *logits = logits_buf(s, (size_t)C * T * V);
-    s->m->be->act_to_host(logits, table_ptr_store(&s->m->acts, s->m->act, s->m->logits), (size_t)C * T * V);
-    s->forward_seconds += now_seconds() - t0;
     for (int c = 0; c < C; c++) {
+        // only the rows that predict the continuation come to the host
         int nc = (int)q->ctx[c].n - q->start[c];
+        float *logits = logits_buf(s, q->cont[c].n * V);
+        model_logits_to_host(s->m, (size_t)c * T + (size_t)(nc - 1), q->cont[c].n, logits);
         out->loglik[c] = 0;
-        for (size_t j = 0; j < q->cont[c].n; j++)
-            out->loglik[c] += logprob(logits + ((size_t)c * T + (size_t)(nc - 1) + j) * V, V, q->cont[c].v[j]);
+        for (size_t j = 0; j < q->cont[c].n; j++) out->loglik[c] += logprob(logits + j * V, V, q->cont[c].v[j]);
     }
+    s->forward_seconds += now_seconds() - t0;   // with the copies, which wait for the forward
     free(in);
 }
 

@@ -18,33 +18,37 @@ double eval_token_nll(const float *logits, int V, int target) {
 void eval_through_cache(Model *m, const CacheLayout *layout, const int32_t *inputs, const int32_t *targets,
                         int B, int T, CacheLoss *acc) {
     int V = m->cfg.vocab_size;
-    float *logits = xmalloc((size_t)B * T * V * sizeof(float));
+    // one window's logits at a time (T x V), or one step's (B x V): never all B x T x V on the
+    // host beside the forward's own logits
+    float *logits = xmalloc((size_t)(T > B ? T : B) * V * sizeof(float));
     Decoder *d = decoder_new(m, layout, B, T);
-    if (!cache_layout_has_blocks(layout)) {
+    const int blocks = cache_layout_has_blocks(layout);
+    int saved_inference = m->inference, saved_apply = m->apply_codecs;
+    if (!blocks) {
         // full forward, every codec's round trip applied where the cache holds a value
-        int saved_inference = m->inference, saved_apply = m->apply_codecs;
         m->inference = 1;
         m->apply_codecs = 1;
         model_use_cache_codecs(m, layout);
         model_set_batch(m, B, T);
         model_forward(m, inputs, NULL);
-        m->be->act_to_host(logits, table_ptr_store(&m->acts, m->act, m->logits), (size_t)B * T * V);
-        m->inference = saved_inference;
-        m->apply_codecs = saved_apply;
-    } else {
-        // a block codec's window depends on the query's position, so no single forward holds
-        // what each query reads: the whole window goes through the cache a block per forward
-        // (decoder_extend), the chunked prefill of a served model
-        for (int b = 0; b < B; b++) {
-            decoder_extend_all(d, b, inputs + (size_t)b * T, T, logits + (size_t)b * T * V);
+    }
+    for (int b = 0; b < B; b++) {
+        if (!blocks) model_logits_to_host(m, (size_t)b * T, (size_t)T, logits);
+        else {
+            // a block codec's window depends on the query's position, so no single forward holds
+            // what each query reads: the whole window goes through the cache a block per forward
+            // (decoder_extend), the chunked prefill of a served model
+            decoder_extend_all(d, b, inputs + (size_t)b * T, T, logits);
             decoder_release(d, b);
         }
+        for (int t = 0; t < T; t++)
+            if (targets[(size_t)b * T + t] != IGNORE_INDEX) {
+                acc->full_sum += eval_token_nll(logits + (size_t)t * V, V, targets[(size_t)b * T + t]);
+                acc->count++;
+            }
     }
-    for (int i = 0; i < B * T; i++)
-        if (targets[i] != IGNORE_INDEX) {
-            acc->full_sum += eval_token_nll(logits + (size_t)i * V, V, targets[i]);
-            acc->count++;
-        }
+    m->inference = saved_inference;
+    m->apply_codecs = saved_apply;
 
     // token by token through the cache: prefill the first token of every window, then steps
     int *ids = xmalloc((size_t)B * sizeof(int)), *one = xmalloc((size_t)B * sizeof(int));

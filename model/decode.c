@@ -587,14 +587,16 @@ static void prefill_attend(Model *m, int l, void *ctx) {
     attention_cached_forward(m, l);
 }
 
+// The logits of rows row_of[0..rows-1] (ascending) into logits (rows x V), a copy per run of
+// consecutive rows.
 static void logits_to_host(Decoder *d, int rows, const int *row_of, float *logits) {
-    Model *m = d->m;
-    int V = m->cfg.vocab_size;
-    size_t all = (size_t)m->B * m->T * V;
-    float *h = xmalloc(all * sizeof(float));
-    m->be->act_to_host(h, A(m->logits), all);
-    for (int i = 0; i < rows; i++) memcpy(logits + (size_t)i * V, h + (size_t)row_of[i] * V, (size_t)V * sizeof(float));
-    free(h);
+    const size_t V = (size_t)d->m->cfg.vocab_size;
+    for (int i = 0; i < rows;) {
+        int run = 1;
+        while (i + run < rows && row_of[i + run] == row_of[i] + run) run++;
+        model_logits_to_host(d->m, (size_t)row_of[i], (size_t)run, logits + (size_t)i * V);
+        i += run;
+    }
 }
 
 static void check_seq(const Decoder *d, int seq) {

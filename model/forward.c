@@ -61,6 +61,14 @@ static int count_targets(const int32_t *targets, int n) {
 
 int model_last_count(const Model *m) { return count_targets(m->h_targets, m->B * m->T); }
 
+void model_logits_to_host(const Model *m, size_t first, size_t rows, float *dst) {
+    const size_t V = (size_t)m->cfg.vocab_size;
+    if (first + rows > (size_t)m->B * m->T) die("internal error: logits rows %zu..%zu of %d", first, first + rows, m->B * m->T);
+    // the storage is act_bytes per element: fp32 on the host, bf16 on CUDA
+    const char *base = (const char *)table_ptr_store(&m->acts, m->act, m->logits);
+    m->be->act_to_host(dst, (const float *)(base + first * V * m->be->act_bytes), rows * V);
+}
+
 float model_forward(Model *m, const int32_t *inputs, const int32_t *targets) {
     return model_forward_with(m, inputs, targets, NULL, NULL);
 }

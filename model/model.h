@@ -207,6 +207,10 @@ void model_set_batch(Model *m, int B, int T);
 float model_forward(Model *m, const int32_t *inputs, const int32_t *targets);
 // Number of counted targets of the last forward.
 int model_last_count(const Model *m);
+// Rows first .. first + rows - 1 (row = b * T + t) of the last forward's logits, as fp32 on the
+// host (rows x V): the rows a caller reads, never a host copy of all B x T x V beside the
+// activations (which the memory checks of model/mem_plan.h would not have counted).
+void model_logits_to_host(const Model *m, size_t first, size_t rows, float *dst);
 void model_zero_grad(Model *m);
 // Backward of (loss_scale * mean loss of the last forward); ACCUMULATES into m->grad.
 void model_backward(Model *m, float loss_scale);

@@ -19,14 +19,6 @@ EOF
 "$CLLA" info --config c.json --json > info.json || { fail "clla info"; echo "$PASS passed, $FAIL failed"; exit 1; }
 read -r plan table < <(python3 -c "import json; m = json.load(open('info.json'))['train_memory_bytes']; print(m['total'], m['params'])")
 
-# peak NAME ARGS...: runs clla ARGS, prints its exit status and peak resident bytes
-peak() {
-    python3 - "$CLLA" "$@" <<'PYEOF'
-import resource, subprocess, sys
-r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=open("peak.err", "w"))
-print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
-PYEOF
-}
 limit=$((plan + table / 2 + 32 * 1024 * 1024))
 for what in "a training to its checkpoint at step 2|train --config c.json --out r --quiet --stop-at 2" \
             "a resume from it to the end and the final model|train --config c.json --out r --quiet --resume auto" \

@@ -8,6 +8,8 @@
 #                                         from a fixed LCG, in one printf (no process per token)
 #   field FILE KEY           the first number of "KEY": in a JSON file (empty when absent)
 #   near A B TOL             status 0 when |A - B| <= TOL (both numbers, neither empty)
+#   peak ARGS...             runs $CLLA ARGS (stderr to peak.err), prints its exit status and peak
+#                            resident bytes (getrusage's ru_maxrss of the child, python3's resource)
 # The caller prints its summary from PASS and FAIL and exits non-zero when FAIL > 0.
 PASS=0
 FAIL=0
@@ -23,6 +25,13 @@ write_tokens() {
         printf -v s '%s\\x%02x\\x00\\x00\\x00' "$s" $(( (x >> 16) % m ))
     done
     printf "$s" > "$1"
+}
+peak() {
+    python3 - "$CLLA" "$@" <<'PYEOF'
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=open("peak.err", "w"))
+print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+PYEOF
 }
 if [ -n "${1:-}" ]; then
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_$1.XXXXXX") || exit 1
