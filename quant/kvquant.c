@@ -68,7 +68,8 @@ int kvq_settings_check(const KvqSettings *s, KvqPart part, int64_t H, char *err,
         snprintf(err, errlen, "kvquant: width %lld outside 1..65536 (sparse entries store 16-bit channels)", (long long)H);
         return -1;
     }
-    if (s->value_group < 0 || (s->value_group > 0 && H % s->value_group)) {
+    // vgroup groups the values' scales; keys ignore it (one spec may serve both parts)
+    if (s->value_group < 0 || (part == KVQ_VALUES && s->value_group > 0 && H % s->value_group)) {
         snprintf(err, errlen, "kvquant: vgroup=%d does not divide the width %lld: use a divisor (the head dim for "
                  "per-head values) or 0 for the whole width", s->value_group, (long long)H);
         return -1;

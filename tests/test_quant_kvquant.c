@@ -622,6 +622,12 @@ static void test_bad_input(void) {
     char err[256] = "", name[300];
     KvqSettings s = kvq_defaults();
     check(kvq_settings_check(&s, KVQ_VALUES, 128, err, sizeof(err)) == 0, "kvquant: the defaults (b=4, f=1%, sink=1) are valid");
+    // vgroup groups values only: one spec for both parts (--cache-codec kvquant:...,vgroup=G)
+    // must not refuse the keys for a width the group does not divide
+    KvqSettings sg = kvq_defaults();
+    sg.value_group = 24;
+    err[0] = 0;
+    check(kvq_settings_check(&sg, KVQ_KEYS, 64, err, sizeof(err)) == 0, "kvquant: keys ignore a vgroup that does not divide their width");
     struct { KvqSettings s; KvqPart part; int64_t H; const char *want, *what; } cases[] = {
         {{5, 0.01, 1, -1, 50, 0}, KVQ_KEYS, 64, "bits=5", "bits=5"},
         {{1, 0.01, 1, -1, 50, 0}, KVQ_KEYS, 64, "bits=1", "bits=1"},
