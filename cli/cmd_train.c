@@ -237,10 +237,8 @@ int cmd_train(int argc, char **argv) {
         die("train.global_batch_tokens = %lld is not a multiple of micro_batch * seq_len * ranks = %d * %d * %d = %lld: change the global batch, micro_batch or the number of ranks",
             tc->global_batch_tokens, B, T, dist.world, bt * dist.world);
     const long long micro_per_rank = mem_micro_steps(&cfg, dist.world);   // (exact: divisibility checked above)
-    // the loader's global batch (rows of every rank's micro-steps) is an int, as are its products
-    if (micro_per_rank > INT_MAX / ((long long)B * dist.world))
-        die("train.global_batch_tokens = %lld is %lld micro-steps of %d rows on each of %d ranks a step, more than %d rows a step: use a smaller global batch",
-            tc->global_batch_tokens, micro_per_rank, B, dist.world, INT_MAX);
+    // the loader's global batch (rows of every rank's micro-steps, global_batch_tokens / seq_len)
+    // is an int, as are its products: the config reader refused more (model/config.c)
     int n_micro = (int)micro_per_rank;
     const int n_total = n_micro * dist.world;   // micro-batches per optimizer step, all ranks
 

@@ -468,8 +468,21 @@ int cache_layout_from_json(CacheLayout *cl, const ModelConfig *m, const cJSON *j
     const cJSON *it;
     cJSON_ArrayForEach(it, j) {
         if (!cJSON_IsString(it)) { snprintf(err, errlen, "cache.%s must be a codec spec string", it->string); return -1; }
+        // a key is a part's name, nothing else: "int_group:bits" (a codec spec) would read as a
+        // codec for every part
+        int named = 0;
+        for (int p = 0; p < N_PARTS; p++) named |= !strcmp(it->string, PART_NAMES[p]);
+        if (!named) {
+            snprintf(err, errlen, "cache key '%s' is not a cache part (k, v, latent, k_rope or own_k_rope, each naming its codec)",
+                     it->string);
+            return -1;
+        }
         char spec[320];
-        snprintf(spec, sizeof(spec), "%s=%s", it->string, it->valuestring);
+        if (snprintf(spec, sizeof(spec), "%s=%s", it->string, it->valuestring) >= (int)sizeof(spec)) {
+            snprintf(err, errlen, "cache.%s: a codec spec of %zu bytes (at most %zu)", it->string, strlen(it->valuestring),
+                     sizeof(spec) - strlen(it->string) - 2);
+            return -1;
+        }
         if (cache_layout_apply_spec(cl, spec, err, errlen) != 0) return -1;
     }
     for (int p = 0; p < N_PARTS; p++)
@@ -664,11 +677,11 @@ void cache_bytes_per_token(const ModelConfig *m, CacheBytes *out) {
         // for CLLA-quant only the packed latent codes (no k_rope, no scales).
         int producer = cl.role[l].producer;
         if (!config_is_latent(m)) {
-            if (producer) paper += 2.0 * (cl.part[PART_K].width + cl.part[PART_V].width);
+            if (producer) paper += 2.0 * ((double)cl.part[PART_K].width + cl.part[PART_V].width);
         } else if (m->latent_quant_bits) {
-            if (producer) paper += m->kv_lora_rank * m->latent_quant_bits / 8.0;
+            if (producer) paper += (double)m->kv_lora_rank * m->latent_quant_bits / 8.0;   // in double: 2^28 x 8 is past INT_MAX
         } else {
-            if (producer) paper += m->kv_lora_rank + m->qk_rope_head_dim;
+            if (producer) paper += (double)m->kv_lora_rank + m->qk_rope_head_dim;
             else if (cl.role[l].own_krope) paper += m->qk_rope_head_dim;
         }
     }

@@ -543,10 +543,15 @@ void config_warn_training(const Config *cfg, const char *origin) {
              origin, t->warmup_steps, t->max_steps, (double)t->lr);
 }
 
-void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets) {
-    cJSON *root = parse_config(json, strlen(json), origin);
+void config_from_object(Config *cfg, cJSON *root, const char *origin, int n_sets, char **sets) {
+    if (!cJSON_IsObject(root)) die("%s: the top level must be a JSON object", origin);
     for (int i = 0; i < n_sets; i++) apply_set(root, sets[i]);
     read_config(cfg, root, origin);
+}
+
+void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets) {
+    cJSON *root = parse_config(json, strlen(json), origin);
+    config_from_object(cfg, root, origin, n_sets, sets);
     cJSON_Delete(root);
 }
 
@@ -660,6 +665,11 @@ void config_validate(const Config *cfg, const char *origin) {
     if (t->global_batch_tokens)
         NEED(t->global_batch_tokens % bt == 0,
              "%s: train.global_batch_tokens = %lld must be a multiple of micro_batch * seq_len = %lld", origin, t->global_batch_tokens, bt);
+    // the loader's global batch, global_batch_tokens / seq_len rows on all ranks together, is an
+    // int (as the trainer's check for a rank count says too; clla info and sweeps check it here)
+    NEED(t->global_batch_tokens / t->seq_len <= INT_MAX,
+         "%s: train.global_batch_tokens = %lld is %lld rows of seq_len %d a step, more than %d: use a smaller global batch",
+         origin, t->global_batch_tokens, t->global_batch_tokens / t->seq_len, t->seq_len, INT_MAX);
     NEED(t->max_steps >= 0, "%s: train.max_steps must be >= 0", origin);
     NEED(t->warmup_steps >= 0, "%s: train.warmup_steps must be >= 0", origin);
     NEED(t->lr >= 0 && t->min_lr >= 0 && t->min_lr <= t->lr, "%s: need 0 <= train.min_lr <= train.lr", origin);

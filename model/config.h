@@ -90,6 +90,10 @@ void config_load(Config *cfg, const char *path, int n_sets, char **sets);
 void config_set_out_dir(Config *cfg, const char *out);
 // Same, from JSON text (tests). `origin` names the source in error messages.
 void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets);
+// Same, from a tree json_parse_strict gave (common/json_strict.h; a package's config.json with its
+// own sections taken out), which the overrides change. Not from a lenient cJSON parse: printing
+// one back lost what the strict parse refuses (1e999 came back as null, the key's default).
+void config_from_object(Config *cfg, cJSON *root, const char *origin, int n_sets, char **sets);
 // Warns (one line each) when train.warmup_steps is longer than train.max_steps (the learning rate
 // never reaches train.lr) and when top-1 routing with norm_topk_prob leaves the router no gradient
 // from the loss. The trainer calls it; reading a config for info or eval does not.

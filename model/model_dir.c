@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/json_strict.h"
 #include "common/util.h"
 #include "model/safetensors.h"
 
@@ -18,16 +19,25 @@ static int is_file(const char *dir, const char *name) {
     return ok;
 }
 
-// config.json of dir parsed (NULL when it is not a JSON object: config_from_json then names
-// the problem); *text receives the file's text (caller frees).
-static cJSON *read_config(const char *dir, char **text) {
-    char *cp = path_join(dir, MODEL_DIR_CONFIG);
+// config.json at path, parsed strictly (common/json_strict.h) as every config a user writes:
+// a package's sections are read from this tree and its config keys too, so nothing of the file
+// goes through a lenient parse. Dies naming the problem when it is not one JSON object.
+static cJSON *parse_config_file(const char *path) {
     size_t len = 0;
-    *text = read_file(cp, &len);
-    if (!*text) die("cannot read '%s': %s: pass a run directory, a checkpoint directory or a package", cp, strerror(errno));
+    char *text = read_file(path, &len);
+    if (!text) die("cannot read '%s': %s: pass a run directory, a checkpoint directory or a package", path, strerror(errno));
+    char err[256];
+    cJSON *root = json_parse_strict(text, len, err, sizeof(err));
+    free(text);
+    if (!root) die("%s: %s", path, err);
+    if (!cJSON_IsObject(root)) die("%s: the top level must be a JSON object", path);
+    return root;
+}
+
+static cJSON *read_config(const char *dir) {
+    char *cp = path_join(dir, MODEL_DIR_CONFIG);
+    cJSON *root = parse_config_file(cp);
     free(cp);
-    cJSON *root = cJSON_ParseWithLength(*text, len);
-    if (root && !cJSON_IsObject(root)) { cJSON_Delete(root); root = NULL; }
     return root;
 }
 
@@ -54,11 +64,9 @@ static ModelDirKind kind_of(const char *dir, const cJSON *root) {
 
 ModelDirKind model_dir_kind(const char *dir) {
     check_dir(dir);
-    char *text;
-    cJSON *root = read_config(dir, &text);
+    cJSON *root = read_config(dir);
     ModelDirKind k = kind_of(dir, root);
     cJSON_Delete(root);
-    free(text);
     return k;
 }
 
@@ -193,40 +201,22 @@ static void load_cache_fits(CacheLayout *cl, const char *dir) {
     free(path);
 }
 
-// The config of a config.json (text, parsed as root): a package's root with its own sections
-// ("package", "cache": not config keys) taken out by the caller, else the text as it is (which
-// the config reader also reports when it is not JSON).
-static void config_of(Config *cfg, const cJSON *root, const char *text, int package, const char *cp, int n_sets, char **sets) {
-    if (!package) {
-        config_from_json(cfg, text, cp, n_sets, sets);
-        return;
-    }
-    char *rest = cJSON_PrintUnformatted(root);
-    config_from_json(cfg, rest, cp, n_sets, sets);
-    free(rest);
-}
-
 void model_dir_read_config(Config *cfg, const char *config_path) {
-    size_t len = 0;
-    char *text = read_file(config_path, &len);
-    if (!text) die("cannot read '%s': %s", config_path, strerror(errno));
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    const int package = cJSON_IsObject(root) && cJSON_GetObjectItemCaseSensitive(root, "package");
-    if (package) {
+    cJSON *root = parse_config_file(config_path);
+    if (cJSON_GetObjectItemCaseSensitive(root, "package")) {
+        // a package's own sections are not config keys
         cJSON_DeleteItemFromObjectCaseSensitive(root, "package");
         cJSON_DeleteItemFromObjectCaseSensitive(root, "cache");
     }
-    config_of(cfg, root, text, package, config_path, 0, NULL);
+    config_from_object(cfg, root, config_path, 0, NULL);
     cJSON_Delete(root);
-    free(text);
 }
 
 void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, const Backend *be, int n_sets, char **sets) {
     memset(md, 0, sizeof(*md));
     check_dir(dir);
     char *cp = path_join(dir, MODEL_DIR_CONFIG);
-    char *text;
-    cJSON *root = read_config(dir, &text);
+    cJSON *root = read_config(dir);
     md->kind = kind_of(dir, root);
     md->dir = xstrdup(dir);
     cJSON *cache = NULL;
@@ -239,10 +229,9 @@ void model_dir_load(ModelDir *md, Model *model, Config *cfg, const char *dir, co
         cJSON_Delete(pk);
         if (!cJSON_IsObject(cache)) die("'%s': a package needs a \"cache\" object (codec per payload part): export it again", cp);
     }
-    config_of(cfg, root, text, md->kind == MODEL_DIR_PACKAGE, cp, n_sets, sets);
+    config_from_object(cfg, root, cp, n_sets, sets);
     if (md->kind != MODEL_DIR_PACKAGE && cfg->train.tokenizer[0]) md->tokenizer = xstrdup(cfg->train.tokenizer);
     cJSON_Delete(root);
-    free(text);
     model_build(model, &cfg->model, be);
     model_load(model, dir);   // model.safetensors or its HF shards (model/safetensors.h)
     if (package_dtype >= 0) check_package_dtype(dir, cp, package_dtype);

@@ -130,11 +130,20 @@ if "$CLLA" info --config m.json --set attention=cla --set share_factor=214748364
    grep -q 'per layer' out.txt && ! grep -q -- ' -[0-9]' out.txt; then
     ok "share_factor = 2147483647: one slot, no overflow"
 else fail "share_factor = 2147483647: $(head -c 400 out.txt err.txt)"; fi
+# Table 4's figure of a CLLA-quant latent of 2^31 - 32 elements at 2 bits: 2^29 - 8 bytes (the
+# product in int was negative)
+if "$CLLA" info --config m.json --set attention=clla_quant --set kv_lora_rank=2147483616 --set qk_rope_head_dim=8 \
+        --json > out.json 2> err.txt && grep -q '"paper_table4_per_layer":536870904[,}]' out.json; then
+    ok "kv_lora_rank 2^31 - 32 at 2 bits: Table 4's 536870904 bytes a layer"
+else fail "kv_lora_rank 2^31 - 32 at 2 bits: $(grep -o '"paper_table4[^,]*' out.json) $(head -c 300 err.txt)"; fi
 expect_error "micro_batch x seq_len beyond int" "train.micro_batch x train.seq_len" "" -- \
     "$CLLA" info --config m.json --set train.micro_batch=2147483647 --set train.seq_len=16
 # 32 x (2^32 + 1) tokens: the micro-step count was cast to an int (one micro-step, exit 0)
-expect_error "global_batch_tokens past an int of rows a step" "is 4294967297 micro-steps of 2 rows on each of 1 ranks a step, more than 2147483647" "gb_run" -- \
+expect_error "global_batch_tokens past an int of rows a step" "is 8589934594 rows of seq_len 16 a step, more than 2147483647" "gb_run" -- \
     "$CLLA" train --config m.json --out gb_run --set train.global_batch_tokens=137438953504
+# the same config in clla info (which sweeps use to check their points): refused there too
+expect_error "global_batch_tokens past an int of rows a step, in info" "is 8589934594 rows of seq_len 16 a step" "" -- \
+    "$CLLA" info --config m.json --set train.global_batch_tokens=137438953504
 expect_error "negative knob" "n_shared_experts = -1 must not be negative" "" -- "$CLLA" info --config m.json --set n_shared_experts=-1
 
 echo "# 4. big tables (plan-only tables: no entry stored, no name formatted)"

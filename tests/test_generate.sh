@@ -332,6 +332,21 @@ expect_error "package with an unknown codec in its cache section" "bf17" "$CLLA"
 cp -r pkg32 pkgver
 sed -i -E 's/("version":[[:space:]]*)1/\12/' pkgver/config.json
 expect_error "package of another format version" "version" "$CLLA" generate --model pkgver --prompt a
+# a package's config.json is read as strictly as every config (docs/CONFIG.md): an out-of-range
+# number was printed back as null, the key's default (a context of 64 became 4096); text after
+# the object and a key twice were taken
+cp -r pkg32 pkginf
+sed -i -E 's/("max_position_embeddings":[[:space:]]*)64/\11e999/' pkginf/config.json
+expect_error "package with max_position_embeddings 1e999" "max_position_embeddings" "$CLLA" generate --model pkginf --prompt a --max-new-tokens 4
+cp -r pkg32 pkgtail && echo 'GARBAGE {' >> pkgtail/config.json
+expect_error "package config.json with text after the object" "after" "$CLLA" generate --model pkgtail --prompt a --max-new-tokens 4
+cp -r pkg32 pkgdup
+sed -i -E 's/("v":[[:space:]]*"bf16")/"k": "fp32", \1/' pkgdup/config.json
+expect_error "package with a cache part twice" "duplicate" "$CLLA" generate --model pkgdup --prompt a --max-new-tokens 4
+# a "cache" key is a part name: one holding a codec spec is refused, not applied to every part
+cp -r pkg32 pkgcolon
+sed -i -E 's/("v":[[:space:]]*"bf16")/\1, "int_group:bits": "2,group=16"/' pkgcolon/config.json
+expect_error "package with a codec spec as a cache key" "int_group:bits" "$CLLA" generate --model pkgcolon --prompt a --max-new-tokens 4
 "${G[@]}" --prompt the --prompt $'the \xff\xfe cat' --max-new-tokens 4 > utf.out 2> utf.err
 # the message numbers the prompt as the output does ([1], the second), and names its option
 [ $? -eq 0 ] && grep -q 'warning: prompt \[1\] (--prompt 2) is not valid UTF-8' utf.err && grep -q '^\[1\] ' utf.out
