@@ -122,8 +122,8 @@ int cmd_calibrate(int argc, char **argv) {
                "clla eval --through-cache).",
                pos, &n_pos, 1);
     const char *data = args_get(&a, SPECS, N_SPECS, "data"), *out = args_get(&a, SPECS, N_SPECS, "out");
-    const char *specs[64];
-    int n_specs = args_get_all(&a, SPECS, N_SPECS, "cache-codec", specs, 64);
+    const char *specs[ARGS_MAX_REPEATS];
+    int n_specs = args_get_all(&a, SPECS, N_SPECS, "cache-codec", specs, ARGS_MAX_REPEATS);
     if (n_pos != 1 || !data || !out || !n_specs)
         die("clla calibrate needs a model directory, --data, --cache-codec and --out: see clla calibrate --help");
     const char *ts = args_get(&a, SPECS, N_SPECS, "tokens"), *bs = args_get(&a, SPECS, N_SPECS, "batch");

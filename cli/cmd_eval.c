@@ -90,8 +90,8 @@ static void score_through_cache(const int32_t *in, const int32_t *tg, int rows, 
 
 // The model directory's cache layout with every --cache-codec applied in order.
 static void layout_from_args(CacheLayout *layout, const ModelDir *md, const Args *a) {
-    const char *specs[256];
-    int n_specs = args_get_all(a, SPECS, N_SPECS, "cache-codec", specs, 256);
+    const char *specs[ARGS_MAX_REPEATS];
+    int n_specs = args_get_all(a, SPECS, N_SPECS, "cache-codec", specs, ARGS_MAX_REPEATS);
     cache_layout_copy(layout, &md->cache);
     apply_cache_codec_args(layout, specs, n_specs);
 }
@@ -501,8 +501,8 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 // The --bench values with every directory replaced by its *.jsonl files in name order.
 static int bench_files(const Args *a, char ***out) {
-    const char *paths[256];
-    int n = args_get_all(a, SPECS, N_SPECS, "bench", paths, 256), m = 0, cap = 16;
+    const char *paths[ARGS_MAX_REPEATS];
+    int n = args_get_all(a, SPECS, N_SPECS, "bench", paths, ARGS_MAX_REPEATS), m = 0, cap = 16;
     char **files = xmalloc((size_t)cap * sizeof(char *));
     for (int i = 0; i < n; i++) {
         struct stat st;

@@ -36,8 +36,8 @@ int cmd_export(int argc, char **argv) {
     if (strcmp(dtype, "fp32") && strcmp(dtype, "bf16")) die("--dtype '%s' is not a package dtype: use fp32 or bf16", dtype);
 
     // ---- read and check everything first
-    const char *specs[64];
-    int n_specs = args_get_all(&a, SPECS, N_SPECS, "cache-codec", specs, 64);
+    const char *specs[ARGS_MAX_REPEATS];
+    int n_specs = args_get_all(&a, SPECS, N_SPECS, "cache-codec", specs, ARGS_MAX_REPEATS);
     Config cfg;
     Model model;
     ModelDir md;

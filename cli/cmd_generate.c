@@ -50,7 +50,7 @@ static const ArgSpec SPECS[] = {
     {"cache-codec", ARG_REPEAT, "cache codec, CODEC or PART=CODEC (repeatable): fp32, bf16, int_group:bits=B,group=G, kivi:bits=B,group=G,residual=R, qjl:m=M,... (cq, qet, kvquant: a package from clla calibrate)", "SPEC"},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
-#define MAX_LIST 256
+#define MAX_LIST ARGS_MAX_REPEATS
 
 typedef struct Prompt {
     char *text;

@@ -292,6 +292,10 @@ expect_error "prompt + --max-new-tokens beyond the context" "lower --max-new-tok
 expect_error "empty prompt" "empty" "${G[@]}" --prompt ""
 many=(); for i in $(seq 1 257); do many+=(--stop "s$i"); done
 expect_error "257 values of repeatable options" "256 at most.*--prompts FILE" "${G[@]}" --prompt a "${many[@]}"
+# 256 values is every command's cap (docs/COMMANDS.md): export and calibrate stopped at 64
+codecs=(); for i in $(seq 1 65); do codecs+=(--cache-codec bf16); done
+"$CLLA" export run --out pkg65 "${codecs[@]}" > /dev/null 2> e65.err
+check $? "export takes 65 --cache-codec values: $(head -c 200 e65.err)"
 printf '{"prompt":"a"}\n{"prompt":""}\n' > empty.jsonl
 expect_error "empty prompt in a JSONL file" "empty.jsonl line 2" "${G[@]}" --prompts empty.jsonl
 printf '{"prompt": "the cat"}\n{"prompt": "on\n' > bad.jsonl
