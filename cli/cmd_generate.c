@@ -135,7 +135,6 @@ typedef struct Gen {
     int n_stop_tokens;
     const char *const *stops;
     int n_stops;
-    size_t max_stop_len;
     int json, stream;
     Sampler sampler;
 } Gen;
@@ -168,10 +167,22 @@ static void take_token(const Gen *g, Seq *s, int32_t id) {
     if (s->stop == RUNNING) s->pending = id;
 }
 
+// The bytes at the end of text that a stop string could still complete: the longest suffix that
+// is a proper prefix of some stop string (a match ending in later bytes starts within it).
+static size_t stop_prefix_tail(const Gen *g, const ByteVec *text) {
+    size_t hold = 0;
+    for (int i = 0; i < g->n_stops; i++) {
+        const size_t sl = strlen(g->stops[i]);
+        for (size_t h = sl - 1 < text->n ? sl - 1 : text->n; h > hold; h--)
+            if (!memcmp(text->v + text->n - h, g->stops[i], h)) { hold = h; break; }
+    }
+    return hold;
+}
+
 // Streams what can no longer become part of a stop string (everything once the sequence ended).
 static void stream_out(const Gen *g, Seq *s) {
     if (!g->stream) return;
-    size_t hold = s->stop == RUNNING && g->max_stop_len > 0 ? g->max_stop_len - 1 : 0;
+    const size_t hold = s->stop == RUNNING ? stop_prefix_tail(g, &s->text) : 0;
     size_t safe = s->text.n > hold ? s->text.n - hold : 0;
     if (safe > s->emitted) {
         if (fwrite(s->text.v + s->emitted, 1, safe - s->emitted, stdout) != safe - s->emitted) die_stdout();
@@ -288,11 +299,8 @@ int cmd_generate(int argc, char **argv) {
     int n_stop_tok = args_get_all(&a, SPECS, N_SPECS, "stop-token", stop_tok_s, MAX_LIST);
     int n_prompt_args = args_get_all(&a, SPECS, N_SPECS, "prompt", prompt_args, MAX_LIST);
     int n_codecs = args_get_all(&a, SPECS, N_SPECS, "cache-codec", codec_specs, MAX_LIST);
-    size_t max_stop_len = 0;
-    for (int i = 0; i < n_stops; i++) {
+    for (int i = 0; i < n_stops; i++)
         if (!stops[i][0]) die("--stop '': a stop string must not be empty");
-        if (strlen(stops[i]) > max_stop_len) max_stop_len = strlen(stops[i]);
-    }
     if (n_prompt_args && OPT("prompts"))
         die("--prompt and --prompts both given: put every prompt in the file, or give them all with --prompt");
     PromptList pl = {0};
@@ -358,7 +366,7 @@ int cmd_generate(int argc, char **argv) {
     // ---- decode
     const int batch = batch_opt ? (batch_opt < pl.n ? batch_opt : pl.n) : (pl.n < 64 ? pl.n : 64);
     Gen g = {.tok = tok, .max_new = max_new, .stop_tokens = stop_tokens, .n_stop_tokens = n_stop_tokens,
-             .stops = stops, .n_stops = n_stops, .max_stop_len = max_stop_len, .json = OPT("json") != NULL};
+             .stops = stops, .n_stops = n_stops, .json = OPT("json") != NULL};
     g.stream = !g.json && pl.n == 1;
     // sample only ids the tokenizer can print (a model's vocab may be padded beyond it)
     g.V_tok = (int)tok_vocab_size(tok);

@@ -136,6 +136,21 @@ for order in '--stop _mat --stop on_the_mat' '--stop on_the_mat --stop _mat'; do
     "$CLLA" generate --model run --prompt "the cat" --max-new-tokens 16 "$1" "${2//_/ }" "$3" "${4//_/ }" > stop3.out 2> /dev/null
     [ "$(cat stop3.out)" = " sat " ]; check $? "two stops, the earliest match wins ($order): '$(cat stop3.out)'"
 done
+# streaming holds back only a tail that could still start a stop string: with one the text never
+# holds, every token's bytes go out as they come (the last stop length - 1 bytes were held
+# whatever they were: a long stop string streamed nothing until the end)
+if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
+    zs=$(printf 'Z%.0s' $(seq 60))
+    strace -o writes0.txt -e trace=write -e signal=none "$CLLA" generate --model run --prompt "the cat" \
+        --max-new-tokens 12 > /dev/null 2>&1
+    strace -o writes1.txt -e trace=write -e signal=none "$CLLA" generate --model run --prompt "the cat" \
+        --max-new-tokens 12 --stop "$zs" > /dev/null 2>&1
+    n0=$(grep -c '^write(1' writes0.txt) n1=$(grep -c '^write(1' writes1.txt)
+    [ "$n0" -ge 12 ] && [ "$n1" = "$n0" ]
+    check $? "a stop string the text never starts holds nothing back: $n1 writes to stdout with it, $n0 without"
+else
+    echo "skip streaming writes: strace cannot trace here (it is in scripts/setup.sh)"
+fi
 dot=$("$CLLA" tokenizer encode --tokenizer tok.tok --text ".")
 "$CLLA" generate --model run --prompt "the cat" --max-new-tokens 16 --stop-token "$dot" --json > stoptok.json 2> /dev/null
 ids=$(ids_of stoptok.json)
