@@ -115,6 +115,17 @@ int cmd_info(int argc, char **argv) {
                                     grad_sync_optimizer_bytes(c.numel_f32, ranks, 1) +
                                     grad_sync_master_bytes(c.numel_f32, ranks, 1, separate));
         }
+        // the run settings as clla train reads them (defaults and --set applied): launch/sweep
+        // computes its budgets from these rather than knowing the defaults itself
+        const TrainConfig *tc = &cfg.train;
+        cJSON *tr = cJSON_AddObjectToObject(o, "train");
+        cJSON_AddNumberToObject(tr, "seq_len", tc->seq_len);
+        cJSON_AddNumberToObject(tr, "micro_batch", tc->micro_batch);
+        cJSON_AddNumberToObject(tr, "global_batch_tokens", (double)tc->global_batch_tokens);
+        cJSON_AddNumberToObject(tr, "max_steps", tc->max_steps);
+        cJSON_AddNumberToObject(tr, "seed", (double)tc->seed);   // at most 2^53: exact in a double
+        if (tc->val_data[0]) cJSON_AddStringToObject(tr, "val_data", tc->val_data);
+        else cJSON_AddNullToObject(tr, "val_data");
         cJSON *k = cJSON_AddObjectToObject(o, "kv_cache_bytes_per_token");
         cJSON_AddNumberToObject(k, "model", kv.total);
         cJSON_AddNumberToObject(k, "per_layer", kv.per_layer);

@@ -284,6 +284,31 @@ check $? "a whole float micro_batch (2.0) and a null train section are read as c
 "$SWEEP" --out N3 unk.json --max-steps 2 --dry-run > n3.out 2>&1
 [ $? -eq 1 ] && grep -q "invalid config point unk: unk.json: unknown key 'hiden_size'" n3.out && ! grep -q -- "--set hiden_size" n3.out
 check $? "an unknown key in a config file: that point is invalid, and --set is not blamed ($(head -n 1 n3.out))"
+# the budget follows clla's own reading of the run settings (clla info --json's "train"): no
+# train.seq_len with max_position_embeddings 64 trains 64-token rows, so --tokens 2560 at micro
+# batch 4 is 10 steps (the sweep's own default of 256 made 3); --set train.micro_batch=null is
+# the default, 4 (the sweep called the point invalid)
+python3 - gqa.json << 'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+del c["train"]["seq_len"]; json.dump(c, open("noseq.json", "w"))
+PY
+"$SWEEP" --out S1 noseq.json --tokens 2560 --dry-run > s1.out 2>&1 &&
+    "$SWEEP" --out S2 gqa.json --set train.micro_batch=null --tokens 1280 --dry-run > s2.out 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && grep -q -- "train.max_steps=10 " s1.out && grep -q -- "train.max_steps=10 " s2.out
+check $? "--tokens with clla's seq_len and micro_batch defaults: 10 steps each (rc $rc: $(grep -o 'train.max_steps=[0-9]*' s1.out s2.out | tr '\n' ' '))"
+# bad input refused before anything is written: JSON that clla refuses (NaN, a key twice), a
+# device clla has not, run names longer than a file name holds
+printf '{"attention": "gqa", "hidden_size": NaN}\n' > nan.json
+expect_refusal "a config with NaN" "config 'nan.json' is not JSON: NaN" E14 -- "$SWEEP" --out E14 nan.json --max-steps 2
+printf '{"attention": "gqa", "attention": "mha"}\n' > dup.json
+expect_refusal "a config with a key twice" "key 'attention' appears twice" E15 -- "$SWEEP" --out E15 dup.json --max-steps 2
+expect_refusal "an unknown --device" "invalid choice: 'tpu'" E16 -- "$SWEEP" --out E16 gqa.json --device tpu --max-steps 2
+long=(); for k in lr min_lr weight_decay warmup_steps grad_clip beta1 beta2 eps seed log_every val_every val_batches \
+                  save_every keep_checkpoints max_consecutive_skips dist_timeout_s; do long+=(--grid "train.$k=1"); done
+expect_refusal "run names past a file name's length" "bytes, more than the 215 its files' names can hold" E17 -- \
+    "$SWEEP" --out E17 gqa.json "${long[@]}" --max-steps 2
 # one sweep at a time in an OUT: a second one, while the first runs, is refused (even one of the
 # same definition: it would remove the first one's runs that have no checkpoint yet); a training
 # a killed sweep left running is never removed nor started beside
