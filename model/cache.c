@@ -396,6 +396,15 @@ static int set_part_codec(CacheLayout *cl, int p, const Codec *given, char *err,
         snprintf(err, errlen, "cache part %s (width %d): %s", PART_NAMES[p], cl->part[p].width, why);
         return -1;
     }
+    // a codec that stores nothing gives back one constant whatever was written (qet with levels=0,
+    // k1=1 and no second stage): refused, not served (a token of 0 bytes also has no place in a block)
+    if (codec_bytes_per_token_avg(c, cl->part[p].width) == 0) {
+        char f[160];
+        codec_format(c, f, sizeof(f));
+        snprintf(err, errlen, "cache part %s (width %d): %s stores 0 bytes a token, so it cannot give back what was written: "
+                 "give it more bits (for qet, k1 > 1, levels > 0 or a second stage)", PART_NAMES[p], cl->part[p].width, f);
+        return -1;
+    }
     // compared without `iters`, which only shapes the fitting: a package's cq:bits=8,c=4 fitted with
     // iters=10, named again as cq:bits=8,c=4, is the same codec and keeps its codebooks
     Codec was = cl->part[p].codec, now = *c;
@@ -647,11 +656,11 @@ int cache_layout_has_blocks(const CacheLayout *cl) {
 
 int cache_layout_block_tokens(const CacheLayout *cl, char *err, size_t errlen) {
     // the largest block of the layout's block codecs (a kivi residual of 4 is a window of 4 tokens,
-    // not of 16), else CACHE_MIN_BLOCK_TOKENS
+    // not of 16; kivi residual=1, one token), else CACHE_MIN_BLOCK_TOKENS
     int bt = 1;
     for (int p = 0; p < N_PARTS; p++)
         if (cl->part[p].present && codec_block_tokens(&cl->part[p].codec) > bt) bt = codec_block_tokens(&cl->part[p].codec);
-    if (bt == 1) bt = CACHE_MIN_BLOCK_TOKENS;
+    if (!cache_layout_has_blocks(cl)) bt = CACHE_MIN_BLOCK_TOKENS;
     for (int p = 0; p < N_PARTS; p++) {
         if (!cl->part[p].present) continue;
         int b = codec_block_tokens(&cl->part[p].codec);

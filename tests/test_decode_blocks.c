@@ -339,6 +339,7 @@ static void check_refusals(void) {
         {"qjl:buffer=36,group=8", "multiple of group=8"},
         {"qjl:bits=9", "qjl bits=9"},
         {"qjl:proj=1", "no setting 'proj'"},
+        {"k=qet:levels=0,width=2,k1=1,k2=0", "stores 0 bytes a token"},   // one constant whatever was written
     };
     for (size_t i = 0; i < sizeof(BAD) / sizeof(BAD[0]); i++) {
         CacheLayout cl;
@@ -355,6 +356,11 @@ static void check_refusals(void) {
     int ok = cache_layout_apply_spec(&cl, "k=kivi:residual=32,group=8", err, sizeof(err)) == 0 &&
              cache_layout_apply_spec(&cl, "v=kivi:residual=48,group=8", err, sizeof(err)) == 0;
     check(ok && cache_layout_block_tokens(&cl, err, sizeof(err)) < 0 && strstr(err, "do not divide"), "blocks of 32 and 48 refused", "refusals");
+    cache_layout_free(&cl);
+    // a kivi window of one token makes blocks of one token (it was taken for no block codec: 16)
+    cache_layout(&cl, &m->cfg);
+    ok = cache_layout_apply_spec(&cl, "kivi:bits=2,group=1,residual=1", err, sizeof(err)) == 0;
+    check(ok && cache_layout_block_tokens(&cl, err, sizeof(err)) == 1, "kivi residual=1: blocks of 1 token", "refusals");
     cache_layout_free(&cl);
     model_free(m);
     free(m);
