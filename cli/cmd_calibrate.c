@@ -143,6 +143,11 @@ int cmd_calibrate(int argc, char **argv) {
     for (int i = 0; i < n_specs; i++)
         for (int s = 0; s < cl->n_streams; s++)
             if (cache_spec_names_part(cl, specs[i], cl->streams[s].part) && cl->fit && cl->fit[s]) cache_layout_set_fit(cl, s, NULL);
+    // and with the settings named: iters too, which the layout kept from the dropped fit
+    for (int i = 0; i < n_specs; i++) {
+        char err[512];
+        if (cache_layout_apply_spec(cl, specs[i], err, sizeof(err)) != 0) die("--cache-codec '%s': %s", specs[i], err);
+    }
     int to_fit = 0;
     for (int s = 0; s < cl->n_streams; s++) to_fit += codec_needs_fit(&cl->part[cl->streams[s].part].codec) && !(cl->fit && cl->fit[s]);
     if (!to_fit) die("no cache codec to fit: --cache-codec names none that learns from data (cq, qet and kvquant do): use clla export for the others");
@@ -174,7 +179,9 @@ int cmd_calibrate(int argc, char **argv) {
     int fisher = 0;
     for (int s = 0; s < cl->n_streams; s++) {
         const Codec *codec = &cl->part[cl->streams[s].part].codec;
-        if (codec_needs_fit(codec) && !(cl->fit && cl->fit[s])) fisher |= codec_traits(codec->kind)->uses_fisher;
+        // a consumer's own k_rope weighs its samples alike (the collection below gives it no weights)
+        if (codec_needs_fit(codec) && !(cl->fit && cl->fit[s]) && cl->streams[s].part != PART_OWN_KROPE)
+            fisher |= codec_traits(codec->kind)->uses_fisher;
     }
     Collect c = {.m = &model, .cl = cl, .T = T, .fisher = fisher && !args_get(&a, SPECS, N_SPECS, "no-fisher"), .want = want,
                  .tty = isatty(2), .t0 = now_seconds(), .last = now_seconds()};

@@ -412,6 +412,8 @@ static int set_part_codec(CacheLayout *cl, int p, const Codec *given, char *err,
     char a[160], b[160];
     codec_format(&was, a, sizeof(a));
     codec_format(&now, b, sizeof(b));
+    int fitted = 0;   // the part's streams hold codebooks (a package's, not yet dropped)
+    for (int s = 0; cl->fit && s < cl->n_streams; s++) fitted |= cl->streams[s].part == p && cl->fit[s] != NULL;
     const int same = !strcmp(a, b), fitted_iters = cl->part[p].codec.iters;
     // another codec: the streams' fitted states no longer apply (freed by the codec they belong
     // to, so before the part changes codec)
@@ -420,7 +422,7 @@ static int set_part_codec(CacheLayout *cl, int p, const Codec *given, char *err,
             if (cl->streams[s].part == p) cache_layout_set_fit(cl, s, NULL);
     cl->part[p].codec = *c;
     cl->part[p].codec.fit = NULL;
-    if (cl->fit && same) cl->part[p].codec.iters = fitted_iters;   // what the kept codebooks were fitted with
+    if (fitted && same) cl->part[p].codec.iters = fitted_iters;   // what the kept codebooks were fitted with
     return 0;
 }
 

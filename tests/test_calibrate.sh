@@ -96,6 +96,17 @@ print("%d k codebooks refitted, %d v codebooks kept" % (len(k), len(v)))
 PY
 [ $? -eq 0 ] && grep -q "kept" pgr.out && ok "calibrate a cq package again with k's own spec: $(cat pgr.cmp); $(head -n 1 pgr.out)" ||
     fail "re-fit of a package's codec: $(cat pgr.out pgr.err pgr.cmp)"
+# a consumer's own k_rope weighs its samples alike: the run says nothing of Fisher weights (and
+# runs no backward for them)
+"${C[@]}" --cache-codec own_k_rope=cq:bits=2,c=2,iters=5 --out pok > pok.out 2> pok.err &&
+    grep -q "^wrote pok" pok.out && ! grep -q "Fisher" pok.out
+check $? "own_k_rope alone: not Fisher-weighted, and not said to be: $(head -n 1 pok.out | cut -c1-140)"
+# ... with the settings named: another iters is used and recorded for k (it kept the fit's 8),
+# v keeps its fit and its iters
+"$CLLA" calibrate pg --data shards/val --tokens 256 --seq 16 --batch 4 --cache-codec k=cq:bits=4,c=2,iters=3 --out pgi > pgi.out 2> pgi.err
+grep -q '"k":[[:space:]]*"cq:bits=4,c=2,iters=3"' pgi/config.json && grep -q '"v":[[:space:]]*"cq:bits=4,c=2,iters=8"' pgi/config.json &&
+    ! cmp -s pgr/cache_codecs.safetensors pgi/cache_codecs.safetensors
+check $? "a re-fit with iters=3 fits k with 3 iterations and records it, v keeps iters=8: $(head -n 1 pgi.out | cut -c1-120)"
 
 # ---- qet (QET's swap tree, product quantization and residual stage) on K and V
 "$CLLA" calibrate run_gqa --data shards/train --tokens 512 --seq 16 --batch 4 --cache-codec qet:levels=1,width=4,k1=16,k2=4,iters=5 \
