@@ -8,6 +8,7 @@
 // plain k-means: no Fisher weights); in a package one fp32 tensor per stream of shape
 // [(k1 + k2) * W]: stage 1's [W / width][k1][width] then stage 2's, the values the codec uses
 // (with the paper's codebook quantization, CQO at 10 bits, already applied).
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,7 +135,10 @@ static void qet_codec_fit_save(const Codec *c, int W, const void *state, float *
 static int qet_codec_fit_load(const Codec *c, int W, const float *data, void **state, char *err, size_t errlen) {
     QetSettings s = settings(c, W);
     if (qet_settings_check(&s, err, errlen) != 0) return -1;
-    if (codec_check_codebook(data, ((size_t)c->k[0] + c->k[1]) * W, INFINITY, "value", err, errlen) != 0) return -1;
+    // each at most half of FLT_MAX: a row decodes as stage 1 + stage 2, which stays finite (a
+    // codebook scaled by 1.1e38 passed and decoded to NaN, blamed on the model's activations)
+    if (codec_check_codebook(data, ((size_t)c->k[0] + c->k[1]) * W, FLT_MAX / 2, "value of at most half of FLT_MAX", err, errlen) != 0)
+        return -1;
     QetState *st = xcalloc(1, sizeof(QetState));
     st->s = s;
     st->m = W / s.width;

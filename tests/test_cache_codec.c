@@ -294,6 +294,10 @@ static void test_qet(void) {
     saved[3 * W + 1] = INFINITY;
     void *bad = NULL;
     check(t->fit_load(&c, W, saved, &bad, err, sizeof(err)) != 0 && strstr(err, "not a finite"), "qet: an infinity in the codebook is refused");
+    // finite, but two stages of it add up past FLT_MAX (a decoded NaN, blamed on the model)
+    saved[3 * W + 1] = 2e38f;
+    check(t->fit_load(&c, W, saved, &bad, err, sizeof(err)) != 0 && strstr(err, "half of FLT_MAX"),
+          "qet: a codebook value past half of FLT_MAX is refused");
     t->fit_free(loaded);
     t->fit_free(state);
     free(x); free(dec); free(dec2); free(bytes); free(ref); free(saved);
