@@ -138,6 +138,8 @@ int cmd_calibrate(int argc, char **argv) {
     ModelDir md;
     package_load_source(&md, &model, &cfg, src, specs, n_specs);
     CacheLayout *cl = &md.cache;
+    // the codecs learn from the activations of the weights the package serves
+    if (!strcmp(dtype, "bf16")) package_round_masters_bf16(&model, cfg.train.seed);
     // a part named by --cache-codec is fitted anew, also when the source package already holds
     // a fit of the same codec (a re-fit on other data or more tokens); the others keep theirs
     for (int i = 0; i < n_specs; i++)

@@ -149,6 +149,16 @@ static void refuse_past_bf16(const Model *model, const float *host) {
     }
 }
 
+void package_round_masters_bf16(Model *model, unsigned long long seed) {
+    float *host = xmalloc(model->params.bytes_f32);
+    model->be->download(host, model->master, model->params.bytes_f32);
+    refuse_past_bf16(model, host);
+    const size_t n = model->params.bytes_f32 / sizeof(float);
+    for (size_t i = 0; i < n; i++) host[i] = sr_bf16_to_f32(sr_f32_to_bf16_rne(host[i]));
+    model_set_masters(model, host, seed);
+    free(host);
+}
+
 void package_out_write(PackageOut *po, const Model *model, const Config *cfg, const CacheLayout *layout, const char *dtype) {
     const char *out = po->out;
     int st_dtype = !strcmp(dtype, "bf16") ? ST_BF16 : ST_F32;

@@ -30,6 +30,10 @@ void package_load_source(struct ModelDir *md, Model *model, Config *cfg, const c
 // a warning) against vocab_size. Dies with one line.
 void package_out_begin(PackageOut *po, const char *out, int overwrite, const char *tok_arg, const char *model_tok, int vocab_size,
                        const char *model_hash);
+// --dtype bf16 before calibrating: the masters rounded to bf16 (nearest even) as the package will
+// store them, so the codecs are fitted on the activations of the weights served. Refuses a weight
+// past bf16's range as package_out_write does.
+void package_round_masters_bf16(Model *model, unsigned long long seed);
 // Writes the package of the model's weights (dtype "fp32" or "bf16"), its config and the cache
 // layout (codecs and fitted states). Dies with one line and nothing written on failure.
 void package_out_write(PackageOut *po, const Model *model, const Config *cfg, const CacheLayout *layout, const char *dtype);

@@ -107,6 +107,14 @@ check $? "own_k_rope alone: not Fisher-weighted, and not said to be: $(head -n 1
 grep -q '"k":[[:space:]]*"cq:bits=4,c=2,iters=3"' pgi/config.json && grep -q '"v":[[:space:]]*"cq:bits=4,c=2,iters=8"' pgi/config.json &&
     ! cmp -s pgr/cache_codecs.safetensors pgi/cache_codecs.safetensors
 check $? "a re-fit with iters=3 fits k with 3 iterations and records it, v keeps iters=8: $(head -n 1 pgi.out | cut -c1-120)"
+# --dtype bf16 fits on the weights the package serves: the same tables as calibrating the bf16
+# export, and its weights (it fitted on the fp32 masters)
+D16=(--data shards/train --tokens 256 --seq 16 --batch 4 --cache-codec kvquant:bits=3)
+"$CLLA" calibrate run_gqa "${D16[@]}" --dtype bf16 --out pb16 > /dev/null 2>&1 &&
+    "$CLLA" export run_gqa --dtype bf16 --out pe16 > /dev/null 2>&1 &&
+    "$CLLA" calibrate pe16 "${D16[@]}" --out pe16c > /dev/null 2>&1 &&
+    cmp -s pb16/cache_codecs.safetensors pe16c/cache_codecs.safetensors && cmp -s pb16/model.safetensors pe16/model.safetensors
+check $? "calibrate --dtype bf16 fits on the bf16 weights it writes: the tables of calibrating the bf16 export"
 
 # ---- qet (QET's swap tree, product quantization and residual stage) on K and V
 "$CLLA" calibrate run_gqa --data shards/train --tokens 512 --seq 16 --batch 4 --cache-codec qet:levels=1,width=4,k1=16,k2=4,iters=5 \
