@@ -336,6 +336,7 @@ static int eval_ppl(const Args *a, const char *dir) {
 typedef struct BenchRun {
     char *name;                  // the file's name without folder and extension
     long long n, skipped;
+    long long not_finite;        // items with a log-likelihood that is not finite (a diverged model)
     double acc, acc_se, acc_norm, acc_norm_se, seconds, forward_seconds;
 } BenchRun;
 
@@ -460,13 +461,17 @@ static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int progress, FI
         const BenchItem *it = &j->b.items[scored[i]];
         const BenchScores s = all[(size_t)owner[i] * (size_t)(n ? n : 1) + (size_t)i];
         bench_totals_add(&tot, &s, it->label);
+        int finite = 1;
+        for (int c = 0; c < s.n_choices; c++) finite &= isfinite(s.loglik[c]) != 0;
+        r->not_finite += !finite;
         if (items_out) {
             cJSON *o = cJSON_CreateObject();
             add_text(o, "benchmark", r->name);
             cJSON_AddNumberToObject(o, "line", it->line);
             cJSON_AddNumberToObject(o, "label", it->label);
-            cJSON_AddNumberToObject(o, "pred", bench_pick(&s, 0));
-            cJSON_AddNumberToObject(o, "pred_norm", bench_pick(&s, 1));
+            // no pick among scores that are not all finite (bench_pick would say choice 0)
+            add_number_or_null(o, "pred", finite ? bench_pick(&s, 0) : NAN);
+            add_number_or_null(o, "pred_norm", finite ? bench_pick(&s, 1) : NAN);
             cJSON *ll = cJSON_AddArrayToObject(o, "loglik"), *tk = cJSON_AddArrayToObject(o, "tokens"),
                   *by = cJSON_AddArrayToObject(o, "bytes");
             for (int c = 0; c < s.n_choices; c++) {
@@ -491,6 +496,8 @@ static void run_bench(BenchScorer *sc, BenchJob *j, Dist *dist, int progress, FI
     r->forward_seconds = bench_scorer_forward_seconds(sc) - f0;
     bench_accuracy(tot.correct, tot.n, &r->acc, &r->acc_se);
     bench_accuracy(tot.correct_norm, tot.n, &r->acc_norm, &r->acc_norm_se);
+    // a pick among NaN scores is choice 0, whatever the model: no accuracy (null), and exit 1
+    if (r->not_finite) r->acc = r->acc_se = r->acc_norm = r->acc_norm_se = NAN;
     for (long long i = 0; i < n; i++) free(prompts[i]);
     free(prompts);
     free(scored);
@@ -620,6 +627,14 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
         }
         free(items_buf);
     }
+    long long not_finite = 0;
+    const char *first_bad = NULL;
+    for (int i = 0; i < n_bench; i++)
+        if (runs[i].not_finite) { not_finite += runs[i].not_finite; if (!first_bad) first_bad = paths[i]; }
+    if (not_finite && dist->rank == 0)
+        die("the model's log-likelihoods of %lld item%s (the first in '%s') are not finite: its weights have diverged", not_finite,
+            not_finite == 1 ? "" : "s", first_bad);
+    if (not_finite) return 1;
     for (int i = 0; i < n_bench; i++) { free(runs[i].name); free(paths[i]); }
     free(runs);
     free(jobs);
@@ -652,7 +667,7 @@ int cmd_eval(int argc, char **argv) {
     if (args_get(&a, SPECS, N_SPECS, "overwrite") && !args_get(&a, SPECS, N_SPECS, "items-out"))
         die("--overwrite replaces an existing --items-out FILE: give --items-out, or drop --overwrite");
     if (args_get(&a, SPECS, N_SPECS, "bench")) {
-        static const char *DATA_ONLY[] = {"data", "batch", "seq", "max-batches", "through-cache"};
+        static const char *DATA_ONLY[] = {"data", "ppl", "stride", "batch", "seq", "max-batches", "through-cache"};
         for (size_t i = 0; i < sizeof(DATA_ONLY) / sizeof(DATA_ONLY[0]); i++)
             if (args_get(&a, SPECS, N_SPECS, DATA_ONLY[i]))
                 die("--%s applies to token data, not to --bench (which always scores through the cache): drop one of them", DATA_ONLY[i]);

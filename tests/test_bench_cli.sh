@@ -259,6 +259,26 @@ bad "a missing benchmark file" "cannot read benchmark" --bench nothere.jsonl
 bad "--shots without --bench" "applies with --bench" --shots 1 --data x.bin
 bad "--data with --bench" "not to --bench" --bench two.jsonl --data x.bin
 bad "a shot count that is not a number" "shots" --bench two.jsonl --shots 2x
+bad "--ppl with --bench (it scored the benchmark alone)" "--ppl applies to token data, not to --bench" --bench two.jsonl --ppl x.bin
+bad "--stride with --bench" "--stride applies to token data, not to --bench" --bench two.jsonl --stride 3
+# a model whose activations overflow (finite weights, one norm scaled by 3e38): its scores are not
+# finite, so no accuracy (every pick among NaN was choice 0: an accuracy of the labels that are 0)
+/usr/bin/python3 - gqa/model.safetensors <<'PY'
+import array, json, os, shutil, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); d = bytearray(b[8 + n:])
+lo, hi = h["model.norm.weight"]["data_offsets"]
+x = array.array("f"); x.frombytes(bytes(d[lo:hi]))
+d[lo:hi] = array.array("f", [max(-3.3e38, min(3.3e38, v * 3e38)) for v in x]).tobytes()
+os.makedirs("huge", exist_ok=True); shutil.copy("gqa/config.json", "huge")
+open("huge/model.safetensors", "wb").write(b[:8 + n] + bytes(d))
+PY
+rm -f nf.items
+"${B[@]}" --checkpoint huge --bench two.jsonl --json --items-out nf.items > nf.out 2> nf.err
+rc=$?
+[ "$rc" -eq 1 ] && [ "$(wc -l < nf.err | tr -d ' ')" -ge 1 ] && grep -q "are not finite: its weights have diverged" nf.err &&
+    grep -q '"acc":null' nf.out && grep -q '"pred":null' nf.items
+check $? "non-finite scores: acc null, pred null, exit 1 ($(tail -n 1 nf.err))"
 
 # ---------------------------------------------------------------- ranks
 # mpirun deals the items over the ranks and gathers the scores: the same numbers for 1 and 2 ranks
