@@ -294,6 +294,22 @@ static float *logits_buf(BenchScorer *s, size_t n) {
     return s->logits;
 }
 
+// Bytes of the white space character ending t[0..n), 0 if none: what Python's str.rstrip()
+// removes (lm-evaluation-harness strips contexts with it), ASCII \t \n \v \f \r, \x1c-\x1f and
+// space, and in UTF-8 U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000.
+static size_t trailing_space(const char *t, size_t n) {
+    const unsigned char *u = (const unsigned char *)t;
+    if (n >= 1 && ((u[n - 1] >= 0x09 && u[n - 1] <= 0x0D) || (u[n - 1] >= 0x1C && u[n - 1] <= 0x20))) return 1;
+    if (n >= 2 && u[n - 2] == 0xC2 && (u[n - 1] == 0x85 || u[n - 1] == 0xA0)) return 2;
+    if (n >= 3) {
+        const unsigned a = u[n - 3], b = u[n - 2], c = u[n - 1];
+        if ((a == 0xE1 && b == 0x9A && c == 0x80) || (a == 0xE3 && b == 0x80 && c == 0x80) || (a == 0xE2 && b == 0x81 && c == 0x9F) ||
+            (a == 0xE2 && b == 0x80 && (c <= 0x8A || c == 0xA8 || c == 0xA9 || c == 0xAF)))
+            return 3;
+    }
+    return 0;
+}
+
 static void encode(BenchScorer *s, const char *text, U32Vec *out) {
     out->n = 0;
     tok_encode(s->enc, text, strlen(text), 0, out);
@@ -319,8 +335,8 @@ static int build_seqs(BenchScorer *s, const BenchItem *it, const char *prompt, S
         // white space ending the context goes to the continuation, as lm-evaluation-harness moves
         // it ("a time " + "ago" is read as "a time" + " ago", the tokens a byte-level tokenizer
         // gives the joined text)
-        size_t keep = plen + cl;
-        while (keep > 0 && strchr(" \t\n\r\v\f", ctx[keep - 1])) keep--;
+        size_t keep = plen + cl, w;
+        while ((w = trailing_space(ctx, keep)) > 0) keep -= w;
         char *full = xmalloc(plen + cl - keep + tl + 1);
         memcpy(full, ctx + keep, plen + cl - keep);
         memcpy(full + plen + cl - keep, cont, tl + 1);

@@ -149,20 +149,23 @@ mkdir -p bdir && cp two.jsonl bdir/b.jsonl && cp "$FX/hellaswag.jsonl" bdir/a.js
 
 # white space ending a context goes to the continuation, as lm-evaluation-harness moves it: "is " +
 # "wet" is scored as "is" + " wet" (it was tokenized as "is " and "wet", tokens the joined text never has)
+# Unicode white space too, as Python's rstrip() (an ideographic space and a no-break space)
 printf '%s\n' '{"context": "Water is ", "choices": ["wet", "dry"], "label": 0}' \
-    '{"context": "The cat sat on the\n", "choices": ["mat.", "moon."], "label": 0}' > ws_a.jsonl
+    '{"context": "The cat sat on the\n", "choices": ["mat.", "moon."], "label": 0}' \
+    '{"context": "Answer:\u3000\u00a0", "choices": ["A", "B"], "label": 0}' > ws_a.jsonl
 printf '%s\n' '{"context": "Water is", "choices": [" wet", " dry"], "label": 0}' \
-    '{"context": "The cat sat on the", "choices": ["\nmat.", "\nmoon."], "label": 0}' > ws_b.jsonl
+    '{"context": "The cat sat on the", "choices": ["\nmat.", "\nmoon."], "label": 0}' \
+    '{"context": "Answer:", "choices": ["\u3000\u00a0A", "\u3000\u00a0B"], "label": 0}' > ws_b.jsonl
 for f in ws_a ws_b; do "${B[@]}" --checkpoint gqa --bench $f.jsonl --cache-codec fp32 --items-out $f.items > /dev/null 2>&1; done
 if "$PY" - ws_a.items ws_b.items <<'PYEOF'
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
-assert len(a) == len(b) == 2, (a, b)
-for x, y in zip(a, b):
+assert len(a) == len(b) == 3, (a, b)
+for x, y, moved in zip(a, b, [1, 1, 5]):
     assert x["tokens"] == y["tokens"], (x, y)
     assert all(abs(u - v) <= 1e-4 for u, v in zip(x["loglik"], y["loglik"])), (x, y)
-    assert [n + 1 for n in x["bytes"]] == y["bytes"], (x, y)   # acc_norm: each choice's own bytes
+    assert [n + moved for n in x["bytes"]] == y["bytes"], (x, y)   # acc_norm: each choice's own bytes
 PYEOF
 then ok "a context's trailing white space is scored with the continuation (lm-evaluation-harness's rule)"
 else fail "trailing white space: $(cat ws_a.items ws_b.items)"; fi
