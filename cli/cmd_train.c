@@ -315,6 +315,21 @@ int cmd_train(int argc, char **argv) {
         if (st.step > tc->max_steps)
             die("%s is at step %d, past train.max_steps %d: a run does not go back; give --set train.max_steps=%d or more, "
                 "or resume an earlier checkpoint with --resume PATH", ckpt, st.step, tc->max_steps, st.step);
+        // bad input before anything moves (the abandoned timeline below)
+        if (stop_at && stop_at <= st.step)
+            die("--stop-at %d is not after the checkpoint's step %d: give a later step or drop --stop-at", stop_at, st.step);
+        if (rank0 && !clear_run_dir) {
+            // one timeline per run: the checkpoints after this one (and a final model made from
+            // them, sharded or not) belong to a timeline this run abandons; also when this run
+            // ends here, whose final model is then written in their place
+            char **extra = run_final_model_files(tc->out_dir);
+            char moved[2048], err[1024];
+            int n = ckpt_abandon_after(tc->out_dir, st.step, (const char *const *)extra, moved, sizeof(moved), err, sizeof(err));
+            if (n < 0) die("resuming at step %d: %s", st.step, err);
+            if (n > 0) fprintf(stderr, "clla train: resuming at step %d: moved the later checkpoints of the abandoned timeline into %s\n", st.step, moved);
+            for (char **p = extra; *p; p++) free(*p);
+            free(extra);
+        }
         if (st.step >= tc->max_steps) {
             // the run ended here; its final model may be missing or older when the end's write
             // failed (full disk) or the process was killed during it: written again, from the
@@ -332,25 +347,15 @@ int cmd_train(int argc, char **argv) {
             if (rank0) {
                 fprintf(stderr, "clla train: %s is at step %d = train.max_steps, but the run's final model of that step was not "
                         "written: writing it from the checkpoint\n", ckpt, st.step);
-                RunFiles rf = {.dir = xstrdup(tc->out_dir), .metrics_fd = -1, .shard_bytes = shard_bytes};
+                // the metrics of an abandoned timeline's later steps go too, as on any resume
+                RunFiles rf = {.metrics_fd = -1, .shard_bytes = shard_bytes};
+                run_files_open_resume(&rf, tc->out_dir, tc->metrics, st.step);
                 save_final_model(&rf, &cfg, &model, masters, ckpt);
                 run_files_close(&rf);
             }
             dist_barrier(&dist);
             dist_finalize(&dist);
             return 0;
-        }
-        if (rank0 && !clear_run_dir) {
-            // one timeline per run: the checkpoints after this one (and a final model made
-            // from them) belong to a timeline this run abandons
-            char *fm = path_join(tc->out_dir, "model.safetensors"), *fc = path_join(tc->out_dir, "config.json");
-            const char *extra[] = {fm, fc, NULL};
-            char moved[2048], err[1024];
-            int n = ckpt_abandon_after(tc->out_dir, st.step, extra, moved, sizeof(moved), err, sizeof(err));
-            if (n < 0) die("resuming at step %d: %s", st.step, err);
-            if (n > 0) fprintf(stderr, "clla train: resuming at step %d: moved the later checkpoints of the abandoned timeline into %s\n", st.step, moved);
-            free(fm);
-            free(fc);
         }
         if (rank0) fprintf(stderr, "clla train: resuming from %s at step %d (%lld steps skipped so far)\n", ckpt, st.step, st.skipped_total);
     } else if (tc->init_from[0]) {
@@ -360,8 +365,6 @@ int cmd_train(int argc, char **argv) {
         model_init_weights(&model, tc->seed);
     }
     model_set_batch(&model, B, T);
-    if (stop_at && stop_at <= st.step)
-        die("--stop-at %d is not after the checkpoint's step %d: give a later step or drop --stop-at", stop_at, st.step);
 
     if (clear_run_dir) {
         RunDirContents c;

@@ -328,6 +328,38 @@ else
     fail "(4) --resume auto after the older resume: $(head -n 2 r4c.err | tr '\n' ' ') | $(steps_of r4/metrics.jsonl)"
 fi
 
+# a refused --stop-at (not after the checkpoint) changes nothing: the later steps and the final
+# model were moved aside before the refusal
+"$CLLA" train --config c20.json --out r4e --quiet --save-every 5 2> r4e.err || fail "(4) run r4e failed: $(tail -n 1 r4e.err)"
+snap4e=$(cd r4e && find . -type f ! -name train.lock | sort | xargs md5sum)
+"$CLLA" train --config c20.json --out r4e --quiet --resume r4e/checkpoints/step_00000010 --stop-at 10 2> r4eb.err
+rc=$?
+[ "$rc" -eq 1 ] && grep -q -- "--stop-at 10 is not after" r4eb.err && [ "$snap4e" = "$(cd r4e && find . -type f ! -name train.lock | sort | xargs md5sum)" ]
+check $? "(4) a refused --stop-at moves nothing (rc $rc: $(tail -n 1 r4eb.err))"
+# resuming an earlier checkpoint to end there (train.max_steps = its step): the later timeline,
+# its final model among it, is moved aside before that step's final model is written (the step-20
+# model was overwritten, its steps left beside the new model)
+cp r4e/model.safetensors r4e.model20
+"$CLLA" train --config c20.json --out r4e --quiet --resume r4e/checkpoints/step_00000010 --set train.max_steps=10 2> r4ec.err
+rc=$?
+if [ "$rc" -eq 0 ] && cmp -s r4e/model.safetensors r4e/checkpoints/step_00000010/model.safetensors &&
+   cmp -s r4e.model20 r4e/checkpoints/abandoned-*/model.safetensors && ls -d r4e/checkpoints/abandoned-*/step_00000020 > /dev/null 2>&1 &&
+   [ "$(steps_of r4e/metrics.jsonl)" = "$(seq -s ' ' 1 10) " ]; then
+    ok "(4) ending at an earlier step: the step-20 model and steps kept in abandoned-*, step 10's model written, metrics 1..10"
+else
+    fail "(4) ending at an earlier step: rc $rc, $(ls r4e r4e/checkpoints | tr '\n' ' ') | $(steps_of r4e/metrics.jsonl) | $(tail -n 1 r4ec.err)"
+fi
+# a sharded final model goes aside whole (its index and shards stayed, beside no config.json)
+"$CLLA" train --config c20.json --out r4f --quiet --save-every 5 --shard-size 20KB 2> r4f.err || fail "(4) sharded run failed: $(tail -n 1 r4f.err)"
+n_shards=$(ls r4f | grep -c '^model-.*-of-.*\.safetensors$')
+"$CLLA" train --config c20.json --out r4f --quiet --save-every 5 --resume r4f/checkpoints/step_00000010 --stop-at 13 2> r4fb.err
+if [ "$n_shards" -gt 1 ] && [ -z "$(ls r4f | grep '^model')" ] && [ -e r4f/checkpoints/abandoned-*/model.safetensors.index.json ] &&
+   [ "$(ls r4f/checkpoints/abandoned-* | grep -c '^model-.*-of-')" -eq "$n_shards" ]; then
+    ok "(4) a sharded final model ($n_shards shards and the index) moved aside with its timeline"
+else
+    fail "(4) sharded final model on resume: $n_shards shards; $(ls r4f r4f/checkpoints/abandoned-* | tr '\n' ' ') | $(tail -n 1 r4fb.err)"
+fi
+
 # A second abandon within the same second gets a directory of its own: the names of the next
 # minute are taken here (as an abandon just before would have taken them), each holding a step
 # the resume below also abandons; they must be left as they are.

@@ -147,6 +147,26 @@ int run_dir_remove_temporaries(const char *dir, char *first, size_t first_len) {
 static const char *const RUN_MODEL_FILES[] = {"model.safetensors", "model.safetensors.index.json", "config.json"};
 #define N_RUN_MODEL_FILES (int)(sizeof(RUN_MODEL_FILES) / sizeof(RUN_MODEL_FILES[0]))
 
+char **run_final_model_files(const char *dir) {
+    size_t n = 0, cap = N_RUN_MODEL_FILES + 8;
+    char **v = xmalloc(cap * sizeof(char *));
+    struct stat sb;
+    for (int i = 0; i < N_RUN_MODEL_FILES; i++) {
+        char *p = path_join(dir, RUN_MODEL_FILES[i]);
+        if (stat(p, &sb) == 0) v[n++] = p;
+        else free(p);
+    }
+    DIR *dd = opendir(dir);
+    for (struct dirent *de; dd && (de = readdir(dd));) {
+        if (!is_model_shard(de->d_name)) continue;
+        if (n + 1 >= cap) v = xrealloc(v, (cap *= 2) * sizeof(char *));
+        v[n++] = path_join(dir, de->d_name);
+    }
+    if (dd) closedir(dd);
+    v[n] = NULL;
+    return v;
+}
+
 void run_dir_check_clearable(const char *dir, const char *metrics_path) {
     char *paths[N_RUN_MODEL_FILES + 2];
     paths[0] = run_metrics_path(dir, metrics_path);

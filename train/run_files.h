@@ -43,6 +43,10 @@ void run_dir_describe(const RunDirContents *c, char *buf, size_t len);
 // keep_model: config.json and the weights stay (the caller has just written new ones in their
 // place: an earlier run is not removed before its replacement is safely written).
 void run_dir_clear(const char *dir, const char *metrics_path, int keep_model);
+// The paths of dir's final model as they are there (config.json, model.safetensors, or the shard
+// index and its model-NNNNN-of-NNNNN.safetensors files), NULL-terminated, for moving them aside
+// with an abandoned timeline. The caller frees each path and the array.
+char **run_final_model_files(const char *dir);
 // The check run_dir_clear makes first, for a caller with a step to take before it (init writes
 // the new model, then clears): dies naming the first directory from which a removal would fail.
 void run_dir_check_clearable(const char *dir, const char *metrics_path);
