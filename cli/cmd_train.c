@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 
 #include "common/args.h"
 #include "common/num.h"
+#include "common/unfinished.h"
 #include "common/util.h"
 #include "data/bytes.h"
 #include "data/loader.h"
@@ -108,8 +110,13 @@ static void check_ranks_agree(Dist *dist, const Config *cfg, const Args *a) {
 }
 
 // The run's final model (rank 0), said on stderr.
+// SIGINT, SIGTERM and SIGHUP are held meanwhile: the weights and config.json are one commit,
+// which a signal cut in two (weights without their config.json); one that comes is handled after.
 static void save_final_model(RunFiles *rf, const Config *cfg, Model *model, const float *masters, const char *last_good) {
+    sigset_t before;
+    unfinished_hold_stops(&before);
     run_files_save_model(rf, cfg, model, masters, last_good);
+    unfinished_release_stops(&before);
     fprintf(stderr, "saved %s/%s and config.json\n", rf->dir, rf->shard_bytes ? "model.safetensors (or its shards)" : "model.safetensors");
 }
 
@@ -567,13 +574,15 @@ int cmd_train(int argc, char **argv) {
         }
     }
     if (rank0) print_curve_summary(curve + start_step, start_step, st.step - start_step);
-    signals_restore(&sig);
     if (stopped) {
         if (rank0) fprintf(stderr, "clla train: stopped after step %d of %d: continue with --resume auto\n", st.step, tc->max_steps);
     } else {
         const float *masters = grad_sync_full_masters(&gs, &model);   // collective
         if (rank0) save_final_model(&rf, &cfg, &model, masters, kc.saved[0] ? kc.saved : NULL);
     }
+    // after the final model: a first signal during its save only asks for a stop, which the
+    // finished run has made anyway
+    signals_restore(&sig);
 
     if (rank0) run_files_close(&rf);
     free(curve); free(in); free(tg); free(stats); free(all_stats);

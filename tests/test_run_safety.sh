@@ -309,6 +309,26 @@ left=$(ls -a r_hup/checkpoints 2> /dev/null | grep '^\.tmp' || true)
     ok "(3) SIGHUP during a checkpoint save: its temporary directory removed" || fail "(3) SIGHUP mid-save left '$left': $(tail -n 1 hup.err)"
 [ ! -e r_hup/train.lock ] && ok "(3) SIGHUP: the lock goes with the run" || fail "(3) SIGHUP left r_hup/train.lock: $(cat hup.err)"
 
+# one SIGTERM while the final model is written (after the last step's checkpoint): the run ends
+# normally, its model and config.json written (the handler was gone by then: exit 143, no model).
+# strace delays the rename of the final model, found by its place among the renames of the same
+# run traced once before (-P does not match a rename's new name)
+if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
+    strace -f -o cnt.trace -e trace=rename "$CLLA" train --config c.json --out r_cnt --quiet 2> /dev/null
+    k=$(grep -o 'rename("[^"]*", "[^"]*")' cnt.trace | grep -n 'r_cnt/model.safetensors")' | cut -d: -f1)
+    strace -f -o /dev/null -e trace=rename -e inject=rename:delay_enter=1500000:when="${k:-1}" \
+        "$CLLA" train --config c.json --out r_fin --quiet 2> fin.err &
+    fin=$!
+    for ((i = 0; i < 200; i++)); do ls r_fin/model.safetensors.tmp.* > /dev/null 2>&1 && break; sleep 0.02; done
+    pkill -TERM -P "$fin" -x clla
+    wait "$fin"
+    rc=$?
+    [ -n "$k" ] && [ "$rc" -eq 0 ] && [ -s r_fin/model.safetensors ] && [ -s r_fin/config.json ] && grep -q "^saved .*r_fin/model.safetensors" fin.err
+    check $? "(3) SIGTERM during the final model's save (rename $k held): the run ends normally with its model (rc $rc: $(tail -n 1 fin.err))"
+else
+    echo "skip (3) SIGTERM during the final save: strace cannot trace here (it is in scripts/setup.sh)"
+fi
+
 # ---------------------------------------------------------------- (4) one timeline
 cat > c20.json <<EOF
 {$MODEL, "train": {"data": "tok.bin", "max_steps": 20, "micro_batch": 2, $TRAIN}}
