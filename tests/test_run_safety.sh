@@ -369,6 +369,12 @@ if [ "$rc" -eq 0 ] && cmp -s r4e/model.safetensors r4e/checkpoints/step_00000010
 else
     fail "(4) ending at an earlier step: rc $rc, $(ls r4e r4e/checkpoints | tr '\n' ' ') | $(steps_of r4e/metrics.jsonl) | $(tail -n 1 r4ec.err)"
 fi
+# --overwrite with a checkpoint of an abandoned timeline: refused, as for one of the run's own
+# steps (the clear removed the checkpoint being resumed, and the run went on from memory)
+ab=$(ls -d r4e/checkpoints/abandoned-*/step_00000020 | head -n 1)
+expect_error "(4) --overwrite with --resume of an abandoned checkpoint" "would remove the checkpoint" -- \
+    "$CLLA" train --config c20.json --out r4e --quiet --resume "$ab" --overwrite
+[ -s "$ab/state.json" ] && check 0 "(4) the abandoned checkpoint is still there" || check 1 "(4) the abandoned checkpoint was removed"
 # a sharded final model goes aside whole (its index and shards stayed, beside no config.json)
 "$CLLA" train --config c20.json --out r4f --quiet --save-every 5 --shard-size 20KB 2> r4f.err || fail "(4) sharded run failed: $(tail -n 1 r4f.err)"
 n_shards=$(ls r4f | grep -c '^model-.*-of-.*\.safetensors$')

@@ -17,17 +17,21 @@
 #include "train/checkpoint.h"
 #include "train/run_files.h"
 
-// Is `ckpt` a directory inside run_dir/checkpoints? (Paths resolved, links followed.)
-static int ckpt_inside_run(const char *ckpt, const char *run_dir) {
+// Is `ckpt` a directory inside run_dir/checkpoints: directly (one of its steps, anywhere: an
+// abandoned timeline's, which --overwrite would remove too)? (Paths resolved, links followed.)
+static int ckpt_inside_run_at(const char *ckpt, const char *run_dir, int anywhere) {
     char a[PATH_MAX], b[PATH_MAX];
     char *cp = path_join(run_dir, CKPT_SUBDIR);
     int inside = realpath(ckpt, a) && realpath(cp, b);
     free(cp);
     if (!inside) return 0;
+    const size_t n = strlen(b);
+    if (anywhere) return !strncmp(a, b, n) && a[n] == '/';
     char *slash = strrchr(a, '/');
     if (slash) *slash = '\0';
     return !strcmp(a, b);
 }
+static int ckpt_inside_run(const char *ckpt, const char *run_dir) { return ckpt_inside_run_at(ckpt, run_dir, 0); }
 
 int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, char *ckpt, size_t ckpt_len) {
     const char *out = tc->out_dir;
@@ -62,6 +66,9 @@ int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, c
             if (!overwrite)
                 die("--resume %s: that checkpoint is not one of %s/%s, and %s already holds another run (%s): resume into an empty --out, or clear it with --overwrite",
                     resume, out, CKPT_SUBDIR, out, what);
+            if (ckpt_inside_run_at(resume, out, 1))   // under checkpoints/abandoned-*: cleared with the rest
+                die("--overwrite would remove the checkpoint that --resume %s names (it is inside %s/%s): copy it out of the run "
+                    "directory first, or drop --overwrite", resume, out, CKPT_SUBDIR);
             clear = 1;
         } else if (overwrite && !run_dir_is_empty(&c)) {
             die("--overwrite would remove the checkpoint that --resume %s names: drop --overwrite", resume);
