@@ -82,9 +82,14 @@ void plain_set_state(PlainLoader *pl, const LoaderState *st) {
         warn("token file '%s': the checkpoint's data fingerprint is of the token count only (written before 2026-11-28): it "
              "matches, the content could not be compared",
              pl->path);
-    if ((!counts_only && st->fingerprint != pl->fingerprint) || st->position > (unsigned long long)pl->n)
+    if (!counts_only && st->fingerprint != pl->fingerprint)
         die("token file '%s': the saved data position does not belong to this file and batch shape (B=%d, T=%d): resume with the same data and batch size",
             pl->path, pl->B, pl->T);
+    // the cursor moves by B*T from 0 and stays below the file's end (the shard loader's check)
+    const unsigned long long bt = (unsigned long long)pl->B * (unsigned long long)pl->T;
+    if (st->position >= (unsigned long long)pl->n || st->position % bt)
+        die("token file '%s': saved data position %llu is not a batch start (a multiple of B*T = %llu) below %lld: the "
+            "checkpoint's state is damaged", pl->path, st->position, bt, pl->n);
     pl->pos = (long long)st->position;
 }
 

@@ -342,6 +342,19 @@ bad_ckpt "fingerprint as a number" "decimal string" edit_state 's/"fingerprint":
 bad_ckpt "t and skips do not add up" "do not make step" edit_state 's/"t":[[:space:]]*8,/"t": 7,/'
 bad_ckpt "another optimizer" "optimizer.type is not" edit_state 's/"type":[[:space:]]*"adamw"/"type": "sgd"/'
 bad_ckpt "schedule missing" "field 'schedule'" edit_state 's/"schedule":/"schedulx":/'
+# the plain token file's position 3 past a batch start, resumed into an empty --out (it trained
+# on shifted windows)
+rm -rf c && mkdir c && cp -r "$GOOD" c/
+python3 - c/step_00000008/state.json <<'PYEOF'
+import re, sys
+t = open(sys.argv[1]).read()
+t = re.sub(r'("position":\s*")([0-9]+)"', lambda m: m.group(1) + str(int(m.group(2)) + 3) + '"', t, count=1)
+open(sys.argv[1], "w").write(t)
+PYEOF
+"$CLLA" train --config gqa.json --out pos_run --quiet --resume c/step_00000008 2> pos.err
+rc=$?
+[ "$rc" -eq 1 ] && [ "$(grep -c 'error' pos.err)" -eq 1 ] && tail -n 1 pos.err | grep -q "is not a batch start"
+check $? "damaged checkpoint: data position not a batch start: exit $rc, $(tail -n 1 pos.err)"
 bad_ckpt "file name with a path" "not a plain name" \
     edit_state 's/"files":[[:space:]]*\{/"files": {"..\/x": {"bytes": 1, "fnv1a64": "0000000000000000"},/'
 bad_ckpt "checksum mismatch" "checksum" sh -c 'printf "\x7f\x7f\x7f\x7f" | dd of=model.safetensors bs=1 seek=2000 conv=notrunc 2> /dev/null'
