@@ -122,11 +122,24 @@ static void fit_name(const CacheLayout *cl, int s, char *buf, size_t n) {
     snprintf(buf, n, "layers.%d.%s.%s", st->layer, cache_part_name(st->part), codec_name(&cl->part[st->part].codec));
 }
 
+// The settings a fitted state belongs to: the codec's spec without iters (which only shaped the
+// fitting), recorded beside each tensor in the file's __metadata__ and compared on load, where a
+// setting edited in config.json that keeps the tensor's shape (qet's k1 and k2 swapped, levels,
+// kvquant's outliers) had been served with tables fitted for another.
+static void fit_spec(const Codec *c, char *buf, size_t n) {
+    Codec d = *c;
+    d.iters = 0;
+    codec_format(&d, buf, n);
+    char *it = strstr(buf, ",iters=0");   // said without it
+    if (it) memmove(it, it + 8, strlen(it + 8) + 1);
+}
+
 int model_dir_save_cache_fits(const CacheLayout *cl, const char *path, char *err, size_t errlen) {
     if (!cl->fit) return 0;
     StTensor *t = xcalloc((size_t)cl->n_streams, sizeof(StTensor));
     char (*names)[96] = xcalloc((size_t)cl->n_streams, sizeof(*names));
     float **bufs = xcalloc((size_t)cl->n_streams, sizeof(float *));
+    cJSON *meta = cJSON_CreateObject();   // each tensor's codec: what it was fitted for
     int n = 0;
     for (int s = 0; s < cl->n_streams; s++) {
         if (!cl->fit[s]) continue;
@@ -139,9 +152,15 @@ int model_dir_save_cache_fits(const CacheLayout *cl, const char *path, char *err
         bufs[n] = xmalloc((size_t)codec_fit_elements(c, W) * sizeof(float));
         tr->fit_save(c, W, cl->fit[s], bufs[n]);
         t[n].data = bufs[n];
+        char spec[160];
+        fit_spec(c, spec, sizeof(spec));
+        cJSON_AddStringToObject(meta, names[n], spec);
         n++;
     }
-    int rc = n ? st_save(path, OUT_REPLACE, t, n, ST_F32, NULL, err, errlen) : 0;
+    char *meta_text = cJSON_PrintUnformatted(meta);
+    cJSON_Delete(meta);
+    int rc = n ? st_save(path, OUT_REPLACE, t, n, ST_F32, meta_text, err, errlen) : 0;
+    cJSON_free(meta_text);
     for (int i = 0; i < n; i++) free(bufs[i]);
     free(bufs);
     free(names);
@@ -165,6 +184,8 @@ static void load_cache_fits(CacheLayout *cl, const char *dir) {
     if (!present) die("package '%s' names a fitted cache codec but holds no %s: calibrate it again (clla calibrate)", dir, PACKAGE_CACHE_CODECS);
     StFile sf;
     if (st_open(&sf, path, err, sizeof(err)) != 0) die("'%s': %s", path, err);
+    // written since 2026-11-28: each tensor's codec settings (earlier files have none: not compared)
+    cJSON *meta = sf.metadata_json ? cJSON_Parse(sf.metadata_json) : NULL;
     int used = 0;
     for (int s = 0; s < cl->n_streams; s++) {
         const Codec *c = &cl->part[cl->streams[s].part].codec;
@@ -188,6 +209,12 @@ static void load_cache_fits(CacheLayout *cl, const char *dir) {
             die("'%s': tensor '%s' has shape [%s], but the codec %s of part %s (width %d) needs [%s]: calibrate the package again",
                 path, name, got, codec_name(c), cache_part_name(cl->streams[s].part), W, want);
         }
+        const cJSON *fitted_for = cJSON_GetObjectItemCaseSensitive(meta, name);
+        char spec[160];
+        fit_spec(c, spec, sizeof(spec));
+        if (cJSON_IsString(fitted_for) && strcmp(fitted_for->valuestring, spec))
+            die("'%s': tensor '%s' was fitted for %s, but the package's \"cache\" section names %s for part %s: restore the "
+                "settings, or calibrate the package again", path, name, fitted_for->valuestring, spec, cache_part_name(cl->streams[s].part));
         float *buf = xmalloc((size_t)codec_fit_elements(c, W) * sizeof(float));
         if (st_read_f32(&sf, i, buf, err, sizeof(err)) != 0) die("'%s': tensor '%s': %s", path, name, err);
         void *state = NULL;
@@ -196,6 +223,7 @@ static void load_cache_fits(CacheLayout *cl, const char *dir) {
         cache_layout_set_fit(cl, s, state);
         used++;
     }
+    cJSON_Delete(meta);
     if (used != sf.n) die("'%s' holds %d tensors where the package's cache codecs use %d: calibrate the package again", path, sf.n, used);
     st_close(&sf);
     free(path);

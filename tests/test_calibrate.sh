@@ -124,6 +124,13 @@ full=$(field pq.json loss) dec=$(field pq.json loss_decoded)
 if near "$full" "$dec" 1e-4 && grep -q '"k":{"stored":2.0000,"paper":2.0000' pq.json && ! grep -q Fisher pq.out; then
     ok "gqa qet on k and v: full forward $full = decoded $dec, 2 bits/element, no Fisher pass"
 else fail "gqa qet: full $full vs decoded $dec: $(cat pq.json pq.out)" pq.jerr; fi
+# settings edited in config.json that keep the tables' shape (k1 and k2 swapped): refused, since
+# cache_codecs.safetensors records what each table was fitted for (they were served as they were)
+rm -rf pq_edit && cp -r pq pq_edit && sed -i 's/k1=16,k2=4/k1=4,k2=16/g' pq_edit/config.json
+"$CLLA" eval --checkpoint pq_edit --data shards/val --max-batches 1 --batch 4 --seq 24 --through-cache --json > /dev/null 2> pqe.err
+rc=$?
+[ "$rc" -eq 1 ] && [ "$(wc -l < pqe.err)" -eq 1 ] && grep -q "was fitted for qet:levels=1,width=4,k1=16,k2=4" pqe.err
+check $? "a package whose qet settings were edited (same shapes) is refused: $(cat pqe.err)"
 
 # ---- kvquant (pre-RoPE keys, Fisher-weighted datatypes, sparse outliers, an fp16 sink) on K and V
 "$CLLA" calibrate run_gqa --data shards/train --tokens 512 --seq 16 --batch 4 --cache-codec kvquant:bits=3,outliers_permille=20 \
