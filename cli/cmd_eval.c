@@ -17,6 +17,7 @@
 #include "common/json_strict.h"
 #include "common/num.h"
 #include "common/util.h"
+#include "data/bytes.h"
 #include "data/corpus.h"
 #include "data/utf8.h"
 #include "eval/bench.h"
@@ -534,6 +535,37 @@ static int bench_files(const Args *a, char ***out) {
     return m;
 }
 
+// Under mpirun every rank must score the same items of the same model the same way: a rank with
+// another --shots, --limit, benchmark file or model config (a node-local copy) gave numbers that
+// were neither run's, or wrote past a buffer sized for its own item count in the gather. What
+// each rank would score (the model's config, the cache codecs, the path, every item's prompt,
+// choices and label) is compared with rank 0's before any forward.
+static void check_bench_ranks_agree(Dist *dist, const Config *cfg, const char *codecs, int full, int n_bench, const BenchJob *jobs) {
+    cJSON *j = config_to_json(cfg);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    unsigned long long h = fnv1a64(text, strlen(text) + 1);
+    free(text);
+    h = fnv1a64_update(h, codecs, strlen(codecs) + 1);
+    h = fnv1a64_update(h, &full, sizeof(full));
+    h = fnv1a64_update(h, &n_bench, sizeof(n_bench));
+    for (int b = 0; b < n_bench; b++) {
+        h = fnv1a64_update(h, &jobs[b].n, sizeof(jobs[b].n));
+        for (long long i = 0; i < jobs[b].n; i++) {
+            const BenchItem *it = &jobs[b].b.items[jobs[b].scored[i]];
+            h = fnv1a64_update(h, jobs[b].prompts[i], strlen(jobs[b].prompts[i]) + 1);
+            for (int c = 0; c < it->n_choices; c++) h = fnv1a64_update(h, it->choices[c], strlen(it->choices[c]) + 1);
+            if (it->continuation) h = fnv1a64_update(h, it->continuation, strlen(it->continuation) + 1);
+            h = fnv1a64_update(h, &it->label, sizeof(it->label));
+        }
+    }
+    const int r = dist_rank_differing(dist, h);
+    if (!r) return;
+    if (dist->rank != 0) exit(1);   // rank 0 says why, once
+    die("rank %d would score other items, or another model or cache, than rank 0 (its options, benchmark files or model "
+        "directory differ): every rank must get the same command line and the same files", r);
+}
+
 // --bench: one JSON object per benchmark (--json), else a markdown table with one row for this
 // checkpoint and codec, columns per benchmark.
 static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const Args *a, Dist *dist, int K, uint64_t seed,
@@ -563,6 +595,7 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     BenchRun *runs = xcalloc((size_t)n_bench, sizeof(BenchRun));
     BenchJob *jobs = xcalloc((size_t)n_bench, sizeof(BenchJob));
     for (int i = 0; i < n_bench; i++) prepare_bench(&jobs[i], sc, paths[i], K, seed, limit, skip_bad);
+    if (dist->world > 1) check_bench_ranks_agree(dist, cfg, codecs, full, n_bench, jobs);
     for (int i = 0; i < n_bench; i++) {
         BenchRun *r = &runs[i];
         run_bench(sc, &jobs[i], dist, dist->rank ? 0 : tty ? 2 : 1, items, r);

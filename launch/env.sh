@@ -11,10 +11,10 @@ export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$CLLA_IFACE}
 # host bridge); CLLA_IB=0 forces TCP sockets (clusters without IB, or to rule it out).
 export CLLA_IB=${CLLA_IB:-1}
 if [ "$CLLA_IB" = 1 ]; then
-    export NCCL_IB_DISABLE=0
+    export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-0}
     export NCCL_NET_GDR_LEVEL=${NCCL_NET_GDR_LEVEL:-PHB}
 else
-    export NCCL_IB_DISABLE=1
+    export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}
     export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}   # no openib/ucx probing
     export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 fi

@@ -9,9 +9,13 @@ case $N in '' | *[!0-9]* | 0*) echo "run_single_node.sh: N '$N' must be a whole 
 HERE=$(cd "$(dirname "$0")" && pwd)
 CLLA=${CLLA:-$HERE/../build/clla}
 [ -x "$CLLA" ] || { echo "run_single_node.sh: '$CLLA' is not an executable: build clla (bash scripts/build.sh build) or set CLLA" >&2; exit 2; }
+# an interface named by the user stays NCCL's (its bootstrap opens a socket even on one host)
+user_iface=${NCCL_SOCKET_IFNAME-}${CLLA_IFACE-}
 . "$HERE/env.sh"
-# ranks run on one host: shared memory between them, so no interface is needed
+# ranks run on one host: shared memory between them, so no interface is needed; env.sh's default
+# name (eth0) would make NCCL fail on a host whose card is called otherwise (ens5, enp0s3)
 unset OMPI_MCA_btl_tcp_if_include OMPI_MCA_oob_tcp_if_include
+[ -n "$user_iface" ] || unset NCCL_SOCKET_IFNAME
 ROOT=(); [ "$(id -u)" = 0 ] && ROOT=(--allow-run-as-root)
 exec mpirun "${ROOT[@]}" -np "$N" --bind-to "${CLLA_BIND:-socket}" --map-by "${CLLA_MAP:-socket}" \
     "$CLLA" train --config "$CONFIG" "$@"

@@ -294,6 +294,18 @@ if command -v mpirun > /dev/null && ldd "$CLLA" 2> /dev/null | grep -q libmpi; t
     if [ -s r1.json ] && [ "$(wc -l < r2.json)" -eq 2 ] && [ "$(strip r1.json)" = "$(strip r2.json)" ] && cmp -s r1.items r2.items; then
         ok "1 and 2 ranks: the same results and per-item log-likelihoods ($(wc -l < r1.items) items)"
     else fail "1 vs 2 ranks: $(cat r1.json r1.err r2.json r2.err | head -c 600)"; fi
+    # rank 1 started with another cache or scoring path (node-local scripts or files that differ):
+    # refused once by rank 0 before any forward (it printed numbers of neither run, or rank 1
+    # crashed writing past the gather's buffer and the job hung)
+    printf '#!/usr/bin/env bash\n[ "$OMPI_COMM_WORLD_RANK" = 1 ] && exec "$@" $R1ARGS\nexec "$@"\n' > r1args.sh
+    chmod +x r1args.sh
+    for extra in "--cache-codec fp32" "--full-forward"; do
+        R1ARGS=$extra OMP_NUM_THREADS=1 timeout 120 mpirun --oversubscribe --bind-to none -x R1ARGS -np 2 ./r1args.sh "${B[@]}" "${R[@]}" \
+            > dis.json 2> dis.err
+        rc=$?
+        [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c "rank 1 would score other items" dis.err)" = 1 ] && [ ! -s dis.json ]
+        check $? "rank 1 with $extra: refused once before scoring (rc $rc: $(grep -m1 -o 'rank 1 would score[^:]*' dis.err))"
+    done
 else
     echo "skip (printed reason): 1 vs 2 ranks needs mpirun and a clla built with MPI"
 fi

@@ -136,6 +136,13 @@ void dist_init(Dist *d, double timeout_s) {
         MPI_Comm_free(&local);
     }
 #endif
+    // started as one of several ranks (mpirun of a build without MPI, srun without --mpi=pmix)
+    // but alone in its world: it would do the whole job alone, once per rank
+    const char *var = NULL;
+    const int launched = dist_launched_ranks(&var);
+    if (launched > 1 && d->world == 1)
+        die("this process is one of %d ranks (%s) but no MPI world joins them: each would do the whole job alone; use a clla "
+            "built with MPI (docs/DISTRIBUTED.md) under mpirun, or srun --mpi=pmix", launched, var);
     if (d->world > 1) d->scratch = xmalloc((size_t)d->world * DIST_PIECE * sizeof(float));
     if (timeout_s > 0 && d->world > 1) {
         DistWatchdog *w = xcalloc(1, sizeof(*w));
