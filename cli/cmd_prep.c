@@ -379,7 +379,12 @@ static int verify(const PrepOptions *o) {
     char *train = path_join(o->verify, "train"), *val = path_join(o->verify, "val"), *own_tok = path_join(o->verify, "tokenizer.tok");
     struct stat st;
     const int prep_dir = stat(train, &st) == 0 && S_ISDIR(st.st_mode);
-    const char *tok_path = o->tokenizer ? o->tokenizer : prep_dir && access(own_tok, R_OK) == 0 ? own_tok : NULL;
+    // a prep directory is checked against its tokenizer: one without it (and no --tokenizer) was
+    // passed with no tokenizer checked at all
+    if (prep_dir && !o->tokenizer && access(own_tok, R_OK) != 0)
+        die("--verify %s: it holds train/ but no readable tokenizer.tok (%s) to check the shards against: give --tokenizer FILE",
+            o->verify, strerror(errno));
+    const char *tok_path = o->tokenizer ? o->tokenizer : prep_dir ? own_tok : NULL;
     uint64_t want = 0;
     if (tok_path) {
         Tokenizer *t = tok_load(tok_path);

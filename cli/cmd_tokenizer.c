@@ -126,7 +126,7 @@ static int do_train(int argc, char **argv) {
     // everything that can be checked without the corpus, before reading it
     for (int i = 0; i < n_specials; i++) {
         if (!tok_special_text_ok(specials[i], strlen(specials[i])))
-            die("--special '%s': a special token must be non-empty and without whitespace", specials[i]);
+            die("--special '%s': a special token must be non-empty and without whitespace or control characters", specials[i]);
         for (int j = 0; j < i; j++)
             if (!strcmp(specials[i], specials[j])) die("--special '%s' is given twice: give each special token once", specials[i]);
         if (strlen(specials[i]) > TOK_MAX_TOKEN_BYTES)
@@ -255,6 +255,11 @@ static int do_decode(int argc, char **argv) {
     if (!have_args) {
         size_t len;
         char *buf = read_input(NULL, file, &len);
+        // the ids are read as a C string: what followed a NUL byte went unread
+        const char *nul = memchr(buf, 0, len);
+        if (nul)
+            die("%s: a NUL byte at offset %zu is not a token id (expected decimal ids separated by spaces, newlines or commas)",
+                file ? file : "standard input", (size_t)(nul - buf));
         parse_ids(buf, file ? file : "standard input", &ids);
         free(buf);
     }

@@ -154,6 +154,8 @@ char *read_file(const char *path, size_t *len) {
     }
     off_t size = ftello(f);
     if (size < 0 || fseeko(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
+    // a size of 0 says nothing for /proc and /sys files, which hold text all the same
+    if (size == 0) return read_stream(f, len);
     char *buf = xmalloc((size_t)size + 1);
     size_t got = fread(buf, 1, (size_t)size, f);
     int err = ferror(f);

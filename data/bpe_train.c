@@ -328,7 +328,7 @@ Tokenizer *bpe_trainer_finish(BpeTrainer *bt, uint32_t vocab_size, const char *c
     for (int i = 0; t && i < n_specials; i++) {
         const char *s = specials[i];
         if (!tok_special_text_ok(s, strlen(s))) {
-            snprintf(err, errlen, "special token '%s' must be non-empty and without whitespace", s);
+            snprintf(err, errlen, "special token '%s' must be non-empty and without whitespace or control characters", s);
             tok_free(t);
             t = NULL;
         } else if (tok_add(t, vocab.n + (uint32_t)i, (const uint8_t *)s, strlen(s), 1, err, errlen) != 0) {

@@ -66,8 +66,10 @@ void tok_free(Tokenizer *t) {
 
 int tok_special_text_ok(const char *s, size_t n) {
     if (n == 0) return 0;
+    // no white space and no control byte (a NUL cut the file's "#special" line short when written,
+    // which then hashed to another tokenizer than the shards were made with)
     for (size_t i = 0; i < n; i++)
-        if (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\v' || s[i] == '\f' || s[i] == '\r') return 0;
+        if ((unsigned char)s[i] <= 0x20 || s[i] == 0x7f) return 0;
     return 1;
 }
 

@@ -134,7 +134,7 @@ Tokenizer *tok_parse(const char *buf, size_t len, const char *name, char *err, s
                 return NULL;
             }
             if (!tok_special_text_ok(ln.s + 9, (size_t)(last - 1 - (ln.s + 9)))) {
-                snprintf(err, errlen, "%s:%zu: a special token's text holds white space (docs/FORMAT.md): '#special TEXT ID' with TEXT without it", name, ln.no);
+                snprintf(err, errlen, "%s:%zu: a special token's text holds white space or a control character (docs/FORMAT.md): '#special TEXT ID' with TEXT without them", name, ln.no);
                 tok_free(t);
                 return NULL;
             }

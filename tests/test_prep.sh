@@ -45,6 +45,11 @@ check $ok "shards are identical for 1 and 2 threads (split by content, order kep
   grep -q "made with .*/p1/tokenizer.tok" "$W/v2.log"
 check $? "prep --verify of a prep output directory checks train/ and val/ against its tokenizer.tok"
 cmp -s "$W/p1/tokenizer.tok" "$W/tok.tok"; check $? "prep stores the tokenizer beside the shards"
+# without it (and no --tokenizer) the shards were passed with no tokenizer checked: refused
+mkdir -p "$W/p1_notok" && cp -r "$W/p1/train" "$W/p1/val" "$W/p1_notok/"
+"$CLLA" prep --verify "$W/p1_notok" > "$W/v3.log" 2>&1
+[ $? -ne 0 ] && grep -q "holds train/ but no readable tokenizer.tok" "$W/v3.log"
+check $? "prep --verify of a prep directory without its tokenizer.tok is refused: $(tail -n 1 "$W/v3.log")"
 
 # An earlier prep's output is not replaced without --overwrite; with it, a second run with bigger
 # shards and no validation split leaves no stale shard (nor val/) behind.

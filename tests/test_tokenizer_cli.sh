@@ -16,6 +16,7 @@ PASS=0
 FAIL=0
 ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
 fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; sed 's/^/    /' err.log 2> /dev/null; }
+check() { if [ "$1" -eq 0 ]; then ok "$2"; else fail "$2"; fi; }   # check STATUS NAME
 # expect_error NAME NEEDLE CMD...: non-zero exit, exactly one error line, containing NEEDLE
 expect_error() {
     local name=$1 needle=$2
@@ -58,6 +59,22 @@ expect_error "encode --file with --text is refused" "--text and --file" \
     "$CLLA" tokenizer encode --tokenizer x.tok --file in.txt --text hi
 echo 5 6 > ids.txt
 expect_error "decode ids with --file is refused" "--file both" "$CLLA" tokenizer decode --tokenizer x.tok 5 --file ids.txt
+# ids after a NUL byte went unread (decoded "5" and exit 0): refused
+printf '5 6\0 not-an-id 99999' > nul_ids.txt
+expect_error "decode input with a NUL byte is refused" "a NUL byte at offset 3 is not a token id" \
+    "$CLLA" tokenizer decode --tokenizer x.tok --file nul_ids.txt
+# a special token's text with a NUL (or another control byte) in a tokenizer file: refused (the
+# copy prep writes stopped at the NUL and hashed to another tokenizer than its shards')
+{ cat x.tok; printf '#special <|a\0b|> 400\n'; } > nul_special.tok
+expect_error "a tokenizer file whose special holds a NUL is refused" "white space or a control character" \
+    "$CLLA" tokenizer info --tokenizer nul_special.tok
+# a file whose size says 0 but holds text (/proc, /sys): read to its end (it was encoded as empty)
+if [ -n "$(cat /proc/version 2> /dev/null)" ]; then
+    a=$("$CLLA" tokenizer encode --tokenizer x.tok --file /proc/version) b=$(cat /proc/version | "$CLLA" tokenizer encode --tokenizer x.tok)
+    [ -n "$a" ] && [ "$a" = "$b" ]; check $? "encode --file /proc/version gives what the piped text gives"
+else
+    echo "skip (printed reason): /proc/version is not readable here"
+fi
 # what stays accepted
 a=$("$CLLA" tokenizer encode --tokenizer x.tok --file in.txt) && b=$("$CLLA" tokenizer encode --tokenizer x.tok --text 'from the file') &&
     [ -n "$a" ] && [ "$a" = "$b" ] && ok "encode --file alone and --text alone agree" || fail "encode --file / --text alone"
