@@ -31,11 +31,14 @@ OMP_NUM_THREADS=2 run_logged r1t2 "$CLLA" train --config bench.json --out r1t2 -
 OMP_NUM_THREADS=1 run_logged r2 mpirun --bind-to none -np 2 "$CLLA" train --config bench.json --out r2 --quiet
 OMP_NUM_THREADS=1 run_logged r2z mpirun --bind-to none -np 2 "$CLLA" train --config bench.json --out r2z --quiet --zero 1
 t1=$(median r1 tokens_per_s); t1t2=$(median r1t2 tokens_per_s); t2=$(median r2 tokens_per_s); t2z=$(median r2z tokens_per_s)
+# every median taken in an assignment, which set -e ends the benchmark on: one inside printf's
+# arguments failed alone and printed 0.0 as the figure
+m1=$(median r1 ms); m1t2=$(median r1t2 ms); m2=$(median r2 ms); c2=$(median r2 comm_ms); m2z=$(median r2z ms); c2z=$(median r2z comm_ms)
 printf '%-28s %12s %10s %10s\n' "run" "tokens/s" "ms/step" "comm ms"
-printf '%-28s %12.0f %10.1f %10s\n' "1 rank x 1 thread" "$t1" "$(median r1 ms)" "-"
-printf '%-28s %12.0f %10.1f %10s\n' "1 rank x 2 threads" "$t1t2" "$(median r1t2 ms)" "-"
-printf '%-28s %12.0f %10.1f %10.2f\n' "2 ranks x 1 thread" "$t2" "$(median r2 ms)" "$(median r2 comm_ms)"
-printf '%-28s %12.0f %10.1f %10.2f\n' "2 ranks x 1 thread, ZeRO-1" "$t2z" "$(median r2z ms)" "$(median r2z comm_ms)"
+printf '%-28s %12.0f %10.1f %10s\n' "1 rank x 1 thread" "$t1" "$m1" "-"
+printf '%-28s %12.0f %10.1f %10s\n' "1 rank x 2 threads" "$t1t2" "$m1t2" "-"
+printf '%-28s %12.0f %10.1f %10.2f\n' "2 ranks x 1 thread" "$t2" "$m2" "$c2"
+printf '%-28s %12.0f %10.1f %10.2f\n' "2 ranks x 1 thread, ZeRO-1" "$t2z" "$m2z" "$c2z"
 awk -v a="$t1" -v b="$t2" -v c="$t2z" -v d="$t1t2" 'BEGIN {
     printf "scaling efficiency 2 ranks / (2 x 1 rank): %.1f%% (ZeRO-1: %.1f%%); 2 ranks vs 1 rank x 2 threads: %.2fx\n",
            100 * b / (2 * a), 100 * c / (2 * a), b / d }'

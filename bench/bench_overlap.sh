@@ -51,10 +51,14 @@ for p in $(seq "$PAIRS"); do
     for mode in on off; do
         if [ "$mode" = on ]; then args=("${ON[@]}"); label="during the backward"; else args=("${OFF[@]}"); label="after the backward"; fi
         run_logged "shm_${mode}_$p" mpirun --bind-to none --oversubscribe -np "$RANKS" "$CLLA" train --config bench.json --out "shm_${mode}_$p" --quiet "${args[@]}"
-        printf '%-6s %-5s %-24s %10.1f %10.1f\n' shm "$p" "$label" "$(median "shm_${mode}_$p" ms)" "$(median "shm_${mode}_$p" comm_ms)"
+        # medians in assignments, which set -e ends the benchmark on (inside printf's arguments a
+        # failed one printed 0.0)
+        ms=$(median "shm_${mode}_$p" ms); comm=$(median "shm_${mode}_$p" comm_ms)
+        printf '%-6s %-5s %-24s %10.1f %10.1f\n' shm "$p" "$label" "$ms" "$comm"
         if [ "$net" = 1 ]; then
             NETNS_HOSTS=$RANKS NETNS_RATE=$RATE NETNS_DUPLEX=${DUPLEX:-0} run_logged "net_${mode}_$p" bash "$HERE/../launch/netns_two_hosts.sh" "$CLLA" bench.json "net_${mode}_$p" --quiet "${args[@]}"
-            printf '%-6s %-5s %-24s %10.1f %10.1f\n' "$RATE" "$p" "$label" "$(median "net_${mode}_$p" ms)" "$(median "net_${mode}_$p" comm_ms)"
+            ms=$(median "net_${mode}_$p" ms); comm=$(median "net_${mode}_$p" comm_ms)
+            printf '%-6s %-5s %-24s %10.1f %10.1f\n' "$RATE" "$p" "$label" "$ms" "$comm"
         fi
     done
 done

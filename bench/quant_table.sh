@@ -23,11 +23,13 @@
 set -euo pipefail
 case ${1:-} in -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CALLER=$PWD   # a relative OUT is the caller's, the default is the repository's
 cd "$ROOT"
 BUILD=${CLLA_BUILD_DIR:-$ROOT/build}
 CACHE=${CLLA_DATA_CACHE:-$ROOT/data_cache}
 CLLA=$BUILD/clla
 OUT=${1:-runs/quant_table}
+[ -z "${1:-}" ] || case $OUT in /*) ;; *) OUT=$CALLER/$OUT ;; esac
 STEPS=${QT_STEPS:-300}
 BATCHES=${QT_BATCHES:-4}
 CAL=${QT_CAL_TOKENS:-4096}

@@ -24,10 +24,12 @@
 set -euo pipefail
 case ${1:-} in -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CALLER=$PWD   # a relative REPRO_OUT is the caller's, the default is the repository's
 cd "$ROOT"
 BUILD=${CLLA_BUILD_DIR:-$ROOT/build}
 CACHE=${CLLA_DATA_CACHE:-$ROOT/data_cache}
 OUT=${REPRO_OUT:-runs/repro}
+[ -z "${REPRO_OUT:-}" ] || case $OUT in /*) ;; *) OUT=$CALLER/$OUT ;; esac
 SEEDS=${REPRO_SEEDS:-1,2,3}
 Q=$CACHE/quickstart
 export CLLA=$BUILD/clla OMP_WAIT_POLICY=PASSIVE
@@ -39,6 +41,9 @@ fi
 S=(--set "train.data=$Q/shards/train" --set "train.val_data=$Q/shards/val" --set "train.tokenizer=$Q/tokenizer.tok"
    --set train.threads=1 --set train.val_every=250 --set train.val_batches=0 --seeds "$SEEDS")
 [ $# -gt 0 ] || set -- main t5 s2
+for part in "$@"; do   # every part known before the first sweep (an hour) starts
+  case $part in main | t5 | s2) ;; *) echo "reproduction: unknown part '$part': main, t5 or s2" >&2; exit 2 ;; esac
+done
 status=0
 for part in "$@"; do
   case $part in

@@ -14,10 +14,12 @@
 set -euo pipefail
 case ${1:-} in -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CALLER=$PWD   # a relative OUT is the caller's, the default is the repository's
 cd "$ROOT"
 BUILD=${CLLA_BUILD_DIR:-$ROOT/build}
 CACHE=${CLLA_DATA_CACHE:-$ROOT/data_cache}
 OUT=${1:-runs/repro}
+[ -z "${1:-}" ] || case $OUT in /*) ;; *) OUT=$CALLER/$OUT ;; esac
 SEEDS=${REPRO_SEEDS:-1,2,3}
 Q=$CACHE/quickstart
 CLLA=$BUILD/clla
