@@ -54,6 +54,18 @@ if [ "$op" = moe ] && [ ! -f "$work/old_tree/backend/moe_tiles.h" ]; then
     echo "ab.sh: moe: $old predates the grouped matmuls' row-count argument (backend/moe_tiles.h): compare against a later commit" >&2
     exit 2
 fi
+# the bench calls the old entry points with the working tree's prototypes: an op whose arguments
+# changed since (attention's T x T matrix before issue 16's out and lse) ran undefined and hung
+sigs() { python3 -c '
+import re, sys
+t = re.sub(r"\s+", " ", open(sys.argv[1]).read())
+for m in re.finditer(r"(?:^| )void (cpu_\w+)\(([^)]*)\) \{", t): print(m.group(1) + "(" + re.sub(r"\b\w+(?=,|$)", "", m.group(2)).replace(" ", "") + ")")
+' "$1" | sort; }
+changed=$(comm -13 <(sigs "$src") <(sigs "$work/old_tree/$src") | head -n 1)
+if [ -n "$changed" ]; then
+    echo "ab.sh: $op: $old's $src has another prototype than the working tree's ($changed): compare against a later commit" >&2
+    exit 2
+fi
 sed "s/^void cpu_/void old_cpu_/" "$work/old_tree/$src" > "$work/old_tree/${src%.c}_old.c"
 gcc "${cflags[@]}" -I "$work/old_tree" -c "$work/old_tree/${src%.c}_old.c" -o "$work/old.o"
 gcc "${flags[@]}" -c "$src" -o "$work/new.o"
