@@ -120,6 +120,21 @@ static void measure(double *bw, double *rd, double *sg) {
     *sg = g > *sg ? g : *sg;
 }
 
+// The benchmark's d512 model of a preset (latent presets with the paper's rank 256 and rope 32,
+// GQA with 2 kv heads), max_pos positions. Dies naming an unknown preset.
+static void preset_config(Config *cfg, const char *preset, int max_pos) {
+    char json_cfg[1024];
+    snprintf(json_cfg, sizeof(json_cfg),
+             "{\"attention\":\"%s\",\"vocab_size\":8192,\"hidden_size\":512,\"num_hidden_layers\":8,"
+             "\"num_attention_heads\":8,\"head_dim\":64,\"v_head_dim\":64,\"intermediate_size\":1408,"
+             "\"max_position_embeddings\":%d,\"tie_word_embeddings\":false%s,\"train\":{\"seq_len\":1024}}",
+             preset, max_pos,
+             strstr(preset, "la") && strcmp(preset, "cla") && strcmp(preset, "gqa_cla")
+                 ? ",\"kv_lora_rank\":256,\"qk_rope_head_dim\":32,\"q_lora_rank\":0"
+                 : strstr(preset, "gqa") ? ",\"num_key_value_heads\":2" : "");
+    config_from_json(cfg, json_cfg, preset, 0, NULL);
+}
+
 int main(int argc, char **argv) {
     Args a;
     args_parse(&a, argc, argv, SPECS, N_SPECS,
@@ -138,25 +153,31 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nc; i++) max_ctx = contexts[i] > max_ctx ? contexts[i] : max_ctx;
 
     double bw = 0, rd = 0, sg = 0, t_start = now_seconds();
-    measure(&bw, &rd, &sg);
     Result *res = NULL;
     int n_res = 0;
 
     char presets[512];
     snprintf(presets, sizeof(presets), "%s", args_get(&a, SPECS, N_SPECS, "presets") ? args_get(&a, SPECS, N_SPECS, "presets") : ALL_PRESETS);
     if (!strpbrk(presets, "abcdefghijklmnopqrstuvwxyz")) die("--presets '%s' names no preset: give a comma-separated list, e.g. mha,clla_quant", presets);
+    const int max_pos = max_ctx + steps + 2 > PREFILL_TOKENS + 1 ? max_ctx + steps + 2 : PREFILL_TOKENS + 1;
+    {   // every preset and the codec checked before the first is measured (a bad last one threw
+        // away the minutes of measurements before it)
+        char all[512];
+        snprintf(all, sizeof(all), "%s", presets);
+        for (char *save = NULL, *preset = strtok_r(all, ",", &save); preset; preset = strtok_r(NULL, ",", &save)) {
+            Config cfg;
+            preset_config(&cfg, preset, max_pos);
+            CacheLayout cl;
+            cache_layout(&cl, &cfg.model);
+            char err[256];
+            if (codec_spec && cache_layout_apply_spec(&cl, codec_spec, err, sizeof(err)) != 0) die("--cache-codec with %s: %s", preset, err);
+            cache_layout_free(&cl);
+        }
+    }
+    measure(&bw, &rd, &sg);
     for (char *save = NULL, *preset = strtok_r(presets, ",", &save); preset; preset = strtok_r(NULL, ",", &save)) {
-        char json_cfg[1024];
-        snprintf(json_cfg, sizeof(json_cfg),
-                 "{\"attention\":\"%s\",\"vocab_size\":8192,\"hidden_size\":512,\"num_hidden_layers\":8,"
-                 "\"num_attention_heads\":8,\"head_dim\":64,\"v_head_dim\":64,\"intermediate_size\":1408,"
-                 "\"max_position_embeddings\":%d,\"tie_word_embeddings\":false%s,\"train\":{\"seq_len\":1024}}",
-                 preset, max_ctx + steps + 2 > PREFILL_TOKENS + 1 ? max_ctx + steps + 2 : PREFILL_TOKENS + 1,
-                 strstr(preset, "la") && strcmp(preset, "cla") && strcmp(preset, "gqa_cla")
-                     ? ",\"kv_lora_rank\":256,\"qk_rope_head_dim\":32,\"q_lora_rank\":0"
-                     : strstr(preset, "gqa") ? ",\"num_key_value_heads\":2" : "");
         Config cfg;
-        config_from_json(&cfg, json_cfg, preset, 0, NULL);
+        preset_config(&cfg, preset, max_pos);
         Model m;
         model_build(&m, &cfg.model, backend_cpu());
         model_init_weights(&m, 1);

@@ -250,6 +250,9 @@ bench_refuses() {   # NAME NEEDLE CMD...
 }
 bench_refuses "bench_decode --batches 65" "from 1 to 64" "$BUILD/bench/bench_decode" --presets mqa --contexts 16 --batches 65 --steps 1
 bench_refuses "bench_decode --presets ,," "names no preset" "$BUILD/bench/bench_decode" --presets ,, --contexts 16
+# every preset checked before the first is measured (a bad last one came after minutes of runs)
+bench_refuses "bench_decode --presets mha,mah (refused before mha runs)" "unknown attention preset 'mah'" \
+    "$BUILD/bench/bench_decode" --presets mha,mah --contexts 16 --batches 1 --steps 1
 bench_refuses "bench_codec --codecs ';;'" "names no codec" "$BUILD/bench/bench_codec" --codecs ';;'
 bench_refuses "bench_moe --bogus" "unknown option '--bogus'" "$BUILD/bench/bench_moe" --bogus 3
 "$BUILD/bench/bench_moe" --help > "$WORK/moe_help.out" 2>&1 && grep -q "^usage: bench_moe" "$WORK/moe_help.out" && ! grep -q "^ratio " "$WORK/moe_help.out" &&
