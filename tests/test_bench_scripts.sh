@@ -22,6 +22,7 @@ PASS=0
 FAIL=0
 ok()   { PASS=$((PASS + 1)); echo "ok   $1"; }
 fail() { FAIL=$((FAIL + 1)); echo "FAIL $1"; }
+check() { if [ "$1" -eq 0 ]; then ok "$2"; else fail "$2"; fi; }   # check STATUS NAME
 cd "$SRC" || exit 1
 
 cat > "$WORK/fake_bench_gpu" <<'EOF2'
@@ -250,6 +251,12 @@ bench_refuses() {   # NAME NEEDLE CMD...
 }
 bench_refuses "bench_decode --batches 65" "from 1 to 64" "$BUILD/bench/bench_decode" --presets mqa --contexts 16 --batches 65 --steps 1
 bench_refuses "bench_decode --presets ,," "names no preset" "$BUILD/bench/bench_decode" --presets ,, --contexts 16
+# a bench_loader run that fails removes its generated shards (23 MB were left in /tmp)
+before=$(ls -d /tmp/bench_loader_* 2> /dev/null | sort)
+"$BUILD/bench/bench_loader" --T 16777216 > /dev/null 2>&1
+rc=$?
+[ "$rc" -ne 0 ] && [ "$(ls -d /tmp/bench_loader_* 2> /dev/null | sort)" = "$before" ]
+check $? "bench_loader that fails (a window past its data) leaves no shards in /tmp (rc $rc)"
 # every preset checked before the first is measured (a bad last one came after minutes of runs)
 bench_refuses "bench_decode --presets mha,mah (refused before mha runs)" "unknown attention preset 'mah'" \
     "$BUILD/bench/bench_decode" --presets mha,mah --contexts 16 --batches 1 --steps 1
