@@ -365,7 +365,7 @@ static void apply_set(cJSON *root, const char *assignment) {
     free(key);
 }
 
-static cJSON *parse_config(const char *text, size_t len, const char *origin) {
+cJSON *config_parse(const char *text, size_t len, const char *origin) {
     char err[256];
     cJSON *root = json_parse_strict(text, len, err, sizeof(err));
     if (!root) die("%s: %s", origin, err);
@@ -550,7 +550,7 @@ void config_from_object(Config *cfg, cJSON *root, const char *origin, int n_sets
 }
 
 void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets) {
-    cJSON *root = parse_config(json, strlen(json), origin);
+    cJSON *root = config_parse(json, strlen(json), origin);
     config_from_object(cfg, root, origin, n_sets, sets);
     cJSON_Delete(root);
 }
@@ -559,7 +559,7 @@ void config_load(Config *cfg, const char *path, int n_sets, char **sets) {
     size_t len;
     char *text = read_file(path, &len);
     if (!text) die("cannot read config '%s': %s: check the path", path, strerror(errno));
-    cJSON *root = parse_config(text, len, path);
+    cJSON *root = config_parse(text, len, path);
     free(text);
     resolve_paths(root, path);
     for (int i = 0; i < n_sets; i++) apply_set(root, sets[i]);

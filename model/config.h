@@ -90,6 +90,10 @@ void config_load(Config *cfg, const char *path, int n_sets, char **sets);
 void config_set_out_dir(Config *cfg, const char *out);
 // Same, from JSON text (tests). `origin` names the source in error messages.
 void config_from_json(Config *cfg, const char *json, const char *origin, int n_sets, char **sets);
+// A config's text parsed strictly (common/json_strict.h: text after the value, a key twice, a
+// number cJSON reads loosely); dies with origin and the line and column, or when the top level
+// is not an object. The caller frees the tree.
+cJSON *config_parse(const char *text, size_t len, const char *origin);
 // Same, from a tree json_parse_strict gave (common/json_strict.h; a package's config.json with its
 // own sections taken out), which the overrides change. Not from a lenient cJSON parse: printing
 // one back lost what the strict parse refuses (1e999 came back as null, the key's default).

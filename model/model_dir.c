@@ -7,7 +7,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "common/json_strict.h"
 #include "common/util.h"
 #include "model/safetensors.h"
 
@@ -26,11 +25,8 @@ static cJSON *parse_config_file(const char *path) {
     size_t len = 0;
     char *text = read_file(path, &len);
     if (!text) die("cannot read '%s': %s: pass a run directory, a checkpoint directory or a package", path, strerror(errno));
-    char err[256];
-    cJSON *root = json_parse_strict(text, len, err, sizeof(err));
+    cJSON *root = config_parse(text, len, path);
     free(text);
-    if (!root) die("%s: %s", path, err);
-    if (!cJSON_IsObject(root)) die("%s: the top level must be a JSON object", path);
     return root;
 }
 
