@@ -214,14 +214,13 @@ static int32_t *ppl_tokens(const char *path, const Args *a, const ModelDir *md, 
     if (path_has_ext(path, ".bin")) {
         if (len % 4) die("--ppl '%s': %zu bytes is not a whole number of uint32 token ids", path, len);
         *n = (long long)(len / 4);
-        ids = xmalloc((len ? len : 4));
+        // converted in place: the file's buffer becomes the ids (one copy of the file held)
+        ids = (int32_t *)(void *)buf;
         for (long long i = 0; i < *n; i++) {
-            const uint8_t *b = (const uint8_t *)buf + 4 * i;
-            uint32_t id = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+            const uint32_t id = get_le32((const uint8_t *)buf + 4 * i);
             if (id >= (uint32_t)vocab) die("--ppl '%s': token %lld is id %u, outside the model's vocabulary of %d", path, i, id, vocab);
             ids[i] = (int32_t)id;
         }
-        free(buf);
         return ids;
     }
     if (memchr(buf, 0, len)) die("--ppl '%s' holds a NUL byte: not a text file (token ids go in a .bin file)", path);

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Commands stream their inputs (docs/FORMAT.md, "Plain token file"; docs/INFERENCE.md, "Memory"):
+# the peak resident memory of a run does not grow with the size of what it reads. Each case runs
+# the same command on a small and on a large input and allows the large one a fixed margin:
+#   - train and eval --data on a plain token file of 64 MiB: 8 MiB more (the loader reads each
+#     batch at its cursor; a loader holding the file takes 64 MiB more);
+#   - eval --ppl on a .bin of 16 MiB: 18 MiB more (one copy of the ids; the file and a converted
+#     copy of it take 32 MiB more);
+#   - generate over 3000 prompts with --max-new-tokens 4000 that each stop at their first token:
+#     8 MiB more than over 1 prompt (what a finished prompt held is freed; a generation buffer per
+#     prompt kept to the end takes 3000 x 16 KB = 47 MiB more).
+# The peak is getrusage's ru_maxrss of the finished child (peak in tests/lib/check.sh).
+# Needs CLLA (the binary) and SRC; ctest sets them. Prints "N passed, M failed".
+set -u
+: "${CLLA:?set CLLA to the clla binary (ctest does this)}"
+: "${SRC:?set SRC to the source tree (ctest does this)}"
+. "$(dirname "$0")/lib/check.sh" test_input_memory
+
+MiB=1048576
+# grows NAME MARGIN_MIB SMALL_ARGS -- LARGE_ARGS: both exit 0 and the large run's peak is within
+# MARGIN_MIB of the small run's
+grows() {
+    local name=$1 margin=$(($2 * MiB)) small=() large=() rc0 b0 rc1 b1
+    shift 2
+    while [ "$1" != "--" ]; do small+=("$1"); shift; done
+    shift
+    large=("$@")
+    read -r rc0 b0 < <(peak "${small[@]}")
+    read -r rc1 b1 < <(peak "${large[@]}")
+    local grew=$((b1 - b0))
+    if [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && [ "$grew" -le "$margin" ]; then
+        ok "$name: peak grew $((grew / MiB)) MiB (limit $((margin / MiB)))"
+    else
+        fail "$name: exits $rc0 $rc1, peak grew $((grew / MiB)) MiB, over the limit $((margin / MiB)) MiB: $(tail -n 1 peak.err)"
+    fi
+}
+
+head -c 40000 /dev/zero > small.bin
+head -c $((64 * MiB)) /dev/zero > big.bin
+head -c $((16 * MiB)) /dev/zero > mid.bin
+cat > c.json <<EOF
+{"attention": "mha", "vocab_size": 256, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+ "num_key_value_heads": 2, "intermediate_size": 32, "max_position_embeddings": 64,
+ "train": {"data": "small.bin", "max_steps": 2, "micro_batch": 2, "seq_len": 16, "threads": 1, "log_every": 1000}}
+EOF
+grows "train on a plain token file of 64 MiB" 8 \
+    train --config c.json --out run_small --quiet -- \
+    train --config c.json --out run_big --quiet --set train.data=big.bin
+grows "eval --data on a plain token file of 64 MiB" 8 \
+    eval --checkpoint run_small --data small.bin --batch 1 --seq 16 --max-batches 2 -- \
+    eval --checkpoint run_small --data big.bin --batch 1 --seq 16 --max-batches 2
+grows "eval --ppl on a token file of 16 MiB" 18 \
+    eval --checkpoint run_small --ppl small.bin --seq 64 --batch 16 -- \
+    eval --checkpoint run_small --ppl mid.bin --seq 64 --batch 16
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
