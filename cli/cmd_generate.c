@@ -257,6 +257,17 @@ static void print_finished(const Gen *g, const Seq *s, const Prompt *p, double n
     if (fflush(stdout) != 0 || ferror(stdout)) die_stdout();
 }
 
+// What a finished sequence and its prompt held, once printed.
+static void seq_free(Seq *s, Prompt *p) {
+    free(s->prompt);
+    free(s->gen);
+    free(s->text.v);
+    free(p->text);
+    s->prompt = s->gen = NULL;
+    s->text = (ByteVec){0};
+    p->text = NULL;
+}
+
 // ---------------------------------------------------------------- options
 
 int cmd_generate(int argc, char **argv) {
@@ -353,7 +364,6 @@ int cmd_generate(int argc, char **argv) {
         s->plen = (int)ids.n;
         s->prompt = xmalloc(ids.n * sizeof(int32_t));
         for (size_t k = 0; k < ids.n; k++) s->prompt[k] = (int32_t)ids.v[k];
-        s->gen = xmalloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t));
         s->slot = -1;
         // the prompt's own stream: its tokens do not depend on the batch it is decoded in
         rng_seed(&s->rng, seed ^ (0x9E3779B97F4A7C15ull * (unsigned long long)(i + 1)));
@@ -411,6 +421,9 @@ int cmd_generate(int argc, char **argv) {
             for (int k = 0; k < batch; k++) {
                 if (phase == 0 && !slot[k] && next < pl.n) {
                     Seq *s = &seqs[next++];
+                    // its generation buffer while it runs: a file of many prompts holds only the
+                    // --batch running ones' (tests/test_input_memory.sh)
+                    s->gen = xmalloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t));
                     s->slot = k;
                     s->t_start = now_seconds();
                     slot[k] = s;
@@ -456,6 +469,7 @@ int cmd_generate(int argc, char **argv) {
                 stream_out(&g, s);
                 if (s->stop != RUNNING) {
                     print_finished(&g, s, &pl.p[s->index], now_seconds());
+                    seq_free(s, &pl.p[s->index]);
                     decoder_release(dec, s->slot);
                     slot[s->slot] = NULL;
                     s->slot = -1;
@@ -478,13 +492,7 @@ int cmd_generate(int argc, char **argv) {
     decoder_free(dec);
     sampler_free(&g.sampler);
     free(g.gap_ids);
-    for (int i = 0; i < pl.n; i++) {
-        free(seqs[i].prompt);
-        free(seqs[i].gen);
-        free(seqs[i].text.v);
-        free(pl.p[i].text);
-    }
-    free(seqs);
+    free(seqs);   // each freed when it finished
     free(pl.p);
     free(slot);
     free(logits);

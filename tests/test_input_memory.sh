@@ -6,9 +6,10 @@
 #     batch at its cursor; a loader holding the file takes 64 MiB more);
 #   - eval --ppl on a .bin of 16 MiB: 18 MiB more (one copy of the ids; the file and a converted
 #     copy of it take 32 MiB more);
-#   - generate over 3000 prompts with --max-new-tokens 4000 that each stop at their first token:
-#     8 MiB more than over 1 prompt (what a finished prompt held is freed; a generation buffer per
-#     prompt kept to the end takes 3000 x 16 KB = 47 MiB more).
+#   - generate --prompts over 6000 prompts with --max-new-tokens 4000 that stop at their first
+#     tokens (a model trained on nothing but <|endoftext|>): 8 MiB more than over 64 prompts, one
+#     --batch of them (what a finished prompt held is freed; a generation buffer per prompt
+#     allocated at the start and kept to the end took 28 MiB more, at 0150969).
 # The peak is getrusage's ru_maxrss of the finished child (peak in tests/lib/check.sh).
 # Needs CLLA (the binary) and SRC; ctest sets them. Prints "N passed, M failed".
 set -u
@@ -52,6 +53,29 @@ grows "eval --data on a plain token file of 64 MiB" 8 \
 grows "eval --ppl on a token file of 16 MiB" 18 \
     eval --checkpoint run_small --ppl small.bin --seq 64 --batch 16 -- \
     eval --checkpoint run_small --ppl mid.bin --seq 64 --batch 16
+
+"$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out tok.tok "$SRC/tests/fixtures/english.jsonl" > setup.log 2>&1 ||
+    fail "tokenizer train" setup.log
+eos=$("$CLLA" tokenizer encode --tokenizer tok.tok --allow-special --text '<|endoftext|>')
+python3 - "$eos" <<'PYEOF'
+import random, struct, sys
+open("eos.bin", "wb").write(struct.pack("<I", int(sys.argv[1])) * 20000)
+random.seed(1)
+w = ["the", "cat", "sat", "on", "mat", "dog", "ran", "away"]
+lines = [" ".join(random.choice(w) for _ in range(8)) + "\n" for _ in range(6000)]
+open("many.txt", "w").write("".join(lines))
+open("few.txt", "w").write("".join(lines[:64]))
+PYEOF
+"$CLLA" train --config c.json --out run_eos --quiet --set vocab_size=300 --set max_position_embeddings=4096 \
+    --set train.data=eos.bin --set train.tokenizer="$WORK/tok.tok" --set train.max_steps=30 --set train.lr=0.01 >> setup.log 2>&1 ||
+    fail "train the <|endoftext|> model" setup.log
+grows "generate --prompts, 6000 prompts" 8 \
+    generate --model run_eos --prompts few.txt --max-new-tokens 4000 --json -- \
+    generate --model run_eos --prompts many.txt --max-new-tokens 4000 --json
+"$CLLA" generate --model run_eos --prompts many.txt --max-new-tokens 4000 --json > many.jsonl 2> /dev/null
+n=$(grep -c '"stop_reason":"stop_token"' many.jsonl)
+[ "$n" -eq 6000 ] && ok "the 6000 prompts stopped at <|endoftext|> (the case measures what it means to)" ||
+    fail "$n of 6000 prompts stopped at <|endoftext|>: the model did not learn to stop"
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
