@@ -44,7 +44,8 @@ typedef struct CachedChunk {
 // Everything the prefetch thread owns.
 typedef struct Producer {
     uint64_t epoch, position;
-    uint64_t plan_epoch;    // epoch the plan below was built for (UINT64_MAX: none)
+    uint64_t plan_epoch;    // epoch the plan below was built for, when have_plan
+    int have_plan;          // a flag, not a marker epoch: a checkpoint may hold any epoch
     uint32_t *perm;         // chunk order of the epoch
     uint64_t *group_start;  // first epoch position of each group, plus the total at the end
     uint32_t n_groups;
@@ -103,6 +104,7 @@ static void build_plan(ShardLoader *sl, uint64_t epoch) {
     }
     pr->group_start[pr->n_groups] = at;
     pr->plan_epoch = epoch;
+    pr->have_plan = 1;
     pr->cur_group = UINT32_MAX;
 }
 
@@ -176,7 +178,7 @@ static int copy_window(ShardLoader *sl, WindowRef w, int32_t *dst) {
 
 static int produce_batch(ShardLoader *sl, int32_t *slot) {
     Producer *pr = &sl->pr;
-    if (pr->plan_epoch != pr->epoch) build_plan(sl, pr->epoch);
+    if (!pr->have_plan || pr->plan_epoch != pr->epoch) build_plan(sl, pr->epoch);
     for (int b = 0; b < sl->B; b++) {
         uint64_t p = pr->position + (uint64_t)sl->rank * sl->B + (uint64_t)b;
         uint32_t g = pr->cur_group;
@@ -320,7 +322,7 @@ ShardLoader *shards_open(char **paths, int n_paths, const LoaderOptions *opt) {
         for (int j = 0; j < MIX_CHUNKS; j++) max_group += top[j];
     }
     pr->windows = xmalloc(max_group * sizeof(WindowRef));
-    pr->plan_epoch = UINT64_MAX;
+    pr->have_plan = 0;
     pr->cur_group = UINT32_MAX;
     pr->rb = shard_readbuf_new();
     sl->ring = xmalloc((size_t)PREFETCH_DEPTH * sl->B * (sl->T + 1) * sizeof(int32_t));
