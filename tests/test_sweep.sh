@@ -259,6 +259,8 @@ expect_refusal "a seed clla cannot read exactly" "--seeds: 9007199254740993 is l
     "$SWEEP" --out E10 gqa.json --seeds 9007199254740993 --max-steps 4
 expect_refusal "--max-steps past train.max_steps' range" "--max-steps 3000000000: train.max_steps is at most 2147483647" E11 -- \
     "$SWEEP" --out E11 gqa.json --max-steps 3000000000
+expect_refusal "--save-every past clla train's range" "--save-every 99999999999: a checkpoint interval is at most 2147483647" E14 -- \
+    "$SWEEP" --out E14 gqa.json --max-steps 4 --save-every 99999999999
 expect_refusal "--tokens making more steps than train.max_steps holds" "--tokens 300000000000: .* more than train.max_steps" E12 -- \
     "$SWEEP" --out E12 gqa.json --tokens 300000000000
 expect_refusal "train.metrics in --set" "train.metrics: every run of a sweep writes OUT/runs/NAME/metrics.jsonl" E13 -- \
