@@ -39,6 +39,8 @@ int cmd_debug_step(int argc, char **argv) {
     if (!dir || !tok || !out) die("clla debug-step needs --model, --tokens and --out: see --help");
     const int overwrite = args_get(&a, SPECS, N_SPECS, "overwrite") != NULL;
     output_file_check(out, overwrite, "--out");
+    output_not_input(out, "--out", dir, "--model directory");
+    output_not_input(out, "--out", tok, "--tokens");
     const char *bs = args_get(&a, SPECS, N_SPECS, "batch"), *ts = args_get(&a, SPECS, N_SPECS, "seq");
     int B = bs ? (int)opt_i64("--batch", bs, 1, 2147483647) : 2, T = ts ? (int)opt_i64("--seq", ts, 1, 2147483647) : 16;
     Config cfg;

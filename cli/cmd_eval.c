@@ -576,11 +576,7 @@ static int eval_bench(Model *model, const ModelDir *md, const Config *cfg, const
     Tokenizer *tok = open_tokenizer(args_get(a, SPECS, N_SPECS, "tokenizer"), md, cfg->model.vocab_size, cfg->train.tokenizer_hash);
     int full = args_get(a, SPECS, N_SPECS, "full-forward") != NULL, skip_bad = args_get(a, SPECS, N_SPECS, "skip-bad") != NULL;
     const char *items_path = args_get(a, SPECS, N_SPECS, "items-out");
-    struct stat out_st, in_st;
-    if (items_path && stat(items_path, &out_st) == 0)   // --overwrite replaces a file, never an input
-        for (int i = 0; i < n_bench; i++)
-            if (stat(paths[i], &in_st) == 0 && in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino)
-                die("--items-out '%s' is the --bench file '%s': write the per-item lines to another file", items_path, paths[i]);
+    for (int i = 0; items_path && i < n_bench; i++) output_not_input(items_path, "--items-out", paths[i], "--bench file");
     // item lines gather in memory and reach the file at the end: a run stopped by bad input
     // leaves no file, nor a temporary
     char *items_buf = NULL;

@@ -143,6 +143,7 @@ static int do_train(int argc, char **argv) {
         die("--vocab-size %lld is too small: the 256 byte tokens and the %d special token%s need at least %d ids", vocab, n_specials,
             n_specials == 1 ? "" : "s", 256 + n_specials);
     output_file_check(out, overwrite, "--out");
+    for (int f = 0; f < n_files; f++) output_not_input(out, "--out", files[f], "corpus file");
     char err[512];
     BpeTrainer *bt = bpe_trainer_new(pattern, err, sizeof(err));
     if (!bt) die("%s", err);
@@ -311,6 +312,8 @@ static int do_import_gpt2(int argc, char **argv) {
     }
     if (!enc || !bpe || !out) die("'clla tokenizer import-gpt2' needs --encoder encoder.json --bpe vocab.bpe --out FILE");
     output_file_check(out, overwrite, "--out");
+    output_not_input(out, "--out", enc, "--encoder file");
+    output_not_input(out, "--out", bpe, "--bpe file");
     Tokenizer *t = gpt2_import(enc, bpe);
     save_tokenizer(t, out, overwrite);
     printf("wrote %s: %u ids, hash %016llx\n", out, tok_vocab_size(t), (unsigned long long)tok_hash(t));

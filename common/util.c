@@ -389,6 +389,20 @@ void output_file_check(const char *path, int overwrite, const char *option) {
     output_parent_check(path, option);
 }
 
+void output_not_input(const char *out, const char *out_option, const char *in, const char *in_option) {
+    struct stat os, is;
+    if (stat(out, &os) != 0 || stat(in, &is) != 0) return;
+    if (os.st_dev == is.st_dev && os.st_ino == is.st_ino)
+        die("%s '%s' is the %s '%s': write the output to another file", out_option, out, in_option, in);
+    if (!S_ISDIR(is.st_mode)) return;
+    char *ro = realpath(out, NULL), *ri = realpath(in, NULL);
+    const size_t n = ri ? strlen(ri) : 0;
+    const int inside = ro && ri && !strncmp(ro, ri, n) && (ro[n] == '/' || (n == 1 && ri[0] == '/'));
+    free(ro);
+    free(ri);
+    if (inside) die("%s '%s' is inside the %s '%s': write the output outside it", out_option, out, in_option, in);
+}
+
 char *buf_next_line(char *buf, size_t len, size_t *pos, size_t *n) {
     if (*pos >= len) return NULL;
     char *line = buf + *pos, *nl = memchr(line, '\n', len - *pos);

@@ -110,6 +110,11 @@ int path_has_ext(const char *path, const char *ext);
 // that gave it, e.g. "--out", and the flag that replaces it). A user's file is never replaced
 // without --overwrite.
 void output_file_check(const char *path, int overwrite, const char *option);
+// Die with one line when the existing file out is the command's input in (the same device and
+// inode, however the two paths are spelled), or when it lies inside the input directory in (at any
+// depth, compared by real paths): --overwrite replaces an earlier output, never an input. Either
+// check passes when out does not exist yet, or in cannot be found (its own open reports that).
+void output_not_input(const char *out, const char *out_option, const char *in, const char *in_option);
 // The directory an output (file or directory) is created in exists and is writable: dies with
 // one line naming the option otherwise. Part of output_file_check; alone for directory outputs.
 void output_parent_check(const char *path, const char *option);

@@ -10,7 +10,9 @@
 #      moves the old package aside and removes it: through the link, its files);
 #  (4) prep --overwrite over train/ and val/ directories that prep did not write (a corpus laid
 #      out that way) is refused, their files untouched;
-#  (5) an output whose directory cannot be flushed after the rename fails the command, naming it.
+#  (5) an output whose directory cannot be flushed after the rename fails the command, naming it;
+#  (6) --overwrite replaces an earlier output, never the command's input: an --out that is an
+#      input file (however spelled) or lies inside an input directory is refused, the input kept.
 # Needs CLLA (the binary) and SRC (the source tree); ctest sets both. Prints "N passed, M failed".
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -151,6 +153,17 @@ if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
 else
     echo "skip (5) a directory that cannot be flushed: strace is missing or not allowed here (apt-get install strace)"
 fi
+
+echo "# (6) an --out with --overwrite that is the command's own input"
+cp "$CORPUS" corpus6.jsonl && cp -r r r6 && head -c 4000 /dev/zero > tok6.bin
+expect_error "(6) tokenizer train --out its corpus file" "--out './corpus6.jsonl' is the corpus file 'corpus6.jsonl'" -- \
+    "$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out ./corpus6.jsonl --overwrite corpus6.jsonl
+expect_error "(6) debug-step --out the model's weights" "--out 'r6/model.safetensors' is inside the --model directory 'r6'" -- \
+    "$CLLA" debug-step --model r6 --tokens tok6.bin --out r6/model.safetensors --overwrite
+expect_error "(6) debug-step --out its --tokens file" "--out 'tok6.bin' is the --tokens 'tok6.bin'" -- \
+    "$CLLA" debug-step --model r6 --tokens tok6.bin --out tok6.bin --overwrite
+cmp -s "$CORPUS" corpus6.jsonl && cmp -s r/model.safetensors r6/model.safetensors && [ "$(wc -c < tok6.bin)" -eq 4000 ] &&
+    ok "(6) the inputs are as they were" || fail "(6) an input was replaced"
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
