@@ -6,6 +6,7 @@ bench_fail() { echo "$BENCH: $*" >&2; exit 1; }
 # whole_number NAME VALUE MIN: VALUE is a whole number >= MIN, or the benchmark stops saying so
 whole_number() {
     case $2 in '' | *[!0-9]* | 0?*) bench_fail "$1 '$2' is not a whole number (digits, no leading zero)" ;; esac
+    [ "${#2}" -le 9 ] || bench_fail "$1 $2 is too large: give at most 999999999"
     [ "$2" -ge "$3" ] || bench_fail "$1 $2 is below $3"
 }
 # dist_check_clla CLLA: an executable built with MPI

@@ -4,6 +4,7 @@
 // under --val-fraction: the split depends on content only, not on file order or threads.
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <omp.h>
 #include <stdio.h>
@@ -433,7 +434,7 @@ int cmd_prep(int argc, char **argv) {
         else if (args_once(&seen, a, "--tokenizer")) o.tokenizer = args_next_value(argc, argv, &i, "prep", 1);
         else if (args_once(&seen, a, "--out")) o.out = args_next_value(argc, argv, &i, "prep", 1);
         else if (args_once(&seen, a, "--verify")) o.verify = args_next_value(argc, argv, &i, "prep", 1);
-        else if (args_once(&seen, a, "--val-fraction")) o.val_fraction = opt_f64("--val-fraction", args_next_value(argc, argv, &i, "prep", 0), 0, 1);
+        else if (args_once(&seen, a, "--val-fraction")) o.val_fraction = opt_f64("--val-fraction", args_next_value(argc, argv, &i, "prep", 0), -HUGE_VAL, HUGE_VAL);   // range below
         else if (args_once(&seen, a, "--split-seed")) o.split_seed = opt_u64("--split-seed", args_next_value(argc, argv, &i, "prep", 0), UINT64_MAX);
         else if (args_once(&seen, a, "--text-key")) o.doc.text_key = args_next_value(argc, argv, &i, "prep", 0);
         else if (args_once(&seen, a, "--doc-separator")) o.doc.separator = args_next_value(argc, argv, &i, "prep", 0);

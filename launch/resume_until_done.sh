@@ -24,6 +24,9 @@ for pair in MAX:CLLA_MAX_ATTEMPTS SLEEP:CLLA_RETRY_SLEEP STALLS:CLLA_MAX_STALLS;
     case ${!v} in
         '' | *[!0-9]* | 0?*) echo "resume_until_done: ${pair#*:} '${!v}' is not a whole number (digits, no leading zero)" >&2; exit 2 ;;
     esac
+    # within bash's arithmetic (a longer number is an error of [ -ge ], not a count)
+    val=${!v}
+    [ "${#val}" -le 9 ] || { echo "resume_until_done: ${pair#*:} $val is too large: give at most 999999999" >&2; exit 2; }
 done
 [ "$MAX" -ge 1 ] && [ "$STALLS" -ge 1 ] || { echo "resume_until_done: CLLA_MAX_ATTEMPTS and CLLA_MAX_STALLS must be at least 1" >&2; exit 2; }
 newest() { ls -- "$OUT/checkpoints" 2> /dev/null | grep '^step_[0-9]*$' | sort | tail -n 1; }

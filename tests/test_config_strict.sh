@@ -423,6 +423,14 @@ rc=$?
 CLLA_MAX_ATTEMPTS=abc bash "$SRC/launch/resume_until_done.sh" ru x > /dev/null 2> err.txt
 [ $? -eq 2 ] && grep -q "CLLA_MAX_ATTEMPTS 'abc' is not a whole number" err.txt && ok "resume_until_done.sh refuses CLLA_MAX_ATTEMPTS=abc" ||
     fail "resume_until_done.sh CLLA_MAX_ATTEMPTS=abc: $(cat err.txt)"
+CLLA_MAX_STALLS=99999999999999999999 bash "$SRC/launch/resume_until_done.sh" ru x > /dev/null 2> err.txt
+[ $? -eq 2 ] && [ "$(wc -l < err.txt)" -eq 1 ] && grep -q "CLLA_MAX_STALLS 99999999999999999999 is too large" err.txt &&
+    ok "resume_until_done.sh refuses a count past bash's arithmetic in one line" || fail "resume_until_done.sh CLLA_MAX_STALLS=10^20: $(cat err.txt)"
+expect_error "prep --val-fraction 1.5 (the range said as it is: 1 is out too)" "--val-fraction 1.5 is out of range: use 0 <= F < 1" s_vf -- \
+    "$CLLA" prep --tokenizer t11.tok --out s_vf --val-fraction 1.5 cat.txt
+touch a_file
+expect_error "train --out a file" "run directory '.*/a_file' is a file, not a directory" "" -- "$CLLA" train --config m.json --out a_file
+expect_error "init --out a file" "run directory 'a_file' is a file, not a directory" "" -- "$CLLA" init --config m.json --out a_file
 bash "$SRC/launch/run_single_node.sh" 0 m.json > /dev/null 2> err.txt
 [ $? -eq 2 ] && grep -q "N '0' must be a whole number of ranks, 1 or more" err.txt && ok "run_single_node.sh refuses 0 ranks" ||
     fail "run_single_node.sh 0: $(cat err.txt)"

@@ -231,6 +231,8 @@ static void release_lock(void) {
 void run_lock_acquire(const char *dir) {
     struct stat sb;
     int existed = stat(dir, &sb) == 0;
+    if (existed && !S_ISDIR(sb.st_mode))
+        die("run directory '%s' is a file, not a directory: give --out a directory (new or a run's)", dir);
     if (make_dirs(dir) != 0) die("cannot create run directory '%s': %s", dir, strerror(errno));
     char *path = path_join(dir, RUN_LOCK_FILE);
     for (int attempt = 0;; attempt++) {
