@@ -22,6 +22,7 @@
 #include "common/util.h"
 #include "eval/evaluate.h"
 #include "model/decode.h"
+#include "model/mem_plan.h"
 #include "model/model_dir.h"
 #include "cli/commands.h"
 #include "train/progress.h"
@@ -190,13 +191,26 @@ int cmd_calibrate(int argc, char **argv) {
     c.x = xcalloc((size_t)cl->n_streams, sizeof(float *));
     c.f = xcalloc((size_t)cl->n_streams, sizeof(float *));
     size_t widest = 1;
-    for (int s = 0; s < cl->n_streams; s++) {
-        int part = cl->streams[s].part, W = cl->part[part].width;
-        if ((size_t)W > widest) widest = (size_t)W;
-        if (!codec_needs_fit(&cl->part[part].codec) || (cl->fit && cl->fit[s])) continue;
-        c.x[s] = xmalloc((size_t)want * W * sizeof(float));
-        if (c.fisher && part != PART_OWN_KROPE && codec_traits(cl->part[part].codec.kind)->uses_fisher)
-            c.f[s] = xmalloc((size_t)want * W * sizeof(float));
+    double sample_bytes = 0;   // every stream's samples (and weights), counted before any is taken
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            char what[160];
+            snprintf(what, sizeof(what), "the calibration samples (%lld tokens of %d cache stream%s%s)", want, cl->n_streams,
+                     cl->n_streams == 1 ? "" : "s", c.fisher ? ", with their Fisher weights" : "");
+            mem_check_host(sample_bytes, what, "lower --tokens");
+        }
+        for (int s = 0; s < cl->n_streams; s++) {
+            int part = cl->streams[s].part, W = cl->part[part].width;
+            if ((size_t)W > widest) widest = (size_t)W;
+            if (!codec_needs_fit(&cl->part[part].codec) || (cl->fit && cl->fit[s])) continue;
+            const int weighed = c.fisher && part != PART_OWN_KROPE && codec_traits(cl->part[part].codec.kind)->uses_fisher;
+            if (pass == 0) {
+                sample_bytes += (double)want * W * sizeof(float) * (weighed ? 2 : 1);
+                continue;
+            }
+            c.x[s] = xmalloc((size_t)want * W * sizeof(float));
+            if (weighed) c.f[s] = xmalloc((size_t)want * W * sizeof(float));
+        }
     }
     c.host = xmalloc((size_t)B * T * widest * sizeof(float));
     EvalResult r = {0};

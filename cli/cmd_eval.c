@@ -698,7 +698,8 @@ int cmd_eval(int argc, char **argv) {
         static const char *DATA_ONLY[] = {"data", "ppl", "stride", "batch", "seq", "max-batches", "through-cache"};
         for (size_t i = 0; i < sizeof(DATA_ONLY) / sizeof(DATA_ONLY[0]); i++)
             if (args_get(&a, SPECS, N_SPECS, DATA_ONLY[i]))
-                die("--%s applies to token data, not to --bench (which always scores through the cache): drop one of them", DATA_ONLY[i]);
+                die("--%s applies to token data (--data, --ppl), not to --bench, which scores each item whole (through the cache, or "
+                    "one forward with --full-forward): drop one of them", DATA_ONLY[i]);
         if (!dir) die("clla eval --bench needs --checkpoint DIR: see clla eval --help");
         const char *items_path = args_get(&a, SPECS, N_SPECS, "items-out");
         if (items_path) output_file_check(items_path, args_get(&a, SPECS, N_SPECS, "overwrite") != NULL, "--items-out");

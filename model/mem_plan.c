@@ -169,6 +169,15 @@ void mem_check_activations(const Backend *be, double bytes, int B, int T) {
             B, T, human(bytes, a, sizeof(a)), human((double)avail, b, sizeof(b)), how);
 }
 
+void mem_check_host(double bytes, const char *what, const char *fix) {
+    char how[256];
+    const unsigned long long avail = available_for_check(how, sizeof(how));
+    char a[32], b[32];
+    if (avail && bytes > (double)avail)
+        die("%s need %s but only %s are available to this process (%s): %s", what, human(bytes, a, sizeof(a)),
+            human((double)avail, b, sizeof(b)), how, fix);
+}
+
 void mem_check_fits_decode(const Config *cfg, const Backend *be, int batch, int prefill_T, double cache_bytes) {
     if (!strcmp(be->name, "cuda")) return;
     char how[256];

@@ -46,6 +46,10 @@ void mem_check_fits(const Config *cfg, const Backend *be, int tree_ranks);
 // fit in the memory still available (host-memory backends): every forward, the commands' own
 // checks above aside, is refused in one line rather than killed by the kernel.
 void mem_check_activations(const Backend *be, double bytes, int B, int T);
+// Dies when bytes more of host memory, for what (a plural: "the calibration samples"), would not
+// fit in the memory still available, saying "what need X but only Y are available ...: fix".
+// For a command's own buffers beside the model's, checked before they are filled.
+void mem_check_host(double bytes, const char *what, const char *fix);
 // The same for generating with a loaded model (so the weights are already counted out of what is
 // available): the prefill's forward activations for batch prompts of up to prefill_T tokens
 // (the logits of every position among them) and cache_bytes of KV cache.

@@ -157,6 +157,9 @@ refused "export with cq (no codebooks)" "calibrate" px -- "$CLLA" export run_cll
 refused "eval through an uncalibrated cq cache" "calibrate" "" -- "$CLLA" eval --checkpoint run_clla --data shards/val --through-cache --cache-codec latent=cq
 refused "fewer calibration tokens than centroids" "smaller than the codebook|fewer" pt -- \
     "$CLLA" calibrate run_clla --data shards/train --tokens 8 --seq 8 --batch 1 --cache-codec latent=cq:bits=4,c=2 --out pt
+# the samples are counted before any is taken (CLLA_TEST_MEM_AVAILABLE stands in for the memory left)
+refused "samples past the memory left" "the calibration samples \\(5000 tokens of .* need .* but only 97.7 KiB are available.*lower --tokens" pt -- \
+    env CLLA_TEST_MEM_AVAILABLE=100000 "$CLLA" calibrate run_gqa --data shards/train --tokens 5000 --seq 16 --batch 4 --cache-codec cq:bits=4,c=2 --out pt
 refused "another tokenizer's data" "tokenizer" pt -- "$CLLA" calibrate run_clla --data shards2/train --cache-codec latent=cq --out pt
 refused "bits out of range" "bits=13" pt -- "$CLLA" calibrate run_clla --data shards/train --cache-codec latent=cq:bits=13 --out pt
 refused "unknown setting" "no setting 'd'" pt -- "$CLLA" calibrate run_clla --data shards/train --cache-codec latent=cq:d=3 --out pt
