@@ -18,9 +18,11 @@ double eval_token_nll(const float *logits, int V, int target) {
 void eval_through_cache(Model *m, const CacheLayout *layout, const int32_t *inputs, const int32_t *targets,
                         int B, int T, CacheLoss *acc) {
     int V = m->cfg.vocab_size;
-    // one window's logits at a time (T x V), or one step's (B x V): never all B x T x V on the
-    // host beside the forward's own logits
-    float *logits = xmalloc((size_t)(T > B ? T : B) * V * sizeof(float));
+    // CHUNK rows of a window's logits at a time, or one step's (B x V): never all B x T x V, nor a
+    // window's T x V, on the host beside the forward's own logits
+    enum { CHUNK = 256 };
+    const int rows = T < CHUNK ? T : CHUNK;
+    float *logits = xmalloc((size_t)(rows > B ? rows : B) * V * sizeof(float));
     Decoder *d = decoder_new(m, layout, B, T);
     const int blocks = cache_layout_has_blocks(layout);
     int saved_inference = m->inference, saved_apply = m->apply_codecs;
@@ -33,19 +35,21 @@ void eval_through_cache(Model *m, const CacheLayout *layout, const int32_t *inpu
         model_forward(m, inputs, NULL);
     }
     for (int b = 0; b < B; b++) {
-        if (!blocks) model_logits_to_host(m, (size_t)b * T, (size_t)T, logits);
-        else {
+        for (int t0 = 0; t0 < T; t0 += rows) {
+            const int n = T - t0 < rows ? T - t0 : rows;
+            if (!blocks) model_logits_to_host(m, (size_t)b * T + t0, (size_t)n, logits);
             // a block codec's window depends on the query's position, so no single forward holds
             // what each query reads: the whole window goes through the cache a block per forward
-            // (decoder_extend), the chunked prefill of a served model
-            decoder_extend_all(d, b, inputs + (size_t)b * T, T, logits);
-            decoder_release(d, b);
-        }
-        for (int t = 0; t < T; t++)
-            if (targets[(size_t)b * T + t] != IGNORE_INDEX) {
-                acc->full_sum += eval_token_nll(logits + (size_t)t * V, V, targets[(size_t)b * T + t]);
+            // (decoder_extend; in chunks, as one call splits it), the chunked prefill of a served model
+            else decoder_extend_all(d, b, inputs + (size_t)b * T + t0, n, logits);
+            for (int t = 0; t < n; t++) {
+                const int32_t target = targets[(size_t)b * T + t0 + t];
+                if (target == IGNORE_INDEX) continue;
+                acc->full_sum += eval_token_nll(logits + (size_t)t * V, V, target);
                 acc->count++;
             }
+        }
+        if (blocks) decoder_release(d, b);
     }
     m->inference = saved_inference;
     m->apply_codecs = saved_apply;

@@ -5,7 +5,7 @@
 # --through-cache` over 4 windows of L tokens, exceeds that of the same command on a few tokens by
 # at most 1.4 x the forward's logits (4 x L x V floats) plus 16 MiB. A host copy of every row's
 # logits beside the forward's own (which generate's prefill and eval's full pass took) is a
-# second 1.0 x and fails it; the copies the commands keep are a row per prompt, or one window's.
+# second 1.0 x and fails it; the copies the commands keep are a row per prompt, or 256 rows of a window.
 # The peak is getrusage's ru_maxrss of the finished child (peak in tests/lib/check.sh).
 # Needs CLLA (the binary) and SRC; ctest sets them. Prints "N passed, M failed".
 set -u
