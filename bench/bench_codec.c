@@ -83,12 +83,35 @@ int main(int argc, char **argv) {
     int W = ws ? (int)opt_i64("--width", ws, 1, 1 << 16) : 512, N = ns ? (int)opt_i64("--tokens", ns, 1, 1 << 22) : 16384;
     const char *hs = args_get(&a, SPECS, N_SPECS, "head");
     int head = hs ? (int)opt_i64("--head", hs, 1, 1 << 16) : 64;
-    if (W % head) die("--head %d does not divide --width %d", head, W);
+    // given, it must fit the width; the default matters only to the codecs that work per head
+    // (their own checks below say so)
+    if (hs && W % head) die("--head %d does not divide --width %d", head, W);
     if (ths) omp_set_num_threads((int)opt_i64("--threads", ths, 1, 1024));
     int json = args_get(&a, SPECS, N_SPECS, "json") != NULL;
     char list[1024];
     snprintf(list, sizeof(list), "%s", cs ? cs : DEFAULT_CODECS);
     if (strspn(list, "; ") == strlen(list)) die("--codecs '%s' names no codec: give semicolon-separated specs, e.g. fp32;bf16", list);
+
+    // every spec parsed and checked before the first is measured (a bad last one came after the others' runs)
+    enum { MAX_CODECS = 64 };
+    Codec codecs[MAX_CODECS];
+    char *specs[MAX_CODECS];
+    int n_codecs = 0;
+    for (char *save = NULL, *spec = strtok_r(list, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
+        if (n_codecs == MAX_CODECS) die("--codecs names more than %d codecs: measure them in several runs", MAX_CODECS);
+        Codec *c = &codecs[n_codecs];
+        char err[512];
+        // "k=" / "v=": the part the codec codes (what kivi and qjl do depends on it)
+        int use = CODEC_USE_KEYS;
+        const char *body = spec;
+        if (!strncmp(spec, "k=", 2) || !strncmp(spec, "v=", 2)) { use = spec[0] == 'v' ? CODEC_USE_VALUES : CODEC_USE_KEYS; body = spec + 2; }
+        if (codec_parse(c, body, err, sizeof(err)) != 0) die("--codecs: %s", err);
+        c->use = use;
+        c->head = head;
+        if (codec_traits(c->kind)->check(c, W, err, sizeof(err)) != 0) die("--codecs '%s': %s", spec, err);
+        if (N % codec_block_tokens(c)) die("--tokens %d is not a whole number of %s's blocks of %d", N, spec, codec_block_tokens(c));
+        specs[n_codecs++] = spec;
+    }
 
     double bw = bench_copy_bandwidth(1);   // one thread, as on 2026-11-24 (docs/QUANTIZERS.md)
     float *x = bench_normal((size_t)N, W, 1), *y = xmalloc((size_t)N * W * sizeof(float));
@@ -101,18 +124,10 @@ int main(int argc, char **argv) {
         printf("%-28s %8s %10s %10s %10s %10s %8s %8s %9s\n", "codec", "B/token", "enc GB/s", "dec GB/s", "enc/copy", "dec/copy",
                "enc 1tok", "dec 1tok", "rel RMSE");
     }
-    for (char *save = NULL, *spec = strtok_r(list, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
-        Codec c;
+    for (int k = 0; k < n_codecs; k++) {
+        Codec c = codecs[k];
+        const char *spec = specs[k];
         char err[512];
-        // "k=" / "v=": the part the codec codes (what kivi and qjl do depends on it)
-        int use = CODEC_USE_KEYS;
-        const char *body = spec;
-        if (!strncmp(spec, "k=", 2) || !strncmp(spec, "v=", 2)) { use = spec[0] == 'v' ? CODEC_USE_VALUES : CODEC_USE_KEYS; body = spec + 2; }
-        if (codec_parse(&c, body, err, sizeof(err)) != 0) die("--codecs: %s", err);
-        c.use = use;
-        c.head = head;
-        if (codec_traits(c.kind)->check(&c, W, err, sizeof(err)) != 0) die("--codecs '%s': %s", spec, err);
-        if (N % codec_block_tokens(&c)) die("--tokens %d is not a whole number of %s's blocks of %d", N, spec, codec_block_tokens(&c));
         void *state = NULL;
         if (codec_needs_fit(&c)) {
             size_t n = ((size_t)1 << c.bits) * 8 > 4096 ? ((size_t)1 << c.bits) * 8 : 4096;

@@ -333,6 +333,7 @@ int main(int argc, char **argv) {
     if (steps < 1) die("--steps must be a positive integer");
     if (batch_s && batch < 1) die("--batch must be a positive integer");
     if (seq_s && seq < 1) die("--seq must be a positive integer");
+    const double peak_opt = peak_s ? opt_f64("--peak-tflops", peak_s, 1e-3, 1e9) : 0;   // checked with or without a GPU
     if (only && strcmp(only, "dense") && strcmp(only, "moe") && strcmp(only, "experts"))
         die("--only %s: use dense, moe or experts", only);
     // the configs too: a missing or bad one is refused before the device is asked for
@@ -343,7 +344,7 @@ int main(int argc, char **argv) {
         if (!only || strcmp(only, "dense")) config_load(&probe, mp ? mp : "configs/paper/clla.json", a.n_sets, a.sets);
     }
 #ifndef CLLA_HAVE_CUDA
-    (void)peak_s;
+    (void)peak_opt;
     say(json, "skipped", "no CUDA device (this build has no CUDA backend: configure with -DCLLA_CUDA=ON)");
     return 0;
 #else
@@ -359,7 +360,7 @@ int main(int argc, char **argv) {
     cudaGetDevice(&dev);
     cudaGetDeviceProperties(&prop, dev);
     const char *how = "--peak-tflops";
-    const double peak = peak_s ? opt_f64("--peak-tflops", peak_s, 1e-3, 1e9) : peak_tflops(&prop, &how);
+    const double peak = peak_s ? peak_opt : peak_tflops(&prop, &how);
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     snprintf(line, sizeof line, "%s (sm_%d%d, %.1f GiB, %.1f GiB free) | bf16 peak %.1f TFLOP/s (%s)", prop.name,

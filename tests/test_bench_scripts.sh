@@ -261,10 +261,17 @@ check $? "bench_loader that fails (a window past its data) leaves no shards in /
 bench_refuses "bench_decode --presets mha,mah (refused before mha runs)" "unknown attention preset 'mah'" \
     "$BUILD/bench/bench_decode" --presets mha,mah --contexts 16 --batches 1 --steps 1
 bench_refuses "bench_codec --codecs ';;'" "names no codec" "$BUILD/bench/bench_codec" --codecs ';;'
+bench_refuses "bench_codec, a bad last codec (refused before the first is measured)" "int_group bits=9: use 2 to 8" \
+    "$BUILD/bench/bench_codec" --codecs 'fp32;int_group:bits=9' --tokens 64
+grep -q "^fp32 " "$WORK/br.out" && fail "bench_codec measured fp32 before refusing the bad codec" || ok "bench_codec: nothing measured"
+"$BUILD/bench/bench_codec" --codecs 'fp32;bf16' --width 100 --tokens 64 > "$WORK/bc.out" 2>&1 && grep -q "^bf16 " "$WORK/bc.out" &&
+    ok "bench_codec --width 100 with codecs that have no heads (the default --head 64 is not asked to divide it)" ||
+    fail "bench_codec --width 100: $(tail -n 1 "$WORK/bc.out")"
 bench_refuses "bench_moe --bogus" "unknown option '--bogus'" "$BUILD/bench/bench_moe" --bogus 3
 "$BUILD/bench/bench_moe" --help > "$WORK/moe_help.out" 2>&1 && grep -q "^usage: bench_moe" "$WORK/moe_help.out" && ! grep -q "^ratio " "$WORK/moe_help.out" &&
     ok "bench_moe --help prints its usage, runs nothing" || fail "bench_moe --help: $(head -c 200 "$WORK/moe_help.out")"
 bench_refuses "bench_gpu --dense naming no file (before the device is asked for)" "cannot read config" "$BUILD/bench/bench_gpu" --dense "$WORK/none.json"
+bench_refuses "bench_gpu --peak-tflops abc (checked without a GPU too)" "--peak-tflops 'abc': expected a decimal number" "$BUILD/bench/bench_gpu" --peak-tflops abc
 bench_refuses "bench_dist.sh with 3 steps" "STEPS 3 is below 6" bash bench/bench_dist.sh "$CLLA" 3
 bench_refuses "bench_dist.sh with a missing binary" "is not an executable" bash bench/bench_dist.sh "$WORK/no_clla" 10
 bench_refuses "bench_overlap.sh with 0 pairs" "PAIRS 0 is below 1" bash bench/bench_overlap.sh "$CLLA" 0
