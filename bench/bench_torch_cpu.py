@@ -42,8 +42,13 @@ def main():
         sys.exit(f"bench_torch_cpu: {e}: run with Debian's /usr/bin/python3 (python3-torch)")
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or os.cpu_count()
     torch.set_num_threads(threads)
-    raw = twin.read_config(args.config, args.set)
-    mc = twin.ModelConfig(raw)
+    # a bad file or --set in one line, as clla says it (bench/bench_train_vs_torch.sh has bench_train
+    # check the same config and --set keys first: a key clla does not know is refused there)
+    try:
+        raw = twin.read_config(args.config, args.set)
+        mc = twin.ModelConfig(raw)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"bench_torch_cpu: --config {args.config}: {e}")
     if int(raw.get("n_routed_experts", 0) or 0) > 0:
         sys.exit("bench_torch_cpu: the twin's MoE FFN is a per-token reference loop, not a baseline: use a dense config")
     train = raw.get("train", {})

@@ -271,6 +271,8 @@ bench_refuses "bench_moe --bogus" "unknown option '--bogus'" "$BUILD/bench/bench
 "$BUILD/bench/bench_moe" --help > "$WORK/moe_help.out" 2>&1 && grep -q "^usage: bench_moe" "$WORK/moe_help.out" && ! grep -q "^ratio " "$WORK/moe_help.out" &&
     ok "bench_moe --help prints its usage, runs nothing" || fail "bench_moe --help: $(head -c 200 "$WORK/moe_help.out")"
 bench_refuses "bench_gpu --dense naming no file (before the device is asked for)" "cannot read config" "$BUILD/bench/bench_gpu" --dense "$WORK/none.json"
+bench_refuses "bench_torch_cpu.py --config naming no file (one line, no traceback)" "No such file or directory" \
+    /usr/bin/python3 bench/bench_torch_cpu.py --config "$WORK/none.json"
 bench_refuses "bench_gpu --peak-tflops abc (checked without a GPU too)" "--peak-tflops 'abc': expected a decimal number" "$BUILD/bench/bench_gpu" --peak-tflops abc
 bench_refuses "bench_dist.sh with 3 steps" "STEPS 3 is below 6" bash bench/bench_dist.sh "$CLLA" 3
 bench_refuses "bench_dist.sh with a missing binary" "is not an executable" bash bench/bench_dist.sh "$WORK/no_clla" 10
