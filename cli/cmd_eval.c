@@ -540,11 +540,7 @@ static int bench_files(const Args *a, char ***out) {
 // each rank would score (the model's config, the cache codecs, the path, every item's prompt,
 // choices and label) is compared with rank 0's before any forward.
 static void check_bench_ranks_agree(Dist *dist, const Config *cfg, const char *codecs, int full, int n_bench, const BenchJob *jobs) {
-    cJSON *j = config_to_json(cfg);
-    char *text = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    unsigned long long h = fnv1a64(text, strlen(text) + 1);
-    free(text);
+    unsigned long long h = dist_config_fingerprint(cfg);
     h = fnv1a64_update(h, codecs, strlen(codecs) + 1);
     h = fnv1a64_update(h, &full, sizeof(full));
     h = fnv1a64_update(h, &n_bench, sizeof(n_bench));
@@ -558,11 +554,8 @@ static void check_bench_ranks_agree(Dist *dist, const Config *cfg, const char *c
             h = fnv1a64_update(h, &it->label, sizeof(it->label));
         }
     }
-    const int r = dist_rank_differing(dist, h);
-    if (!r) return;
-    if (dist->rank != 0) exit(1);   // rank 0 says why, once
-    die("rank %d would score other items, or another model or cache, than rank 0 (its options, benchmark files or model "
-        "directory differ): every rank must get the same command line and the same files", r);
+    dist_agree_or_die(dist, h, "would score other items, or another model or cache, than rank 0 (its options, benchmark "
+                               "files or model directory differ): every rank must get the same command line and the same files");
 }
 
 // --bench: one JSON object per benchmark (--json), else a markdown table with one row for this

@@ -90,23 +90,15 @@ typedef struct KnownCkpts {
 // fingerprint (the config after --set and options, as config.json would hold it, and the options
 // that are not in it) is compared with rank 0's before anything else.
 static void check_ranks_agree(Dist *dist, const Config *cfg, const Args *a) {
-    cJSON *j = config_to_json(cfg);
-    char *text = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    unsigned long long h = fnv1a64(text, strlen(text));
-    free(text);
+    unsigned long long h = dist_config_fingerprint(cfg);
     const char *opts[] = {"resume", "stop-at", "overwrite", "device", "shard-size"};
     for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
         const char *v = args_get(a, SPECS, N_SPECS, opts[i]);
         h = fnv1a64_update(h, opts[i], strlen(opts[i]) + 1);
         h = fnv1a64_update(h, v ? v : "\1", strlen(v ? v : "\1") + 1);
     }
-    const int r = dist_rank_differing(dist, h);
-    if (!r) return;
-    if (dist->rank != 0) exit(1);   // rank 0 says why, once
-    die("rank %d was started with other settings than rank 0 (its config file after --set, or its options, differ): every "
-        "rank must get the same config, --set values and options",
-        r);
+    dist_agree_or_die(dist, h, "was started with other settings than rank 0 (its config file after --set, or its options, "
+                               "differ): every rank must get the same config, --set values and options");
 }
 
 // The run's final model (rank 0), said on stderr.
@@ -274,9 +266,10 @@ int cmd_train(int argc, char **argv) {
         // started): the loader's fingerprint covers the shards' sizes and tokenizers
         LoaderState ls;
         loader_get_state(train_dl, &ls);
-        const int r = dist_rank_differing(&dist, ls.fingerprint);
-        if (r && !rank0) exit(1);
-        if (r) die("rank %d reads other data than rank 0 at train.data '%s' (other shards, or shards of other sizes): every rank must see the same files", r, tc->data);
+        char msg[PATH_MAX + 160];
+        snprintf(msg, sizeof(msg), "reads other data than rank 0 at train.data '%s' (other shards, or shards of other sizes): every "
+                 "rank must see the same files", tc->data);
+        dist_agree_or_die(&dist, ls.fingerprint, msg);
     }
     if (dist.world > 1 && loader_is_plain(train_dl))
         die("train.data '%s' is a plain uint32 token file, which gives every rank the same batches: make token shards with `clla prep` for %d ranks (docs/FORMAT.md)",

@@ -262,8 +262,8 @@ bad "a missing benchmark file" "cannot read benchmark" --bench nothere.jsonl
 bad "--shots without --bench" "applies with --bench" --shots 1 --data x.bin
 bad "--data with --bench" "not to --bench" --bench two.jsonl --data x.bin
 bad "a shot count that is not a number" "shots" --bench two.jsonl --shots 2x
-bad "--ppl with --bench (it scored the benchmark alone)" "--ppl applies to token data, not to --bench" --bench two.jsonl --ppl x.bin
-bad "--stride with --bench" "--stride applies to token data, not to --bench" --bench two.jsonl --stride 3
+bad "--ppl with --bench (it scored the benchmark alone)" "--ppl applies to token data (--data, --ppl), not to --bench" --bench two.jsonl --ppl x.bin
+bad "--stride with --bench" "--stride applies to token data (--data, --ppl), not to --bench" --bench two.jsonl --stride 3
 # a model whose activations overflow (finite weights, one norm scaled by 3e38): its scores are not
 # finite, so no accuracy (every pick among NaN was choice 0: an accuracy of the labels that are 0)
 /usr/bin/python3 - gqa/model.safetensors <<'PY'

@@ -11,8 +11,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/num.h"
 #include "common/util.h"
+#include "data/bytes.h"
 #include "train/dist_internal.h"
 
 #ifdef CLLA_HAVE_MPI
@@ -344,6 +347,23 @@ int dist_rank_differing(Dist *d, unsigned long long x) {
     unsigned long long x0 = x;
     dist_bcast(d, &x0, sizeof(x0), 0);
     return dist_max_int(d, x != x0 ? d->rank : 0);
+}
+
+void dist_agree_or_die(Dist *d, unsigned long long x, const char *differs_msg) {
+    const int r = dist_rank_differing(d, x);
+    if (!r) return;
+    if (d->rank != 0) exit(1);   // rank 0 says why, once
+    die("rank %d %s", r, differs_msg);
+}
+
+unsigned long long dist_config_fingerprint(const Config *cfg) {
+    cJSON *j = config_to_json(cfg);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!text) die("out of memory printing a config");
+    const unsigned long long h = fnv1a64(text, strlen(text) + 1);
+    free(text);
+    return h;
 }
 
 void dist_bcast(Dist *d, void *buf, size_t bytes, int root) {

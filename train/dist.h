@@ -27,6 +27,8 @@
 
 #include <stddef.h>
 
+#include "model/config.h"
+
 typedef struct DistWatchdog DistWatchdog;
 struct NcclComm;   // kernels/nccl_comm.h
 struct Backend;    // backend/backend.h
@@ -126,6 +128,12 @@ int dist_max_int(Dist *d, int x);
 // 0 when every rank's x equals rank 0's, else the highest rank whose x differs (collective: a
 // fingerprint of what must be the same on every rank, compared before it can matter).
 int dist_rank_differing(Dist *d, unsigned long long x);
+// dist_rank_differing, and when a rank differs: rank 0 dies with "rank R " followed by
+// differs_msg (what differs and the fix), the other ranks exit(1) without a word (said once).
+void dist_agree_or_die(Dist *d, unsigned long long x, const char *differs_msg);
+// A fingerprint of cfg for dist_agree_or_die: FNV-1a 64 of config_to_json's compact text, equal
+// for configs that config.json would write alike.
+unsigned long long dist_config_fingerprint(const Config *cfg);
 void dist_bcast(Dist *d, void *buf, size_t bytes, int root);
 void dist_barrier(Dist *d);
 
