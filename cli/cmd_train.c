@@ -90,7 +90,11 @@ typedef struct KnownCkpts {
 // fingerprint (the config after --set and options, as config.json would hold it, and the options
 // that are not in it) is compared with rank 0's before anything else.
 static void check_ranks_agree(Dist *dist, const Config *cfg, const Args *a) {
-    unsigned long long h = dist_config_fingerprint(cfg);
+    // train.threads aside: each rank's thread count is its own (docs/DISTRIBUTED.md), the CPU
+    // ops giving the same bits at any count
+    Config same = *cfg;
+    same.train.threads = 0;
+    unsigned long long h = dist_config_fingerprint(&same);
     const char *opts[] = {"resume", "stop-at", "overwrite", "device", "shard-size"};
     for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
         const char *v = args_get(a, SPECS, N_SPECS, opts[i]);

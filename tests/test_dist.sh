@@ -360,6 +360,13 @@ for c in "lr|--set train.lr=1e-3|rank 1 was started with other settings than ran
         fail "rank 1 with $extra: exit $rc: $(grep -m2 -E 'error|MPI' "disagree_$name.err" | tr '\n' ' ')"
     fi
 done
+# ... but a thread count of its own is not another setting (docs/DISTRIBUTED.md): rank 1 with
+# train.threads 2 trains the bits of the 2-rank run (it was refused as started with other settings)
+R1ARGS="--set train.threads=2" timeout 120 "${MPIRUN[@]}" -x R1ARGS -np 2 ./r1args.sh "$CLLA" train --out threads_r1 --quiet \
+    --config dense.json --set train.threads=1 > threads_r1.err 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && same_bits dense_2_z0 threads_r1 && ok "rank 1 with train.threads=2: accepted, the bits of the 2-rank run" ||
+    fail "rank 1 with train.threads=2: exit $rc: $(grep -m2 -E 'error|MPI' threads_r1.err | tr '\n' ' ')"
 # the same directory spelled another way on rank 1 (a trailing slash, "./"): the ranks agree (they
 # were refused as started with other settings)
 printf '#!/usr/bin/env bash\n[ "$OMPI_COMM_WORLD_RANK" = 1 ] && exec "$@" --out ./same_out//\nexec "$@" --out same_out\n' > r1out.sh
