@@ -396,6 +396,26 @@ else
     [ "$rc" -eq 0 ] && grep -Eq "run_single_node.sh'? 2 gqa.json" G/logs/gqa.log && grep -q '^gqa,gqa,gqa.json,7,finished,6,6,1536,' G/results.csv
     check $? "--launcher mpirun --ranks 2 trains through launch/run_single_node.sh, 6 steps of 256 tokens (rc $rc)"
     [ "$rc" -eq 0 ] || indent g.out g.err G/logs/gqa.log
+    # Ctrl-C reaches the ranks, not mpirun (which passed it on and killed the ranks 2 s later, in
+    # the middle of a save slowed here to 3 x 1.5 s: only a .tmp.step_* was left)
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
+        CLLA_TEST_CKPT_PAUSE_MS=1500 "$SWEEP" --out GI --launcher mpirun --ranks 2 gqa.json --max-steps 100000 --save-every 100000 \
+        --no-plots > gi.out 2> gi.err &
+    pid=$!
+    for _ in $(seq 300); do [ "$(grep -c . GI/runs/gqa/metrics.jsonl 2> /dev/null)" -ge 3 ] 2> /dev/null && break; sleep 0.1; done
+    kill -INT "$pid"
+    wait "$pid"
+    rc=$?
+    n=$(grep -c . GI/runs/gqa/metrics.jsonl 2> /dev/null)
+    [ "$rc" -eq 130 ] && [ -d "GI/runs/gqa/checkpoints/step_$(printf %08d "$n")" ] && ! ls -d GI/runs/gqa/checkpoints/.tmp.* > /dev/null 2>&1
+    check $? "--launcher mpirun, Ctrl-C: the ranks save the step they were on (step $n) and the sweep exits 130 (rc $rc)"
+    [ "$rc" -eq 130 ] || indent gi.out gi.err GI/logs/gqa.log
+    # a failed run is reported with clla's error, not the banner mpirun prints after it
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
+        "$SWEEP" --out GF --launcher mpirun --ranks 2 gqa.json --max-steps 2 --set train.global_batch_tokens=384 --no-plots > gf.out 2> gf.err
+    rc=$?
+    [ "$rc" -ne 0 ] && grep -q 'FAILED (exit [0-9]*): clla: error: .*global_batch_tokens' gf.out
+    check $? "--launcher mpirun, a run that fails: reported with clla's error line (rc $rc: $(grep -m1 FAILED gf.out))"
 fi
 
 echo "$PASS passed, $FAIL failed"
