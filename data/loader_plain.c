@@ -1,7 +1,9 @@
 // The plain token file: headerless little-endian uint32 token ids.
-// Batches are consecutive: a micro-batch reads B*T+1 tokens at the cursor, row b being
+// Batches are consecutive: a batch reads B*T+1 tokens at the cursor, row b being
 // tokens[pos + b*T, pos + b*T + T], then the cursor advances by B*T and wraps to 0 when
-// fewer than B*T+1 tokens remain. The PyTorch twin reproduces exactly this order.
+// fewer than B*T+1 tokens remain. clla train's batch is a whole step (B = micro_batch x the
+// micro-steps, cli/cmd_train.c), so a wrap falls between steps, never inside one. The PyTorch
+// twin reproduces exactly this order (tests/reference/twin.py, TokenCursor).
 // (rank/world and seed do not apply: every rank reads the same batches.)
 // The file is not held in memory: opening streams it once (token range check and content
 // fingerprint), and each batch reads its B*T+1 tokens at the cursor, so a file larger than

@@ -16,6 +16,11 @@ V=97 C=32 L=2 NH=4 D=8 I=48 T=16 B=2
 TOKENS="$TMP/tokens.u32"
 # 200 tokens: the training run (10 micro-batches of B*T+1) wraps around the file once
 "$PY" -c "import numpy as np; np.random.default_rng(20240).integers(0, $V, 200).astype('<u4').tofile('$TOKENS')"
+# 170 tokens: the wrap comes where a step's second micro-batch would still fit but its first
+# already took the first half: clla reads a step at once and wraps before it (the twin wrapped
+# between the micro-batches, 3e-2 off from step 3)
+TOKENS170="$TMP/tokens170.u32"
+head -c 680 "$TOKENS" > "$TOKENS170"
 
 write_config() {  # write_config FILE PRESET NKV TIED INITIALIZER_RANGE
     cat >"$1" <<EOF
@@ -62,18 +67,19 @@ step_case() {  # step_case PRESET NKV TIED INITIALIZER_RANGE
         "$PY" "$TWIN" check-step --model "$dir/model" --tokens "$TOKENS" --batch $B --seq $T --dump "$dir/dump.safetensors"
 }
 
-train_case() {  # train_case PRESET TIED INITIALIZER_RANGE: the model of the step case, trained 5 steps
-    local dir="$TMP/$1_$2_$3"
+train_case() {  # train_case PRESET TIED INITIALIZER_RANGE [TOKENS [SET...]]: the model of the step case, trained 5 steps
+    local dir="$TMP/$1_$2_$3" tokens=${4:-$TOKENS} run="run${4:+_$(basename "$4")}"
+    local extra=("${@:5}")
     [ -f "$dir/model/model.safetensors" ] || { echo "no model from the step case in $dir"; return 1; }
     # grad_clip = 0.99 x the median gradient norm of the unclipped run (twin), so clipping triggers on
     # some steps; check-train --require-clip fails if it never does
     local clip
-    clip=$("$PY" "$TWIN" suggest-clip --model "$dir/model" --tokens "$TOKENS" --set train.max_steps=5) || return 1
+    clip=$("$PY" "$TWIN" suggest-clip --model "$dir/model" --tokens "$tokens" --set train.max_steps=5 "${extra[@]}") || return 1
     echo "grad_clip=$clip"
-    local sets=(--set train.max_steps=5 --set train.grad_clip="$clip" --set train.log_every=1)
+    local sets=(--set train.max_steps=5 --set train.grad_clip="$clip" --set train.log_every=1 "${extra[@]}")
     "$CLLA" train --config "$dir/model/config.json" --set train.init_from="$dir/model/model.safetensors" \
-        --set train.data="$TOKENS" --set train.out_dir="$dir/run" "${sets[@]}" &&
-        "$PY" "$TWIN" check-train --model "$dir/model" --tokens "$TOKENS" --metrics "$dir/run/metrics.jsonl" \
+        --set train.data="$tokens" --set train.out_dir="$dir/$run" "${sets[@]}" &&
+        "$PY" "$TWIN" check-train --model "$dir/model" --tokens "$tokens" --metrics "$dir/$run/metrics.jsonl" \
             --require-clip "${sets[@]}"
 }
 
@@ -88,6 +94,9 @@ for std in 0.02 0.3; do
     done
 done
 run_case train_gqa_tied=true_std=0.02 train_case gqa true 0.02
+run_case train_gqa_wrap_inside_a_step train_case gqa true 0.02 "$TOKENS170"
+# train.global_batch_tokens 0, clla's default: one micro-batch a step (the twin had none and crashed)
+run_case train_gqa_global_batch_0 train_case gqa true 0.02 "$TOKENS" --set train.global_batch_tokens=0
 
 echo "test_twin: $pass passed, $fail failed${failed_names:+ (failed:$failed_names)}"
 [ "$fail" -eq 0 ] || exit 1

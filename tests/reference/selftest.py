@@ -741,14 +741,16 @@ def test_train_replay():
         m2 = make_model(c, seed=11)
         recs = twin.train_replay(m, tc, toks)
         W = W0
-        cur = twin.TokenCursor(toks, tc.micro_batch, tc.seq_len)
+        # a step's rows read at once, as clla train reads them (a wrap between steps only)
+        cur = twin.TokenCursor(toks, tc.micro_batch * tc.n_micro, tc.seq_len)
         ok = True
         for s in range(tc.max_steps):
             twin.load_weights(m2, W)
             m2.zero_grad()
             loss_sum = 0.0
-            for _ in range(tc.n_micro):
-                x, y = cur.next()
+            xs, ys = cur.next()
+            for k in range(tc.n_micro):
+                x, y = xs[k * tc.micro_batch:(k + 1) * tc.micro_batch], ys[k * tc.micro_batch:(k + 1) * tc.micro_batch]
                 _, loss = m2(x, y)
                 (loss / tc.n_micro).backward()
                 loss_sum += loss.item()

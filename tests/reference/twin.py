@@ -252,6 +252,8 @@ class TrainConfig:
         self.weight_decay = float(d["weight_decay"])
         self.grad_clip = float(d["grad_clip"])
         bt = self.micro_batch * self.seq_len
+        if self.global_batch_tokens == 0:   # clla's default: one micro-batch per step (one rank)
+            self.global_batch_tokens = bt
         if self.global_batch_tokens % bt:
             raise ValueError(f"global_batch_tokens={self.global_batch_tokens} is not a multiple of "
                              f"micro_batch*seq_len={bt}")
@@ -747,7 +749,8 @@ def batch_at(tokens, pos, B, T):
 
 class TokenCursor:
     """The plain uint32 loader's order: read B*T+1 at pos, advance by B*T, wrap to 0 first
-    when fewer than B*T+1 tokens remain."""
+    when fewer than B*T+1 tokens remain. clla train reads a step at once (B = micro_batch *
+    n_micro rows, cli/cmd_train.c), so a wrap never falls between a step's micro-batches."""
 
     def __init__(self, tokens, B, T):
         self.tokens, self.B, self.T, self.pos = tokens, B, T, 0
@@ -773,7 +776,7 @@ def make_optimizer(model, tc):
 def train_replay(model, tc, tokens, steps=None, on_step=None):
     """Runs the C trainer's algorithm; returns a list of {"step","loss","grad_norm","lr","clipped"}."""
     opt = make_optimizer(model, tc)
-    cursor = TokenCursor(tokens, tc.micro_batch, tc.seq_len)
+    cursor = TokenCursor(tokens, tc.micro_batch * tc.n_micro, tc.seq_len)   # a step's rows, as clla reads them
     params = list(model.parameters())
     out = []
     for s in range(tc.max_steps if steps is None else steps):
@@ -783,8 +786,9 @@ def train_replay(model, tc, tokens, steps=None, on_step=None):
         opt.zero_grad(set_to_none=False)
         step_loss = 0.0
         margins = []
-        for _ in range(tc.n_micro):
-            x, y = cursor.next()
+        xs, ys = cursor.next()
+        for m in range(tc.n_micro):
+            x, y = xs[m * tc.micro_batch:(m + 1) * tc.micro_batch], ys[m * tc.micro_batch:(m + 1) * tc.micro_batch]
             _, loss = model(x, y)
             (loss / tc.n_micro).backward()
             step_loss += loss.item() / tc.n_micro
