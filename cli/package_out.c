@@ -110,6 +110,7 @@ void package_load_source(ModelDir *md, Model *model, Config *cfg, const char *sr
 void package_out_begin(PackageOut *po, const char *out, int overwrite, const char *tok_arg, const char *model_tok, int vocab_size,
                        const char *model_hash) {
     memset(po, 0, sizeof(*po));
+    po->eot_id = -1;
     if (!out[0]) die("--out is empty: give the package directory to write");
     po->out = xstrdup(out);
     for (size_t n = strlen(po->out); n > 1 && po->out[n - 1] == '/'; n--) po->out[n - 1] = 0;
@@ -132,6 +133,8 @@ void package_out_begin(PackageOut *po, const char *out, int overwrite, const cha
     Tokenizer *tok = tok_parse(po->tok_text, po->tok_len, tok_path, err, sizeof(err));
     if (!tok) die("%s", err);
     tokenizer_check_model(tok, tok_path, tok_arg != NULL, vocab_size, model_hash);
+    const uint32_t eot = tok_special_id(tok, "<|endoftext|>");
+    if (eot != TOK_NONE) po->eot_id = eot;
     tok_free(tok);
 }
 
@@ -165,6 +168,14 @@ void package_out_write(PackageOut *po, const Model *model, const Config *cfg, co
     char err[1024];
     if (cache_layout_check_fitted(layout, err, sizeof(err)) != 0) die("%s", err);
     cJSON *cj = model_dir_package_json(cfg, layout, dtype, po->tok_text != NULL);
+    // what Hugging Face's loaders read from every config.json besides the model's shape (clla
+    // reads them back without a word, model/config.c): the weights' dtype, and the tokenizer's
+    // end of text as GPT-2's bos and eos (its default ids, 1 and 2, are other tokens here)
+    cJSON_AddStringToObject(cj, "torch_dtype", st_dtype == ST_BF16 ? "bfloat16" : "float32");
+    if (po->eot_id >= 0) {
+        cJSON_AddNumberToObject(cj, "bos_token_id", (double)po->eot_id);
+        cJSON_AddNumberToObject(cj, "eos_token_id", (double)po->eot_id);
+    }
     char *config_text = cJSON_Print(cj);
     cJSON_Delete(cj);
     size_t cl = strlen(config_text);

@@ -18,6 +18,7 @@ typedef struct PackageOut {
     int exists;       // it exists and will be replaced (--overwrite)
     char *tok_text;   // the tokenizer file to include, NULL for none
     size_t tok_len;
+    long long eot_id; // its <|endoftext|>, written as HF's bos/eos_token_id; -1: none
 } PackageOut;
 
 // The model a package is made from: a checkpoint is validated first; loaded on the CPU; the

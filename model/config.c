@@ -475,9 +475,13 @@ static void read_config(Config *cfg, const cJSON *root, const char *origin) {
         if (!k) {
             if (!strcmp(it->string, "comment")) continue;   // notes in our own configs
             if (config_hf_key(root, it, origin)) {
-                // the identity keys every config.json carries (clla writes them too,
-                // model/hf_config.c): accepted without a word
-                if (!strcmp(it->string, "model_type") || !strcmp(it->string, "architectures")) continue;
+                // the identity keys every config.json carries, which clla writes too
+                // (model/hf_config.c; a package's dtype and end-of-text ids, cli/package_out.c):
+                // accepted without a word
+                static const char *const WRITTEN[] = {"model_type", "architectures", "torch_dtype", "bos_token_id", "eos_token_id"};
+                int written = 0;
+                for (size_t w = 0; w < sizeof(WRITTEN) / sizeof(WRITTEN[0]); w++) written |= !strcmp(it->string, WRITTEN[w]);
+                if (written) continue;
                 size_t n = strlen(ignored);
                 if (n + strlen(it->string) + 8 < sizeof(ignored))
                     snprintf(ignored + n, sizeof(ignored) - n, "%s%s", n ? ", " : "", it->string);

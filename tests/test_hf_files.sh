@@ -195,6 +195,18 @@ if "$CLLA" train --config m.json --quiet --save-every 1 --out ck > ck.log 2>&1 &
     ok "a checkpoint's config.json carries model_type and architectures too"
 else cat ck.log >> py.log; fail "checkpoint config.json" py.log; fi
 
+# an exported package also carries what HF's loaders read besides the shape: torch_dtype, and the
+# tokenizer's <|endoftext|> as bos_token_id and eos_token_id (HF's defaults, 1 and 2, are other
+# tokens); clla reads them back without a word
+"$CLLA" tokenizer train --vocab-size 300 --pattern gpt2 --out t300.tok "$SRC/tests/fixtures/english.jsonl" > pk.log 2>&1
+eot=$("$CLLA" tokenizer encode --tokenizer t300.tok --allow-special --text '<|endoftext|>' 2>> pk.log)
+printf '{"vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48,\n "train": {"tokenizer": "%s"}}\n' "$WORK/t300.tok" > m300.json
+if "$CLLA" init --config m300.json --out m300 >> pk.log 2>&1 && "$CLLA" export m300 --out pk300 --dtype bf16 >> pk.log 2>&1 &&
+   python3 -c 'import json,sys; j=json.load(open("pk300/config.json")); e=int(sys.argv[1]); assert (j["torch_dtype"], j["bos_token_id"], j["eos_token_id"]) == ("bfloat16", e, e), j' "$eot" >> pk.log 2>&1 &&
+   "$CLLA" generate --model pk300 --prompt the --max-new-tokens 1 > /dev/null 2> pkg.err && ! grep -q "ignoring keys" pkg.err; then
+    ok "an exported package's config.json: torch_dtype bfloat16, bos/eos_token_id $eot (<|endoftext|>), read back silently"
+else cat pkg.err >> pk.log 2> /dev/null; fail "package HF metadata" pk.log; fi
+
 # ---------------------------------------------------------------- (c) directories and symlink loops
 # Every command that reads a file, given a directory or a symlink loop: one line that says so
 # (strerror's "Is a directory" / "Too many levels of symbolic links"), never a crash or an
