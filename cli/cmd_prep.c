@@ -4,6 +4,7 @@
 // under --val-fraction: the split depends on content only, not on file order or threads.
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <fcntl.h>
 #include <omp.h>
@@ -24,6 +25,7 @@
 #include "data/gpt2_import.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
+#include "model/mem_plan.h"
 #include "cli/commands.h"
 #include "train/signals.h"
 
@@ -504,6 +506,14 @@ int cmd_prep(int argc, char **argv) {
         struct stat st;
         if (stat(files[f], &st) != 0) die("cannot read corpus file '%s': %s", files[f], strerror(errno));
         pg.total += (uint64_t)st.st_size;
+        // plain text without --doc-separator is one document, held whole: its text, the block's copy
+        // and its token ids (about 3 x the file), counted before anything is read or written
+        if (!o.doc.separator && !corpus_path_is_jsonl(files[f])) {
+            char what[PATH_MAX + 160];
+            snprintf(what, sizeof(what), "the text, a copy and the token ids of corpus file '%s', one document of plain text,",
+                     files[f]);
+            mem_check_host(3.0 * (double)st.st_size, what, "give --doc-separator LINE (or JSONL) to cut it into documents");
+        }
     }
     if (o.threads > 0) omp_set_num_threads(o.threads);
     int n_threads = omp_get_max_threads();

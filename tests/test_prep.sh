@@ -103,6 +103,16 @@ python3 -c "import json; open('$W/m50.jsonl','w').write(''.join(json.dumps({'tex
 expect_error "every document in the validation split" "every one of the corpus' 50 documents fell into the validation split (--val-fraction 0.999999)" \
   "$CLLA" prep --tokenizer "$W/tok.tok" --out "$W/p7" --val-fraction 0.999999 "$W/m50.jsonl"
 
+# plain text without --doc-separator is one document held whole: counted against the memory left
+# before anything is read or written (CLLA_TEST_MEM_AVAILABLE stands in for it); with a separator
+# the same file passes
+for i in $(seq 50); do echo "the cat sat on the mat $i"; done > "$W/plain50.txt"
+expect_error "a one-document plain file past the memory left" "one document of plain text, need 3.8 KiB but only 1.0 KiB are available" \
+  env CLLA_TEST_MEM_AVAILABLE=1000 "$CLLA" prep --tokenizer "$W/tok.tok" --out "$W/p8" "$W/plain50.txt"
+[ ! -e "$W/p8" ]; check $? "... and nothing written"
+CLLA_TEST_MEM_AVAILABLE=1000 "$CLLA" prep --tokenizer "$W/tok.tok" --out "$W/p9" --doc-separator "" --val-fraction 0 "$W/plain50.txt" > "$W/p9.log" 2>&1
+check $? "... the same file with --doc-separator is not held whole"
+
 echo hi > "$W/afile"
 expect_error "prep --out naming a file" "--out '$W/afile' is a file, not a directory" \
   "$CLLA" prep --tokenizer "$W/tok.tok" --out "$W/afile" "$W/m50.jsonl"
