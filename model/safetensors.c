@@ -499,13 +499,32 @@ static char *meta_with_id(const char *metadata_json, const char *id) {
     return text;
 }
 
-// Removes what a previous save left that the new one (keep[0..n_keep)) does not use.
+int st_is_shard_name(const char *name) {
+    const char *p = name;
+    if (strncmp(p, "model-", 6)) return 0;
+    p += 6;
+    size_t d = strspn(p, "0123456789");
+    if (!d || strncmp(p + d, "-of-", 4)) return 0;
+    p += d + 4;
+    d = strspn(p, "0123456789");
+    return d && !strcmp(p + d, ".safetensors");
+}
+
+// Removes what a previous save left that the new one (keep[0..n_keep)) does not use: the single
+// file, the index and the shards it named, never another file an index names (an index is
+// outside data: one naming notes.txt deleted it) nor what is not a regular file.
 static void remove_stale(const char *dir, char **old, int n_old, char **keep, int n_keep) {
     for (int i = 0; i < n_old; i++) {
         int used = 0;
         for (int k = 0; k < n_keep && !used; k++) used = !strcmp(old[i], keep[k]);
         if (used) continue;
+        if (strcmp(old[i], ST_SINGLE_FILE) && strcmp(old[i], ST_INDEX_FILE) && !st_is_shard_name(old[i])) continue;
         char *p = path_join(dir, old[i]);
+        struct stat sb;
+        if (lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            free(p);
+            continue;
+        }
         if (unlink(p) != 0 && errno != ENOENT) warn("could not remove the stale '%s': %s", p, strerror(errno));
         free(p);
     }

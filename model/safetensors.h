@@ -68,6 +68,9 @@ int st_save(const char *path, OutMode mode, const StTensor *t, int n, int out_dt
 // shards or missing from the index.
 #define ST_SINGLE_FILE "model.safetensors"
 #define ST_INDEX_FILE "model.safetensors.index.json"
+// Is name a shard's name as a save writes it, model-<digits>-of-<digits>.safetensors? A later save
+// removes only such files (and the two above) of what an earlier index named.
+int st_is_shard_name(const char *name);
 typedef struct StRef {
     const char *name;          // the entry's name (owned by the StFile)
     int file, idx;             // files[file].e[idx]

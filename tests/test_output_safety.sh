@@ -12,7 +12,9 @@
 #      out that way) is refused, their files untouched;
 #  (5) an output whose directory cannot be flushed after the rename fails the command, naming it;
 #  (6) --overwrite replaces an earlier output, never the command's input: an --out that is an
-#      input file (however spelled) or lies inside an input directory is refused, the input kept.
+#      input file (however spelled) or lies inside an input directory is refused, the input kept;
+#  (7) a save removes what an earlier save left (the single file, the index, its shards), never
+#      another file an old index names (an index naming notes.txt had it deleted).
 # Needs CLLA (the binary) and SRC (the source tree); ctest sets both. Prints "N passed, M failed".
 set -u
 : "${CLLA:?set CLLA to the clla binary (ctest does this)}"
@@ -164,6 +166,14 @@ expect_error "(6) debug-step --out its --tokens file" "--out 'tok6.bin' is the -
     "$CLLA" debug-step --model r6 --tokens tok6.bin --out tok6.bin --overwrite
 cmp -s "$CORPUS" corpus6.jsonl && cmp -s r/model.safetensors r6/model.safetensors && [ "$(wc -c < tok6.bin)" -eq 4000 ] &&
     ok "(6) the inputs are as they were" || fail "(6) an input was replaced"
+
+echo "# (7) an old index naming a file of the user's"
+mkdir -p d7 && echo precious > d7/notes.txt && echo '{"weight_map": {"x": "notes.txt"}}' > d7/model.safetensors.index.json
+"$CLLA" init --config m.json --out d7 --overwrite > d7.log 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && [ "$(cat d7/notes.txt 2> /dev/null)" = precious ] && [ ! -e d7/model.safetensors.index.json ] && [ -s d7/model.safetensors ] &&
+    ok "(7) init --overwrite over an index naming notes.txt: notes.txt kept, the index replaced" ||
+    fail "(7) rc $rc: $(ls d7 | tr '\n' ' ') $(tail -n 1 d7.log)"
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

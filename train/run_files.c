@@ -14,6 +14,7 @@
 
 #include "common/unfinished.h"
 #include "common/util.h"
+#include "model/safetensors.h"
 
 char *run_metrics_path(const char *dir, const char *metrics_path) {
     return metrics_path && metrics_path[0] ? xstrdup(metrics_path) : path_join(dir, "metrics.jsonl");
@@ -90,11 +91,6 @@ void run_dir_describe(const RunDirContents *c, char *buf, size_t len) {
     else if (n >= 2) buf[n - 2] = '\0';
 }
 
-// An HF shard of a saved model: model-NNNNN-of-NNNNN.safetensors (model/safetensors.h).
-static int is_model_shard(const char *name) {
-    size_t n = strlen(name);
-    return !strncmp(name, "model-", 6) && strstr(name, "-of-") && n > 12 && !strcmp(name + n - 12, ".safetensors");
-}
 
 // The length of base in "<base><tag><digits>", or 0 when name is not of that form.
 static size_t base_before(const char *name, const char *tag) {
@@ -118,14 +114,14 @@ static int is_run_temporary(const char *name) {
         const char *owned[] = {"model.safetensors", "model.safetensors.index.json", "config.json", "metrics.jsonl"};
         for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++)
             if (!strcmp(name, owned[i])) return 1;
-        if (is_model_shard(name)) return 1;
+        if (st_is_shard_name(name)) return 1;
     }
     size_t p = base_before(name, ".partial.");
     if (!p || p >= sizeof(base)) return 0;
     char shard[256];
     memcpy(shard, name, p);
     shard[p] = 0;
-    return is_model_shard(shard);
+    return st_is_shard_name(shard);
 }
 
 int run_dir_remove_temporaries(const char *dir, char *first, size_t first_len) {
@@ -158,7 +154,7 @@ char **run_final_model_files(const char *dir) {
     }
     DIR *dd = opendir(dir);
     for (struct dirent *de; dd && (de = readdir(dd));) {
-        if (!is_model_shard(de->d_name)) continue;
+        if (!st_is_shard_name(de->d_name)) continue;
         if (n + 1 >= cap) v = xrealloc(v, (cap *= 2) * sizeof(char *));
         v[n++] = path_join(dir, de->d_name);
     }
@@ -193,7 +189,7 @@ void run_dir_clear(const char *dir, const char *metrics_path, int keep_model) {
     if (dd) {
         struct dirent *de;
         while ((de = readdir(dd)))
-            if (is_model_shard(de->d_name)) {
+            if (st_is_shard_name(de->d_name)) {
                 char *p = path_join(dir, de->d_name);
                 if (unlink(p) != 0 && errno != ENOENT) die("--overwrite: cannot remove '%s': %s", p, strerror(errno));
                 free(p);
