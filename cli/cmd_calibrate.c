@@ -239,6 +239,7 @@ int cmd_calibrate(int argc, char **argv) {
         done++;
         free(c.x[s]);
         free(c.f[s]);
+        c.x[s] = c.f[s] = NULL;
     }
     if (c.tty) fprintf(stderr, "\n");
     package_out_write(&po, &model, &cfg, cl, dtype);
@@ -247,7 +248,8 @@ int cmd_calibrate(int argc, char **argv) {
     printf("wrote %s: cache %s fitted on %lld tokens of %s%s; %.10g cache bytes/token", po.out, codecs, c.have, data,
            c.fisher ? " (Fisher-weighted)" : "", cache_layout_bytes_per_token(cl));
     int kept = 0;
-    for (int s = 0; s < cl->n_streams; s++) kept += codec_needs_fit(&cl->part[cl->streams[s].part].codec) && !c.x[s];
+    for (int s = 0; s < cl->n_streams; s++) kept += codec_needs_fit(&cl->part[cl->streams[s].part].codec);
+    kept -= done;   // the fitted streams not fitted here kept their fits
     if (kept) printf(" (%d of the %d fitted streams kept the fits of '%s': only the parts --cache-codec names are fitted anew)",
                      kept, kept + done, src);
     printf("\n");

@@ -80,7 +80,7 @@ static int int_option(const Args *a, const char *name, int fallback, int lo, int
 //  resumed: the checkpoint this run resumed from (the run knows nothing of the ones before it:
 //           the advice then points to them instead of to --overwrite, which would delete them).
 typedef struct KnownCkpts {
-    char saved[2048], pending[2048], safe[2048], resumed[2048];
+    char saved[PATH_MAX], pending[PATH_MAX], safe[PATH_MAX], resumed[PATH_MAX];
     int saved_step;
 } KnownCkpts;
 
@@ -121,7 +121,7 @@ static void save_final_model(RunFiles *rf, const Config *cfg, Model *model, cons
 // collective); rank 0 prunes and reports.
 static void save_checkpoint(const Config *cfg, Model *model, GradSync *gs, const AdamW *opt, TrainState *st,
                             const DataLoader *dl, Dist *dist, KnownCkpts *kc) {
-    char path[2048], err[1024];
+    char path[PATH_MAX], err[1024];
     loader_get_state(dl, &st->data);
     const float *masters = grad_sync_full_masters(gs, model);
     size_t bad;
@@ -197,7 +197,7 @@ int cmd_train(int argc, char **argv) {
         char err[1024];
         if (ckpt_validate(resume, err, sizeof(err)) != 0) die("cannot resume from '%s': %s", resume, err);
     }
-    char ckpt[2048] = "";
+    char ckpt[PATH_MAX] = "";
     KnownCkpts kc = {0};
     // rank 0 holds the run directory's lock from here to exit and picks the checkpoint, so that
     // every rank resumes from the same directory
@@ -327,7 +327,7 @@ int cmd_train(int argc, char **argv) {
             // them, sharded or not) belong to a timeline this run abandons; also when this run
             // ends here, whose final model is then written in their place
             char **extra = run_final_model_files(tc->out_dir);
-            char moved[2048], err[1024];
+            char moved[PATH_MAX], err[1024];
             int n = ckpt_abandon_after(tc->out_dir, st.step, (const char *const *)extra, moved, sizeof(moved), err, sizeof(err));
             if (n < 0) die("resuming at step %d: %s", st.step, err);
             if (n > 0) fprintf(stderr, "clla train: resuming at step %d: moved the later checkpoints of the abandoned timeline into %s\n", st.step, moved);
@@ -524,7 +524,7 @@ int cmd_train(int argc, char **argv) {
         // default 1: at once), or when the run would end on one, the run stops. Nothing more is
         // saved, and the final model is not written.
         if (st.consecutive_skips >= tc->max_consecutive_skips || (last && st.consecutive_skips > 0)) {
-            char safe[4400];
+            char safe[2 * PATH_MAX + 400];
             if (kc.safe[0]) snprintf(safe, sizeof(safe), "the newest checkpoint saved before the loss went non-finite is %s (resume from it with --resume %s and a lower train.lr, or check the data)", kc.safe, kc.safe);
             else if (kc.resumed[0])
                 snprintf(safe, sizeof(safe), "no checkpoint saved since the resume from %s gave a finite step after it; one saved before "

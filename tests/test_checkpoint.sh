@@ -359,6 +359,7 @@ bad_ckpt "future version" "version 7" edit_state 's/"version":[[:space:]]*1,/"ve
 bad_ckpt "missing optimizer" "optimizer" edit_state 's/"optimizer":/"optimiser":/'
 bad_ckpt "step not the directory's" "named for step 8" edit_state 's/"step":[[:space:]]*8,/"step": 9,/; s/"t":[[:space:]]*8,/"t": 9,/'
 bad_ckpt "step a fraction" "whole number" edit_state 's/"step":[[:space:]]*8,/"step": 8.5,/'
+bad_ckpt "step 1e300 (refused before a conversion out of range)" "whole number" edit_state 's/"step":[[:space:]]*8,/"step": 1e300,/'
 bad_ckpt "fingerprint as a number" "decimal string" edit_state 's/"fingerprint":[[:space:]]*"([0-9]+)"/"fingerprint": 1/'
 bad_ckpt "t and skips do not add up" "do not make step" edit_state 's/"t":[[:space:]]*8,/"t": 7,/'
 bad_ckpt "another optimizer" "optimizer.type is not" edit_state 's/"type":[[:space:]]*"adamw"/"type": "sgd"/'

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -201,10 +202,11 @@ static int get_int(const cJSON *obj, const char *key, long long lo, long long hi
                    char *err, size_t errlen) {
     const cJSON *v = need(obj, key, path, err, errlen);
     if (!v) return -1;
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble || v->valuedouble < (double)lo ||
-        v->valuedouble > (double)hi)
+    // the range first: converting a double outside long long's (1e300, inf) is undefined
+    const double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(x >= (double)lo && x <= (double)hi) || x != floor(x))
         return fail_with(err, errlen, "'%s': field '%s' must be a whole number in [%lld, %lld]", path, key, lo, hi);
-    *out = (long long)v->valuedouble;
+    *out = (long long)x;
     return 0;
 }
 
@@ -622,7 +624,8 @@ int ckpt_find_newest(const char *run_dir, char *path, size_t pathlen, char *err,
     char why[1024], newest[1200] = "";
     for (int i = n - 1; i >= 0 && rc; i--) {
         if (ckpt_validate(v[i].name, why, sizeof(why)) == 0) {
-            snprintf(path, pathlen, "%s", v[i].name);
+            if ((size_t)snprintf(path, pathlen, "%s", v[i].name) >= pathlen)
+                die("checkpoint path '%s' is longer than %zu bytes: use a shorter run directory", v[i].name, pathlen - 1);
             rc = 0;
         } else {
             if (!newest[0]) snprintf(newest, sizeof(newest), "%s", why);

@@ -73,7 +73,8 @@ int run_start_choose(const TrainConfig *tc, const char *resume, int overwrite, c
         } else if (overwrite && !run_dir_is_empty(&c)) {
             die("--overwrite would remove the checkpoint that --resume %s names: drop --overwrite", resume);
         }
-        snprintf(ckpt, ckpt_len, "%s", resume);
+        if ((size_t)snprintf(ckpt, ckpt_len, "%s", resume) >= ckpt_len)
+            die("--resume '%s' is longer than %zu bytes: give a shorter path to the checkpoint", resume, ckpt_len - 1);
         return clear;
     }
     ckpt[0] = '\0';
