@@ -21,19 +21,10 @@ MiB=1048576
 # grows NAME MARGIN_MIB SMALL_ARGS -- LARGE_ARGS: both exit 0 and the large run's peak is within
 # MARGIN_MIB of the small run's
 grows() {
-    local name=$1 margin=$(($2 * MiB)) small=() large=() rc0 b0 rc1 b1
+    local name=$1 margin=$2
     shift 2
-    while [ "$1" != "--" ]; do small+=("$1"); shift; done
-    shift
-    large=("$@")
-    read -r rc0 b0 < <(peak "${small[@]}")
-    read -r rc1 b1 < <(peak "${large[@]}")
-    local grew=$((b1 - b0))
-    if [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && [ "$grew" -le "$margin" ]; then
-        ok "$name: peak grew $((grew / MiB)) MiB (limit $((margin / MiB)))"
-    else
-        fail "$name: exits $rc0 $rc1, peak grew $((grew / MiB)) MiB, over the limit $((margin / MiB)) MiB: $(tail -n 1 peak.err)"
-    fi
+    if peak_growth $((margin * MiB)) "$@"; then ok "$name: peak grew $((GREW / MiB)) MiB (limit $margin)"
+    else fail "$name: exits $RCS, peak grew $((GREW / MiB)) MiB, over the limit $margin MiB: $(tail -n 1 peak.err)"; fi
 }
 
 head -c 40000 /dev/zero > small.bin

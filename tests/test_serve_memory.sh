@@ -39,18 +39,12 @@ logits=$((4 * L * V * 4))
 limit=$((logits * 14 / 10 + 16 * 1048576))
 # within NAME SHORT_ARGS -- LONG_ARGS: the long run's peak over the short one's is within the limit
 within() {
-    local name=$1 short=() long=() rc0 b0 rc1 b1
+    local name=$1
     shift
-    while [ "$1" != "--" ]; do short+=("$1"); shift; done
-    shift
-    long=("$@")
-    read -r rc0 b0 < <(peak "${short[@]}")
-    read -r rc1 b1 < <(peak "${long[@]}")
-    local grew=$((b1 - b0))
-    if [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && [ "$grew" -le "$limit" ]; then
-        ok "$name: peak grew $((grew / 1048576)) MiB for $((logits / 1048576)) MiB of logits (limit $((limit / 1048576)))"
+    if peak_growth "$limit" "$@"; then
+        ok "$name: peak grew $((GREW / 1048576)) MiB for $((logits / 1048576)) MiB of logits (limit $((limit / 1048576)))"
     else
-        fail "$name: exits $rc0 $rc1, peak grew $((grew / 1048576)) MiB for $((logits / 1048576)) MiB of logits, over the limit $((limit / 1048576)) MiB: $(tail -n 1 peak.err)"
+        fail "$name: exits $RCS, peak grew $((GREW / 1048576)) MiB for $((logits / 1048576)) MiB of logits, over the limit $((limit / 1048576)) MiB: $(tail -n 1 peak.err)"
     fi
 }
 within "generate, 4 prompts of $L tokens" \

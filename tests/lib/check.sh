@@ -10,6 +10,10 @@
 #   near A B TOL             status 0 when |A - B| <= TOL (both numbers, neither empty)
 #   peak ARGS...             runs $CLLA ARGS (stderr to peak.err), prints its exit status and peak
 #                            resident bytes (getrusage's ru_maxrss of the child, python3's resource)
+#   peak_growth LIMIT SMALL_ARGS... -- LARGE_ARGS...
+#                            runs both through peak; status 0 when both exit 0 and the large run's
+#                            peak exceeds the small one's by at most LIMIT bytes; sets GREW (bytes)
+#                            and RCS ("rc0 rc1") for the caller's message
 # The caller prints its summary from PASS and FAIL and exits non-zero when FAIL > 0.
 PASS=0
 FAIL=0
@@ -32,6 +36,18 @@ import resource, subprocess, sys
 r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=open("peak.err", "w"))
 print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
 PYEOF
+}
+peak_growth() {
+    local limit=$1 small=() large=() rc0 b0 rc1 b1
+    shift
+    while [ "$1" != "--" ]; do small+=("$1"); shift; done
+    shift
+    large=("$@")
+    read -r rc0 b0 < <(peak "${small[@]}")
+    read -r rc1 b1 < <(peak "${large[@]}")
+    GREW=$((b1 - b0))
+    RCS="$rc0 $rc1"
+    [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && [ "$GREW" -le "$limit" ]
 }
 if [ -n "${1:-}" ]; then
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/clla_$1.XXXXXX") || exit 1
