@@ -37,10 +37,26 @@ static inline CLLA_HD float int_group_absmax_step(float acc, float x) {
     return a > acc || a != a ? a : acc;
 }
 
+// Largest bf16 value <= x (x >= 0, finite).
+static inline CLLA_HD float bf16_round_down(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u &= 0xffff0000u;
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
 // Scale of a group from its max |x|: bf16 rounded up, so |x / scale| <= Imax. 0 for a zero group;
-// NaN or inf (a group holding one) stays so.
+// NaN or inf (a group holding one) stays so. A finite group near the top of the float range
+// (absmax / Imax rounding up past FLT_MAX / Imax) gets the largest bf16 scale whose Imax x scale
+// is finite, its largest values then clamped to Imax: it decoded to inf, or at 2 bits (a scale
+// of inf and codes of 0) to NaN, as if the group had held one.
 static inline CLLA_HD float int_group_scale(float absmax, int bits) {
-    return absmax > 0.0f ? bf16_round_up(absmax / (float)int_group_imax(bits)) : absmax == 0.0f ? 0.0f : absmax;
+    if (!(absmax > 0.0f)) return absmax == 0.0f ? 0.0f : absmax;
+    const float imax = (float)int_group_imax(bits), s = bf16_round_up(absmax / imax);
+    const float top = bf16_round_down(3.40282346638528859812e+38f / imax);   // FLT_MAX / Imax, in bf16
+    return absmax <= 3.40282346638528859812e+38f && s > top ? top : s;
 }
 
 // Code of one value given its group's scale: 0 when the group is all zeros, and when its scale is

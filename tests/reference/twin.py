@@ -367,6 +367,10 @@ def int_group_quantize(x, bits, group):
     # full-size operands: a plain elementwise IEEE division (no scalar fast path)
     raw = absmax / torch.full_like(absmax, float(imax))
     scale = torch.where(absmax > 0, bf16_round_up(raw), torch.zeros_like(raw))
+    # near the top of the float range: the largest bf16 scale whose Imax x scale is finite
+    # (backend/int_group_math.h, int_group_scale)
+    top = (torch.tensor(3.4028234663852886e38 / imax, dtype=torch.float32).view(torch.int32) & -65536).view(torch.float32)
+    scale = torch.where(torch.isfinite(absmax) & (scale > top), top, scale)
     den = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1).expand_as(g).contiguous()
     q = torch.round(g / den)                            # torch.round: half to even, like rintf
     q = q.clamp(-imax, imax)
