@@ -285,8 +285,10 @@ static int do_info(int argc, char **argv) {
     }
     if (!tok_path) die("'clla tokenizer info' needs --tokenizer FILE");
     Tokenizer *t = tok_load(tok_path);
-    printf("tokenizer: %s\nvocab size: %u\npattern: %s\nhash: %016llx\nspecial tokens:", tok_path, tok_vocab_size(t),
-           tok_pattern(t), (unsigned long long)tok_hash(t));
+    char unicode[160];
+    pretok_unicode_version(unicode, sizeof(unicode));
+    printf("tokenizer: %s\nvocab size: %u\npattern: %s (on %s)\nhash: %016llx\nspecial tokens:", tok_path, tok_vocab_size(t),
+           tok_pattern(t), unicode, (unsigned long long)tok_hash(t));
     for (uint32_t id = 0; id < tok_vocab_size(t); id++) {
         size_t len;
         int special;

@@ -44,6 +44,13 @@ struct PretokScratch {
     pcre2_match_data *md;
 };
 
+void pretok_unicode_version(char *buf, size_t len) {
+    char lib[64] = "?", uni[64] = "?";
+    if (pcre2_config(PCRE2_CONFIG_VERSION, lib) < 0) snprintf(lib, sizeof(lib), "?");
+    if (pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, uni) < 0) snprintf(uni, sizeof(uni), "?");
+    snprintf(buf, len, "PCRE2 %s, Unicode %s", lib, uni);
+}
+
 const char *pretok_known_names(void) { return "gpt2 cl100k llama3"; }
 
 Pretok *pretok_new(const char *name, char *err, size_t errlen) {

@@ -16,6 +16,9 @@ void pretok_free(Pretok *p);
 const char *pretok_name(const Pretok *p);
 // Space-separated list of the known pattern names, for help texts and errors.
 const char *pretok_known_names(void);
+// "PCRE2 10.42, Unicode 14.0.0": the library the patterns run on and its Unicode tables, which
+// decide \p{L} and \p{N} (a letter added to Unicode later splits as punctuation).
+void pretok_unicode_version(char *buf, size_t len);
 
 PretokScratch *pretok_scratch_new(const Pretok *p);
 void pretok_scratch_free(PretokScratch *s);
