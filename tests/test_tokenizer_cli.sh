@@ -80,6 +80,9 @@ a=$("$CLLA" tokenizer encode --tokenizer x.tok --file in.txt) && b=$("$CLLA" tok
     [ -n "$a" ] && [ "$a" = "$b" ] && ok "encode --file alone and --text alone agree" || fail "encode --file / --text alone"
 "$CLLA" tokenizer train --pattern gpt2 --out n.tok --vocab-size 300 --special none "$FIX/english.jsonl" > /dev/null 2>&1 &&
     ! "$CLLA" tokenizer info --tokenizer n.tok | grep -q '=' && ok "--special none alone gives no special tokens" || fail "--special none alone"
+# the Unicode tables \p{L} and \p{N} follow are named (docs/FORMAT.md)
+"$CLLA" tokenizer info --tokenizer n.tok | grep -Eq '^pattern: gpt2 \(on PCRE2 [0-9]+\.[0-9]+.*, Unicode [0-9]+\.[0-9]+\.[0-9]+\)$' &&
+    ok "tokenizer info names PCRE2 and its Unicode version" || fail "tokenizer info's pattern line: $("$CLLA" tokenizer info --tokenizer n.tok | grep pattern)"
 
 # a pipe (stdin, <(...)) is read to its end like a file (it failed with "Illegal seek")
 a=$(printf 'from the file' | "$CLLA" tokenizer encode --tokenizer <(cat x.tok) --file /dev/stdin) &&
