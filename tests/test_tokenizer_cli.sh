@@ -80,6 +80,16 @@ a=$("$CLLA" tokenizer encode --tokenizer x.tok --file in.txt) && b=$("$CLLA" tok
     [ -n "$a" ] && [ "$a" = "$b" ] && ok "encode --file alone and --text alone agree" || fail "encode --file / --text alone"
 "$CLLA" tokenizer train --pattern gpt2 --out n.tok --vocab-size 300 --special none "$FIX/english.jsonl" > /dev/null 2>&1 &&
     ! "$CLLA" tokenizer info --tokenizer n.tok | grep -q '=' && ok "--special none alone gives no special tokens" || fail "--special none alone"
+# a one-document plain file is counted against the memory left before it is read (as by prep;
+# CLLA_TEST_MEM_AVAILABLE stands in for the memory); with --doc-separator it is not held whole
+for i in $(seq 50); do echo "the cat sat on the mat $i"; done > plain50.txt
+CLLA_TEST_MEM_AVAILABLE=1000 "$CLLA" tokenizer train --pattern gpt2 --out p50.tok --vocab-size 260 plain50.txt > p50.out 2> p50.err
+rc=$?
+[ "$rc" -eq 1 ] && [ "$(wc -l < p50.err)" -eq 1 ] && grep -q "one document of plain text, need 2.5 KiB but only 1.0 KiB are available.*--doc-separator" p50.err &&
+    [ ! -e p50.tok ] && ok "tokenizer train: a one-document plain file past the memory left: $(cat p50.err)" ||
+    fail "tokenizer train past the memory left: rc $rc: $(cat p50.err)"
+CLLA_TEST_MEM_AVAILABLE=1000 "$CLLA" tokenizer train --pattern gpt2 --out p50.tok --vocab-size 260 --doc-separator "" plain50.txt > /dev/null 2>&1 &&
+    ok "... with --doc-separator it trains" || fail "tokenizer train --doc-separator under CLLA_TEST_MEM_AVAILABLE"
 # the Unicode tables \p{L} and \p{N} follow are named (docs/FORMAT.md)
 "$CLLA" tokenizer info --tokenizer n.tok | grep -Eq '^pattern: gpt2 \(on PCRE2 [0-9]+\.[0-9]+.*, Unicode [0-9]+\.[0-9]+\.[0-9]+\)$' &&
     ok "tokenizer info names PCRE2 and its Unicode version" || fail "tokenizer info's pattern line: $("$CLLA" tokenizer info --tokenizer n.tok | grep pattern)"
