@@ -410,12 +410,21 @@ else
     [ "$rc" -eq 130 ] && [ -d "GI/runs/gqa/checkpoints/step_$(printf %08d "$n")" ] && ! ls -d GI/runs/gqa/checkpoints/.tmp.* > /dev/null 2>&1
     check $? "--launcher mpirun, Ctrl-C: the ranks save the step they were on (step $n) and the sweep exits 130 (rc $rc)"
     [ "$rc" -eq 130 ] || indent gi.out gi.err GI/logs/gqa.log
-    # a failed run is reported with clla's error, not the banner mpirun prints after it
+    # a failed run is reported with clla's error, not the banner mpirun prints after it (data
+    # that is not there: clla info, which checks the points, does not open it)
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
-        "$SWEEP" --out GF --launcher mpirun --ranks 2 gqa.json --max-steps 2 --set train.global_batch_tokens=384 --no-plots > gf.out 2> gf.err
+        "$SWEEP" --out GF --launcher mpirun --ranks 2 gqa.json --max-steps 2 --set train.data="$WORK/no_such_shards" --no-plots > gf.out 2> gf.err
     rc=$?
-    [ "$rc" -ne 0 ] && grep -q 'FAILED (exit [0-9]*): clla: error: .*global_batch_tokens' gf.out
+    [ "$rc" -ne 0 ] && grep -q 'FAILED (exit [0-9]*): clla: error: .*no_such_shards' gf.out
     check $? "--launcher mpirun, a run that fails: reported with clla's error line (rc $rc: $(grep -m1 FAILED gf.out))"
+    # a global batch the ranks do not divide is a point refused before anything runs (every run
+    # failed at its start: clla info, which checks the points, reads one rank)
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
+        "$SWEEP" --out GB --launcher mpirun --ranks 2 gqa.json --max-steps 2 --set train.global_batch_tokens=384 --no-plots > gb.out 2> gb.err
+    rc=$?
+    [ "$rc" -ne 0 ] && grep -q 'invalid config point gqa: train.global_batch_tokens = 384 is not a multiple of micro_batch \* seq_len \* ranks = 4 \* 32 \* 2 = 256' gb.err &&
+        ! ls GB/runs/gqa/metrics.jsonl > /dev/null 2>&1
+    check $? "--launcher mpirun --ranks 2, a global batch 2 ranks do not divide: the point refused before it runs (rc $rc: $(head -n 1 gb.err))"
 fi
 
 echo "$PASS passed, $FAIL failed"
