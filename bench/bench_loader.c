@@ -9,6 +9,7 @@
 // token streams do) into a temporary directory, in 4 shards of default-size chunks.
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -109,9 +110,7 @@ int main(int argc, char **argv) {
     free(tg);
     if (data == tmp) {
         unfinished_done(tmp_slot);
-        char cmd[96];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-        if (system(cmd) != 0) warn("could not remove %s", tmp);
+        if (remove_tree(tmp) != 0) warn("could not remove %s: %s", tmp, strerror(errno));
     }
     return 0;
 }
